@@ -1,0 +1,439 @@
+"""The device layer: the one module that knows about CPU, CUDA, Ascend NPU and Apple MPS.
+
+Everything else holds a ``torch.device`` plus a dtype and asks questions through ``backend(device)``;
+no other module names a device type (design.md, "Device layer"). ``torch_npu`` is imported lazily, once,
+inside the NPU backend, because it cannot even import without Ascend CANN. Memory is in bytes, ``None``
+when unknown. Tests swap in a stand-in backend with ``register_backend`` (real NPU runs are out of CI).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+import platform
+from typing import Optional
+
+import torch
+
+from moss_npu.errors import DeviceError
+
+AUTO_ORDER = ("npu", "cuda", "mps", "cpu")
+ATTENTION_IMPLS = ("sdpa", "eager")
+DTYPES = {
+    "float32": torch.float32, "fp32": torch.float32,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16,
+}
+_GIB = 1 << 30
+
+
+class Backend:
+    """One kind of device. Defaults are the conservative answers; subclasses override what they can do."""
+
+    kind = "cpu"
+    extension = None  # name of the package that provides the backend, reported with its version
+    batches_by_default = False  # whether chunk batching is on without the user asking for it
+
+    def is_available(self) -> bool:
+        """Return whether this kind of device can be used in this process."""
+        return False
+
+    def unavailable_reason(self) -> str:
+        """Return one line saying why the device is unavailable and how to fix it."""
+        return f"{self.kind} is not available in this build of torch"
+
+    def device_count(self) -> int:
+        """Return how many devices of this kind are visible."""
+        return 0
+
+    def torch_device(self, index: Optional[int]) -> torch.device:
+        """Return the torch.device for ``index`` (None: the backend's default device)."""
+        return torch.device(self.kind) if index is None else torch.device(self.kind, index)
+
+    def mem_get_info(self, index: int = 0) -> Optional[tuple[int, int]]:
+        """Return (free, total) memory in bytes, or None when unknown."""
+        return None
+
+    def synchronize(self, index: Optional[int] = None) -> None:
+        """Wait for queued work on the device to finish (a no-op where work is synchronous)."""
+
+    def empty_cache(self) -> None:
+        """Give cached allocator memory back to the device."""
+
+    def manual_seed(self, seed: int) -> None:
+        """Seed this device's random generators."""
+
+    def name(self, index: int = 0) -> str:
+        """Return the device's product name, e.g. ``Ascend910B4``."""
+        return self.kind
+
+    def supports_dtype(self, dtype: torch.dtype) -> bool:
+        """Return whether models can compute in ``dtype`` here."""
+        return dtype == torch.float32
+
+    def max_memory_allocated(self, index: int = 0) -> Optional[int]:
+        """Return the peak memory used so far, in bytes, or None when unknown."""
+        return None
+
+    def reset_peak_memory_stats(self, index: int = 0) -> None:
+        """Start a new peak-memory measurement."""
+
+    def version(self) -> Optional[str]:
+        """Return the version of the extension that provides this backend, if any."""
+        return None
+
+
+class CpuBackend(Backend):
+    """The host CPU: always available; memory from psutil."""
+
+    kind = "cpu"
+
+    def is_available(self) -> bool:
+        return True
+
+    def device_count(self) -> int:
+        return 1
+
+    def torch_device(self, index: Optional[int]) -> torch.device:
+        return torch.device("cpu")
+
+    def mem_get_info(self, index: int = 0) -> Optional[tuple[int, int]]:
+        import psutil
+
+        vm = psutil.virtual_memory()
+        return int(vm.available), int(vm.total)
+
+    def manual_seed(self, seed: int) -> None:
+        torch.manual_seed(seed)
+
+    def name(self, index: int = 0) -> str:
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8") as f:
+                for line in f:
+                    if line.startswith("model name"):
+                        return line.split(":", 1)[1].strip()
+        except OSError:
+            pass
+        return platform.processor() or platform.machine() or "cpu"
+
+    def supports_dtype(self, dtype: torch.dtype) -> bool:
+        return dtype in (torch.float32, torch.bfloat16) or _probe_matmul("cpu", dtype)
+
+    def max_memory_allocated(self, index: int = 0) -> Optional[int]:
+        try:
+            import resource
+        except ImportError:  # Windows
+            return None
+        # Linux reports ru_maxrss in KiB: peak resident memory of this process.
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+class CudaBackend(Backend):
+    """NVIDIA (or ROCm) GPUs through torch.cuda."""
+
+    kind = "cuda"
+    extension = "cuda"
+    batches_by_default = True
+
+    def is_available(self) -> bool:
+        return torch.cuda.is_available()
+
+    def unavailable_reason(self) -> str:
+        return "CUDA is not available: install a CUDA build of torch (pip install torch --index-url ...cu12x) and check nvidia-smi"
+
+    def device_count(self) -> int:
+        return torch.cuda.device_count()
+
+    def mem_get_info(self, index: int = 0) -> Optional[tuple[int, int]]:
+        free, total = torch.cuda.mem_get_info(index)
+        return int(free), int(total)
+
+    def synchronize(self, index: Optional[int] = None) -> None:
+        torch.cuda.synchronize(index)
+
+    def empty_cache(self) -> None:
+        torch.cuda.empty_cache()
+
+    def manual_seed(self, seed: int) -> None:
+        torch.cuda.manual_seed_all(seed)
+
+    def name(self, index: int = 0) -> str:
+        return torch.cuda.get_device_name(index)
+
+    def supports_dtype(self, dtype: torch.dtype) -> bool:
+        if dtype == torch.bfloat16:
+            return torch.cuda.is_bf16_supported()
+        return dtype in (torch.float32, torch.float16)
+
+    def max_memory_allocated(self, index: int = 0) -> Optional[int]:
+        return int(torch.cuda.max_memory_allocated(index))
+
+    def reset_peak_memory_stats(self, index: int = 0) -> None:
+        torch.cuda.reset_peak_memory_stats(index)
+
+    def version(self) -> Optional[str]:
+        return torch.version.cuda
+
+
+class MpsBackend(Backend):
+    """Apple GPUs through torch.mps (no memory query, so chunk batching stays at 1)."""
+
+    kind = "mps"
+
+    def is_available(self) -> bool:
+        return bool(getattr(torch.backends, "mps", None)) and torch.backends.mps.is_available()
+
+    def unavailable_reason(self) -> str:
+        return "MPS is not available: it needs macOS 12.3+ on Apple silicon with an MPS build of torch"
+
+    def device_count(self) -> int:
+        return 1 if self.is_available() else 0
+
+    def torch_device(self, index: Optional[int]) -> torch.device:
+        return torch.device("mps")
+
+    def synchronize(self, index: Optional[int] = None) -> None:
+        torch.mps.synchronize()
+
+    def empty_cache(self) -> None:
+        torch.mps.empty_cache()
+
+    def manual_seed(self, seed: int) -> None:
+        torch.mps.manual_seed(seed)
+
+    def supports_dtype(self, dtype: torch.dtype) -> bool:
+        return dtype in (torch.float32, torch.float16)
+
+
+class NpuBackend(Backend):
+    """Ascend NPUs through torch_npu, imported on first use (it needs CANN's set_env.sh to have been sourced)."""
+
+    kind = "npu"
+    extension = "torch_npu"
+    batches_by_default = True
+
+    def __init__(self) -> None:
+        self._module = None
+        self._import_error: Optional[BaseException] = None
+
+    def _npu(self):
+        """Import torch_npu once and return ``torch.npu``; raise DeviceError with the fix when it cannot load."""
+        if self._module is None and self._import_error is None:
+            try:
+                importlib.import_module("torch_npu")
+                self._module = torch.npu  # registered by torch_npu
+            except Exception as exc:  # torch_npu can raise far more than ImportError without CANN
+                self._import_error = exc
+        if self._module is None:
+            raise DeviceError(self.unavailable_reason()) from self._import_error
+        return self._module
+
+    def is_available(self) -> bool:
+        try:
+            return bool(self._npu().is_available())
+        except DeviceError:
+            return False
+
+    def unavailable_reason(self) -> str:
+        cause = f" ({type(self._import_error).__name__}: {self._import_error})" if self._import_error else ""
+        return (
+            f"torch_npu is not importable{cause}: source <CANN>/set_env.sh (e.g. /usr/local/Ascend/ascend-toolkit/set_env.sh) "
+            f"and install the torch_npu matching torch {torch.__version__} (pip install -e \".[npu]\")"
+        )
+
+    def device_count(self) -> int:
+        return int(self._npu().device_count())
+
+    def torch_device(self, index: Optional[int]) -> torch.device:
+        self._npu()
+        return torch.device("npu") if index is None else torch.device("npu", index)
+
+    def mem_get_info(self, index: int = 0) -> Optional[tuple[int, int]]:
+        free, total = self._npu().mem_get_info(index)
+        return int(free), int(total)
+
+    def synchronize(self, index: Optional[int] = None) -> None:
+        self._npu().synchronize(index)
+
+    def empty_cache(self) -> None:
+        self._npu().empty_cache()
+
+    def manual_seed(self, seed: int) -> None:
+        self._npu().manual_seed_all(seed)
+
+    def name(self, index: int = 0) -> str:
+        return str(self._npu().get_device_name(index))
+
+    def supports_dtype(self, dtype: torch.dtype) -> bool:
+        if dtype == torch.bfloat16:
+            probe = getattr(self._npu(), "is_bf16_supported", None)
+            return bool(probe()) if probe is not None else True
+        return dtype in (torch.float32, torch.float16)
+
+    def max_memory_allocated(self, index: int = 0) -> Optional[int]:
+        return int(self._npu().max_memory_allocated(index))
+
+    def reset_peak_memory_stats(self, index: int = 0) -> None:
+        self._npu().reset_peak_memory_stats(index)
+
+    def version(self) -> Optional[str]:
+        import torch_npu  # already imported by _npu() when this backend was used
+
+        return getattr(torch_npu, "__version__", None)
+
+
+_BACKENDS: dict[str, Backend] = {}
+_DEFAULT_FACTORIES = {"cpu": CpuBackend, "cuda": CudaBackend, "mps": MpsBackend, "npu": NpuBackend}
+_PROBED: dict[tuple[str, torch.dtype], bool] = {}
+
+
+def register_backend(kind: str, obj: Optional[Backend]) -> None:
+    """Install ``obj`` as the backend for ``kind`` (None restores the built-in one).
+
+    This is the one hook tests use to inject a stand-in NPU, since real NPUs are out of CI.
+    """
+    if kind not in _DEFAULT_FACTORIES:
+        raise DeviceError(f"unknown device kind {kind!r}: use one of {', '.join(_DEFAULT_FACTORIES)}")
+    if obj is None:
+        _BACKENDS.pop(kind, None)
+    else:
+        _BACKENDS[kind] = obj
+
+
+def get_backend(kind: str) -> Backend:
+    """Return the backend object for a device kind (``cpu``, ``cuda``, ``mps``, ``npu``)."""
+    if kind not in _BACKENDS:
+        if kind not in _DEFAULT_FACTORIES:
+            raise DeviceError(f"unknown device kind {kind!r}: use one of {', '.join(_DEFAULT_FACTORIES)}")
+        _BACKENDS[kind] = _DEFAULT_FACTORIES[kind]()
+    return _BACKENDS[kind]
+
+
+def backend(device: torch.device | str) -> Backend:
+    """Return the backend that answers questions about ``device``."""
+    return get_backend(torch.device(device).type if not isinstance(device, torch.device) else device.type)
+
+
+def resolve_device(spec: Optional[str] = "auto") -> torch.device:
+    """Turn a user's device string into a usable torch.device, or raise DeviceError with the fix.
+
+    Accepts ``auto`` (npu > cuda > mps > cpu), ``cpu``, ``cuda``, ``cuda:1``, ``npu``, ``npu:0``, ``mps``.
+    """
+    text = (spec or "auto").strip().lower()
+    if text == "auto":
+        for kind in AUTO_ORDER:
+            b = get_backend(kind)
+            if b.is_available() and b.device_count() > 0:
+                return b.torch_device(0 if kind in ("cuda", "npu") else None)
+        return torch.device("cpu")
+    kind, _, index_text = text.partition(":")
+    if kind not in _DEFAULT_FACTORIES:
+        raise DeviceError(f"--device {spec}: unknown device; use auto, cpu, cuda[:N], npu[:N] or mps")
+    if index_text and not index_text.isdigit():
+        raise DeviceError(f"--device {spec}: the index must be a number, e.g. {kind}:0")
+    b = get_backend(kind)
+    if not b.is_available():
+        raise DeviceError(f"--device {spec}: {b.unavailable_reason()}")
+    index = int(index_text) if index_text else None
+    count = b.device_count()
+    if index is not None and index >= count:
+        visible = os.environ.get("ASCEND_RT_VISIBLE_DEVICES" if kind == "npu" else "CUDA_VISIBLE_DEVICES")
+        where = f" ({'ASCEND_RT' if kind == 'npu' else 'CUDA'}_VISIBLE_DEVICES={visible})" if visible else ""
+        choices = " or ".join(f"{kind}:{i}" for i in range(count)) or "another device"
+        raise DeviceError(f"--device {spec}: only {count} {kind.upper()}s visible{where}; use {choices}")
+    if index is None and kind in ("cuda", "npu"):
+        index = 0
+    return b.torch_device(index)
+
+
+def resolve_dtype(device: torch.device, name: Optional[str] = None) -> torch.dtype:
+    """Return the compute dtype for ``name`` on ``device`` (None/auto: fp32, accuracy first)."""
+    if name in (None, "", "auto"):
+        return default_dtype(device)
+    if name not in DTYPES:
+        raise DeviceError(f"--dtype {name}: unknown dtype; use float32, bfloat16 or float16")
+    dtype = DTYPES[name]
+    b = backend(device)
+    if not b.supports_dtype(dtype):
+        raise DeviceError(f"--dtype {name}: not supported on {device} ({b.name(_index(device))}); use float32")
+    return dtype
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    """Return the dtype used when none is asked for: fp32 everywhere, because accuracy comes first."""
+    return torch.float32
+
+
+def attention_impl(device: torch.device, dtype: torch.dtype, requested: Optional[str] = None) -> str:
+    """Return the attention implementation name: ``sdpa`` everywhere; ``eager`` only when asked for.
+
+    ``flash_attention_2`` (what the official config.json asks for) is never used: it needs CUDA and the
+    flash-attn package, and sdpa computes the same function.
+    """
+    if requested in (None, "", "auto", "sdpa", "flash_attention_2"):
+        return "sdpa"
+    if requested == "eager":
+        return "eager"
+    raise DeviceError(f"attention implementation {requested!r} is unknown; use sdpa or eager")
+
+
+def chunk_batch_size(device: torch.device, chunks: int, gb_per_sample: float, max_batch: int = 0) -> int:
+    """Return how many text chunks to generate at once: 90 % of free memory over the per-sample need.
+
+    Capped by the chunk count and by ``max_batch`` when that is > 0. On backends that do not batch by
+    default (the CPU) the answer is 1 unless the user asked for batching with ``max_batch``.
+    """
+    if chunks <= 1:
+        return 1
+    b = backend(device)
+    if not b.batches_by_default and max_batch <= 0:
+        return 1
+    info = b.mem_get_info(_index(device))
+    size = 1
+    if info is not None and gb_per_sample > 0:
+        size = int(math.floor(0.9 * info[0] / (gb_per_sample * _GIB)))
+    size = max(1, min(size, chunks))
+    return min(size, max_batch) if max_batch > 0 else size
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for ``device`` to finish queued work (for honest timings)."""
+    backend(device).synchronize(_index(device))
+
+
+def empty_cache(device: torch.device) -> None:
+    """Free cached allocator memory on ``device``."""
+    backend(device).empty_cache()
+
+
+def seed_everything(seed: int, device: torch.device) -> None:
+    """Seed the host generator and ``device``'s generators (CLIs only: the library passes generators)."""
+    torch.manual_seed(seed)
+    backend(device).manual_seed(seed)
+
+
+def describe(device: torch.device) -> dict:
+    """Return the device's name and the versions that matter for a report."""
+    b = backend(device)
+    info = {"device": str(device), "name": b.name(_index(device)), "torch": torch.__version__}
+    version = b.version()
+    if b.extension is not None and version is not None:
+        info[b.extension] = version
+    return info
+
+
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else 0
+
+
+def _probe_matmul(kind: str, dtype: torch.dtype) -> bool:
+    """Try one tiny matmul once: some torch builds lack half-precision kernels on some devices."""
+    key = (kind, dtype)
+    if key not in _PROBED:
+        try:
+            a = torch.ones(2, 2, dtype=dtype, device=kind)
+            _PROBED[key] = bool(torch.isfinite((a @ a).float()).all())
+        except Exception:  # a missing kernel raises RuntimeError or NotImplementedError depending on version
+            _PROBED[key] = False
+    return _PROBED[key]

@@ -1,0 +1,33 @@
+"""Packaging for moss-npu. torch, torch_npu and CANN must be a matching trio on Ascend machines."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="moss-npu",
+    version="0.1.0",
+    description="MOSS-TTS-Nano on Ascend NPU, CUDA and CPU through one device layer, with accuracy checks",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["moss_npu", "moss_npu.*"]),
+    install_requires=[
+        "torch>=2.1",
+        "numpy",
+        "sentencepiece",
+        "safetensors",
+        "soundfile",
+        "scipy",
+        "pyyaml",
+        "huggingface_hub",
+        "tqdm",
+        "psutil",
+    ],
+    extras_require={
+        # torch_npu must match the installed torch exactly, and CANN must be installed and sourced.
+        "npu": ["torch-npu"],
+        "llama": ["llama-cpp-python", "tokenizers", "gguf", "onnxruntime"],
+        "onnx": ["onnx", "onnxruntime"],
+        "upstream": ["transformers==4.57.1", "torchaudio"],
+        "dev": ["pytest"],
+    },
+)

@@ -1,0 +1,62 @@
+"""Every case of every fixture folder, through the same runner as ``python -m moss_npu.goldens``.
+
+Without fixtures (a user's clone) these tests skip and say so; in CI (``CI=true``) a missing fixtures
+folder fails, so parity can never be skipped silently there.
+"""
+
+import os
+
+import pytest
+
+from moss_npu import goldens
+
+ROOT = goldens.fixtures_root()
+DIRS = goldens.fixture_dirs(ROOT)
+PARAMS = [
+    pytest.param(d, case["id"], id=f"{d.name}/{case['id']}")
+    for d in DIRS
+    for case in goldens.load_fixture(d).cases
+]
+_FIXTURES: dict = {}
+
+
+def _fixture(path):
+    if path not in _FIXTURES:
+        _FIXTURES[path] = goldens.load_fixture(path)
+    return _FIXTURES[path]
+
+
+def test_fixtures_present():
+    """The fixture folder exists with at least one cases.json (a hard failure in CI)."""
+    if not DIRS:
+        message = f"golden fixtures not found under {ROOT}; set MOSS_NPU_FIXTURES to run the parity tests"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+@pytest.mark.parametrize("fixture_dir,case_id", PARAMS)
+def test_golden_case(fixture_dir, case_id):
+    fx = _fixture(fixture_dir)
+    outcome = goldens.run_case(fx.case(case_id), fx)
+    if outcome.status == "SKIP":
+        pytest.skip(f"{case_id}: {outcome.detail}")
+    assert outcome.status == "PASS", f"{case_id} ({outcome.kind}): {outcome.detail}"
+
+
+def test_unknown_kind_fails(tmp_path):
+    """A case kind the runner does not know is a failure, never a silent pass."""
+    fx = goldens.Fixture(root=tmp_path, family="nano", meta={}, cases=[])
+    outcome = goldens.run_case({"id": "x", "kind": "no_such_kind"}, fx)
+    assert outcome.status == "FAIL" and "unknown case kind" in outcome.detail
+
+
+def test_runner_cli_reports_and_exits(tmp_path, capsys):
+    """The CLI prints one line per case plus the summary, and exits 1 when a case fails."""
+    (tmp_path / "tts").mkdir()
+    (tmp_path / "tts" / "config.json").write_text("{}")
+    (tmp_path / "cases.json").write_text('{"cases": [{"id": "bad", "kind": "no_such_kind"}]}')
+    assert goldens.main([str(tmp_path)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split()[:3] == ["bad", "no_such_kind", "FAIL"]
+    assert out[-1] == "0 passed, 1 failed, 0 skipped"
