@@ -397,6 +397,17 @@ def chunk_batch_size(device: torch.device, chunks: int, gb_per_sample: float, ma
     return min(size, max_batch) if max_batch > 0 else size
 
 
+ONNX_PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider", "npu": "CANNExecutionProvider",
+                  "cann": "CANNExecutionProvider"}
+
+
+def onnx_provider(kind: str) -> str:
+    """Return the onnxruntime execution provider for a device kind (``cpu``, ``cuda``, ``npu``/``cann``)."""
+    if kind not in ONNX_PROVIDERS:
+        raise DeviceError(f"ONNX provider {kind!r} is unknown; use one of {', '.join(ONNX_PROVIDERS)}")
+    return ONNX_PROVIDERS[kind]
+
+
 def synchronize(device: torch.device) -> None:
     """Wait for ``device`` to finish queued work (for honest timings)."""
     backend(device).synchronize(_index(device))

@@ -190,3 +190,10 @@ def test_chunk_batch_size_on_cpu_is_one_unless_asked():
 def test_register_backend_rejects_unknown_kind():
     with pytest.raises(DeviceError, match="unknown device kind"):
         device.register_backend("tpu", device.Backend())
+
+
+def test_onnx_provider_names():
+    assert device.onnx_provider("cpu") == "CPUExecutionProvider"
+    assert device.onnx_provider("npu") == device.onnx_provider("cann") == "CANNExecutionProvider"
+    with pytest.raises(DeviceError, match="unknown"):
+        device.onnx_provider("tpu")
