@@ -1,0 +1,198 @@
+"""Codec building blocks: patch/unpatch, RoPE, sliding-window causal attention, transformer stages (spec §15.2).
+
+Parameter names equal the official checkpoint keys (``transformer.layers.{j}.self_attn.in_proj.weight``,
+``norm1``, ``ffn.0``, ``layer_scale_1.scale``, ...). Every stage maps ``(x (B, D, T), lengths (B,))`` to the
+same pair, like the official modules. A transformer runs either offline (full sequence, windowed mask)
+or one chunk at a time against ``KVCache`` rings (``moss_npu.codec.streaming``); both compute the same
+sliding-window attention, so streaming equals one-shot decoding up to float rounding.
+
+Shapes: B batch, T steps, D channels, H heads, Dh head size.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from moss_npu.codec.config import TransformerStage
+from moss_npu.codec.streaming import CodecDecodeState, KVCache
+
+
+def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """Masked attention through ``F.scaled_dot_product_attention`` (the official path)."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=0.0)
+
+
+def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """Masked attention written out (for backends whose SDPA rejects boolean masks)."""
+    scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    return torch.matmul(torch.softmax(scores.float(), dim=-1).to(v.dtype), v)
+
+
+ATTENTION_FUNCTIONS: dict[str, Callable[..., torch.Tensor]] = {"sdpa": sdpa_attention, "eager": eager_attention}
+
+
+def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
+               max_period: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate interleaved pairs (x[2i], x[2i+1]) of q, k ``(B, H, T, Dh)`` by angle pos * freq_i, in fp32.
+
+    ``positions`` is ``(B, T)`` or ``(1, T)``. Frequencies follow the official ``exp(i * -ln(P) * 2/Dh)``.
+    """
+    head_dim = q.shape[-1]
+    ds = torch.arange(head_dim // 2, device=q.device, dtype=torch.float32)
+    freqs = torch.exp(ds * (-math.log(max_period) * 2 / head_dim))
+    angles = freqs * positions.to(torch.float32)[:, None, :, None]  # (B, 1, T, Dh/2)
+    cos, sin = torch.cos(angles), torch.sin(angles)
+
+    def rotate(x: torch.Tensor) -> torch.Tensor:
+        pairs = x.view(*x.shape[:-1], head_dim // 2, 2)
+        real, imag = pairs[..., 0].float(), pairs[..., 1].float()
+        out = torch.stack([(real * cos - imag * sin).to(x.dtype), (real * sin + imag * cos).to(x.dtype)], dim=-1)
+        return out.view(x.shape)
+
+    return rotate(q), rotate(k)
+
+
+def valid_mask(lengths: torch.Tensor, steps: int) -> torch.Tensor:
+    """``(B, T)`` bool: step t of row b is real (t < lengths[b])."""
+    return torch.arange(steps, device=lengths.device).view(1, -1) < lengths.view(-1, 1)
+
+
+class PatchedPretransform(nn.Module):
+    """Patch ``(B, D, T) -> (B, D*h, T/h)`` (encoder) or unpatch the inverse (decoder); no parameters.
+
+    Output channel ``c*h + j`` at step t holds input channel c at time ``t*h + j``. Encoder lengths floor.
+    """
+
+    def __init__(self, patch_size: int, is_downsample: bool) -> None:
+        super().__init__()
+        self.patch_size = patch_size
+        self.is_downsample = is_downsample
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        b, d, t = x.shape
+        h = self.patch_size
+        if self.is_downsample:
+            return x.reshape(b, d, t // h, h).transpose(2, 3).reshape(b, d * h, t // h), lengths // h
+        return x.reshape(b, d // h, h, t).transpose(2, 3).reshape(b, d // h, t * h), lengths * h
+
+
+class LayerScale(nn.Module):
+    """Per-channel scale on channel-last input (key ``scale``)."""
+
+    def __init__(self, channels: int, init: float) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.full((channels,), init))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.scale * x
+
+
+class MultiheadAttention(nn.Module):
+    """Causal self-attention over a sliding window of ``context`` steps, RoPE on q and k."""
+
+    def __init__(self, embed_dim: int, num_heads: int, context: int, max_period: float, attention: str) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.context = context
+        self.max_period = max_period
+        self.attend = ATTENTION_FUNCTIONS[attention]
+        self.in_proj = nn.Linear(embed_dim, 3 * embed_dim, bias=False)
+        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=False)
+
+    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        b, t, d = x.shape
+        qkv = self.in_proj(x).reshape(b, t, 3, self.num_heads, d // self.num_heads).permute(2, 0, 3, 1, 4)
+        return qkv[0], qkv[1], qkv[2]  # each (B, H, T, Dh)
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor, cache: Optional[KVCache] = None) -> torch.Tensor:
+        """Attend ``x (B, T, D)``; offline when ``cache`` is None, else as the next chunk of a stream."""
+        b, t, d = x.shape
+        q, k, v = self._qkv(x)
+        valid = valid_mask(lengths, t)
+        if cache is None:
+            pos = torch.arange(t, device=x.device).view(1, t)
+            q, k = apply_rope(q, k, pos, self.max_period)
+            delta = pos.view(1, t, 1) - pos.view(1, 1, t)
+            allowed = (delta >= 0) & (delta < self.context) & valid.view(b, 1, t)
+            out = self.attend(q, k, v, allowed[:, None])
+            # Padded query rows may be fully masked (NaN in some kernels): zero them with where, not a multiply.
+            out = torch.where(valid.view(b, 1, t, 1), out, torch.zeros((), device=out.device, dtype=out.dtype))
+        else:
+            pos = cache.offsets.view(-1, 1) + torch.arange(t, device=x.device).view(1, -1)
+            q, k = apply_rope(q, k, pos, self.max_period)
+            cache.write(k, v, valid)
+            delta = pos.view(b, t, 1) - cache.positions.view(b, 1, -1)
+            allowed = (cache.positions.view(b, 1, -1) >= 0) & (delta >= 0) & (delta < self.context)
+            out = self.attend(q, cache.keys, cache.values, allowed[:, None])
+        return self.out_proj(out.transpose(1, 2).reshape(b, t, d))
+
+
+class TransformerLayer(nn.Module):
+    """Pre-norm layer: ``x + s1 * attn(LN1 x)`` then ``x + s2 * ffn(LN2 x)``; exact-erf GELU FFN."""
+
+    def __init__(self, stage: TransformerStage, context: int, attention: str) -> None:
+        super().__init__()
+        d = stage.d_model
+        self.self_attn = MultiheadAttention(d, stage.num_heads, context, stage.max_period, attention)
+        self.norm1 = nn.LayerNorm(d, eps=1e-5)
+        self.norm2 = nn.LayerNorm(d, eps=1e-5)
+        self.ffn = nn.Sequential(nn.Linear(d, stage.dim_feedforward, bias=False), nn.GELU(),
+                                 nn.Linear(stage.dim_feedforward, d, bias=False))
+        scale = stage.layer_scale
+        self.layer_scale_1 = LayerScale(d, scale) if scale is not None else nn.Identity()
+        self.layer_scale_2 = LayerScale(d, scale) if scale is not None else nn.Identity()
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor, cache: Optional[KVCache] = None) -> torch.Tensor:
+        x = x + self.layer_scale_1(self.self_attn(self.norm1(x), lengths, cache))
+        return x + self.layer_scale_2(self.ffn(self.norm2(x)))
+
+
+class Transformer(nn.Module):
+    """A stack of layers sharing one RoPE; no final norm (the official model has none)."""
+
+    def __init__(self, stage: TransformerStage, context: int, attention: str) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(TransformerLayer(stage, context, attention) for _ in range(stage.num_layers))
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor, caches: Optional[list[KVCache]] = None) -> torch.Tensor:
+        for i, layer in enumerate(self.layers):
+            x = layer(x, lengths, None if caches is None else caches[i])
+        return x
+
+
+class ProjectedTransformer(nn.Module):
+    """``input_proj`` -> transformer -> ``output_proj`` on ``(B, D, T)`` tensors (conv layout)."""
+
+    def __init__(self, stage: TransformerStage, context: int, attention: str) -> None:
+        super().__init__()
+        self.stage = stage
+        self.context = context
+        self.input_proj = nn.Linear(stage.input_dimension, stage.d_model, bias=False)
+        self.transformer = Transformer(stage, context, attention)
+        self.output_proj = nn.Linear(stage.d_model, stage.output_dimension, bias=False)
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor,
+                caches: Optional[list[KVCache]] = None) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.transformer(self.input_proj(x.transpose(1, 2)), lengths, caches)  # (B, T, d_model)
+        return self.output_proj(h).transpose(1, 2), lengths
+
+    def init_caches(self, prefix: str, batch_size: int, chunk_capacity: int, device: torch.device,
+                    dtype: torch.dtype) -> dict[str, KVCache]:
+        """Preallocate one ring per layer, named ``{prefix}.transformer.layers.{j}``."""
+        heads = self.stage.num_heads
+        head_dim = self.stage.d_model // heads
+        return {f"{prefix}.transformer.layers.{j}": KVCache.empty(batch_size, heads, head_dim, self.context,
+                                                                   chunk_capacity, device, dtype)
+                for j in range(len(self.transformer.layers))}
+
+    def stream(self, x: torch.Tensor, lengths: torch.Tensor, prefix: str,
+               state: CodecDecodeState) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the next chunk of a stream through this stage, updating its layers' caches."""
+        caches = [state.cache(f"{prefix}.transformer.layers.{j}") for j in range(len(self.transformer.layers))]
+        return self.forward(x, lengths, caches)

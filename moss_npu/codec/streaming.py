@@ -1,0 +1,163 @@
+"""Streaming decode state and the official decode schedule (spec §12, §15.6).
+
+``KVCache`` is one attention layer's ring of past keys/values; ``CodecDecodeState`` holds one per decoder
+layer, by module name, plus a count of decoded frames. Both are created by ``NanoCodec.init_decode_state``
+and passed explicitly to ``NanoCodec.decode_step``. ``DecodeSchedule`` decides, from the playback lead,
+how many frames to decode now; its thresholds are data so device presets can change them.
+
+Shapes: B batch, H heads, N ring slots, Dh head size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from moss_npu.errors import ConfigError
+
+
+@dataclass
+class KVCache:
+    """Sliding-window keys/values of one causal attention layer, stored as a ring.
+
+    Position ``p`` lives in slot ``p % N`` with ``N = context + chunk_capacity``, so a chunk of up to
+    ``chunk_capacity`` new steps can be written before attending without evicting anything the chunk's
+    queries still see. ``positions`` is -1 for empty slots; the attention mask is built from it.
+    """
+
+    keys: torch.Tensor  # (B, H, N, Dh), after RoPE
+    values: torch.Tensor  # (B, H, N, Dh)
+    positions: torch.Tensor  # (B, N) int64, -1 = empty
+    offsets: torch.Tensor  # (B,) int64, position of the next step per row
+    context: int
+    chunk_capacity: int
+
+    @classmethod
+    def empty(cls, batch_size: int, num_heads: int, head_dim: int, context: int, chunk_capacity: int,
+              device: torch.device, dtype: torch.dtype) -> "KVCache":
+        """Preallocate an empty ring for ``batch_size`` rows."""
+        slots = context + chunk_capacity
+        keys = torch.zeros(batch_size, num_heads, slots, head_dim, device=device, dtype=dtype)
+        return cls(keys=keys, values=torch.zeros_like(keys),
+                   positions=torch.full((batch_size, slots), -1, device=device, dtype=torch.long),
+                   offsets=torch.zeros(batch_size, device=device, dtype=torch.long),
+                   context=context, chunk_capacity=chunk_capacity)
+
+    def reset(self) -> None:
+        """Forget everything (start a new stream)."""
+        self.keys.zero_()
+        self.values.zero_()
+        self.positions.fill_(-1)
+        self.offsets.zero_()
+
+    def write(self, keys: torch.Tensor, values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """Store a chunk of new steps and return their positions ``(B, T)``.
+
+        ``valid`` ``(B, T)`` marks real steps; padded steps (a row with fewer frames this call) get
+        position -1 so no query ever sees them, and they only overwrite slots already out of every
+        future window.
+        """
+        batch, heads, steps, head_dim = keys.shape
+        if steps > self.chunk_capacity:
+            raise ValueError(f"chunk of {steps} steps exceeds the cache chunk capacity {self.chunk_capacity}")
+        pos = self.offsets.view(-1, 1) + torch.arange(steps, device=keys.device).view(1, -1)  # (B, T)
+        slots = pos % self.keys.shape[2]
+        index = slots.view(batch, 1, steps, 1).expand(batch, heads, steps, head_dim)
+        self.keys.scatter_(2, index, keys.to(self.keys.dtype))
+        self.values.scatter_(2, index, values.to(self.values.dtype))
+        self.positions.scatter_(1, slots, torch.where(valid, pos, torch.full_like(pos, -1)))
+        self.offsets += valid.sum(dim=1)
+        return pos
+
+
+@dataclass
+class CodecDecodeState:
+    """Everything the streaming decoder remembers between ``decode_step`` calls.
+
+    ``caches`` maps a layer's module name (``decoder.1.transformer.layers.0``) to its ``KVCache``.
+    ``frames_processed`` counts code frames pushed through the decoder (one per frame column per call),
+    so a caller can check that incremental decoding costs O(new frames).
+    """
+
+    batch_size: int
+    max_frames_per_step: int
+    caches: dict[str, KVCache]
+    frames_processed: int = 0
+
+    def reset(self) -> None:
+        """Start a new stream with the same batch size (keeps the allocations)."""
+        for cache in self.caches.values():
+            cache.reset()
+        self.frames_processed = 0
+
+    def cache(self, name: str) -> KVCache:
+        """Return the cache of layer ``name``; a missing entry is a wiring bug."""
+        try:
+            return self.caches[name]
+        except KeyError:
+            raise KeyError(f"decode state has no cache for layer {name!r}; "
+                           "create the state with the codec that decodes it") from None
+
+
+@dataclass(frozen=True)
+class DecodeSchedule:
+    """When and how many frames the streaming pipeline decodes (official ``inference_stream`` policy).
+
+    ``lead_s`` is the audio already emitted minus the wall time since the first emission: how far
+    playback is ahead of real time. The budget is ``budgets[i]`` for the first threshold the lead is
+    below (``budgets[0]`` also before anything was emitted), else ``budgets[-1]``. The official CPU
+    policy is the default; the official service uses ``CUDA_SCHEDULE`` on CUDA.
+    """
+
+    lead_thresholds_s: tuple[float, ...] = (0.20, 0.55, 1.10)
+    budgets: tuple[int, ...] = (1, 2, 4, 8)
+    head_lead_s: float = 0.45  # decode the head row's pending frames at once while lead is below this
+
+    def __post_init__(self) -> None:
+        if len(self.budgets) != len(self.lead_thresholds_s) + 1 or min(self.budgets) < 1:
+            raise ConfigError(f"decode schedule: {len(self.lead_thresholds_s)} thresholds need "
+                              f"{len(self.lead_thresholds_s) + 1} budgets >= 1, got {self.budgets}")
+        if list(self.lead_thresholds_s) != sorted(self.lead_thresholds_s):
+            raise ConfigError(f"decode schedule: thresholds must increase, got {self.lead_thresholds_s}")
+
+    @staticmethod
+    def lead_s(emitted_s: float, since_first_emit_s: Optional[float]) -> float:
+        """Playback lead: emitted audio minus wall time since the first emission (0 before it)."""
+        return 0.0 if since_first_emit_s is None else emitted_s - since_first_emit_s
+
+    def budget(self, emitted_s: float, lead_s: float) -> int:
+        """Frames per row to decode in one call at this lead."""
+        if emitted_s <= 0.0:
+            return self.budgets[0]
+        for threshold, budget in zip(self.lead_thresholds_s, self.budgets):
+            if lead_s < threshold:
+                return budget
+        return self.budgets[-1]
+
+    def frames_to_decode(self, *, emitted_s: float, lead_s: float, head_pending: int, max_pending: int,
+                         final: bool = False) -> int:
+        """Return how many frames per row to decode now (0: wait for more frames).
+
+        Args:
+            emitted_s: audio emitted so far, seconds.
+            lead_s: playback lead from ``lead_s``.
+            head_pending: undecoded frames of the row being played now.
+            max_pending: most undecoded frames of any row.
+            final: generation ended; everything pending is decoded.
+        """
+        if max_pending <= 0:
+            return 0
+        if final:
+            return max_pending
+        budget = self.budget(emitted_s, lead_s)
+        nothing_emitted = emitted_s <= 0.0
+        if ((nothing_emitted and head_pending > 0) or (head_pending > 0 and lead_s < self.head_lead_s)
+                or max_pending >= budget or lead_s < 0.0):
+            return budget
+        return 0
+
+
+OFFICIAL_SCHEDULE = DecodeSchedule()
+CUDA_SCHEDULE = DecodeSchedule(budgets=(4, 6, 8, 12))
