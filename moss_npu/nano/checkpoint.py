@@ -1,0 +1,187 @@
+"""Load and write official-format MOSS-TTS-Nano checkpoints (spec §2, §2.1).
+
+A model folder holds ``config.json``, ``model.safetensors`` or ``pytorch_model.bin`` and ``tokenizer.model``.
+Files differ in which tied copies they store and in their dtype (the official release is a bf16 ``.bin`` with
+the audio-head copies and a stray ``local_transformer.wte.weight``). The tables below say what happens to such
+keys; everything else must match the model exactly (strict load).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+import torch
+
+from moss_npu.errors import CheckpointError
+from moss_npu.nano.config import NanoConfig, load_config, official_config_dict
+from moss_npu.nano.model import NanoTTSModel
+
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+
+# Keys a file may hold that the model does not use (upstream `_keys_to_ignore_on_load_unexpected`).
+IGNORED_KEYS = ("local_transformer.wte.weight",)
+
+
+def tied_keys(config: NanoConfig) -> dict[str, str]:
+    """Return alias → source of the tied heads; a file may store the alias, the source or both (same tensor)."""
+    table = {"text_lm_head.weight": "transformer.wte.weight"}
+    table.update({f"audio_lm_heads.{k}.weight": f"audio_embeddings.{k}.weight" for k in range(config.n_vq)})
+    return table
+
+
+def weights_file(model_dir: Path) -> Path:
+    """Return the weights file of a folder (safetensors preferred)."""
+    for name in WEIGHT_FILES:
+        if (model_dir / name).is_file():
+            return model_dir / name
+    raise CheckpointError(f"{model_dir}: no {' or '.join(WEIGHT_FILES)} found; pass an official MOSS-TTS-Nano "
+                          "model folder")
+
+
+def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    """Read every tensor of a ``.safetensors`` or ``.bin`` file onto the CPU, as stored."""
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            return dict(load_file(str(path), device="cpu"))
+        state = torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception as exc:  # corrupt or truncated file: the user must re-download it
+        raise CheckpointError(f"{path}: cannot read weights ({type(exc).__name__}: {exc}); re-download it") from exc
+    if not isinstance(state, Mapping) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise CheckpointError(f"{path}: not a flat state dict of tensors; save the model's state_dict()")
+    return dict(state)
+
+
+def resolve_state_dict(state: Mapping[str, torch.Tensor], config: NanoConfig) -> dict[str, torch.Tensor]:
+    """Drop ignored keys and resolve tied copies so the result has exactly one tensor per unique parameter."""
+    out = {k: v for k, v in state.items() if k not in IGNORED_KEYS}
+    for alias, source in tied_keys(config).items():
+        stored = out.pop(alias, None)
+        if source not in out and stored is not None:
+            out[source] = stored  # only the alias was stored: it is the shared weight
+    return out
+
+
+def load_model(
+    model_dir: Path | str,
+    *,
+    device: torch.device | str,
+    dtype: torch.dtype = torch.float32,
+    attn_impl: str = "sdpa",
+) -> NanoTTSModel:
+    """Build the model from a folder's ``config.json`` and weights; return it in eval mode on ``device``.
+
+    Any stored dtype is cast to ``dtype``. ``attn_impl`` ("sdpa" or "eager") applies to both decoders; the
+    config's ``attn_implementation`` is ignored.
+    Raises:
+        CheckpointError: missing files, unreadable weights, missing or unknown keys, wrong shapes.
+        ConfigError: an invalid config.json.
+    """
+    model_dir = Path(model_dir)
+    config = load_config(model_dir)
+    state = resolve_state_dict(read_state_dict(weights_file(model_dir)), config)
+    with torch.device("meta"):
+        model = NanoTTSModel(config, attn_impl=attn_impl)
+    model = model.to_empty(device="cpu")
+    model.reset_rope()
+    model.tie_weights()
+    expected = {k for k in model.state_dict() if k not in tied_keys(config)}
+    missing, unknown = sorted(expected - state.keys()), sorted(state.keys() - expected)
+    if missing or unknown:
+        raise CheckpointError(f"{weights_file(model_dir)}: weights do not match config.json (missing: "
+                              f"{_names(missing)}; unknown: {_names(unknown)}); use the config.json that came with "
+                              "these weights")
+    params = model.state_dict()
+    for key, tensor in state.items():
+        if tuple(tensor.shape) != tuple(params[key].shape):
+            raise CheckpointError(f"{key}: stored shape {tuple(tensor.shape)} but config.json implies "
+                                  f"{tuple(params[key].shape)}; use the config.json that came with these weights")
+        if not tensor.dtype.is_floating_point:
+            raise CheckpointError(f"{key}: stored dtype {tensor.dtype} is not floating point; re-export the weights")
+    for alias, source in tied_keys(config).items():
+        state[alias] = state[source]
+    model.load_state_dict(state, strict=True)
+    # Cast after loading: the RoPE buffer follows the dtype, as upstream's model.to(dtype) does.
+    return model.to(device=torch.device(device), dtype=dtype).eval().requires_grad_(False)
+
+
+def _names(keys: list[str], limit: int = 8) -> str:
+    if not keys:
+        return "none"
+    more = f" (+{len(keys) - limit} more)" if len(keys) > limit else ""
+    return ", ".join(keys[:limit]) + more
+
+
+def _merge(base: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in overrides.items():
+        out[key] = _merge(out[key], value) if isinstance(value, Mapping) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def random_state_dict(config: NanoConfig, seed: int = 0, std: Optional[float] = None) -> dict[str, torch.Tensor]:
+    """Return random fp32 weights with the unique official keys (normal(0, std), norms 1/0)."""
+    std = config.gpt2_config.initializer_range if std is None else std
+    with torch.device("meta"):
+        model = NanoTTSModel(config)
+    gen = torch.Generator().manual_seed(seed)
+    state: dict[str, torch.Tensor] = {}
+    for key, p in model.state_dict().items():
+        if key in tied_keys(config):
+            continue
+        if ".ln_" in key or key.endswith("ln_f.weight") or key.endswith("ln_f.bias"):
+            fill = 1.0 if key.endswith("weight") else 0.0
+            state[key] = torch.full(p.shape, fill)
+        elif key.endswith(".bias"):
+            state[key] = torch.zeros(p.shape)
+        else:
+            state[key] = torch.randn(p.shape, generator=gen) * std
+    return state
+
+
+def write_random_checkpoint(
+    folder: Path | str,
+    config_overrides: Optional[Mapping[str, Any]] = None,
+    *,
+    seed: int = 0,
+    fmt: str = "safetensors",
+    dtype: torch.dtype = torch.float32,
+    tied_copies: bool = False,
+    stray_local_wte: bool = False,
+    tokenizer_model: Optional[Path | str] = None,
+    state: Optional[Mapping[str, torch.Tensor]] = None,
+) -> Path:
+    """Write an official-format model folder with random (or given) weights; return the folder.
+
+    The config is the real MOSS-TTS-Nano one (12 × 768, 16 × 1024 codebooks) updated with ``config_overrides``
+    (nested dicts merge, e.g. ``{"gpt2_config": {"n_layer": 2}}``). ``fmt`` is "safetensors" or "bin";
+    ``tied_copies`` also stores the head aliases, ``stray_local_wte`` adds the key upstream ignores, as the
+    official release file does. ``tokenizer_model`` is copied in as ``tokenizer.model`` when given.
+    """
+    if fmt not in ("safetensors", "bin"):
+        raise ValueError(f"fmt={fmt!r}; use 'safetensors' or 'bin'")
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    data = _merge(official_config_dict(), config_overrides or {})
+    config = NanoConfig.from_dict(data)
+    (folder / "config.json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    weights = dict(random_state_dict(config, seed) if state is None else state)
+    weights = {k: v.to(dtype).contiguous() for k, v in weights.items()}
+    if tied_copies:
+        for alias, source in tied_keys(config).items():
+            weights[alias] = weights[source].clone()
+    if stray_local_wte:
+        weights["local_transformer.wte.weight"] = weights["transformer.wte.weight"].clone()
+    if fmt == "safetensors":
+        from safetensors.torch import save_file
+
+        save_file(weights, str(folder / "model.safetensors"))
+    else:
+        torch.save(weights, str(folder / "pytorch_model.bin"))
+    if tokenizer_model is not None:
+        shutil.copyfile(tokenizer_model, folder / "tokenizer.model")
+    return folder

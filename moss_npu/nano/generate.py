@@ -1,0 +1,235 @@
+"""Frame-by-frame generation of audio codes with MOSS-TTS-Nano (spec §7, upstream ``_iter_generation_events``).
+
+Per frame: one global step (prefill at frame 0, then one row with the KV cache) → local text decision
+(continue = ``audio_assistant_slot_token_id`` vs stop = ``audio_end_token_id``) → ``nq`` local audio decisions.
+``iter_frames`` streams ``FrameEvent``s; ``generate`` collects them and trims each row.
+B batch, L prompt rows, F frames, Q = n_vq channels, V codebook size, E hidden.
+
+Host syncs: one per frame (the stop test); with ``host_rng`` also one per decision. The local decoder either
+recomputes the whole local sequence per channel (``local_kv_cache=False``, the official algorithm) or keeps a
+KV cache (``True``, same numbers up to float rounding).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Callable, Iterator, Optional, Sequence
+
+import torch
+
+from moss_npu.errors import InputError
+from moss_npu.nano.config import NanoConfig
+from moss_npu.nano.model import KVCache, NanoTTSModel
+from moss_npu.sampling import SamplingParams, sample_token
+
+# (kind, index, logits): kind "text" gives the (B, 2) candidate logits [continue, stop] of frame ``index``;
+# kind "audio" gives the (B, V) logits of channel ``index``. Used by conformance checks and diagnostics.
+LogitsHook = Callable[[str, int, torch.Tensor], None]
+
+
+@dataclass(frozen=True)
+class FrameEvent:
+    """One generated frame: ``codes`` (B, Q) with pad for inactive rows and channels >= nq."""
+
+    step_index: int
+    codes: torch.Tensor
+    active: torch.Tensor  # (B,) bool: the row produced audio in this frame
+    finished: torch.Tensor  # (B,) bool: the row has chosen the stop token
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """Codes of every row: ``codes[b]`` (F_b, Q) trimmed; ``frames`` (B, F, Q) untrimmed; ``stopped`` (B,) bool."""
+
+    codes: list[torch.Tensor]
+    frames: torch.Tensor
+    stopped: torch.Tensor
+
+
+class PhaseTimer:
+    """Wall time per phase of the frame loop ("prefill", "global", "local", "sample").
+
+    Pass ``sync`` (e.g. ``moss_npu.device.backend(dev).synchronize``) for device-honest times; that adds host
+    syncs, so use it for benchmarks only.
+    """
+
+    def __init__(self, sync: Optional[Callable[[], None]] = None) -> None:
+        self.sync = sync
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        if self.sync is not None:
+            self.sync()
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self.sync is not None:
+                self.sync()
+            self.seconds[name] += time.perf_counter() - start
+            self.calls[name] += 1
+
+
+_NO_TIMER = contextlib.nullcontext()
+
+
+def left_pad(rows: Sequence[torch.Tensor], config: NanoConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stack prompts (L_b, Q + 1) into (B, L, Q + 1) rows padded on the left with [pad, pad codes…]; + mask (B, L)."""
+    if not rows:
+        raise InputError("no prompts to batch; pass at least one prompt")
+    length = max(int(r.shape[0]) for r in rows)
+    batch = torch.full((len(rows), length, config.row_width), config.audio_pad_token_id, dtype=torch.long,
+                       device=rows[0].device)
+    batch[:, :, 0] = config.pad_token_id
+    mask = torch.zeros(len(rows), length, dtype=torch.bool, device=rows[0].device)
+    for b, r in enumerate(rows):
+        batch[b, length - r.shape[0]:] = r
+        mask[b, length - r.shape[0]:] = True
+    return batch, mask
+
+
+def trim_codes(frames: torch.Tensor, nq: int, config: NanoConfig) -> torch.Tensor:
+    """Pad channels >= nq and drop trailing frames whose first nq codes are all pad, for (F, Q) codes of one row."""
+    frames = frames.clone()
+    frames[:, nq:] = config.audio_pad_token_id
+    valid = (frames[:, :nq] != config.audio_pad_token_id).any(dim=-1)
+    nonzero = valid.nonzero()
+    return frames[: int(nonzero[-1]) + 1] if nonzero.numel() else frames[:0]
+
+
+@torch.no_grad()
+def iter_frames(
+    model: NanoTTSModel,
+    input_ids: torch.Tensor,
+    attention_mask: Optional[torch.Tensor] = None,
+    *,
+    sampling: SamplingParams = SamplingParams(),
+    nq: Optional[int] = None,
+    max_new_frames: int = 300,
+    use_kv_cache: bool = True,
+    local_kv_cache: bool = False,
+    generator: Optional[torch.Generator] = None,
+    host_rng: bool = False,
+    timer: Optional[PhaseTimer] = None,
+    logits_hook: Optional[LogitsHook] = None,
+) -> Iterator[FrameEvent]:
+    """Yield one ``FrameEvent`` per generated frame until every row stops or ``max_new_frames`` is reached.
+
+    Args:
+        input_ids: (B, L, Q + 1) or (L, Q + 1) prompt rows on the model's device (left-padded for B > 1).
+        attention_mask: (B, L) bool, False on left padding; None = all rows valid.
+        sampling: greedy by default (official model API); ``SamplingParams.runtime_defaults()`` for the runtime.
+        nq: channels to generate (1..Q, default Q); the others are pad.
+        use_kv_cache: False re-feeds the whole sequence every frame (upstream's option; slow).
+        local_kv_cache: cache the local decoder's keys/values instead of recomputing it per channel.
+        generator / host_rng: random source of the draws (see ``moss_npu.sampling``).
+        timer: optional per-phase timing; logits_hook: optional view of every logits row the sampler sees.
+    """
+    cfg = model.config
+    nq = cfg.n_vq if nq is None else int(nq)
+    if not 1 <= nq <= cfg.n_vq:
+        raise InputError(f"nq={nq} is outside [1, {cfg.n_vq}]; use a count of codebooks in that range")
+    if max_new_frames < 0:
+        raise InputError(f"max_new_frames={max_new_frames} is negative; use a frame count >= 0 (12.5 per second)")
+    if input_ids.ndim == 2:
+        input_ids = input_ids[None]
+    device = model.device
+    input_ids = input_ids.to(device)
+    batch, prompt_len = input_ids.shape[:2]
+    mask = torch.zeros(batch, prompt_len + max_new_frames, dtype=torch.bool, device=device)
+    mask[:, :prompt_len] = True if attention_mask is None else attention_mask.to(device=device, dtype=torch.bool)
+    rows = input_ids
+    if not use_kv_cache:
+        rows = torch.cat([input_ids, input_ids.new_zeros(batch, max_new_frames, cfg.row_width)], dim=1)
+    cache = model.transformer.init_cache(batch, prompt_len + max_new_frames) if use_kv_cache else None
+    history = torch.full((batch, max_new_frames, cfg.n_vq), cfg.audio_pad_token_id, dtype=torch.long, device=device)
+    finished = torch.zeros(batch, dtype=torch.bool, device=device)
+    candidates = torch.tensor([cfg.audio_assistant_slot_token_id, cfg.audio_end_token_id], device=device)
+    text_params, audio_params = sampling.text(), sampling.audio()
+    draw = dict(generator=generator, host_rng=host_rng)
+    phase = timer.phase if timer is not None else (lambda name: _NO_TIMER)
+    dtype = model.dtype
+    pad_row = torch.tensor([cfg.pad_token_id] + [cfg.audio_pad_token_id] * cfg.n_vq, device=device)
+
+    for step in range(max_new_frames):
+        total = prompt_len + step
+        with phase("prefill" if step == 0 else "global"):
+            if use_kv_cache:
+                new_rows = input_ids if step == 0 else rows
+                hidden = model(new_rows, mask[:, :total], cache, check=step == 0)
+            else:
+                hidden = model(rows[:, :total], mask[:, :total], None, check=step == 0)
+            g = hidden[:, -1, :].to(dtype)
+
+        with phase("local"):
+            local_cache = model.local_transformer.init_cache(batch, cfg.n_vq + 1) if local_kv_cache else None
+            seq = g[:, None, :]
+            u = model.local_hidden(seq, local_cache)
+            text_logits = model.text_lm_head(u)
+            candidate_logits = text_logits.index_select(-1, candidates)
+        if logits_hook is not None:
+            logits_hook("text", step, candidate_logits)
+        with phase("sample"):
+            next_text = candidates[sample_token(candidate_logits, text_params, **draw)]
+        active = (next_text == cfg.audio_assistant_slot_token_id) & ~finished
+        finished = finished | (next_text == cfg.audio_end_token_id)
+        state = torch.stack([active.any(), torch.isfinite(text_logits).all()]).tolist()  # the one sync per frame
+        if not state[1]:
+            raise RuntimeError(f"Non-finite text logits at frame {step} (dtype {text_logits.dtype}); retry in float32")
+        if not state[0]:
+            break
+
+        frame = torch.full((batch, cfg.n_vq), cfg.audio_pad_token_id, dtype=torch.long, device=device)
+        prev = model.transformer.wte(next_text).to(dtype)
+        for c in range(nq):
+            with phase("local"):
+                if local_kv_cache:
+                    u = model.local_hidden(prev[:, None, :], local_cache)
+                else:
+                    seq = torch.cat([seq, prev[:, None, :]], dim=1)
+                    u = model.local_hidden(seq)
+                logits = model.audio_lm_heads[c](u)
+            if logits_hook is not None:
+                logits_hook("audio", c, logits)
+            with phase("sample"):
+                token = sample_token(logits, audio_params, history[:, :step, c], **draw)
+            frame[:, c] = token
+            prev = model.audio_embeddings[c](token).to(dtype)
+
+        frame = frame.masked_fill(~active[:, None], cfg.audio_pad_token_id)
+        history[:, step] = frame
+        next_row = torch.cat([candidates[0].expand(batch, 1), frame], dim=1)
+        next_row = torch.where(active[:, None], next_row, pad_row)
+        mask[:, total] = active
+        if use_kv_cache:
+            rows = next_row[:, None, :]
+        else:
+            rows[:, total] = next_row
+        yield FrameEvent(step, frame, active.clone(), finished.clone())
+
+
+def generate(
+    model: NanoTTSModel,
+    input_ids: torch.Tensor,
+    attention_mask: Optional[torch.Tensor] = None,
+    **options,
+) -> GenerationResult:
+    """Run ``iter_frames`` to the end and return every row's trimmed codes (same options as ``iter_frames``)."""
+    cfg = model.config
+    nq = cfg.n_vq if options.get("nq") is None else int(options["nq"])
+    batch = 1 if input_ids.ndim == 2 else input_ids.shape[0]
+    frames: list[torch.Tensor] = []
+    finished = torch.zeros(batch, dtype=torch.bool, device=model.device)
+    for event in iter_frames(model, input_ids, attention_mask, **options):
+        frames.append(event.codes)
+        finished = event.finished
+    # The loop ends early only when every row has chosen the stop token (that frame yields no event).
+    stopped = finished | (len(frames) < int(options.get("max_new_frames", 300)))
+    stacked = (torch.stack(frames, dim=1) if frames else
+               torch.empty(batch, 0, cfg.n_vq, dtype=torch.long, device=model.device))
+    return GenerationResult([trim_codes(stacked[b], nq, cfg) for b in range(batch)], stacked, stopped)

@@ -1,0 +1,268 @@
+"""MOSS-TTS-Nano language model: global GPT-2/RoPE decoder over 17-wide rows + local decoder over channels.
+
+Implements spec §2-§4: pre-norm GPT-2 blocks with plain ``nn.Linear`` weights ([out, in]), interleaved RoPE with
+positions ``cumsum(mask) - 1``, attention through a name → function table with explicit boolean masks, tied
+heads. Parameter names equal the official checkpoint keys. The KV cache is a preallocated ``KVCache`` owned by
+the caller (``generate.py``), not by the layers.
+Shapes: B batch, L query rows, T key rows (cache + new), H heads, D head dim, E hidden, Q = n_vq channels.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from moss_npu.errors import InputError
+from moss_npu.nano.config import GPT2Config, NanoConfig
+
+
+def gelu_new(x: torch.Tensor) -> torch.Tensor:
+    # Written out like transformers' NewGELUActivation (not F.gelu(approximate="tanh")) for bitwise-close parity.
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+ACTIVATION_FUNCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "gelu_new": gelu_new,
+    "gelu": F.gelu,
+    "relu": F.relu,
+    "silu": F.silu,
+}
+
+
+def sdpa_attention(q, k, v, mask, query_valid, scale):
+    """Attention with ``scaled_dot_product_attention`` and an explicit boolean mask (upstream's "sdpa").
+
+    A fully padded query row would give NaN, so upstream lets it see the key at its own absolute index and zeroes
+    its output afterwards; that is done here without asking the host whether any row is padded.
+    """
+    lq, lk = q.shape[-2], k.shape[-2]
+    own = torch.arange(lk, device=q.device)[None, :] == (torch.arange(lq, device=q.device) + (lk - lq))[:, None]
+    mask = mask | (own[None, None] & ~query_valid[:, None, :, None])
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # upstream's sdpa ignores `scale`
+    return out * query_valid[:, None, :, None].to(out.dtype)
+
+
+def eager_attention(q, k, v, mask, query_valid, scale):
+    """Attention written out: masked scores filled with the dtype's minimum, softmax, weighted sum."""
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    return torch.matmul(torch.softmax(scores, dim=-1), v)
+
+
+ATTENTION_FUNCTIONS = {"sdpa": sdpa_attention, "eager": eager_attention}
+
+
+@dataclass
+class KVCache:
+    """Preallocated keys/values of one decoder, per layer ``(B, H, capacity, D)``, keys stored after RoPE.
+
+    Contract: during one forward each layer calls ``update(layer, k, v)`` with the new rows; it writes them at
+    ``length`` and returns the views over ``[0, length + new)``. The decoder then calls ``advance(new)``.
+    """
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    length: int = 0
+
+    @property
+    def capacity(self) -> int:
+        return self.keys[0].shape[2]
+
+    def update(self, layer: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        end = self.length + key.shape[2]
+        if end > self.capacity:
+            raise InputError(f"KV cache full: {end} rows needed, capacity {self.capacity}; allocate a larger cache")
+        self.keys[layer][:, :, self.length:end] = key
+        self.values[layer][:, :, self.length:end] = value
+        return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
+
+    def advance(self, rows: int) -> None:
+        self.length += rows
+
+    def reset(self) -> None:
+        self.length = 0
+
+
+class RotaryEmbedding(nn.Module):
+    """Interleaved (GPT-J style) RoPE; ``inv_freq`` is a non-persistent buffer that follows the model's dtype."""
+
+    def __init__(self, head_dim: int, base: float) -> None:
+        super().__init__()
+        self.head_dim, self.base = head_dim, base
+        self.register_buffer("inv_freq", self.compute_inv_freq(), persistent=False)
+
+    def compute_inv_freq(self) -> torch.Tensor:
+        return 1.0 / (self.base ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim))
+
+    def reset_inv_freq(self) -> None:
+        """Recompute the buffer in fp32 and cast it to its current dtype (after ``to_empty``)."""
+        self.inv_freq = self.compute_inv_freq().to(device=self.inv_freq.device, dtype=self.inv_freq.dtype)
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        # Positions are cast to inv_freq's dtype: a bf16 model rounds positions > 256 exactly like upstream.
+        freqs = positions.to(self.inv_freq.dtype)[..., None] * self.inv_freq
+        cos = freqs.cos().repeat_interleave(2, dim=-1)[:, :, None, :].to(dtype)
+        sin = freqs.sin().repeat_interleave(2, dim=-1)[:, :, None, :].to(dtype)
+        return cos, sin
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate feature pairs (2i, 2i+1) of (B, L, H, D) by the position angle."""
+    rotated = torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).reshape_as(x)
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: GPT2Config, layer_idx: int) -> None:
+        super().__init__()
+        self.n_head, self.head_dim = cfg.n_head, cfg.head_dim
+        self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd)
+        self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd)
+        scale = 1.0 / math.sqrt(self.head_dim) if cfg.scale_attn_weights else 1.0
+        self.scale = scale / (layer_idx + 1) if cfg.scale_attn_by_inverse_layer_idx else scale
+
+    def forward(self, x, cos, sin, mask, query_valid, attn_fn, cache: Optional[KVCache], layer_idx: int):
+        b, l, e = x.shape
+        q, k, v = self.c_attn(x).split(e, dim=-1)
+        q = apply_rope(q.view(b, l, self.n_head, self.head_dim), cos, sin).transpose(1, 2)
+        k = apply_rope(k.view(b, l, self.n_head, self.head_dim), cos, sin).transpose(1, 2)
+        v = v.view(b, l, self.n_head, self.head_dim).transpose(1, 2)
+        if cache is not None:
+            k, v = cache.update(layer_idx, k, v)
+        out = attn_fn(q, k, v, mask, query_valid, self.scale)
+        return self.c_proj(out.transpose(1, 2).reshape(b, l, e))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: GPT2Config) -> None:
+        super().__init__()
+        self.fc_in = nn.Linear(cfg.n_embd, cfg.inner_size)
+        self.fc_out = nn.Linear(cfg.inner_size, cfg.n_embd)
+        self.act = ACTIVATION_FUNCTIONS[cfg.activation_function]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc_out(self.act(self.fc_in(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: GPT2Config, layer_idx: int) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
+        self.attn = Attention(cfg, layer_idx)
+        self.ln_2 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin, mask, query_valid, attn_fn, cache, layer_idx):
+        x = x + self.attn(self.ln_1(x), cos, sin, mask, query_valid, attn_fn, cache, layer_idx)
+        return x + self.mlp(self.ln_2(x))
+
+
+class Decoder(nn.Module):
+    """GPT-2 style decoder without final projection (upstream ``MossTTSNanoGPT2Model``); ``wte`` optional."""
+
+    def __init__(self, cfg: GPT2Config, n_layer: int, attn_impl: str, has_wte: bool) -> None:
+        super().__init__()
+        if attn_impl not in ATTENTION_FUNCTIONS:
+            raise InputError(f"attention {attn_impl!r} is not available; use one of {list(ATTENTION_FUNCTIONS)}")
+        self.cfg, self.attn_impl = cfg, attn_impl
+        if has_wte:
+            self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        self.h = nn.ModuleList(Block(cfg, i) for i in range(n_layer))
+        self.ln_f = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
+        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_base)
+
+    def init_cache(self, batch_size: int, capacity: int) -> KVCache:
+        """Allocate an empty cache for ``capacity`` rows on the decoder's device and dtype."""
+        w = self.ln_f.weight
+        shape = (batch_size, self.cfg.n_head, capacity, self.cfg.head_dim)
+        return KVCache([w.new_zeros(shape) for _ in self.h], [w.new_zeros(shape) for _ in self.h])
+
+    def forward(self, x: torch.Tensor, attention_mask: torch.Tensor, cache: Optional[KVCache] = None) -> torch.Tensor:
+        """Run (B, L, E) inputs; ``attention_mask`` (B, T) bool covers cached + new rows. Return (B, L, E)."""
+        lq, lk = x.shape[1], attention_mask.shape[1]
+        query_valid = attention_mask[:, -lq:]
+        positions = (attention_mask.long().cumsum(-1) - 1).masked_fill(~attention_mask, 0)[:, -lq:]
+        cos, sin = self.rotary(positions, x.dtype)
+        # Causal mask aligned bottom-right (new rows are the last ones) combined with key validity.
+        key_pos = torch.arange(lk, device=x.device)
+        query_pos = torch.arange(lq, device=x.device) + (lk - lq)
+        mask = (key_pos[None, :] <= query_pos[:, None])[None, None] & attention_mask[:, None, None, :]
+        attn_fn = ATTENTION_FUNCTIONS[self.attn_impl]
+        keep = query_valid[..., None].to(x.dtype)
+        x = x * keep
+        for i, block in enumerate(self.h):
+            x = block(x, cos, sin, mask, query_valid, attn_fn, cache, i) * keep
+        if cache is not None:
+            cache.advance(lq)
+        return self.ln_f(x) * keep
+
+
+class NanoTTSModel(nn.Module):
+    """``MossTTSNanoForCausalLM`` without the inference helpers: embeddings, two decoders, tied heads."""
+
+    def __init__(self, config: NanoConfig, attn_impl: str = "sdpa") -> None:
+        super().__init__()
+        self.config = config
+        g, e = config.gpt2_config, config.hidden_size
+        self.transformer = Decoder(g, g.n_layer, attn_impl, has_wte=True)
+        self.audio_embeddings = nn.ModuleList(nn.Embedding(n, e) for n in config.audio_codebook_sizes)
+        self.text_lm_head = nn.Linear(e, g.vocab_size, bias=False)
+        self.audio_lm_heads = nn.ModuleList(nn.Linear(e, n, bias=False) for n in config.audio_codebook_sizes)
+        # The local decoder has no embedding table (upstream replaces its wte by Identity).
+        self.local_transformer = Decoder(g, config.local_transformer_layers, attn_impl, has_wte=False)
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        """Share the text head with ``transformer.wte`` and audio head k with audio embedding k."""
+        self.text_lm_head.weight = self.transformer.wte.weight
+        for head, table in zip(self.audio_lm_heads, self.audio_embeddings):
+            head.weight = table.weight
+
+    def reset_rope(self) -> None:
+        """Recompute the non-persistent RoPE buffers (they hold garbage after building on the meta device)."""
+        self.transformer.rotary.reset_inv_freq()
+        self.local_transformer.rotary.reset_inv_freq()
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.local_transformer.ln_f.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.local_transformer.ln_f.weight.device
+
+    def embed_rows(self, rows: torch.Tensor, check: bool = True) -> torch.Tensor:
+        """Embed (B, L, Q + 1) rows: ``wte[text] + Σ_k audio_embeddings[k][code_k]`` over non-pad codes."""
+        cfg = self.config
+        if rows.ndim != 3 or rows.shape[-1] != cfg.row_width:
+            raise InputError(f"rows have shape {tuple(rows.shape)}; expected (batch, seq, {cfg.row_width})")
+        x = self.transformer.wte(rows[..., 0])
+        for k, table in enumerate(self.audio_embeddings):
+            codes = rows[..., k + 1]
+            valid = codes != cfg.audio_pad_token_id
+            if check and bool((valid & ((codes < 0) | (codes >= table.num_embeddings))).any()):
+                raise InputError(f"audio codes of channel {k} lie outside [0, {table.num_embeddings}) and are not "
+                                 f"the pad id {cfg.audio_pad_token_id}; the codes must come from the matching codec")
+            x = x + table(codes.masked_fill(~valid, 0)) * valid[..., None]
+        return x
+
+    def forward(self, rows: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
+                cache: Optional[KVCache] = None, check: bool = True) -> torch.Tensor:
+        """Return the global hidden states after ``ln_f`` for (B, L, Q + 1) rows, (B, L, E).
+
+        ``attention_mask`` (B, T) covers cached + new rows (all ones when None and no cache).
+        """
+        if attention_mask is None:
+            attention_mask = torch.ones(rows.shape[:2], dtype=torch.bool, device=rows.device)
+        return self.transformer(self.embed_rows(rows, check), attention_mask.to(torch.bool), cache)
+
+    def local_hidden(self, seq: torch.Tensor, cache: Optional[KVCache] = None) -> torch.Tensor:
+        """Run the local decoder over (B, S, E) (or only the new rows when ``cache`` holds the rest); last row."""
+        total = seq.shape[1] + (cache.length if cache is not None else 0)
+        mask = torch.ones(seq.shape[0], total, dtype=torch.bool, device=seq.device)
+        return self.local_transformer(seq, mask, cache)[:, -1, :]

@@ -1,0 +1,154 @@
+"""Token sampling for the MOSS-TTS-Nano frame loop (spec §8, §9).
+
+Order as in the official code: repetition penalty → (greedy argmax) → temperature → top-k → top-p → softmax →
+draw. Everything runs in the logits' dtype, as upstream does. Shapes: B batch rows, V candidates.
+
+Two ways to draw:
+* device RNG (default): ``torch.multinomial(probs, 1, generator=generator)`` on the logits' device, the same call
+  with the same shapes as upstream, so ``torch.manual_seed(seed)`` on CPU reproduces the official sampled runs;
+* host RNG (``host_rng=True``): the probabilities are copied to the CPU as float64 and one uniform per row is drawn
+  from a CPU generator; the token is the inverse-CDF pick. Two devices given the same seed then pick the same
+  token whenever their distributions agree to within the gap between the uniform and the nearest CDF boundary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from moss_npu.errors import InputError
+
+
+@dataclass(frozen=True)
+class TokenParams:
+    """Sampling parameters of one decision (the 2-way text decision or one audio channel)."""
+
+    do_sample: bool
+    temperature: float
+    top_k: int
+    top_p: float
+    repetition_penalty: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.do_sample and not self.temperature > 0:
+            raise InputError(f"temperature={self.temperature} with sampling on; use a value > 0 "
+                             "(or turn sampling off for greedy decoding)")
+        if not 0.0 < self.top_p <= 1.0:
+            raise InputError(f"top_p={self.top_p} is outside (0, 1]; use e.g. 0.95, or 1.0 to disable it")
+        if self.top_k < 0:
+            raise InputError(f"top_k={self.top_k} is negative; use 0 to disable it or a positive count")
+        if not self.repetition_penalty > 0:
+            raise InputError(f"repetition_penalty={self.repetition_penalty} must be > 0; use 1.0 to disable it")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """All sampling parameters of a generation; defaults are the official model-API ones (greedy).
+
+    ``SamplingParams.runtime_defaults()`` gives the official runtime's (infer.py, CLI, service) values.
+    """
+
+    do_sample: bool = False
+    text_temperature: float = 1.5
+    text_top_p: float = 1.0
+    text_top_k: int = 50
+    audio_temperature: float = 1.7
+    audio_top_p: float = 0.8
+    audio_top_k: int = 25
+    audio_repetition_penalty: float = 1.0
+
+    def __post_init__(self) -> None:
+        self.text()  # validates
+        self.audio()
+
+    @classmethod
+    def runtime_defaults(cls, **overrides) -> "SamplingParams":
+        """Return the official runtime defaults (sampled, 1.0/1.0/50 text, 0.8/0.95/25/1.2 audio), then overrides."""
+        values = dict(do_sample=True, text_temperature=1.0, text_top_p=1.0, text_top_k=50,
+                      audio_temperature=0.8, audio_top_p=0.95, audio_top_k=25, audio_repetition_penalty=1.2)
+        values.update(overrides)
+        return cls(**values)
+
+    def text(self) -> TokenParams:
+        """Parameters of the 2-way continue/stop decision (no repetition penalty, as upstream)."""
+        return TokenParams(self.do_sample, self.text_temperature, self.text_top_k, self.text_top_p)
+
+    def audio(self) -> TokenParams:
+        """Parameters shared by every audio channel."""
+        return TokenParams(self.do_sample, self.audio_temperature, self.audio_top_k, self.audio_top_p,
+                           self.audio_repetition_penalty)
+
+
+def apply_repetition_penalty(scores: torch.Tensor, history: Optional[torch.Tensor], penalty: float) -> torch.Tensor:
+    """Penalise every id that occurs in ``history`` once (divide positive scores, multiply negative ones).
+
+    Args:
+        scores: (B, V) logits.
+        history: (B, T) earlier ids of this channel; ids outside [0, V) (the pad id) are ignored.
+        penalty: > 0; 1.0 leaves the scores unchanged.
+    """
+    if not penalty > 0:
+        raise InputError(f"repetition_penalty={penalty} must be > 0; use 1.0 to disable it")
+    if penalty == 1.0 or history is None or history.shape[-1] == 0:
+        return scores
+    vocab = scores.shape[-1]
+    ids = history.to(device=scores.device, dtype=torch.long).reshape(scores.shape[0], -1)
+    ids = torch.where((ids >= 0) & (ids < vocab), ids, torch.full_like(ids, vocab))
+    # A presence mask equals upstream's per-row unique() + scatter: each id is penalised once.
+    seen = torch.zeros(scores.shape[0], vocab + 1, dtype=torch.bool, device=scores.device)
+    seen = seen.scatter_(1, ids, True)[:, :vocab]
+    penalised = torch.where(scores < 0, scores * penalty, scores / penalty)
+    return torch.where(seen, penalised, scores)
+
+
+def filter_scores(scores: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """Apply temperature, top-k (ties at the k-th value kept) and top-p (crossing token kept); return scores."""
+    scores = scores / temperature
+    if top_k > 0:
+        k = min(top_k, scores.shape[-1])
+        threshold = torch.topk(scores, k, dim=-1).values[..., -1:]
+        scores = scores.masked_fill(scores < threshold, float("-inf"))
+    if 0.0 < top_p < 1.0:
+        sorted_scores, order = torch.sort(scores, descending=True, dim=-1)
+        mass = torch.softmax(sorted_scores, dim=-1).cumsum(dim=-1)
+        remove = mass > top_p
+        # Shift right by one so the token that crosses top_p stays in.
+        remove = torch.cat([torch.zeros_like(remove[..., :1]), remove[..., :-1]], dim=-1)
+        sorted_scores = sorted_scores.masked_fill(remove, float("-inf"))
+        scores = torch.full_like(scores, float("-inf")).scatter(-1, order, sorted_scores)
+    return scores
+
+
+def draw_host(probs: torch.Tensor, generator: Optional[torch.Generator]) -> torch.Tensor:
+    """Pick one id per row by inverse CDF with a float64 uniform from a CPU generator; return ids on probs' device."""
+    host = probs.detach().to(device="cpu", dtype=torch.float64)
+    cdf = host.cumsum(dim=-1)
+    u = torch.rand(host.shape[0], 1, dtype=torch.float64, generator=generator) * cdf[:, -1:]
+    ids = torch.searchsorted(cdf, u, right=True).clamp_(max=host.shape[-1] - 1).squeeze(-1)
+    return ids.to(probs.device)
+
+
+def sample_token(
+    logits: torch.Tensor,
+    params: TokenParams,
+    history: Optional[torch.Tensor] = None,
+    *,
+    generator: Optional[torch.Generator] = None,
+    host_rng: bool = False,
+) -> torch.Tensor:
+    """Choose one id per row from (B, V) logits; return (B,) int64 on the logits' device.
+
+    Greedy (``params.do_sample`` False) is ``argmax`` after the repetition penalty (first index on ties).
+    ``generator`` is used for the draw: a generator on the logits' device for the default mode, a CPU generator
+    with ``host_rng=True``; None means torch's default generator of that device.
+    """
+    scores = apply_repetition_penalty(logits, history, params.repetition_penalty)
+    if not params.do_sample:
+        return scores.argmax(dim=-1)
+    scores = filter_scores(scores, params.temperature, params.top_k, params.top_p)
+    probs = torch.softmax(scores, dim=-1)
+    if host_rng:
+        return draw_host(probs, generator)
+    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
