@@ -1,0 +1,165 @@
+"""The Qwen3 backbone of the Delay model, run by llama.cpp through llama-cpp-python's low-level API.
+
+Implements delay_spec §6 and §12: embeddings go in (``llama_batch.embd``) at explicit positions, the
+prompt in ``n_batch`` chunks with an output only for the last row, and each step returns the
+post-final-RMSNorm hidden state (``llama_get_embeddings_ith``) plus the GGUF head's text logits. One
+sequence (id 0); ``clear()`` empties the KV cache per utterance. H hidden size, V text vocabulary.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from contextlib import ExitStack
+from pathlib import Path
+
+import numpy as np
+
+from moss_npu.errors import CheckpointError, DeviceError, InputError
+
+log = logging.getLogger(__name__)
+
+INSTALL_HINT = 'pip install -e ".[llama]"'
+GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
+FLASH_ATTN = {"auto": -1, "disabled": 0, "enabled": 1}
+
+
+def import_llama_cpp():
+    """Import llama-cpp-python, or raise ``DeviceError`` naming the install command."""
+    try:
+        import llama_cpp
+    except Exception as exc:  # a broken native build raises more than ImportError
+        raise DeviceError(f"the llama-cpp backend needs llama-cpp-python>=0.3.17 (import failed: {exc}); "
+                          f"install it with `{INSTALL_HINT}` (see README for CUDA / CANN builds)") from exc
+    if not hasattr(llama_cpp.llama_context_params, "_fields_") or "flash_attn_type" not in dict(
+            llama_cpp.llama_context_params._fields_):
+        raise DeviceError(f"llama-cpp-python {getattr(llama_cpp, '__version__', '?')} is too old (no flash_attn_type); "
+                          f"upgrade with `{INSTALL_HINT}`")
+    return llama_cpp
+
+
+class _NativeLog:
+    """Routes llama.cpp's log lines to Python logging (debug level unless ``verbose``)."""
+
+    def __init__(self, llama_cpp, verbose: bool) -> None:
+        level = logging.INFO if verbose else logging.DEBUG
+
+        def forward(_level: int, text: bytes, _user: ctypes.c_void_p) -> None:
+            log.log(level, "%s", text.decode("utf-8", "replace").rstrip("\n"))
+
+        self.callback = llama_cpp.llama_log_callback(forward)  # kept alive: C holds the pointer
+        llama_cpp.llama_log_set(self.callback, ctypes.c_void_p(0))
+
+
+_native_log = None
+
+
+class LlamaBackbone:
+    """One GGUF model + context; feeds embedding rows and reads hidden states and text logits."""
+
+    def __init__(self, gguf: Path, *, n_ctx: int, n_batch: int, n_threads: int, n_gpu_layers: int,
+                 kv_cache_type_k: str, kv_cache_type_v: str, flash_attn: str, verbose: bool = False) -> None:
+        global _native_log
+        self._lib = lib = import_llama_cpp()
+        if _native_log is None:
+            _native_log = _NativeLog(lib, verbose)
+        gguf = Path(gguf)
+        if not gguf.is_file():
+            raise CheckpointError(f"GGUF backbone {gguf} does not exist; download or convert it first")
+        self._stack = ExitStack()
+        lib.llama_backend_init()
+        model_params = lib.llama_model_default_params()
+        model_params.n_gpu_layers = n_gpu_layers
+        self._model = lib.llama_model_load_from_file(str(gguf).encode("utf-8"), model_params)
+        if not self._model:
+            raise CheckpointError(f"llama.cpp could not load {gguf} (not a GGUF, an unsupported quantisation for "
+                                  "this build, or out of memory); run with verbose: true to see llama.cpp's reason")
+        self._stack.callback(lib.llama_model_free, self._model)
+
+        params = lib.llama_context_default_params()
+        params.n_ctx = n_ctx
+        params.n_batch = n_batch
+        params.n_ubatch = n_batch  # every prompt chunk must fit one physical batch
+        params.n_threads = n_threads
+        params.n_threads_batch = n_threads
+        params.embeddings = True
+        params.pooling_type = lib.LLAMA_POOLING_TYPE_NONE
+        params.type_k = GGML_TYPES[kv_cache_type_k]
+        params.type_v = GGML_TYPES[kv_cache_type_v]
+        params.flash_attn_type = FLASH_ATTN[flash_attn]
+        self._ctx = lib.llama_init_from_model(self._model, params)
+        if not self._ctx:
+            self.close()
+            raise DeviceError(f"llama.cpp could not create a context (n_ctx={n_ctx}, n_batch={n_batch}, "
+                              f"kv {kv_cache_type_k}/{kv_cache_type_v}, flash_attn={flash_attn}); lower n_ctx or "
+                              "n_gpu_layers, or pick a KV type this build supports")
+        self._stack.callback(lib.llama_free, self._ctx)
+        self.n_embd = int(lib.llama_model_n_embd(self._model))
+        self.n_vocab = int(lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(self._model)))
+        self.n_ctx = int(lib.llama_n_ctx(self._ctx))
+        self.n_batch = n_batch
+        self._step_batch = lib.llama_batch_init(1, self.n_embd, 1)
+        self._stack.callback(lib.llama_batch_free, self._step_batch)
+
+    def clear(self) -> None:
+        """Empty the KV cache (start of an utterance)."""
+        self._lib.llama_memory_clear(self._lib.llama_get_memory(self._ctx), True)
+
+    def prefill(self, embeddings: np.ndarray) -> None:
+        """Feed prompt embeddings ``(S, H)`` at positions 0..S-1 in ``n_batch`` chunks; output the last row."""
+        rows = embeddings.shape[0]
+        for start in range(0, rows, self.n_batch):
+            chunk = embeddings[start: start + self.n_batch]
+            batch = self._lib.llama_batch_init(chunk.shape[0], self.n_embd, 1)
+            try:
+                self._decode(batch, chunk, start, output_last=start + chunk.shape[0] == rows)
+            finally:
+                self._lib.llama_batch_free(batch)
+
+    def step(self, embedding: np.ndarray, position: int) -> None:
+        """Feed one row's embedding ``(H,)`` at ``position`` and output it."""
+        self._decode(self._step_batch, embedding[None, :], position, output_last=True)
+
+    def hidden_state(self) -> np.ndarray:
+        """Return the post-final-norm hidden state of the last output row, ``(H,)`` float32 (a copy)."""
+        return self._read(self._lib.llama_get_embeddings_ith(self._ctx, -1), self.n_embd, "hidden state")
+
+    def text_logits(self) -> np.ndarray:
+        """Return the GGUF head's logits of the last output row, ``(V,)`` float32 (a copy)."""
+        return self._read(self._lib.llama_get_logits_ith(self._ctx, -1), self.n_vocab, "logits")
+
+    def close(self) -> None:
+        """Free the context, the model and the step batch."""
+        self._stack.close()
+
+    def __enter__(self) -> "LlamaBackbone":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _decode(self, batch, rows: np.ndarray, first_position: int, output_last: bool) -> None:
+        n = rows.shape[0]
+        if rows.shape[1] != self.n_embd:
+            raise InputError(f"embeddings of width {rows.shape[1]}, the backbone expects {self.n_embd}")
+        if first_position + n > self.n_ctx:
+            raise InputError(f"positions up to {first_position + n} exceed n_ctx={self.n_ctx}; raise n_ctx")
+        data = np.ascontiguousarray(rows, dtype=np.float32)
+        batch.n_tokens = n
+        ctypes.memmove(batch.embd, data.ctypes.data, data.nbytes)
+        for i in range(n):
+            batch.pos[i] = first_position + i
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = 0
+            batch.logits[i] = 1 if (output_last and i == n - 1) else 0
+        code = self._lib.llama_decode(self._ctx, batch)
+        if code != 0:
+            raise DeviceError(f"llama_decode returned {code} at positions {first_position}..{first_position + n - 1} "
+                              f"(1 = no KV slot: raise n_ctx={self.n_ctx}; <0 = backend error, see verbose log)")
+
+    @staticmethod
+    def _read(pointer, size: int, what: str) -> np.ndarray:
+        if not pointer:
+            raise DeviceError(f"llama.cpp returned no {what}; this llama-cpp-python build predates logits + "
+                              f"embeddings together, upgrade with `{INSTALL_HINT}`")
+        return np.ctypeslib.as_array(pointer, shape=(size,)).copy()

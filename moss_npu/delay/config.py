@@ -1,0 +1,219 @@
+"""Configs of the Delay backend: the model's special ids and sizes, and the run preset.
+
+``DelayModelConfig`` is read from the weights folder's ``config.json`` (the MOSS-TTS top-level keys,
+delay_spec §2: special ids are never hard-coded). ``DelayRunConfig`` holds the run values of
+``configs/llama_cpp/*.yaml`` (delay_spec §11.1; paths are CLI arguments, not preset keys). Precedence:
+dataclass default < YAML preset < explicit override, merged in ``load_run_config``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+from moss_npu.errors import CheckpointError, ConfigError
+
+SPECIAL_ID_KEYS = (
+    "pad_token_id",
+    "im_start_token_id",
+    "im_end_token_id",
+    "audio_start_token_id",
+    "audio_end_token_id",
+    "audio_user_slot_token_id",
+    "audio_assistant_gen_slot_token_id",
+    "audio_assistant_delay_slot_token_id",
+)
+KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
+FLASH_ATTN_MODES = ("auto", "enabled", "disabled")
+HEADS_BACKENDS = ("auto", "numpy", "torch")
+AUDIO_BACKENDS = ("onnx",)
+AUDIO_PROVIDERS = ("auto", "cpu", "cuda", "cann")
+
+
+@dataclass(frozen=True)
+class DelayModelConfig:
+    """Sizes and special ids of a MOSS-TTS Delay checkpoint (names as in its ``config.json``)."""
+
+    pad_token_id: int
+    im_start_token_id: int
+    im_end_token_id: int
+    audio_start_token_id: int
+    audio_end_token_id: int
+    audio_user_slot_token_id: int
+    audio_assistant_gen_slot_token_id: int
+    audio_assistant_delay_slot_token_id: int
+    n_vq: int = 32
+    audio_vocab_size: int = 1024
+    audio_pad_code: int = 1024
+    sampling_rate: int = 24000
+    hidden_size: Optional[int] = None
+    vocab_size: Optional[int] = None
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.n_vq < 1 or self.audio_vocab_size < 1:
+            raise CheckpointError(
+                f"config.json: n_vq={self.n_vq}, audio_vocab_size={self.audio_vocab_size}; both must be >= 1"
+            )
+        if self.audio_pad_code != self.audio_vocab_size:
+            # The tables have audio_vocab_size + 1 rows and the pad is the last one (delay_spec §3.2).
+            raise CheckpointError(
+                f"config.json: audio_pad_code={self.audio_pad_code} but audio_vocab_size={self.audio_vocab_size}; "
+                "the pad code must be the row after the last real code"
+            )
+
+    @property
+    def special_ids(self) -> dict[str, int]:
+        """Return the eight special token ids by their config key."""
+        return {key: getattr(self, key) for key in SPECIAL_ID_KEYS}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], source: str) -> "DelayModelConfig":
+        """Build from a MOSS config dict; ``source`` names the file in errors."""
+        missing = [key for key in SPECIAL_ID_KEYS if not isinstance(data.get(key), int)]
+        if missing:
+            raise CheckpointError(
+                f"{source}: special ids missing or not integers: {', '.join(missing)}; "
+                "use the config.json of the MOSS-TTS checkpoint the weights were converted from"
+            )
+        lang = data.get("language_config") or {}
+        known = {f.name for f in fields(cls)} - {"raw"}
+        values = {k: data[k] for k in known if k in data and data[k] is not None}
+        values.setdefault("hidden_size", lang.get("hidden_size"))
+        values.setdefault("vocab_size", lang.get("vocab_size"))
+        return cls(**values, raw=dict(data))
+
+    @classmethod
+    def from_weights_dir(cls, weights_dir: Path) -> "DelayModelConfig":
+        """Read ``config.json`` (else ``extraction_meta.json`` -> ``moss_config``) from a weights folder."""
+        config_path = weights_dir / "config.json"
+        meta_path = weights_dir / "extraction_meta.json"
+        if config_path.is_file():
+            return cls.from_dict(_read_json(config_path), str(config_path))
+        if meta_path.is_file():
+            meta = _read_json(meta_path)
+            if isinstance(meta.get("moss_config"), dict):
+                return cls.from_dict(meta["moss_config"], f"{meta_path} (moss_config)")
+        raise CheckpointError(
+            f"{weights_dir}: no config.json with the special token ids; copy config.json of the MOSS-TTS "
+            "checkpoint into it (e.g. `huggingface-cli download OpenMOSS-Team/MOSS-TTS config.json --local-dir DIR`)"
+        )
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path}: cannot read JSON ({exc}); restore the file from the download") from exc
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+@dataclass(frozen=True)
+class DelaySampling:
+    """Sampling parameters of one generation (upstream defaults, delay_spec §9)."""
+
+    text_temperature: float = 1.5
+    text_top_p: float = 1.0
+    text_top_k: int = 50
+    audio_temperature: float = 1.7
+    audio_top_p: float = 0.8
+    audio_top_k: int = 25
+    audio_repetition_penalty: float = 1.0
+
+
+@dataclass(frozen=True)
+class DelayRunConfig:
+    """Run values of the llama.cpp backend; a YAML preset may set any of these keys."""
+
+    backbone_gguf: Optional[str] = None  # file name inside the weights folder; None = its only .gguf
+    n_gpu_layers: int = -1
+    n_ctx: int = 4096
+    n_batch: int = 512
+    n_threads: int = 4
+    kv_cache_type_k: str = "f16"
+    kv_cache_type_v: str = "f16"
+    flash_attn: str = "auto"
+    heads_backend: str = "auto"
+    heads_device: str = "auto"
+    audio_backend: str = "onnx"
+    audio_provider: str = "auto"
+    max_new_tokens: int = 3072
+    verbose: bool = False
+    text_temperature: float = 1.5
+    text_top_p: float = 1.0
+    text_top_k: int = 50
+    audio_temperature: float = 1.7
+    audio_top_p: float = 0.8
+    audio_top_k: int = 25
+    audio_repetition_penalty: float = 1.0
+
+    def __post_init__(self) -> None:
+        choices = {
+            "kv_cache_type_k": KV_CACHE_TYPES,
+            "kv_cache_type_v": KV_CACHE_TYPES,
+            "flash_attn": FLASH_ATTN_MODES,
+            "heads_backend": HEADS_BACKENDS,
+            "audio_backend": AUDIO_BACKENDS,
+            "audio_provider": AUDIO_PROVIDERS,
+        }
+        for key, allowed in choices.items():
+            if getattr(self, key) not in allowed:
+                raise ConfigError(f"{key}={getattr(self, key)!r}: not one of {', '.join(allowed)}")
+        for key in ("n_ctx", "n_batch", "n_threads", "max_new_tokens"):
+            if not isinstance(getattr(self, key), int) or getattr(self, key) < 1:
+                raise ConfigError(f"{key}={getattr(self, key)!r}: must be an integer >= 1")
+        if not isinstance(self.n_gpu_layers, int) or self.n_gpu_layers < -1:
+            raise ConfigError(f"n_gpu_layers={self.n_gpu_layers!r}: use -1 (all), 0 (CPU) or a layer count")
+        for key in ("text_top_k", "audio_top_k"):
+            if not isinstance(getattr(self, key), int) or getattr(self, key) < 0:
+                raise ConfigError(f"{key}={getattr(self, key)!r}: must be an integer >= 0 (0 = off)")
+        for key in ("text_top_p", "audio_top_p"):
+            if not 0.0 < float(getattr(self, key)) <= 1.0:
+                raise ConfigError(f"{key}={getattr(self, key)!r}: must be in (0, 1] (1 = off)")
+        if float(self.audio_repetition_penalty) <= 0.0:
+            raise ConfigError(f"audio_repetition_penalty={self.audio_repetition_penalty!r}: must be > 0 (1 = off)")
+
+    @property
+    def sampling(self) -> DelaySampling:
+        """Return the sampling parameters as their own value object."""
+        return DelaySampling(**{f.name: getattr(self, f.name) for f in fields(DelaySampling)})
+
+
+def load_run_config(path: Optional[Path | str] = None, overrides: Optional[Mapping[str, Any]] = None) -> DelayRunConfig:
+    """Merge defaults < YAML preset at ``path`` < ``overrides`` (keys whose value is None are not set).
+
+    Raises:
+        ConfigError: the file is unreadable, not a mapping, or either source has unknown keys.
+    """
+    import yaml
+
+    values: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"{path}: cannot read YAML ({exc}); pass an existing preset such as "
+                              "configs/llama_cpp/default.yaml") from exc
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: expected a mapping of keys, got {type(data).__name__}")
+        _reject_unknown(data, str(path))
+        values.update(data)
+    if overrides:
+        given = {k: v for k, v in overrides.items() if v is not None}
+        _reject_unknown(given, "overrides")
+        values.update(given)
+    return DelayRunConfig(**values)
+
+
+def _reject_unknown(data: Mapping[str, Any], source: str) -> None:
+    known = {f.name for f in fields(DelayRunConfig)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"{source}: unknown keys {', '.join(unknown)}; known keys are {', '.join(sorted(known))}")

@@ -1,0 +1,91 @@
+"""The 32 audio heads of the Delay model: post-norm hidden state ``(H,)`` -> logits ``(Q, A)``.
+
+Implements delay_spec §7. The text logits come from the GGUF's own output head (llama.cpp), so only the
+audio heads live here, in NumPy (float32, one stacked matmul as upstream) or in torch on the device
+layer's device. The pad column (the last of A) is forced to -inf: the pad is never sampled.
+Q codebooks, A = audio vocabulary + 1, H hidden size.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Protocol
+
+import numpy as np
+
+from moss_npu.delay.weights import DelayWeights, load_table
+from moss_npu.errors import ConfigError
+
+
+class AudioHeads(Protocol):
+    """Anything that maps a hidden state ``(H,)`` float32 to audio logits ``(Q, A)`` float32 (NumPy)."""
+
+    def __call__(self, hidden: np.ndarray) -> np.ndarray: ...
+
+
+class NumpyAudioHeads:
+    """Audio heads as one stacked ``(Q * A, H)`` float32 matrix."""
+
+    def __init__(self, weights: DelayWeights) -> None:
+        tables = [load_table(path) for path in weights.lm_head_audio]
+        self.n_vq, self.audio_size = len(tables), tables[0].shape[0]
+        self.stacked = np.concatenate([np.asarray(t, dtype=np.float32) for t in tables], axis=0)
+
+    def __call__(self, hidden: np.ndarray) -> np.ndarray:
+        """Return ``(Q, A)`` float32 logits for one hidden state ``(H,)``."""
+        # (1, H) @ (H, Q*A) exactly as upstream: the BLAS call shape decides the float32 rounding.
+        logits = (np.asarray(hidden, dtype=np.float32)[None, :] @ self.stacked.T).reshape(self.n_vq, self.audio_size)
+        logits[:, -1] = -np.inf
+        return logits
+
+
+class TorchAudioHeads:
+    """Audio heads as a float32 torch matrix on a device of the device layer."""
+
+    def __init__(self, weights: DelayWeights, device) -> None:
+        import torch
+
+        tables = [load_table(path) for path in weights.lm_head_audio]
+        self.n_vq, self.audio_size = len(tables), tables[0].shape[0]
+        stacked = np.concatenate([np.asarray(t, dtype=np.float32) for t in tables], axis=0)
+        self.device = device
+        self.weight = torch.from_numpy(stacked).to(device)
+
+    def __call__(self, hidden: np.ndarray) -> np.ndarray:
+        """Return ``(Q, A)`` float32 logits (computed on the device, returned as NumPy)."""
+        import torch
+
+        with torch.no_grad():
+            h = torch.from_numpy(np.ascontiguousarray(hidden, dtype=np.float32)).to(self.device)
+            logits = (self.weight @ h).reshape(self.n_vq, self.audio_size).cpu().numpy()
+        logits[:, -1] = -np.inf
+        return logits
+
+
+def build_audio_heads(weights: DelayWeights, backend: str, device_spec: str = "auto") -> AudioHeads:
+    """Build the heads for ``backend`` (``numpy``, ``torch`` or ``auto``).
+
+    ``auto`` takes torch when it imports and the device layer resolves ``device_spec`` to an accelerator,
+    else NumPy. ``torch`` without torch installed is an error, never a quiet NumPy run.
+    """
+    if backend == "numpy":
+        return NumpyAudioHeads(weights)
+    device = _torch_device(device_spec, required=backend == "torch")
+    if device is None:
+        return NumpyAudioHeads(weights)
+    return TorchAudioHeads(weights, device)
+
+
+def _torch_device(device_spec: str, required: bool) -> Optional[object]:
+    try:
+        import torch
+    except ImportError as exc:
+        if required:
+            raise ConfigError("heads_backend=torch but torch is not importable; install torch or use "
+                              "heads_backend: numpy") from exc
+        return None
+    from moss_npu.device import resolve_device
+
+    device = resolve_device(device_spec)
+    if not required and device == torch.device("cpu"):
+        return None  # on the CPU the NumPy heads are as fast and match upstream's rounding
+    return device

@@ -1,0 +1,108 @@
+"""The Delay sampler (NumPy): repetition penalty, top-k, top-p and an inverse-CDF draw.
+
+Implements delay_spec §9 exactly as the upstream llama.cpp backend computes it, because the goldens
+compare sampled ids: top-k candidates stay in ``np.argpartition`` order (not sorted), probabilities are
+float32, and each call draws one uniform per row from the caller's ``np.random.RandomState`` (the same
+stream as upstream's ``np.random.seed(s); np.random.random(n)``). Greedy draws nothing. This is a
+different algorithm from the nano torch sampler in ``moss_npu/sampling.py``. N rows, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+
+def apply_repetition_penalty(logits: np.ndarray, history: Optional[np.ndarray], penalty: float) -> np.ndarray:
+    """Penalise every id seen in ``history`` (pooled over its columns) in every row of ``logits``.
+
+    Positive logits are divided by ``penalty``, others multiplied (CTRL rule); returns a new array.
+    """
+    if history is None or penalty == 1.0:
+        return logits
+    seen = np.unique(np.asarray(history).ravel())
+    seen = seen[(seen >= 0) & (seen < logits.shape[-1])]
+    out = logits.copy()
+    if seen.size == 0:
+        return out
+    picked = out[:, seen]
+    positive = picked > 0
+    picked[positive] /= penalty
+    picked[~positive] *= penalty
+    out[:, seen] = picked
+    return out
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis, shifted by the row maximum."""
+    exp = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    return exp / exp.sum(axis=-1, keepdims=True)
+
+
+def apply_top_p(logits: np.ndarray, top_p: float) -> np.ndarray:
+    """Set to -inf every logit outside the smallest prefix (by probability) whose mass reaches ``top_p``.
+
+    The token that crosses ``top_p`` is kept, and the most likely token always is.
+    """
+    probs = softmax(logits)
+    order = np.argsort(-probs, axis=-1)
+    cumulative = np.cumsum(np.take_along_axis(probs, order, axis=-1), axis=-1)
+    drop_sorted = np.zeros_like(cumulative, dtype=bool)
+    drop_sorted[:, 1:] = cumulative[:, :-1] > top_p
+    drop = np.zeros_like(drop_sorted)
+    np.put_along_axis(drop, order, drop_sorted, axis=-1)
+    out = logits.copy()
+    out[drop] = -np.inf
+    return out
+
+
+def candidates(logits: np.ndarray, top_k: Optional[int], top_p: Optional[float]) -> tuple[Optional[np.ndarray], np.ndarray]:
+    """Return the candidate ids and the distribution the draw walks.
+
+    Returns:
+        ``(ids, probs)``: with top-k, ids ``(N, k)`` in argpartition order and probs ``(N, k)`` over them;
+        without, ids None and probs ``(N, V)`` over the whole vocabulary.
+    """
+    if top_k is not None and top_k > 0:
+        k = min(top_k, logits.shape[-1])
+        ids = np.argpartition(logits, -k, axis=-1)[:, -k:]
+        values = np.take_along_axis(logits, ids, axis=-1)
+        if top_p is not None and top_p < 1.0:
+            values = apply_top_p(values, top_p)
+        return ids, softmax(values)
+    if top_p is not None and top_p < 1.0:
+        logits = apply_top_p(logits, top_p)
+    return None, softmax(logits)
+
+
+def draw(probs: np.ndarray, rng: np.random.RandomState) -> np.ndarray:
+    """Pick one index per row by inverse CDF: the count of cumulative probabilities below a uniform draw."""
+    cumulative = np.cumsum(probs, axis=-1)
+    uniform = rng.random_sample(probs.shape[0])[:, None]
+    # A float32 cumsum can end below 1.0; clamp so a draw above it picks the last index.
+    return np.minimum((cumulative < uniform).sum(axis=-1), probs.shape[-1] - 1).astype(np.int64)
+
+
+def sample_token(logits: np.ndarray, rng: np.random.RandomState, history: Optional[np.ndarray] = None,
+                 repetition_penalty: float = 1.0, top_p: Optional[float] = None, top_k: Optional[int] = None,
+                 do_sample: bool = True) -> np.ndarray:
+    """Sample one id per row.
+
+    Args:
+        logits: ``(N, V)`` float32, temperature already applied and masked ids at -inf.
+        rng: source of the uniforms (one ``random_sample(N)`` call when sampling, none when greedy).
+        history: ids whose logits get the repetition penalty, pooled over all its entries.
+        do_sample: False takes the argmax after the penalty.
+
+    Returns:
+        ``(N,)`` int64 ids.
+    """
+    logits = apply_repetition_penalty(logits, history, repetition_penalty)
+    if not do_sample:
+        return np.argmax(logits, axis=-1).astype(np.int64)
+    ids, probs = candidates(logits, top_k, top_p)
+    picked = draw(probs, rng)
+    if ids is None:
+        return picked
+    return ids[np.arange(ids.shape[0]), picked].astype(np.int64)
