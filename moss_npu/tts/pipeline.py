@@ -1,0 +1,228 @@
+"""Text to waveform: the MOSS-TTS-Nano pipeline (spec §10 non-streaming, §12 streaming).
+
+text → chunks (voice clone: the official long-text splitter) → prompt rows → LM codes (F, Q) → codec →
+waveform (C, S) at 48 kHz. Reference recordings are encoded once per file content and cached. On devices
+that batch by default, voice-clone chunks are generated in batches sized from free device memory; the
+streaming path generates one chunk at a time so the first audio comes as early as possible.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator, Optional
+
+import torch
+
+from moss_npu import device as devices
+from moss_npu.audio import load_reference_audio
+from moss_npu.codec.checkpoint import load_codec
+from moss_npu.codec.model import NanoCodec
+from moss_npu.errors import InputError
+from moss_npu.hub import DEFAULT_CODEC, DEFAULT_MODEL, resolve_model_dir
+from moss_npu.nano.checkpoint import load_model
+from moss_npu.nano.generate import iter_frames, left_pad, trim_codes
+from moss_npu.nano.model import NanoTTSModel
+from moss_npu.nano.prompt import build_prompt_rows, mask_unused_channels, resolve_mode
+from moss_npu.nano.text import pause_samples, voice_clone_chunks
+from moss_npu.nano.tokenizer import TextTokenizer
+from moss_npu.tts.settings import RunConfig
+
+# (chunk index, frame index) after every generated frame: drives progress bars.
+FrameCallback = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class SynthesisResult:
+    """A finished utterance: ``waveform`` (C, S) float32 on the CPU and the codes (ΣF, Q) it was decoded from."""
+
+    waveform: torch.Tensor
+    sample_rate: int
+    codes: torch.Tensor
+    text_chunks: list[str]
+    mode: str
+    batch_size: int
+
+
+@dataclass(frozen=True)
+class AudioChunk:
+    """One piece of a stream: ``waveform`` (C, n) float32 on the CPU; pauses between text chunks are zeros."""
+
+    waveform: torch.Tensor
+    sample_rate: int
+    chunk_index: int
+    is_pause: bool
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to generate: the resolved mode, the text chunks, and the prompt codes (F, Q) if any."""
+
+    mode: str
+    chunks: list[str]
+    prompt_codes: Optional[torch.Tensor]
+    prompt_text: Optional[str]
+    nq: int
+
+
+class MossTTSNano:
+    """The native MOSS-TTS-Nano pipeline on one device."""
+
+    def __init__(self, model: NanoTTSModel, tokenizer: TextTokenizer, codec: NanoCodec) -> None:
+        self.model, self.tokenizer, self.codec = model, tokenizer, codec
+        self.config = model.config
+        self._reference_cache: dict[str, torch.Tensor] = {}
+
+    @classmethod
+    def from_pretrained(cls, model: str = DEFAULT_MODEL, codec: str = DEFAULT_CODEC, *, device: str = "auto",
+                        dtype: Optional[str] = None, attn_implementation: Optional[str] = None) -> "MossTTSNano":
+        """Load the LM and codec from local folders or hub ids onto ``device`` (``auto``, ``cpu``, ``npu:0``, …).
+
+        The LM computes in ``dtype`` (default fp32); the codec stays fp32 as in the official code.
+        """
+        dev = devices.resolve_device(device)
+        dt = devices.resolve_dtype(dev, dtype)
+        attn = devices.attention_impl(dev, dt, attn_implementation)
+        model_dir = resolve_model_dir(model, required=("config.json", "tokenizer.model"))
+        codec_dir = resolve_model_dir(codec, required=("config.json",))
+        lm = load_model(model_dir, device=dev, dtype=dt, attn_impl=attn)
+        return cls(lm, TextTokenizer.from_dir(model_dir), load_codec(codec_dir, device=dev, attention=attn))
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @property
+    def sample_rate(self) -> int:
+        return self.codec.sample_rate
+
+    def reference_codes(self, path: str | Path) -> torch.Tensor:
+        """Encode a reference recording into codes (F, Q) on the CPU; cached by file content."""
+        path = Path(path)
+        if not path.is_file():
+            raise InputError(f"--prompt-audio-path {path}: file not found; pass a wav/flac/mp3 recording")
+        key = hashlib.sha256(path.read_bytes()).hexdigest()
+        if key not in self._reference_cache:
+            wave = load_reference_audio(path, self.codec.sample_rate, self.codec.channels,
+                                        min_samples=self.codec.frame_size)
+            codes, lengths = self.codec.encode(wave[None])
+            self._reference_cache[key] = codes[:, 0, : int(lengths[0])].T.cpu()
+        return self._reference_cache[key]
+
+    def plan(self, text: str, settings: RunConfig, prompt_audio: Optional[str | Path] = None,
+             prompt_text: Optional[str] = None) -> Plan:
+        """Validate a request and decide its mode, chunks and prompt codes."""
+        if not isinstance(text, str) or not text.strip():
+            raise InputError("the text is empty; pass the words to speak with --text or --text-file")
+        nq = self.config.n_vq if settings.nq is None else settings.nq
+        if not 1 <= nq <= self.config.n_vq:
+            raise InputError(f"--nq {nq}: out of range; use 1..{self.config.n_vq}")
+        mode = settings.mode
+        if mode == "auto":
+            mode = "voice_clone" if prompt_audio is not None and prompt_text is None else "continuation"
+        mode = resolve_mode(mode, prompt_text is not None, prompt_audio is not None)
+        codes = None
+        if prompt_audio is not None:
+            codes = mask_unused_channels(self.reference_codes(prompt_audio), nq, self.config)
+        chunks = [text]
+        if mode == "voice_clone":
+            chunks = voice_clone_chunks(self.tokenizer, text, settings.voice_clone_max_text_tokens)
+        return Plan(mode, chunks, codes, prompt_text, nq)
+
+    def _prompt(self, plan: Plan, chunk: str) -> torch.Tensor:
+        return build_prompt_rows(self.tokenizer, self.config, chunk, plan.mode, plan.prompt_text, plan.prompt_codes)
+
+    def _frames(self, rows: torch.Tensor, mask: Optional[torch.Tensor], plan: Plan, settings: RunConfig,
+                generator: Optional[torch.Generator]):
+        return iter_frames(self.model, rows, mask, sampling=settings.sampling(), nq=plan.nq,
+                           max_new_frames=settings.max_new_frames, local_kv_cache=settings.local_kv_cache,
+                           generator=generator, host_rng=settings.host_rng)
+
+    def _decode(self, codes: torch.Tensor, nq: int, skip_frames: int = 0) -> torch.Tensor:
+        """Decode codes (F, Q) in one call; return (C, S) on the CPU without the first ``skip_frames`` frames."""
+        if codes.shape[0] == 0:
+            return torch.zeros(self.codec.channels, 0)
+        audio, lengths = self.codec.decode(codes[:, :nq].T[:, None, :])
+        return audio[0, :, skip_frames * self.codec.frame_size: int(lengths[0])].cpu()
+
+    def synthesize(self, text: str, *, prompt_audio: Optional[str | Path] = None, prompt_text: Optional[str] = None,
+                   settings: RunConfig = RunConfig(), generator: Optional[torch.Generator] = None,
+                   on_frame: Optional[FrameCallback] = None) -> SynthesisResult:
+        """Speak ``text`` (optionally in the voice of ``prompt_audio``); return the whole waveform."""
+        plan = self.plan(text, settings, prompt_audio, prompt_text)
+        batch = 1
+        if plan.mode == "voice_clone":
+            batch = devices.chunk_batch_size(self.device, len(plan.chunks),
+                                             settings.voice_clone_max_memory_per_sample_gb, settings.tts_max_batch_size)
+        chunk_codes: list[torch.Tensor] = []
+        for start in range(0, len(plan.chunks), batch):
+            prompts = [self._prompt(plan, c) for c in plan.chunks[start:start + batch]]
+            rows, mask = (prompts[0], None) if len(prompts) == 1 else left_pad(prompts, self.config)
+            frames = []
+            for event in self._frames(rows.to(self.device), mask, plan, settings, generator):
+                frames.append(event.codes)
+                if on_frame is not None:
+                    on_frame(start, event.step_index)
+            stacked = (torch.stack(frames, dim=1) if frames
+                       else torch.empty(len(prompts), 0, self.config.n_vq, dtype=torch.long, device=self.device))
+            chunk_codes.extend(trim_codes(stacked[b], plan.nq, self.config).cpu() for b in range(len(prompts)))
+
+        if plan.mode == "continuation" and plan.prompt_codes is not None:
+            # Decode the prompt audio too, so the continuation starts from the right codec context.
+            full = torch.cat([plan.prompt_codes, chunk_codes[0]], dim=0)
+            waveform = self._decode(full, plan.nq, skip_frames=plan.prompt_codes.shape[0])
+        else:
+            pieces = []
+            for i, (chunk, codes) in enumerate(zip(plan.chunks, chunk_codes)):
+                pieces.append(self._decode(codes, plan.nq))
+                if i < len(plan.chunks) - 1:
+                    pieces.append(torch.zeros(self.codec.channels, pause_samples(chunk, self.sample_rate)))
+            waveform = torch.cat(pieces, dim=1)
+        return SynthesisResult(waveform, self.sample_rate, torch.cat(chunk_codes, dim=0), plan.chunks, plan.mode, batch)
+
+    def synthesize_stream(self, text: str, *, prompt_audio: Optional[str | Path] = None,
+                          prompt_text: Optional[str] = None, settings: RunConfig = RunConfig(),
+                          generator: Optional[torch.Generator] = None,
+                          clock: Callable[[], float] = time.perf_counter) -> Iterator[AudioChunk]:
+        """Speak ``text`` and yield audio as it is decoded, following the playback-lead schedule.
+
+        The codec keeps its transformer state between calls, so each call decodes only the new frames; the
+        concatenated chunks equal ``synthesize``'s waveform up to float rounding.
+        """
+        plan = self.plan(text, settings, prompt_audio, prompt_text)
+        schedule = settings.schedule()
+        state = self.codec.init_decode_state(1, max(schedule.budgets))
+        emitted_s, first_emit = 0.0, None
+        for index, chunk in enumerate(plan.chunks):
+            state.reset()
+            if plan.mode == "continuation" and plan.prompt_codes is not None and plan.prompt_codes.shape[0]:
+                self.codec.decode_step(plan.prompt_codes[:, :plan.nq].T[:, None, :], state)  # prime; discard
+            pending: list[torch.Tensor] = []
+            events = self._frames(self._prompt(plan, chunk).to(self.device), None, plan, settings, generator)
+            for final, event in _with_end(events):
+                if event is not None and bool(event.active[0]):
+                    pending.append(event.codes[0])
+                since = None if first_emit is None else clock() - first_emit
+                count = schedule.frames_to_decode(emitted_s=emitted_s, lead_s=schedule.lead_s(emitted_s, since),
+                                                  head_pending=len(pending), max_pending=len(pending), final=final)
+                while count and pending:
+                    take, pending = pending[:count], pending[count:]
+                    codes = torch.stack(take)[:, :plan.nq].T[:, None, :]
+                    wave = self.codec.decode_step(codes, state)[0].cpu()
+                    first_emit = clock() if first_emit is None else first_emit
+                    emitted_s += wave.shape[-1] / self.sample_rate
+                    yield AudioChunk(wave, self.sample_rate, index, False)
+                    count = len(pending) if final else 0
+            if index < len(plan.chunks) - 1:
+                pause = torch.zeros(self.codec.channels, pause_samples(chunk, self.sample_rate))
+                emitted_s += pause.shape[-1] / self.sample_rate
+                yield AudioChunk(pause, self.sample_rate, index, True)
+
+
+def _with_end(events) -> Iterator[tuple[bool, object]]:
+    """Yield (False, event) for each event, then (True, None) once the generator is exhausted."""
+    for event in events:
+        yield False, event
+    yield True, None
