@@ -71,7 +71,7 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
             if name.endswith(".safetensors"):
                 from safetensors.torch import load_file
                 return load_file(str(path))
-            return torch.load(str(path), map_location="cpu", weights_only=True)
+            return torch.load(path, map_location="cpu", weights_only=True)
         except Exception as exc:  # a corrupt or truncated file: name it and the fix
             raise CheckpointError(f"codec weights {path}: cannot read ({type(exc).__name__}: {exc}); "
                                   "re-download the codec folder") from exc
@@ -144,6 +144,31 @@ def nano_codec_config() -> dict[str, Any]:
                            patch(2), transformer(384, 768, 2, 6.0), patch(2), transformer(384, 240, 4, 4.0),
                            patch(240)],
     }
+
+
+def small_codec_overrides(*, d_model: int = 32, context_scale: float = 1.0) -> dict[str, Any]:
+    """Config overrides for a tiny codec with the real patch layout (48 kHz stereo, 16 x 1024 codes).
+
+    Widths shrink to ``d_model`` (2 heads, 1 layer per stage) and every ``context_duration`` is multiplied
+    by ``context_scale`` (small values make short test streams outgrow the attention windows).
+    """
+    raw = nano_codec_config()
+    small = {"d_model": d_model, "num_heads": 2, "num_layers": 1, "dim_feedforward": 2 * d_model}
+    code_dim, rvq_dim = d_model, d_model // 2
+    encoder, decoder = [], []
+    enc_io = [(240, rvq_dim), (2 * rvq_dim, rvq_dim), (2 * rvq_dim, rvq_dim), (2 * rvq_dim, code_dim // 4)]
+    dec_io = [(code_dim // 4, d_model), (d_model // 2, d_model), (d_model // 2, d_model), (d_model // 2, 240)]
+    for stages, out, dims in ((raw["encoder_kwargs"], encoder, enc_io), (raw["decoder_kwargs"], decoder, dec_io)):
+        it = iter(dims)
+        for stage in stages:
+            stage = dict(stage)
+            if stage["module_type"] == "Transformer":
+                stage.update(small)
+                stage["input_dimension"], stage["output_dimension"] = next(it)
+                stage["context_duration"] = stage["context_duration"] * context_scale
+            out.append(stage)
+    quantizer = dict(raw["quantizer_kwargs"], input_dim=code_dim, rvq_dim=rvq_dim, output_dim=code_dim)
+    return {"encoder_kwargs": encoder, "decoder_kwargs": decoder, "quantizer_kwargs": quantizer, "code_dim": code_dim}
 
 
 def _weight_norm_split(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
