@@ -84,11 +84,7 @@ def load_model(
     model_dir = Path(model_dir)
     config = load_config(model_dir)
     state = resolve_state_dict(read_state_dict(weights_file(model_dir)), config)
-    with torch.device("meta"):
-        model = NanoTTSModel(config, attn_impl=attn_impl)
-    model = model.to_empty(device="cpu")
-    model.reset_rope()
-    model.tie_weights()
+    model = NanoTTSModel(config, attn_impl=attn_impl)
     expected = {k for k in model.state_dict() if k not in tied_keys(config)}
     missing, unknown = sorted(expected - state.keys()), sorted(state.keys() - expected)
     if missing or unknown:
@@ -126,8 +122,7 @@ def _merge(base: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]
 def random_state_dict(config: NanoConfig, seed: int = 0, std: Optional[float] = None) -> dict[str, torch.Tensor]:
     """Return random fp32 weights with the unique official keys (normal(0, std), norms 1/0)."""
     std = config.gpt2_config.initializer_range if std is None else std
-    with torch.device("meta"):
-        model = NanoTTSModel(config)
+    model = NanoTTSModel(config)
     gen = torch.Generator().manual_seed(seed)
     state: dict[str, torch.Tensor] = {}
     for key, p in model.state_dict().items():

@@ -22,7 +22,7 @@ import torch
 
 from moss_npu.errors import InputError
 from moss_npu.nano.config import NanoConfig
-from moss_npu.nano.model import KVCache, NanoTTSModel
+from moss_npu.nano.model import NanoTTSModel
 from moss_npu.sampling import SamplingParams, sample_token
 
 # (kind, index, logits): kind "text" gives the (B, 2) candidate logits [continue, stop] of frame ``index``;

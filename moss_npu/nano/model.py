@@ -99,10 +99,6 @@ class RotaryEmbedding(nn.Module):
     def compute_inv_freq(self) -> torch.Tensor:
         return 1.0 / (self.base ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim))
 
-    def reset_inv_freq(self) -> None:
-        """Recompute the buffer in fp32 and cast it to its current dtype (after ``to_empty``)."""
-        self.inv_freq = self.compute_inv_freq().to(device=self.inv_freq.device, dtype=self.inv_freq.dtype)
-
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         # Positions are cast to inv_freq's dtype: a bf16 model rounds positions > 256 exactly like upstream.
         freqs = positions.to(self.inv_freq.dtype)[..., None] * self.inv_freq
@@ -162,6 +158,11 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
+def _embedding(num: int, dim: int) -> nn.Embedding:
+    # Uninitialised: weights always come from a checkpoint (skips a 16384-row normal_ init).
+    return nn.Embedding(num, dim, _weight=torch.empty(num, dim))
+
+
 class Decoder(nn.Module):
     """GPT-2 style decoder without final projection (upstream ``MossTTSNanoGPT2Model``); ``wte`` optional."""
 
@@ -171,7 +172,7 @@ class Decoder(nn.Module):
             raise InputError(f"attention {attn_impl!r} is not available; use one of {list(ATTENTION_FUNCTIONS)}")
         self.cfg, self.attn_impl = cfg, attn_impl
         if has_wte:
-            self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+            self.wte = _embedding(cfg.vocab_size, cfg.n_embd)
         self.h = nn.ModuleList(Block(cfg, i) for i in range(n_layer))
         self.ln_f = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_base)
@@ -210,7 +211,7 @@ class NanoTTSModel(nn.Module):
         self.config = config
         g, e = config.gpt2_config, config.hidden_size
         self.transformer = Decoder(g, g.n_layer, attn_impl, has_wte=True)
-        self.audio_embeddings = nn.ModuleList(nn.Embedding(n, e) for n in config.audio_codebook_sizes)
+        self.audio_embeddings = nn.ModuleList(_embedding(n, e) for n in config.audio_codebook_sizes)
         self.text_lm_head = nn.Linear(e, g.vocab_size, bias=False)
         self.audio_lm_heads = nn.ModuleList(nn.Linear(e, n, bias=False) for n in config.audio_codebook_sizes)
         # The local decoder has no embedding table (upstream replaces its wte by Identity).
@@ -222,11 +223,6 @@ class NanoTTSModel(nn.Module):
         self.text_lm_head.weight = self.transformer.wte.weight
         for head, table in zip(self.audio_lm_heads, self.audio_embeddings):
             head.weight = table.weight
-
-    def reset_rope(self) -> None:
-        """Recompute the non-persistent RoPE buffers (they hold garbage after building on the meta device)."""
-        self.transformer.rotary.reset_inv_freq()
-        self.local_transformer.rotary.reset_inv_freq()
 
     @property
     def dtype(self) -> torch.dtype:

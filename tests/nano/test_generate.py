@@ -1,0 +1,150 @@
+import pytest
+import torch
+
+from moss_npu.nano import generate as gen_mod
+from moss_npu.nano.checkpoint import load_model, read_state_dict, write_random_checkpoint
+from moss_npu.nano.generate import generate, iter_frames, left_pad, trim_codes
+from moss_npu.nano.prompt import build_prompt_rows
+from moss_npu.nano.tokenizer import TextTokenizer
+from moss_npu.sampling import SamplingParams
+
+from .conftest import TINY
+
+PAD = 64
+SAMPLED = SamplingParams.runtime_defaults()
+
+
+def _steer(model, toward_continue: bool):
+    """Make the 2-way text decision one-sided: local ln_f feature 0 large, wte rows 9/7 opposite on it."""
+    cfg = model.config
+    with torch.no_grad():
+        model.local_transformer.ln_f.bias[0] = 20.0
+        sign = 1.0 if toward_continue else -1.0
+        model.transformer.wte.weight[cfg.audio_assistant_slot_token_id, 0] = sign
+        model.transformer.wte.weight[cfg.audio_end_token_id, 0] = -sign
+    return model
+
+
+@pytest.fixture(scope="module")
+def model(tiny_ckpt):
+    return _steer(load_model(tiny_ckpt, device="cpu"), True)
+
+
+@pytest.fixture(scope="module")
+def prompts(tiny_ckpt, model):
+    tok = TextTokenizer.from_dir(tiny_ckpt)
+    return [build_prompt_rows(tok, model.config, t) for t in ("Hello world.", "The quick brown fox jumps.")]
+
+
+def test_runs_to_max_new_frames(model, prompts):
+    result = generate(model, prompts[0], max_new_frames=5)
+    assert result.codes[0].shape == (5, 4) and not bool(result.stopped[0])
+    assert bool((result.codes[0] < PAD).all())
+
+
+def test_stop_token_ends_generation(tiny_ckpt, prompts):
+    stopper = _steer(load_model(tiny_ckpt, device="cpu"), False)
+    result = generate(stopper, prompts[0], max_new_frames=5)
+    assert result.codes[0].shape == (0, 4) and bool(result.stopped[0])
+
+
+def test_nq_pads_upper_channels(model, prompts):
+    codes = generate(model, prompts[0], max_new_frames=3, nq=2).codes[0]
+    assert codes.shape == (3, 4)
+    assert bool((codes[:, 2:] == PAD).all()) and bool((codes[:, :2] < PAD).all())
+    # The first nq channels do not depend on nq (channel c is decided before c + 1).
+    assert torch.equal(codes[:, :2], generate(model, prompts[0], max_new_frames=3).codes[0][:, :2])
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(), SAMPLED], ids=["greedy", "sampled"])
+def test_local_kv_cache_and_no_global_cache_give_same_codes(model, prompts, sampling):
+    runs = []
+    for options in ({}, {"local_kv_cache": True}, {"use_kv_cache": False}):
+        torch.manual_seed(7)
+        runs.append(generate(model, prompts[0], max_new_frames=6, sampling=sampling, **options).codes[0])
+    assert torch.equal(runs[0], runs[1]) and torch.equal(runs[0], runs[2])
+
+
+def test_local_kv_cache_logits_close(model, prompts):
+    logs = {}
+    for flag in (False, True):
+        seen = []
+        generate(model, prompts[0], max_new_frames=4, local_kv_cache=flag,
+                 logits_hook=lambda kind, i, x: seen.append(x.clone()))
+        logs[flag] = torch.cat([x.flatten() for x in seen])
+    assert torch.allclose(logs[False], logs[True], atol=1e-5)
+
+
+def test_left_padded_batch_matches_single_rows(model, prompts):
+    batch, mask = left_pad(prompts, model.config)
+    assert not bool(mask[0, 0]) and bool(mask[1].all())
+    result = generate(model, batch, mask, max_new_frames=4)
+    for b, rows in enumerate(prompts):
+        assert torch.equal(result.codes[b], generate(model, rows, max_new_frames=4).codes[0])
+
+
+def test_row_that_stops_early_is_trimmed(model, prompts, monkeypatch):
+    """Row 1 picks the stop token at frame 2: its later frames are pad and trimmed; row 0 goes on."""
+    real = gen_mod.sample_token
+    calls = {"text": 0}
+
+    def fake(logits, params, history=None, **kw):
+        out = real(logits, params, history, **kw)
+        if logits.shape[-1] == 2:
+            calls["text"] += 1
+            if calls["text"] >= 3:
+                out = torch.tensor([0, 1])
+        return out
+
+    monkeypatch.setattr(gen_mod, "sample_token", fake)
+    batch, mask = left_pad(prompts, model.config)
+    events = list(iter_frames(model, batch, mask, max_new_frames=5))
+    assert [bool(e.active[1]) for e in events] == [True, True, False, False, False]
+    assert bool(events[-1].finished[1]) and not bool(events[-1].finished[0])
+    assert bool((events[3].codes[1] == PAD).all())
+    frames = torch.stack([e.codes for e in events], dim=1)
+    assert trim_codes(frames[1], 4, model.config).shape == (2, 4)
+
+
+def test_stream_equals_generate(model, prompts):
+    events = list(iter_frames(model, prompts[1], max_new_frames=4))
+    assert [e.step_index for e in events] == [0, 1, 2, 3]
+    streamed = torch.stack([e.codes[0] for e in events])
+    assert torch.equal(streamed, generate(model, prompts[1], max_new_frames=4).codes[0])
+
+
+def test_seeded_sampling_reproducible(model, prompts):
+    torch.manual_seed(3)
+    a = generate(model, prompts[0], max_new_frames=4, sampling=SAMPLED).codes[0]
+    b = generate(model, prompts[0], max_new_frames=4, sampling=SAMPLED,
+                 generator=torch.Generator().manual_seed(3)).codes[0]
+    assert torch.equal(a, b)  # the default generator seeded = an explicit generator with the same seed
+    h1 = generate(model, prompts[0], max_new_frames=4, sampling=SAMPLED, host_rng=True,
+                  generator=torch.Generator().manual_seed(5)).codes[0]
+    h2 = generate(model, prompts[0], max_new_frames=4, sampling=SAMPLED, host_rng=True,
+                  generator=torch.Generator().manual_seed(5)).codes[0]
+    assert torch.equal(h1, h2)
+
+
+def test_trim_codes():
+    from moss_npu.nano.config import NanoConfig, official_config_dict
+
+    cfg = NanoConfig.from_dict(official_config_dict())
+    frames = torch.full((4, 16), 1024)
+    frames[:2, :3] = 5
+    assert trim_codes(frames, 16, cfg).shape == (2, 16)
+    frames[3, 10] = 7  # only in a channel >= nq: still trailing pad
+    assert trim_codes(frames, 8, cfg).shape == (2, 16)
+
+
+def test_random_checkpoint_round_trip(tmp_path, tiny_tokenizer):
+    """Self-contained: write a checkpoint with the package's own writer, reload as bf16 .bin and fp32, generate."""
+    src = write_random_checkpoint(tmp_path / "a", TINY, seed=4, tokenizer_model=tiny_tokenizer)
+    state = read_state_dict(src / "model.safetensors")
+    again = write_random_checkpoint(tmp_path / "b", TINY, fmt="bin", tied_copies=True, stray_local_wte=True,
+                                    state=state, tokenizer_model=tiny_tokenizer)
+    models = [_steer(load_model(folder, device="cpu"), True) for folder in (src, again)]
+    tok = TextTokenizer.from_dir(again)
+    rows = build_prompt_rows(tok, models[0].config, "Hello world.")
+    codes = [generate(m, rows, max_new_frames=3).codes[0] for m in models]
+    assert codes[0].shape == (3, 4) and torch.equal(codes[0], codes[1])

@@ -1,0 +1,97 @@
+
+import pytest
+import torch
+
+from moss_npu.errors import InputError
+from moss_npu.sampling import (SamplingParams, TokenParams, apply_repetition_penalty, draw_host, filter_scores,
+                               sample_token)
+
+NEG = float("-inf")
+
+
+def test_repetition_penalty_once_per_unique_id():
+    scores = torch.tensor([[2.0, -2.0, 1.0, 0.5]])
+    history = torch.tensor([[0, 1, 0, 0, 9]])  # 9 is outside the vocab (like the pad id): ignored
+    out = apply_repetition_penalty(scores, history, 2.0)
+    assert out.tolist() == [[1.0, -4.0, 1.0, 0.5]]
+    assert apply_repetition_penalty(scores, None, 2.0) is scores
+    assert apply_repetition_penalty(scores, history, 1.0) is scores
+
+
+def test_top_k_keeps_ties():
+    scores = torch.tensor([[1.0, 2.0, 2.0, 0.0]])
+    assert filter_scores(scores, 1.0, 2, 1.0).tolist() == [[NEG, 2.0, 2.0, NEG]]
+    assert filter_scores(scores, 1.0, 1, 1.0).tolist() == [[NEG, 2.0, 2.0, NEG]]
+    assert filter_scores(scores, 1.0, 10, 1.0).tolist() == scores.tolist()  # k > V: everything stays
+
+
+def test_top_p_keeps_the_crossing_token():
+    scores = torch.log(torch.tensor([[0.2, 0.5, 0.3]]))
+    kept = filter_scores(scores, 1.0, 0, 0.6)  # 0.5 < 0.6, 0.5 + 0.3 crosses: keep both, drop 0.2
+    assert torch.isinf(kept[0, 0]) and torch.isfinite(kept[0, 1:]).all()
+    kept = filter_scores(scores, 1.0, 0, 0.4)  # the top token alone already crosses 0.4
+    assert torch.isfinite(kept).tolist() == [[False, True, False]]
+
+
+def test_temperature_divides():
+    assert filter_scores(torch.tensor([[1.0, -3.0]]), 0.5, 0, 1.0).tolist() == [[2.0, -6.0]]
+
+
+def test_greedy_takes_first_max_after_penalty():
+    greedy = TokenParams(False, 1.0, 0, 1.0, repetition_penalty=4.0)
+    logits = torch.tensor([[3.0, 3.0, 1.0], [0.0, 2.0, 1.0]])
+    assert sample_token(logits, greedy).tolist() == [0, 1]
+    assert sample_token(logits, greedy, torch.tensor([[0], [1]])).tolist() == [1, 2]
+
+
+def test_multinomial_matches_the_official_call():
+    """Same call, same shapes: a seeded run equals torch.multinomial on softmax of the filtered scores."""
+    params = TokenParams(True, 0.8, 25, 0.95, 1.2)
+    logits = torch.randn(3, 1024, generator=torch.Generator().manual_seed(0))
+    history = torch.randint(0, 1024, (3, 5), generator=torch.Generator().manual_seed(1))
+    torch.manual_seed(11)
+    got = sample_token(logits, params, history)
+    torch.manual_seed(11)
+    scores = filter_scores(apply_repetition_penalty(logits, history, 1.2), 0.8, 25, 0.95)
+    want = torch.multinomial(torch.softmax(scores, dim=-1), 1).squeeze(-1)
+    assert torch.equal(got, want)
+
+
+def test_host_rng_inverse_cdf():
+    probs = torch.tensor([[0.7, 0.3, 0.0]]).expand(4000, 3)
+    ids = draw_host(probs, torch.Generator().manual_seed(0))
+    assert not bool((ids == 2).any())
+    assert abs(float((ids == 0).float().mean()) - 0.7) < 0.03
+    # Near-equal distributions (as on two devices) pick the same tokens from the same seed.
+    p = torch.softmax(torch.randn(64, 1024, generator=torch.Generator().manual_seed(2)), dim=-1)
+    q = p * (1 + 1e-7 * torch.randn(64, 1024, generator=torch.Generator().manual_seed(3)))
+    assert torch.equal(draw_host(p, torch.Generator().manual_seed(9)), draw_host(q, torch.Generator().manual_seed(9)))
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    ({"do_sample": True, "temperature": 0.0}, "temperature"),
+    ({"top_p": 0.0}, "top_p"),
+    ({"top_p": 1.5}, "top_p"),
+    ({"top_k": -1}, "top_k"),
+    ({"repetition_penalty": 0.0}, "repetition_penalty"),
+])
+def test_validation(kwargs, needle):
+    values = dict(do_sample=False, temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.0)
+    values.update(kwargs)
+    with pytest.raises(InputError, match=needle):
+        TokenParams(**values)
+
+
+def test_greedy_allows_zero_temperature():
+    TokenParams(False, 0.0, 0, 1.0)
+
+
+def test_defaults():
+    api = SamplingParams()
+    assert not api.do_sample and (api.text_temperature, api.audio_temperature, api.audio_top_p) == (1.5, 1.7, 0.8)
+    rt = SamplingParams.runtime_defaults()
+    assert rt.do_sample and rt.audio() == TokenParams(True, 0.8, 25, 0.95, 1.2)
+    assert rt.text() == TokenParams(True, 1.0, 50, 1.0, 1.0)
+    assert SamplingParams.runtime_defaults(audio_top_k=10).audio_top_k == 10
+    with pytest.raises(InputError):
+        SamplingParams(audio_repetition_penalty=-1.0)
