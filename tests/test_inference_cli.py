@@ -1,0 +1,167 @@
+"""``inference.py`` end to end on the fixture checkpoints, and its answers to bad input.
+
+Each bad input must give one ``error:`` line naming the problem and the fix, exit code 2, and leave no
+output file. The fixture-based runs skip (with a message) in a clone without ../shared/fixtures.
+"""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+import inference
+from moss_npu import goldens
+
+NANO = goldens.fixtures_root() / "nano-tiny"
+AUDIO = goldens.fixtures_root() / "audio"
+needs_fixtures = pytest.mark.skipif(not NANO.is_dir(), reason=f"fixtures not found at {NANO} (set MOSS_NPU_FIXTURES)")
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run(args, capsys):
+    """Run the CLI in-process; return (exit code, stdout, stderr)."""
+    code = inference.main([str(a) for a in args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def model_args(tmp_path, *extra):
+    return ["--model", NANO / "tts", "--codec", NANO / "codec", "--device", "cpu", "--quiet", *extra]
+
+
+def assert_valid_wav(path, min_seconds):
+    data, rate = sf.read(str(path), dtype="float32", always_2d=True)
+    assert rate == 48000 and data.shape[1] == 2
+    assert data.shape[0] >= min_seconds * rate
+    assert np.abs(data).max() > 0, "the waveform is silent"
+    return data
+
+
+@needs_fixtures
+def test_readme_command_as_a_new_user(tmp_path):
+    """The README's main command, run as a subprocess from the repo root."""
+    out = tmp_path / "a.wav"
+    cmd = [sys.executable, "inference.py", "--model", str(NANO / "tts"), "--codec", str(NANO / "codec"),
+           "--text", "Hello", "--output", str(out), "--max-new-frames", "8"]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"wrote {out}: 0.64 s of audio")  # 8 frames × 80 ms
+    assert "RTF" in done.stdout
+    assert_valid_wav(out, 0.64)
+
+
+@needs_fixtures
+def test_voice_clone_with_flac_reference_and_long_text(tmp_path, capsys):
+    out = tmp_path / "clone.wav"
+    text = "The first sentence is here. A second one follows it. And a third closes the text."
+    code, stdout, err = run(model_args(tmp_path, "--text", text, "--output", out, "--greedy",
+                                       "--prompt-audio-path", AUDIO / "zh_1.wav", "--max-new-frames", "4",
+                                       "--voice-clone-max-text-tokens", "8"), capsys)
+    assert code == 0, err
+    data = assert_valid_wav(out, 0.32)
+    # several chunks: 4 frames each plus the pauses between them
+    assert data.shape[0] > 2 * 4 * 3840
+
+
+@needs_fixtures
+def test_stream_writes_a_complete_file_equal_to_offline(tmp_path, capsys):
+    offline, streamed = tmp_path / "offline.wav", tmp_path / "stream.wav"
+    common = model_args(tmp_path, "--text", "Streaming test.", "--greedy", "--max-new-frames", "6")
+    assert run(common + ["--output", offline], capsys)[0] == 0
+    code, stdout, err = run(common + ["--output", streamed, "--stream"], capsys)
+    assert code == 0, err
+    assert "first audio after" in stdout
+    a, b = assert_valid_wav(offline, 0.48), assert_valid_wav(streamed, 0.48)
+    assert a.shape == b.shape
+    assert np.max(np.abs(a - b)) < 1e-4
+
+
+@needs_fixtures
+def test_config_preset_and_cli_precedence(tmp_path, capsys):
+    preset = tmp_path / "p.yaml"
+    preset.write_text("device: cpu\nmax_new_frames: 3\n")
+    out = tmp_path / "p.wav"
+    code, _, err = run(model_args(tmp_path, "--text", "Hi", "--output", out, "--config", preset,
+                                  "--max-new-frames", "5"), capsys)
+    assert code == 0, err
+    assert sf.info(str(out)).frames == 5 * 3840  # the flag beat the preset's 3 frames
+
+
+BAD_INPUTS = [
+    pytest.param(["--text", "   "], "text is empty", id="whitespace-text"),
+    pytest.param(["--text-file", "/nonexistent/t.txt"], "--text-file", id="missing-text-file"),
+    pytest.param(["--text", "hi", "--prompt-audio-path", "/nonexistent.wav"], "file not found", id="missing-reference"),
+    pytest.param(["--text", "hi", "--device", "tpu"], "unknown device", id="unknown-device"),
+    pytest.param(["--text", "hi", "--nq", "17"], "--nq 17", id="nq-out-of-range"),
+    pytest.param(["--text", "hi", "--nq", "0"], "--nq 0", id="nq-zero"),
+    pytest.param(["--text", "hi", "--audio-temperature", "0"], "temperature", id="temperature-zero"),
+    pytest.param(["--text", "hi", "--top-p", "1.5"], "top_p", id="top-p-above-one"),
+    pytest.param(["--text", "hi", "--top-p", "0"], "top_p", id="top-p-zero"),
+    pytest.param(["--text", "hi", "--top-k", "-1"], "top_k", id="top-k-negative"),
+    pytest.param(["--text", "hi", "--repetition-penalty", "0"], "repetition_penalty", id="penalty-zero"),
+    pytest.param(["--text", "hi", "--config", "/nonexistent.yaml"], "--config", id="missing-config"),
+]
+
+
+@needs_fixtures
+@pytest.mark.parametrize("extra,fragment", BAD_INPUTS)
+def test_bad_input_exits_2_without_output(tmp_path, capsys, extra, fragment):
+    out = tmp_path / "never.wav"
+    code, stdout, err = run(model_args(tmp_path, "--output", out, "--max-new-frames", "2", *extra), capsys)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0], err
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+@needs_fixtures
+@pytest.mark.parametrize("kind", ["empty", "short", "silent", "garbage"])
+def test_bad_reference_audio(tmp_path, capsys, kind):
+    ref = tmp_path / "ref.wav"
+    if kind == "garbage":
+        ref.write_bytes(b"this is not audio at all")
+    else:
+        samples = {"empty": 0, "short": 1000, "silent": 48000}[kind]
+        sf.write(str(ref), np.zeros((samples, 1), dtype=np.float32) if kind != "short" else np.full((samples, 1), 0.1, np.float32), 48000)
+    out = tmp_path / "out.wav"
+    code, _, err = run(model_args(tmp_path, "--text", "hi", "--output", out, "--prompt-audio-path", ref,
+                                  "--max-new-frames", "2"), capsys)
+    assert code == 2, err
+    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_missing_model_folder(tmp_path, capsys):
+    out = tmp_path / "x.wav"
+    code, _, err = run(["--model", tmp_path / "nope", "--codec", tmp_path / "nope", "--device", "cpu",
+                        "--text", "hi", "--output", out], capsys)
+    assert code == 2 and "does not exist" in err and not out.exists()
+
+
+def test_model_folder_missing_files(tmp_path, capsys):
+    (tmp_path / "tts").mkdir()
+    (tmp_path / "tts" / "config.json").write_text("{}")
+    code, _, err = run(["--model", tmp_path / "tts", "--codec", tmp_path / "tts", "--device", "cpu",
+                        "--text", "hi", "--output", tmp_path / "x.wav"], capsys)
+    assert code == 2 and "tokenizer.model" in err
+
+
+def test_output_folder_not_writable(tmp_path, capsys):
+    code, _, err = run(["--text", "hi", "--output", tmp_path / "no" / "such" / "x.wav"], capsys)
+    assert code == 2 and "does not exist" in err
+
+
+def test_npu_without_torch_npu(tmp_path, capsys, monkeypatch):
+    """``--device npu`` on a machine without torch_npu/CANN: a one-line fix, no traceback (real NPUs are out of CI)."""
+    from moss_npu import device
+
+    monkeypatch.setitem(sys.modules, "torch_npu", None)
+    device.register_backend("npu", None)
+    try:
+        code, _, err = run(["--text", "hi", "--device", "npu:0", "--output", tmp_path / "x.wav"], capsys)
+    finally:
+        device.register_backend("npu", None)
+    assert code == 2 and "torch_npu is not importable" in err and "set_env.sh" in err
