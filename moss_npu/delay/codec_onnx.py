@@ -22,10 +22,9 @@ SAMPLE_RATE_HZ = 24000
 FRAME_SAMPLES = 1920
 N_QUANTIZERS = 32
 CODEBOOK_SIZE = 1024
-PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider", "cann": "CANNExecutionProvider"}
-PROVIDER_INSTALL = {"cuda": "pip install onnxruntime-gpu", "cann": "pip install onnxruntime-cann",
-                    "cpu": "pip install onnxruntime"}
-AUTO_ORDER = ("cann", "cuda", "cpu")
+# The onnxruntime wheel that carries each execution provider, for the fix in error messages.
+PROVIDER_WHEELS = {"CPUExecutionProvider": "onnxruntime", "CUDAExecutionProvider": "onnxruntime-gpu",
+                   "CANNExecutionProvider": "onnxruntime-cann"}
 
 
 def import_onnxruntime():
@@ -38,26 +37,30 @@ def import_onnxruntime():
     return onnxruntime
 
 
-def resolve_provider(name: str) -> str:
-    """Map ``auto|cpu|cuda|cann`` to an installed ONNX Runtime execution provider.
+def resolve_provider(kind: str) -> str:
+    """Map ``auto`` or a device kind (``cpu``, ``cuda``, ``npu``/``cann``) to an installed execution provider.
 
-    ``auto`` takes the first installed of CANN, CUDA, CPU and logs the choice.
+    Provider names come from the device layer. ``auto`` takes the first installed accelerator provider,
+    else the CPU one, and logs the choice.
 
     Raises:
-        DeviceError: the named provider is not in this onnxruntime build.
+        DeviceError: the kind is unknown, or its provider is not in this onnxruntime build.
     """
-    ort = import_onnxruntime()
-    available = ort.get_available_providers()
-    if name == "auto":
-        chosen = next(k for k in AUTO_ORDER if PROVIDERS[k] in available or k == "cpu")
+    from moss_npu.device import ONNX_PROVIDERS, onnx_provider
+
+    available = import_onnxruntime().get_available_providers()
+    cpu = onnx_provider("cpu")
+    if kind == "auto":
+        accelerators = [p for p in dict.fromkeys(ONNX_PROVIDERS.values()) if p != cpu and p in available]
+        chosen = accelerators[0] if accelerators else cpu
         log.info("audio_provider auto -> %s (installed: %s)", chosen, ", ".join(available))
-        return PROVIDERS[chosen]
-    if name not in PROVIDERS:
-        raise DeviceError(f"audio_provider={name!r}: not one of auto, {', '.join(PROVIDERS)}")
-    if PROVIDERS[name] not in available:
-        raise DeviceError(f"audio_provider={name}: {PROVIDERS[name]} is not in this onnxruntime build "
-                          f"(installed: {', '.join(available)}); `{PROVIDER_INSTALL[name]}` or use audio_provider: cpu")
-    return PROVIDERS[name]
+        return chosen
+    provider = onnx_provider(kind)
+    if provider not in available:
+        wheel = PROVIDER_WHEELS.get(provider, "an onnxruntime build with it")
+        raise DeviceError(f"audio_provider={kind}: {provider} is not in this onnxruntime build (installed: "
+                          f"{', '.join(available)}); `pip install {wheel}` or use audio_provider: cpu")
+    return provider
 
 
 class OnnxSession:
@@ -71,7 +74,7 @@ class OnnxSession:
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         # CPU stays as the per-node fallback ORT uses for ops a device provider lacks.
-        providers = [provider] if provider == PROVIDERS["cpu"] else [provider, PROVIDERS["cpu"]]
+        providers = list(dict.fromkeys([provider, "CPUExecutionProvider"]))
         try:
             self.session = ort.InferenceSession(str(path), sess_options=options, providers=providers)
         except Exception as exc:  # onnxruntime raises its own (Fail, InvalidGraph, ...) exception types

@@ -29,7 +29,6 @@ KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
 FLASH_ATTN_MODES = ("auto", "enabled", "disabled")
 HEADS_BACKENDS = ("auto", "numpy", "torch")
 AUDIO_BACKENDS = ("onnx",)
-AUDIO_PROVIDERS = ("auto", "cpu", "cuda", "cann")
 
 
 @dataclass(frozen=True)
@@ -140,7 +139,7 @@ class DelayRunConfig:
     heads_backend: str = "auto"
     heads_device: str = "auto"
     audio_backend: str = "onnx"
-    audio_provider: str = "auto"
+    audio_provider: str = "auto"  # auto or a device kind; checked against onnxruntime by the codec
     max_new_tokens: int = 3072
     verbose: bool = False
     text_temperature: float = 1.5
@@ -158,7 +157,6 @@ class DelayRunConfig:
             "flash_attn": FLASH_ATTN_MODES,
             "heads_backend": HEADS_BACKENDS,
             "audio_backend": AUDIO_BACKENDS,
-            "audio_provider": AUDIO_PROVIDERS,
         }
         for key, allowed in choices.items():
             if getattr(self, key) not in allowed:

@@ -33,10 +33,12 @@ class DelayTokenizer:
             raise CheckpointError(f"{tokenizer_json}: cannot load tokenizer ({exc}); re-download tokenizer/") from exc
         self.config = config
         self.strings: dict[str, str] = {}
+        added = self._tok.get_added_tokens_decoder()
         for key in SPECIAL_ID_KEYS:
             token_id = getattr(config, key)
             text = self._tok.id_to_token(token_id)
-            if text is None or self._tok.encode(text).ids != [token_id]:
+            # An ordinary BPE piece would re-encode to itself too; only an added token is matched whole in any text.
+            if text is None or token_id not in added or self._tok.encode(text).ids != [token_id]:
                 raise CheckpointError(
                     f"{tokenizer_json}: {key}={token_id} is not a special token of this tokenizer "
                     f"(id_to_token gives {text!r}); tokenizer and config.json come from different checkpoints"
