@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import torch
 
-from moss_npu.device import attention_impl, backend, chunk_batch_size
+from moss_npu.device import attention_impl, chunk_batch_size
 from moss_npu.errors import CheckpointError
 from moss_npu.upstream.manifest import PatchEntry, PatchSet
 
@@ -91,7 +91,11 @@ def disable_autocast() -> Iterator[None]:
     """Run the block in full precision: autocast off on the host and on every patched device kind."""
     with contextlib.ExitStack() as stack:
         for kind in sorted(_AUTOCAST_KINDS):
-            stack.enter_context(torch.autocast(device_type=kind, enabled=False))
+            try:
+                guard = torch.autocast(device_type=kind, enabled=False)
+            except RuntimeError:  # a kind this torch cannot autocast on has no autocast to turn off
+                continue
+            stack.enter_context(guard)
         yield
 
 
@@ -172,16 +176,17 @@ def _check(entry: PatchEntry, objects: dict[str, Any], patches: PatchSet) -> tup
             raise _mismatch(entry, where, f"module {entry.module} has no name {entry.target}")
         for user in entry.used_by:
             if _lookup(module, user) is None:
-                raise _mismatch(entry, where, f"{user} does not exist")
+                raise _mismatch(entry, where, f"{user} not found")
         return obj, module
     target = _lookup(module, entry.target)
     if target is None:
-        raise _mismatch(entry, where, "it does not exist")
-    if entry.kind == "method" and not isinstance(obj, _lookup(module, entry.target.split(".", 1)[0]) or object):
-        raise _mismatch(entry, where, f"the loaded object is a {type(obj).__name__}")
+        raise _mismatch(entry, where, "not found")
+    owner = _lookup(module, entry.target.split(".", 1)[0]) if entry.kind == "method" else None
+    if owner is not None and not isinstance(obj, owner):
+        raise _mismatch(entry, where, f"the loaded {entry.component} object is a {type(obj).__name__}")
     found = _params(target)
     if found != entry.params:
-        raise _mismatch(entry, where, f"it has parameters ({', '.join(found or ())}), expected ({', '.join(entry.params or ())})")
+        raise _mismatch(entry, where, f"parameters are ({', '.join(found or ())}), expected ({', '.join(entry.params or ())})")
     return obj, module
 
 
@@ -206,6 +211,6 @@ def _params(target: Any) -> Optional[tuple[str, ...]]:
 
 def _mismatch(entry: PatchEntry, where: str, what: str) -> CheckpointError:
     return CheckpointError(
-        f"official code does not match patch {entry.id}: {entry.target} {what}; the patch set was written "
+        f"official code does not match patch {entry.id}: {entry.target}: {what}; the patch set was written "
         f"against {where} — use the official code of that revision or update patches/manifest.yaml"
     )

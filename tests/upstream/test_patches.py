@@ -143,11 +143,11 @@ def test_patching_twice_in_one_process_is_stable():
 @pytest.mark.parametrize("edits, codec_edits, what", [
     pytest.param([("def _resolve_voice_clone_chunk_batch_size(self, *, resolved_device, chunk_count, max_memory_per_sample_gb)",
                    "def _resolve_voice_clone_chunk_batch_size(self, *, resolved_device, chunk_count, max_gb)")], [],
-                 "_resolve_voice_clone_chunk_batch_size it has parameters", id="renamed-parameter"),
+                 "_resolve_voice_clone_chunk_batch_size: parameters are (self, resolved_device, chunk_count, max_gb)", id="renamed-parameter"),
     pytest.param([("def _load_reference_audio(", "def _read_reference_audio(")], [],
-                 "_load_reference_audio it does not exist", id="removed-method"),
+                 "_load_reference_audio: not found", id="removed-method"),
     pytest.param([], [("def disable_cuda_autocast():", "def disable_cuda_autocast(device):")],
-                 "disable_cuda_autocast it has parameters", id="changed-function"),
+                 "disable_cuda_autocast: parameters are (device), expected ()", id="changed-function"),
     pytest.param([("torchaudio = _TorchaudioWithoutTorchcodec()", "soundio = _TorchaudioWithoutTorchcodec()")], [],
                  "has no name torchaudio", id="module-name-gone"),
 ])
