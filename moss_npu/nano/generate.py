@@ -154,6 +154,7 @@ def iter_frames(
     draw = dict(generator=generator, host_rng=host_rng)
     phase = timer.phase if timer is not None else (lambda name: _NO_TIMER)
     dtype = model.dtype
+    audio_finite = torch.ones((), dtype=torch.bool, device=device)
     pad_row = torch.tensor([cfg.pad_token_id] + [cfg.audio_pad_token_id] * cfg.n_vq, device=device)
 
     for step in range(max_new_frames):
@@ -178,9 +179,9 @@ def iter_frames(
             next_text = candidates[sample_token(candidate_logits, text_params, **draw)]
         active = (next_text == cfg.audio_assistant_slot_token_id) & ~finished
         finished = finished | (next_text == cfg.audio_end_token_id)
-        state = torch.stack([active.any(), torch.isfinite(text_logits).all()]).tolist()  # the one sync per frame
-        if not state[1]:
-            raise RuntimeError(f"Non-finite text logits at frame {step} (dtype {text_logits.dtype}); retry in float32")
+        # The one host sync per frame: stop test plus the finiteness of this frame's text and last frame's audio.
+        state = torch.stack([active.any(), torch.isfinite(text_logits).all(), audio_finite]).tolist()
+        _raise_if_non_finite(state[1:], step, dtype)
         if not state[0]:
             break
 
@@ -194,6 +195,7 @@ def iter_frames(
                     seq = torch.cat([seq, prev[:, None, :]], dim=1)
                     u = model.local_hidden(seq)
                 logits = model.audio_lm_heads[c](u)
+            audio_finite = audio_finite & torch.isfinite(logits).all()
             if logits_hook is not None:
                 logits_hook("audio", c, logits)
             with phase("sample"):
@@ -211,25 +213,45 @@ def iter_frames(
         else:
             rows[:, total] = next_row
         yield FrameEvent(step, frame, active.clone(), finished.clone())
+    else:
+        _raise_if_non_finite([True, bool(audio_finite)], max_new_frames, dtype)
+
+
+def _raise_if_non_finite(finite: list, step: int, dtype: torch.dtype) -> None:
+    """Raise like upstream (its message starts "Non-finite", which its fp32 fallback looks for)."""
+    for ok, what in zip(finite, ("text logits", "audio logits")):
+        if not ok:
+            raise RuntimeError(f"Non-finite {what} by frame {step} (dtype {dtype}); rerun the model in float32")
 
 
 def generate(
     model: NanoTTSModel,
     input_ids: torch.Tensor,
     attention_mask: Optional[torch.Tensor] = None,
-    **options,
+    *,
+    sampling: SamplingParams = SamplingParams(),
+    nq: Optional[int] = None,
+    max_new_frames: int = 300,
+    use_kv_cache: bool = True,
+    local_kv_cache: bool = False,
+    generator: Optional[torch.Generator] = None,
+    host_rng: bool = False,
+    timer: Optional[PhaseTimer] = None,
+    logits_hook: Optional[LogitsHook] = None,
 ) -> GenerationResult:
-    """Run ``iter_frames`` to the end and return every row's trimmed codes (same options as ``iter_frames``)."""
+    """Run ``iter_frames`` to the end and return every row's trimmed codes (arguments as ``iter_frames``)."""
     cfg = model.config
-    nq = cfg.n_vq if options.get("nq") is None else int(options["nq"])
     batch = 1 if input_ids.ndim == 2 else input_ids.shape[0]
     frames: list[torch.Tensor] = []
     finished = torch.zeros(batch, dtype=torch.bool, device=model.device)
-    for event in iter_frames(model, input_ids, attention_mask, **options):
+    for event in iter_frames(model, input_ids, attention_mask, sampling=sampling, nq=nq,
+                             max_new_frames=max_new_frames, use_kv_cache=use_kv_cache, local_kv_cache=local_kv_cache,
+                             generator=generator, host_rng=host_rng, timer=timer, logits_hook=logits_hook):
         frames.append(event.codes)
         finished = event.finished
     # The loop ends early only when every row has chosen the stop token (that frame yields no event).
-    stopped = finished | (len(frames) < int(options.get("max_new_frames", 300)))
+    stopped = finished | (len(frames) < max_new_frames)
     stacked = (torch.stack(frames, dim=1) if frames else
                torch.empty(batch, 0, cfg.n_vq, dtype=torch.long, device=model.device))
+    nq = cfg.n_vq if nq is None else int(nq)
     return GenerationResult([trim_codes(stacked[b], nq, cfg) for b in range(batch)], stacked, stopped)

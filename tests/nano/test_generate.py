@@ -148,3 +148,16 @@ def test_random_checkpoint_round_trip(tmp_path, tiny_tokenizer):
     rows = build_prompt_rows(tok, models[0].config, "Hello world.")
     codes = [generate(m, rows, max_new_frames=3).codes[0] for m in models]
     assert codes[0].shape == (3, 4) and torch.equal(codes[0], codes[1])
+
+
+@pytest.mark.parametrize("where", ["text", "audio"])
+def test_non_finite_logits_raise(tiny_ckpt, prompts, where):
+    """Like upstream: non-finite logits raise a RuntimeError starting "Non-finite" (its fp32 fallback's cue)."""
+    broken = _steer(load_model(tiny_ckpt, device="cpu"), True)
+    with torch.no_grad():
+        if where == "text":
+            broken.local_transformer.ln_f.weight[1] = float("nan")
+        else:
+            broken.audio_lm_heads[3].weight[5, 0] = float("nan")
+    with pytest.raises(RuntimeError, match=f"^Non-finite {where} logits"):
+        generate(broken, prompts[0], max_new_frames=1)
