@@ -175,6 +175,38 @@ class UpstreamTTS:
             out = self.model(input_ids=torch.as_tensor(rows, dtype=torch.long)[None].to(self.device))
         return out.global_hidden_states[0].float().cpu()
 
+    def teacher_forced(self, rows: torch.Tensor, frame_row: torch.Tensor) -> dict[str, torch.Tensor]:
+        """One frame under teacher forcing, computed by the official modules as its generation loop does.
+
+        Args:
+            rows: prompt rows (L, 17); frame_row: (17,) [text id, the frame's Q audio ids].
+        Returns:
+            float32 on the host: ``global_hidden`` (L, E); ``local_hidden`` (Q + 1, E), the local
+            transformer over [last global hidden, wte(text id), audio embeddings of channels 0..Q-2];
+            ``text_logits`` (V_text,) from its first position; ``audio_logits`` (Q, V) channel c from
+            position c + 1; ``decode_step_hidden`` (E,), ``frame_row`` appended through the official KV cache.
+        """
+        model = self.model
+        x = torch.as_tensor(rows, dtype=torch.long)[None].to(self.device)
+        frame = torch.as_tensor(frame_row, dtype=torch.long).to(self.device)
+        length, q = x.shape[1], int(model.config.n_vq)
+        with torch.no_grad():
+            prompt = model(input_ids=x, attention_mask=torch.ones(1, length, dtype=torch.bool, device=self.device),
+                           use_cache=True)
+            hidden = prompt.global_hidden_states  # (1, L, E)
+            local_dtype = model.local_transformer.ln_f.weight.dtype
+            pieces = [hidden[:, -1], model.transformer.wte(frame[None, 0])]
+            pieces += [model.audio_embeddings[c](frame[None, c + 1]) for c in range(q - 1)]
+            seq = torch.stack([p.to(local_dtype) for p in pieces], dim=1)  # (1, Q + 1, E)
+            # The official loop re-runs the local transformer on each growing prefix and keeps the last row.
+            local = torch.stack([model._decode_local_last_hidden_state(seq[:, : k + 1])[0] for k in range(q + 1)])
+            audio_logits = torch.stack([model.audio_lm_heads[c](local[c + 1]) for c in range(q)])
+            step = model(input_ids=frame[None, None], past_key_values=prompt.past_key_values, use_cache=True,
+                         attention_mask=torch.ones(1, length + 1, dtype=torch.bool, device=self.device))
+        return {"global_hidden": _host(hidden[0]), "local_hidden": _host(local),
+                "text_logits": _host(model.text_lm_head(local[0])), "audio_logits": _host(audio_logits),
+                "decode_step_hidden": _host(step.global_hidden_states[0, -1])}
+
     def generate_codes(self, rows: torch.Tensor, *, max_new_frames: int, nq: Optional[int] = None,
                        do_sample: bool = False, seed: Optional[int] = None, record_logits: bool = False,
                        **sampling: Any) -> UpstreamGeneration:
@@ -299,6 +331,10 @@ def _check_attention(model: Any, impl: str, patches: PatchSet) -> None:
             f"the patch set was written against {patches.code_repo}@{patches.revision}: use that code or update "
             f"patches/manifest.yaml"
         )
+
+
+def _host(x: torch.Tensor) -> torch.Tensor:
+    return x.detach().to("cpu", torch.float32)
 
 
 @contextlib.contextmanager

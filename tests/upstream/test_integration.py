@@ -66,6 +66,17 @@ def test_greedy_generation_codes_and_logits(upstream, cases):
     np.testing.assert_array_equal(out.codes.numpy(), golden(case["expected"]))
 
 
+def test_teacher_forced_first_frame_reproduces_the_logits_the_sampler_saw(upstream, cases):
+    case = cases["greedy_clone_zh"]
+    rows = torch.from_numpy(golden(case["input"]))
+    first = torch.from_numpy(golden(case["expected"])[0])
+    out = upstream.teacher_forced(rows, torch.cat([torch.tensor([9]), first]))  # 9: audio_assistant_slot
+    np.testing.assert_allclose(out["text_logits"][[9, 7]].numpy(), golden(case["text_logits"])[0], rtol=0, atol=1e-4)
+    np.testing.assert_allclose(out["audio_logits"].numpy(), golden(case["audio_logits"])[:16], rtol=0, atol=1e-4)
+    full = upstream.hidden_states(torch.cat([rows, torch.cat([torch.tensor([9]), first])[None]]))
+    np.testing.assert_allclose(out["decode_step_hidden"].numpy(), full[-1].numpy(), rtol=0, atol=1e-4)
+
+
 @pytest.mark.parametrize("case_id", ["e2e_clone_en", "e2e_clone_long_zh"])
 def test_voice_clone_end_to_end(upstream, cases, case_id):
     case = cases[case_id]
