@@ -34,6 +34,10 @@ def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: 
     return torch.matmul(torch.softmax(scores.float(), dim=-1).to(v.dtype), v)
 
 
+# Offline attention over more steps than this runs in blocks of ATTENTION_BLOCK_STEPS queries (same result).
+FULL_ATTENTION_MAX_STEPS = 4096
+ATTENTION_BLOCK_STEPS = 1024
+
 ATTENTION_FUNCTIONS: dict[str, Callable[..., torch.Tensor]] = {"sdpa": sdpa_attention, "eager": eager_attention}
 
 
@@ -116,11 +120,18 @@ class MultiheadAttention(nn.Module):
         q, k, v = self._qkv(x)
         valid = valid_mask(lengths, t)
         if cache is None:
-            pos = torch.arange(t, device=x.device).view(1, t)
-            q, k = apply_rope(q, k, pos, self.max_period)
-            delta = pos.view(1, t, 1) - pos.view(1, 1, t)
-            allowed = (delta >= 0) & (delta < self.context) & valid.view(b, 1, t)
-            out = self.attend(q, k, v, allowed[:, None])
+            pos = torch.arange(t, device=x.device)
+            q, k = apply_rope(q, k, pos.view(1, t), self.max_period)
+            # Short sequences take the official single masked call; long ones go in query blocks that
+            # see only their window, so memory and work grow with T * context instead of T * T.
+            block = t if t <= FULL_ATTENTION_MAX_STEPS else ATTENTION_BLOCK_STEPS
+            outs = []
+            for start in range(0, t, block):
+                end, first = min(t, start + block), max(0, start - self.context + 1) if block < t else 0
+                delta = pos[start:end].view(-1, 1) - pos[first:end].view(1, -1)
+                allowed = (delta >= 0) & (delta < self.context) & valid[:, None, first:end]
+                outs.append(self.attend(q[:, :, start:end], k[:, :, first:end], v[:, :, first:end], allowed[:, None]))
+            out = torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
             # Padded query rows may be fully masked (NaN in some kernels): zero them with where, not a multiply.
             out = torch.where(valid.view(b, 1, t, 1), out, torch.zeros((), device=out.device, dtype=out.dtype))
         else:
