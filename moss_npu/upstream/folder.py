@@ -1,8 +1,8 @@
 """Patched copies of official model folders, for loading the official remote code (nano_spec.md §0.1, §13).
 
-The user's folder is never edited: ``mirror_folder`` builds a sibling folder in a work directory that
-links every file of the original (weights, tokenizer) and holds a rewritten ``config.json`` whose
-attention settings come from the device layer. The official ``*.py`` files come from the model folder
+The user's folder is never edited: ``mirror_folder`` builds a folder in a work directory that links
+every file of the original (weights, tokenizer) and holds a rewritten ``config.json`` whose attention
+settings come from the device layer. The official ``*.py`` files come from the model folder
 itself (a hub download carries them) or from a separate code folder.
 """
 
@@ -15,9 +15,6 @@ import shutil
 from pathlib import Path
 from typing import Optional
 
-import torch
-
-from moss_npu.device import attention_impl
 from moss_npu.errors import CheckpointError
 from moss_npu.upstream.manifest import PatchEntry, PatchSet
 
@@ -116,11 +113,13 @@ def mirror_folder(
     workdir: Path,
     patches: PatchSet,
     *,
-    device: torch.device,
-    dtype: torch.dtype,
+    attn_implementation: str,
     code_dir: Optional[Path] = None,
 ) -> Path:
     """Build ``workdir/<name>_<code hash>``: links to the folder's files, the official code, a patched config.
+
+    ``attn_implementation`` is what the config's attention settings become (the device layer's
+    ``attention_impl``: sdpa, or eager when asked for).
 
     Returns:
         The mirror folder, ready for ``from_pretrained(..., trust_remote_code=True)``.
@@ -132,7 +131,7 @@ def mirror_folder(
     if not config_path.is_file():
         raise CheckpointError(f"model folder {model_dir} lacks config.json; download the complete official folder")
     config = json.loads(config_path.read_text(encoding="utf-8"))
-    patched = patch_config(config, patches.of("config", component), patches, attention_impl(device, dtype))
+    patched = patch_config(config, patches.of("config", component), patches, attn_implementation)
     code_folder = find_code_folder(component, model_dir, remote_modules(patched, model_dir), code_dir)
     mirror = Path(workdir) / f"moss_{component}_{code_digest(code_folder)}"
     mirror.mkdir(parents=True, exist_ok=False)

@@ -260,13 +260,15 @@ class UpstreamTTS:
 
 def load_upstream(model_dir_or_id: str, codec_dir_or_id: Optional[str] = None, *, device: torch.device,
                   dtype: torch.dtype = torch.float32, code_dir: Optional[str] = None,
-                  patches: Optional[PatchSet] = None) -> UpstreamTTS:
+                  attn_implementation: Optional[str] = None, patches: Optional[PatchSet] = None) -> UpstreamTTS:
     """Load the official TTS and codec remote code with the patch set, on ``device`` in ``dtype``.
 
     Folders (or hub ids, fetched with huggingface_hub) are never modified: patched copies of their
     configs are built in a temporary folder that is removed once the objects are loaded. The official
     code comes from ``code_dir`` when given (a folder holding ``modeling_moss_tts_nano.py`` etc., possibly
     in subfolders) and otherwise from the model folders themselves (hub downloads carry it).
+    ``attn_implementation`` goes through ``moss_npu.device.attention_impl`` (None: sdpa; "eager" on request,
+    for the TTS transformers only: the official codec has no eager attention).
 
     Raises:
         ConfigError: transformers is not installed, or the patch manifest is missing.
@@ -278,11 +280,13 @@ def load_upstream(model_dir_or_id: str, codec_dir_or_id: Optional[str] = None, *
     model_dir = resolve_model_dir(model_dir_or_id)
     codec_dir = resolve_model_dir(codec_dir_or_id or DEFAULT_CODEC)
     code = None if code_dir is None else Path(code_dir)
+    impl = attention_impl(device, dtype, attn_implementation)
     with tempfile.TemporaryDirectory(prefix="moss_npu_upstream_") as work, _torchaudio_stand_in():
-        tts_mirror = mirror_folder("tts", model_dir, Path(work), patches, device=device, dtype=dtype, code_dir=code)
-        codec_mirror = mirror_folder("codec", codec_dir, Path(work), patches, device=device, dtype=dtype, code_dir=code)
+        tts_mirror = mirror_folder("tts", model_dir, Path(work), patches, attn_implementation=impl, code_dir=code)
+        # The official codec knows only sdpa and flash_attention_2 (it raises on eager), and runs in fp32.
+        codec_mirror = mirror_folder("codec", codec_dir, Path(work), patches,
+                                     attn_implementation=attention_impl(device, torch.float32), code_dir=code)
         common = {"trust_remote_code": True, "local_files_only": True}
-        impl = attention_impl(device, dtype)
         # transformers 4.57 replaces config.json's attn_implementation by this argument (None when absent).
         model = transformers.AutoModelForCausalLM.from_pretrained(str(tts_mirror), dtype=dtype, attn_implementation=impl, **common)
         codec = transformers.AutoModel.from_pretrained(str(codec_mirror), **common)

@@ -6,6 +6,7 @@ import json
 import pytest
 import torch
 
+from moss_npu.device import attention_impl
 from moss_npu.errors import CheckpointError
 from moss_npu.upstream import load_manifest
 from moss_npu.upstream.folder import code_digest, mirror_folder
@@ -16,7 +17,8 @@ CPU = torch.device("cpu")
 
 
 def mirror(component, folder, work, code_dir=None):
-    return mirror_folder(component, folder, work, load_manifest(), device=CPU, dtype=torch.float32, code_dir=code_dir)
+    return mirror_folder(component, folder, work, load_manifest(), attn_implementation=attention_impl(CPU, torch.float32),
+                         code_dir=code_dir)
 
 
 def test_tts_copy_asks_for_sdpa_and_links_everything_else(tmp_path):
@@ -41,6 +43,13 @@ def test_codec_copy_drops_the_alias_and_fills_a_missing_auto_map(tmp_path):
     assert config["auto_map"]["AutoModel"] == "modeling_moss_audio_tokenizer.MossAudioTokenizerModel"
     assert (copy / "modeling_moss_audio_tokenizer.py").is_file()
     assert tree_digest(codec) == before
+
+
+def test_eager_on_request(tmp_path):
+    tts, _, _ = official_folders(tmp_path / "user")
+    copy = mirror_folder("tts", tts, tmp_path / "work", load_manifest(), attn_implementation=attention_impl(CPU, torch.float32, "eager"))
+    config = json.loads((copy / "config.json").read_text())
+    assert config["attn_implementation"] == config["local_transformer_attn_implementation"] == "eager"
 
 
 def test_existing_auto_map_is_kept(tmp_path):
