@@ -70,7 +70,7 @@ def find_code_folder(component: str, model_dir: Path, modules: list[str], code_d
     where = f"{code_dir} or {model_dir}" if code_dir is not None else str(model_dir)
     raise CheckpointError(
         f"official code {', '.join(m + '.py' for m in modules)} not found in {where}; download the official folder "
-        f"with `{_DOWNLOAD_HINT[component]}` or pass the folder holding the code (MOSS_NPU_UPSTREAM_CODE / code_dir)"
+        f"with `{_DOWNLOAD_HINT[component]}`, or point code_dir at a folder holding the official code"
     )
 
 
