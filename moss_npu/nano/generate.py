@@ -160,18 +160,12 @@ def iter_frames(
     for step in range(max_new_frames):
         total = prompt_len + step
         with phase("prefill" if step == 0 else "global"):
-            if use_kv_cache:
-                new_rows = input_ids if step == 0 else rows
-                hidden = model(new_rows, mask[:, :total], cache, check=step == 0)
-            else:
-                hidden = model(rows[:, :total], mask[:, :total], None, check=step == 0)
-            g = hidden[:, -1, :].to(dtype)
+            new_rows = (input_ids if step == 0 else rows) if use_kv_cache else rows[:, :total]
+            g = model(new_rows, mask[:, :total], cache, check=step == 0)[:, -1, :].to(dtype)
 
+        local = LocalSequence(model, local_kv_cache)
         with phase("local"):
-            local_cache = model.local_transformer.init_cache(batch, cfg.n_vq + 1) if local_kv_cache else None
-            seq = g[:, None, :]
-            u = model.local_hidden(seq, local_cache)
-            text_logits = model.text_lm_head(u)
+            text_logits = model.text_lm_head(local.push(g))
             candidate_logits = text_logits.index_select(-1, candidates)
         if logits_hook is not None:
             logits_hook("text", step, candidate_logits)
@@ -189,24 +183,17 @@ def iter_frames(
         prev = model.transformer.wte(next_text).to(dtype)
         for c in range(nq):
             with phase("local"):
-                if local_kv_cache:
-                    u = model.local_hidden(prev[:, None, :], local_cache)
-                else:
-                    seq = torch.cat([seq, prev[:, None, :]], dim=1)
-                    u = model.local_hidden(seq)
-                logits = model.audio_lm_heads[c](u)
+                logits = model.audio_lm_heads[c](local.push(prev))
             audio_finite = audio_finite & torch.isfinite(logits).all()
             if logits_hook is not None:
                 logits_hook("audio", c, logits)
             with phase("sample"):
-                token = sample_token(logits, audio_params, history[:, :step, c], **draw)
-            frame[:, c] = token
-            prev = model.audio_embeddings[c](token).to(dtype)
+                frame[:, c] = sample_token(logits, audio_params, history[:, :step, c], **draw)
+            prev = model.audio_embeddings[c](frame[:, c]).to(dtype)
 
         frame = frame.masked_fill(~active[:, None], cfg.audio_pad_token_id)
         history[:, step] = frame
-        next_row = torch.cat([candidates[0].expand(batch, 1), frame], dim=1)
-        next_row = torch.where(active[:, None], next_row, pad_row)
+        next_row = torch.where(active[:, None], torch.cat([candidates[:1].expand(batch, 1), frame], dim=1), pad_row)
         mask[:, total] = active
         if use_kv_cache:
             rows = next_row[:, None, :]
@@ -215,6 +202,28 @@ def iter_frames(
         yield FrameEvent(step, frame, active.clone(), finished.clone())
     else:
         _raise_if_non_finite([True, bool(audio_finite)], max_new_frames, dtype)
+
+
+class LocalSequence:
+    """The local decoder's input of one frame: [global hidden, wte[text], emb_0[code_0], …] (spec §7 steps 3, 5).
+
+    Without a cache every ``push`` reruns the local decoder over the whole sequence (the official algorithm);
+    with one it runs only the new position against cached keys/values.
+    """
+
+    def __init__(self, model: NanoTTSModel, cached: bool) -> None:
+        self.model, self.cached = model, cached
+        self.cache = None
+        self.seq: Optional[torch.Tensor] = None
+
+    def push(self, x: torch.Tensor) -> torch.Tensor:
+        """Append (B, E) ``x``; return the local decoder's hidden state at the new last position, (B, E)."""
+        if self.cached:
+            if self.cache is None:
+                self.cache = self.model.local_transformer.init_cache(x.shape[0], self.model.config.n_vq + 1)
+            return self.model.local_hidden(x[:, None, :], self.cache)
+        self.seq = x[:, None, :] if self.seq is None else torch.cat([self.seq, x[:, None, :]], dim=1)
+        return self.model.local_hidden(self.seq)
 
 
 def _raise_if_non_finite(finite: list, step: int, dtype: torch.dtype) -> None:

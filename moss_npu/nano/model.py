@@ -114,6 +114,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Attention(nn.Module):
+    """Multi-head self-attention: fused ``c_attn`` (q | k | v), RoPE on q and k, ``c_proj``."""
+
     def __init__(self, cfg: GPT2Config, layer_idx: int) -> None:
         super().__init__()
         self.n_head, self.head_dim = cfg.n_head, cfg.head_dim
@@ -135,6 +137,8 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    """``fc_in`` → activation (tanh GELU for the official model) → ``fc_out``."""
+
     def __init__(self, cfg: GPT2Config) -> None:
         super().__init__()
         self.fc_in = nn.Linear(cfg.n_embd, cfg.inner_size)
@@ -146,6 +150,8 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
+    """Pre-norm GPT-2 block: x + attn(ln_1(x)), then + mlp(ln_2(x))."""
+
     def __init__(self, cfg: GPT2Config, layer_idx: int) -> None:
         super().__init__()
         self.ln_1 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)

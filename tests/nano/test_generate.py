@@ -3,7 +3,7 @@ import torch
 
 from moss_npu.nano import generate as gen_mod
 from moss_npu.nano.checkpoint import load_model, read_state_dict, write_random_checkpoint
-from moss_npu.nano.generate import generate, iter_frames, left_pad, trim_codes
+from moss_npu.nano.generate import PhaseTimer, generate, iter_frames, left_pad, trim_codes
 from moss_npu.nano.prompt import build_prompt_rows
 from moss_npu.nano.tokenizer import TextTokenizer
 from moss_npu.sampling import SamplingParams
@@ -161,3 +161,10 @@ def test_non_finite_logits_raise(tiny_ckpt, prompts, where):
             broken.audio_lm_heads[3].weight[5, 0] = float("nan")
     with pytest.raises(RuntimeError, match=f"^Non-finite {where} logits"):
         generate(broken, prompts[0], max_new_frames=1)
+
+
+def test_phase_timer_counts_phases(model, prompts):
+    timer = PhaseTimer()
+    generate(model, prompts[0], max_new_frames=2, timer=timer)
+    assert timer.calls["prefill"] == 1 and timer.calls["global"] == 1
+    assert timer.calls["local"] == 2 * (1 + 4) and timer.calls["sample"] == 2 * (1 + 4)
