@@ -48,7 +48,7 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
             from safetensors.torch import load_file
 
             return dict(load_file(str(path), device="cpu"))
-        state = torch.load(str(path), map_location="cpu", weights_only=True)
+        state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # corrupt or truncated file: the user must re-download it
         raise CheckpointError(f"{path}: cannot read weights ({type(exc).__name__}: {exc}); re-download it") from exc
     if not isinstance(state, Mapping) or not all(isinstance(v, torch.Tensor) for v in state.values()):
