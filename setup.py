@@ -15,7 +15,7 @@ setup(
         "numpy",
         "sentencepiece",
         "safetensors",
-        "soundfile",
+        "soundfile>=0.12.1",  # MP3 reading needs libsndfile >= 1.1
         "scipy",
         "pyyaml",
         "huggingface_hub",
