@@ -201,10 +201,11 @@ class UpstreamTTS:
             # The official loop re-runs the local transformer on each growing prefix and keeps the last row.
             local = torch.stack([model._decode_local_last_hidden_state(seq[:, : k + 1])[0] for k in range(q + 1)])
             audio_logits = torch.stack([model.audio_lm_heads[c](local[c + 1]) for c in range(q)])
+            text_logits = model.text_lm_head(local[0])
             step = model(input_ids=frame[None, None], past_key_values=prompt.past_key_values, use_cache=True,
                          attention_mask=torch.ones(1, length + 1, dtype=torch.bool, device=self.device))
         return {"global_hidden": _host(hidden[0]), "local_hidden": _host(local),
-                "text_logits": _host(model.text_lm_head(local[0])), "audio_logits": _host(audio_logits),
+                "text_logits": _host(text_logits), "audio_logits": _host(audio_logits),
                 "decode_step_hidden": _host(step.global_hidden_states[0, -1])}
 
     def generate_codes(self, rows: torch.Tensor, *, max_new_frames: int, nq: Optional[int] = None,
