@@ -10,7 +10,7 @@ from moss_npu.delay.config import DelayRunConfig
 from moss_npu.delay.make_test_codec import write_test_codec
 from moss_npu.errors import CheckpointError, ConfigError, DeviceError, InputError
 
-EXACT = dict(n_ctx=512, n_threads=2, n_gpu_layers=0, kv_cache_type_k="f32", kv_cache_type_v="f32",
+EXACT = dict(n_ctx=512, n_threads=1, n_gpu_layers=0, kv_cache_type_k="f32", kv_cache_type_v="f32",
              flash_attn="disabled", heads_backend="numpy", audio_provider="cpu", max_new_tokens=60)
 
 
