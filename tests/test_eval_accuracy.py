@@ -1,0 +1,219 @@
+"""eval_accuracy.py and moss_npu.evaluation on the nano-tiny fixture: CPU against CPU must agree exactly, bf16
+must show its real error and pass or fail by the given thresholds, the reference must be freed before the target
+loads, and bad input must exit 2 with one error line. Real NPU/CUDA runs are out of CI."""
+
+import gc
+import importlib.util
+import json
+import sys
+import weakref
+from pathlib import Path
+
+import pytest
+import torch
+
+from moss_npu import device as devices
+from moss_npu import goldens
+from moss_npu.evaluation import EvalInput, EvalRequest, SideSpec, Thresholds, evaluate, generation_settings, load_side
+from moss_npu.evaluation.sides import NativeSide, UpstreamSide
+from moss_npu.evaluation.tiers import comparable_decisions
+from moss_npu.nano.generate import generate
+from moss_npu.nano.prompt import build_prompt_rows
+from moss_npu.sampling import SamplingParams
+from moss_npu.upstream import UpstreamGeneration
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import eval_accuracy  # noqa: E402  (the CLI lives at the repo root)
+
+# Few frames keep each run to a few seconds; seed 1 makes the tiny random model speak past frame 0.
+FAST = ["--max-new-frames", "4", "--seed", "1", "--text", "Hello world.", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def fixture_dir() -> Path:
+    root = goldens.fixtures_root() / "nano-tiny"
+    if not (root / "tts" / "config.json").is_file():
+        pytest.skip(f"nano-tiny fixture not found under {goldens.fixtures_root()}; set MOSS_NPU_FIXTURES")
+    return root
+
+
+def _cli(fixture_dir, tmp_path, *extra):
+    report = tmp_path / "report.json"
+    rc = eval_accuracy.main(["--model", str(fixture_dir / "tts"), "--codec", str(fixture_dir / "codec"),
+                             "--device", "cpu", "--report", str(report), *FAST, *extra])
+    return rc, json.loads(report.read_text(encoding="utf-8"))
+
+
+def _items(report, tier, name):
+    return [i for i in report["tiers"][tier]["items"] if i["name"] == name]
+
+
+def test_cpu_against_cpu_agrees_exactly(fixture_dir, tmp_path, capsys):
+    rc, report = _cli(fixture_dir, tmp_path)
+    assert rc == 0 and report["passed"]
+    assert all(t["passed"] for t in report["tiers"].values())
+    for tier in ("A", "B"):
+        for item in report["tiers"][tier]["items"]:
+            assert item["passed"] is True, item
+            if item["kind"] != "tokens":
+                assert item["metrics"]["max_abs"] == 0.0 and item["metrics"]["snr_db"] == "inf", item
+    codes = _items(report, "C", "codes")[0]["metrics"]
+    assert codes["agreement"] == 1.0 and codes["first_divergent_frame"] is None and codes["frames"] == 4
+    assert codes["decision_logits_max_abs"] == 0.0 and codes["decisions_compared"] == 4 * (1 + 16)  # per frame: continue/stop, 16 channels
+    # The target decodes as streamed, the reference in one call: equal to rounding, and compared.
+    assert _items(report, "C", "waveform")[0]["metrics"]["snr_db"] != "-inf"
+    assert _items(report, "C", "waveform")[0]["passed"] is True
+    assert report["reference"]["name"] == devices.describe(torch.device("cpu"))["name"]
+    assert report["versions"]["torch"] == torch.__version__ and report["thresholds"]["max_mse"] == 1e-6
+    out = capsys.readouterr().out
+    assert "tier A" in out and "tier C" in out and out.rstrip().endswith("PASS: every tier passed")
+
+
+def test_bfloat16_error_is_reported_and_judged_by_the_thresholds(fixture_dir, tmp_path):
+    loose = ["--dtype", "bfloat16", "--max-mse", "1e-2", "--max-rel", "0.1", "--min-snr", "20",
+             "--min-token-agreement", "0"]
+    rc, report = _cli(fixture_dir, tmp_path, *loose)
+    assert rc == 0 and report["passed"] and report["target"]["dtype"] == "bfloat16"
+    hidden = _items(report, "A", "global_hidden")[0]["metrics"]
+    assert hidden["max_abs"] > 0 and 0 < hidden["mse"] <= 1e-2 and 0 < hidden["rel"] <= 0.1
+    # The codec stays fp32 on both sides, so decoding the same codes is exact.
+    assert _items(report, "B", "waveform")[0]["metrics"]["max_abs"] == 0.0
+
+    rc, strict = _cli(fixture_dir, tmp_path, "--dtype", "bfloat16")
+    assert rc == 1 and not strict["passed"] and not strict["tiers"]["A"]["passed"]
+    failed = [i for i in strict["tiers"]["A"]["items"] if i["passed"] is False]
+    assert {i["name"] for i in failed} >= {"global_hidden", "audio_logits", "decode_step_hidden"}
+    assert all("mse > 1e-06" in i["note"] for i in failed)
+    # Same inputs, same numbers: only the verdict moved with the thresholds.
+    assert _items(strict, "A", "global_hidden")[0]["metrics"] == hidden
+
+
+def test_reference_is_freed_before_the_target_loads(fixture_dir):
+    events, models = [], []
+
+    def loader(spec):
+        gc.collect()
+        events.append(("load", spec.role, [m() is None for m in models]))
+        side = load_side(spec)
+        models.append(weakref.ref(side.tts.model))
+        return side
+
+    cpu = torch.device("cpu")
+    ref = SideSpec("reference", "native", cpu, torch.float32, str(fixture_dir / "tts"), str(fixture_dir / "codec"))
+    tgt = SideSpec("target", "native", cpu, torch.float32, str(fixture_dir / "tts"), str(fixture_dir / "codec"))
+    settings = generation_settings(ref, tgt, max_new_frames=2, seed=1, greedy=True)
+    report = evaluate(EvalRequest(ref, tgt, (EvalInput("en", "Hi."),), settings), load=loader,
+                      on_event=lambda what, spec: events.append((what, spec.role)))
+    assert events[:4] == [("load", "reference"), ("load", "reference", []), ("capture", "reference"),
+                          ("release", "reference")]
+    # When the target is about to load, the reference model has already been garbage-collected.
+    assert events[4:7] == [("released", "reference"), ("load", "target"), ("load", "target", [True])]
+    assert report.order[0].startswith("load reference") and report.order[-1].startswith("released target")
+    gc.collect()
+    assert all(m() is None for m in models)
+
+
+@pytest.mark.parametrize("argv, message", [
+    pytest.param(["--device", "tpu"], "unknown device", id="unknown-device"),
+    pytest.param(["--max-mse", "-1"], "--max-mse -1.0", id="negative-mse"),
+    pytest.param(["--min-token-agreement", "2"], "--min-token-agreement", id="agreement-above-1"),
+    pytest.param(["--max-new-frames", "0"], "--max-new-frames 0", id="no-frames"),
+    pytest.param(["--dtype", "int8"], "--dtype int8", id="unknown-dtype"),
+    pytest.param(["--text-file", "/nonexistent/texts.txt"], "--text-file", id="missing-text-file"),
+    pytest.param(["--report", "/nonexistent/dir/r.json"], "--report", id="unwritable-report"),
+    pytest.param(["--against", "upstream", "--impl", "upstream"], "--against upstream", id="against-and-impl"),
+])
+def test_bad_input_exits_2_with_one_error_line(fixture_dir, capsys, argv, message):
+    rc = eval_accuracy.main(["--model", str(fixture_dir / "tts"), "--codec", str(fixture_dir / "codec"),
+                             "--device", "cpu", "--quiet", *argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
+
+
+def test_missing_model_folder_exits_2(tmp_path, capsys):
+    rc = eval_accuracy.main(["--model", str(tmp_path / "absent"), "--codec", str(tmp_path / "absent"),
+                             "--device", "cpu", "--quiet"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "absent does not exist" in err[0]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is not None, reason="transformers is installed")
+def test_upstream_without_transformers_exits_2_before_loading(fixture_dir, capsys):
+    rc = eval_accuracy.main(["--model", str(fixture_dir / "tts"), "--codec", str(fixture_dir / "codec"),
+                             "--device", "cpu", "--impl", "upstream", "--greedy"])
+    captured = capsys.readouterr()
+    assert rc == 2 and captured.err.strip().splitlines() == [captured.err.strip()]
+    assert "needs transformers" in captured.err and "loading" not in captured.err
+
+
+def test_sampled_upstream_on_another_device_is_refused():
+    ref = SideSpec("reference", "native", torch.device("cpu"), torch.float32, "m", "c")
+    tgt = SideSpec("target", "upstream", torch.device("meta"), torch.float32, "m", "c")
+    with pytest.raises(Exception, match="add --greedy"):
+        generation_settings(ref, tgt, max_new_frames=4, seed=0, greedy=False)
+    assert generation_settings(ref, tgt, max_new_frames=4, seed=0, greedy=True).rng == "none"
+
+
+def test_comparable_decisions_stop_at_the_first_divergent_one():
+    ref = torch.tensor([[1, 2, 3], [4, 5, 6], [7, 8, 9]])
+    assert comparable_decisions(ref, ref, 3) == (4, 9, "none")
+    flipped = ref.clone()
+    flipped[1, 2] = 0  # frame 1, channel 2: text decisions 0-1 and audio decisions 0..5 saw the same history
+    assert comparable_decisions(flipped, ref, 3) == (2, 6, "audio")
+    # One run stopped after frame 1: its stop decision at frame 2 is the divergent one.
+    assert comparable_decisions(ref[:2], ref, 3) == (3, 6, "text")
+
+
+class StandInUpstream:
+    """The ``UpstreamTTS`` methods eval_accuracy uses, computed by the native code the way the official code
+    does (full forward for hidden states, local decoder recomputed per channel, device RNG seeded per call)."""
+
+    def __init__(self, tts):
+        self.tts, self.device, self.closed = tts, tts.device, False
+
+    def close(self):
+        self.tts, self.closed = None, True
+
+    def prompt_rows(self, text, mode="continuation", prompt_text=None, prompt_audio_codes=None):
+        return build_prompt_rows(self.tts.tokenizer, self.tts.config, text, mode, prompt_text, prompt_audio_codes)
+
+    def hidden_states(self, rows):
+        with torch.no_grad():
+            return self.tts.model(rows[None])[0].float()
+
+    def generate_codes(self, rows, *, max_new_frames, nq=None, do_sample=False, seed=None, record_logits=False,
+                       **sampling):
+        seen = {"text": [], "audio": []}
+        if seed is not None:
+            devices.seed_everything(seed, self.device)
+        out = generate(self.tts.model, rows, sampling=SamplingParams(do_sample=do_sample, **sampling), nq=nq,
+                       max_new_frames=max_new_frames, logits_hook=lambda k, i, x: seen[k].append(x[0].clone()))
+        return UpstreamGeneration(out.frames[0], torch.stack(seen["text"]), torch.stack(seen["audio"]))
+
+    def decode_codes(self, codes):
+        return self.tts.codec.decode(codes)[0]
+
+
+def test_against_upstream_uses_only_the_official_api(fixture_dir):
+    stand_ins = []
+
+    def loader(spec):
+        native = NativeSide.load(spec.model, spec.codec, spec.device, spec.dtype)
+        if spec.impl == "native":
+            return native
+        stand_ins.append(StandInUpstream(native.tts))
+        return UpstreamSide(stand_ins[-1], spec.dtype)
+
+    cpu = torch.device("cpu")
+    ref = SideSpec("reference", "native", cpu, torch.float32, str(fixture_dir / "tts"), str(fixture_dir / "codec"))
+    tgt = SideSpec("target", "upstream", cpu, torch.float32, str(fixture_dir / "tts"), str(fixture_dir / "codec"))
+    settings = generation_settings(ref, tgt, max_new_frames=3, seed=1, greedy=False)
+    assert settings.rng == "device"
+    report = evaluate(EvalRequest(ref, tgt, (EvalInput("en", "Hello world."),), settings, Thresholds()), load=loader)
+    items = {i.name: i for i in report.tiers[0].items}
+    # The official API has no local-decoder step: those items are not compared, and do not fail the tier.
+    assert items["local_hidden"].passed is None and "not available" in items["local_hidden"].note
+    assert items["global_hidden"].passed and items["decode_step_hidden"].passed and items["prompt_rows"].passed
+    codes = report.tiers[2].items[0]
+    assert codes.metrics["agreement"] == 1.0 and codes.metrics["frames"] == 3
+    assert report.passed and report.target["impl"] == "upstream" and stand_ins[0].closed
