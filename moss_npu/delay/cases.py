@@ -127,19 +127,20 @@ def check_sampling(case: dict, fx: Fixture) -> CaseResult:
     rng = np.random.RandomState(inputs.get("np_random_seed"))
     tokens = sample_token(logits, rng, history=history, repetition_penalty=penalty, top_p=inputs.get("top_p"),
                           top_k=inputs.get("top_k"), do_sample=bool(inputs["do_sample"]))
-    problems = [None if tokens.tolist() == list(expected["tokens"]) else
-                f"tokens {tokens.tolist()} != {expected['tokens']}"]
+    want = np.asarray(expected["tokens"]).ravel()
+    problems = [None if np.array_equal(tokens.ravel(), want) else f"tokens {tokens.ravel().tolist()} != {want.tolist()}"]
     err = 0.0
     if inputs["do_sample"] and expected.get("filtered_probs"):
-        ids, probs = candidates(apply_repetition_penalty(logits, history, penalty), inputs.get("top_k"),
-                                inputs.get("top_p"))
+        penalised = apply_repetition_penalty(logits, history, penalty)
+        flat = penalised.reshape(-1, penalised.shape[-1])
+        ids, probs = candidates(flat, inputs.get("top_k"), inputs.get("top_p"))
         full = probs
         if ids is not None:
-            full = np.zeros_like(logits)
+            full = np.zeros_like(flat)
             np.put_along_axis(full, ids, probs, axis=-1)
-            problems.append(_same("candidate_ids", ids, _array(fx, expected["candidate_ids"])))
-            err = float(np.max(np.abs(probs - _array(fx, expected["candidate_probs"]))))
-        err = max(err, float(np.max(np.abs(full - _array(fx, expected["filtered_probs"])))))
+            problems.append(_same("candidate_ids", ids, _array(fx, expected["candidate_ids"]).reshape(ids.shape)))
+            err = float(np.max(np.abs(probs - _array(fx, expected["candidate_probs"]).reshape(probs.shape))))
+        err = max(err, float(np.max(np.abs(full - _array(fx, expected["filtered_probs"]).reshape(full.shape)))))
         if err > 1e-6:
             problems.append(f"probabilities differ by {err:.1e}")
     return _result(problems, f"tokens identical, probs max_abs={err:.1e}")

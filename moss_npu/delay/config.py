@@ -80,6 +80,7 @@ class DelayModelConfig:
         lang = data.get("language_config") or {}
         known = {f.name for f in fields(cls)} - {"raw"}
         values = {k: data[k] for k in known if k in data and data[k] is not None}
+        values.setdefault("audio_pad_code", values.get("audio_vocab_size", cls.audio_vocab_size))
         values.setdefault("hidden_size", lang.get("hidden_size"))
         values.setdefault("vocab_size", lang.get("vocab_size"))
         return cls(**values, raw=dict(data))

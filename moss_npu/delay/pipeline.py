@@ -17,7 +17,7 @@ from typing import Any, Mapping, Optional, Union
 import numpy as np
 
 from moss_npu.delay.backbone import LlamaBackbone
-from moss_npu.delay.codec_onnx import SAMPLE_RATE_HZ, OnnxCodec
+from moss_npu.delay.codec_onnx import OnnxCodec
 from moss_npu.delay.config import DelayRunConfig, DelaySampling, load_run_config
 from moss_npu.delay.embeddings import DelayEmbeddings
 from moss_npu.delay.heads import build_audio_heads

@@ -15,13 +15,20 @@ import numpy as np
 
 
 def apply_repetition_penalty(logits: np.ndarray, history: Optional[np.ndarray], penalty: float) -> np.ndarray:
-    """Penalise every id seen in ``history`` (pooled over its columns) in every row of ``logits``.
+    """Penalise ids seen in ``history`` (CTRL rule: positive logits divided, others multiplied).
 
-    Positive logits are divided by ``penalty``, others multiplied (CTRL rule); returns a new array.
+    ``(N, V)`` logits: the whole history is pooled and applies to every row. ``(B, Q, V)`` logits: head q
+    sees only ``history[..., q]``. Returns a new array (the input is untouched).
     """
     if history is None or penalty == 1.0:
         return logits
-    seen = np.unique(np.asarray(history).ravel())
+    history = np.asarray(history)
+    if logits.ndim == 3:
+        out = logits.copy()
+        for q in range(logits.shape[1]):
+            out[:, q] = apply_repetition_penalty(logits[:, q], history[..., q], penalty)
+        return out
+    seen = np.unique(history.ravel())
     seen = seen[(seen >= 0) & (seen < logits.shape[-1])]
     out = logits.copy()
     if seen.size == 0:
@@ -90,19 +97,20 @@ def sample_token(logits: np.ndarray, rng: np.random.RandomState, history: Option
     """Sample one id per row.
 
     Args:
-        logits: ``(N, V)`` float32, temperature already applied and masked ids at -inf.
+        logits: ``(N, V)`` float32 (or ``(..., V)``), temperature already applied and masked ids at -inf.
         rng: source of the uniforms (one ``random_sample(N)`` call when sampling, none when greedy).
         history: ids whose logits get the repetition penalty, pooled over all its entries.
         do_sample: False takes the argmax after the penalty.
 
     Returns:
-        ``(N,)`` int64 ids.
+        ``(N,)`` (or ``logits.shape[:-1]``) int64 ids.
     """
     logits = apply_repetition_penalty(logits, history, repetition_penalty)
     if not do_sample:
         return np.argmax(logits, axis=-1).astype(np.int64)
-    ids, probs = candidates(logits, top_k, top_p)
+    flat = logits.reshape(-1, logits.shape[-1])
+    ids, probs = candidates(flat, top_k, top_p)
     picked = draw(probs, rng)
-    if ids is None:
-        return picked
-    return ids[np.arange(ids.shape[0]), picked].astype(np.int64)
+    if ids is not None:
+        picked = ids[np.arange(ids.shape[0]), picked]
+    return picked.reshape(logits.shape[:-1]).astype(np.int64)

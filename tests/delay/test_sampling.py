@@ -59,3 +59,16 @@ def test_draw_clamps_when_the_cumsum_ends_below_the_uniform():
 
     probs = np.array([[0.5, 0.49999]], dtype=np.float32)
     assert draw(probs, One()).tolist() == [1]
+
+
+def test_per_head_penalty_for_3d_logits_uses_each_heads_history():
+    logits = np.ones((1, 2, 4), dtype=np.float32)
+    out = apply_repetition_penalty(logits, np.array([[0, 3]]), 2.0)
+    assert out[0, 0].tolist() == [0.5, 1, 1, 1] and out[0, 1].tolist() == [1, 1, 1, 0.5]
+
+
+def test_any_leading_shape_is_sampled_row_by_row():
+    logits = np.random.RandomState(1).randn(2, 3, 40).astype(np.float32)
+    tokens = sample_token(logits, np.random.RandomState(0), top_k=5, top_p=0.9)
+    flat = sample_token(logits.reshape(6, 40), np.random.RandomState(0), top_k=5, top_p=0.9)
+    assert tokens.shape == (2, 3) and tokens.ravel().tolist() == flat.tolist()
