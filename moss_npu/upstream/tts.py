@@ -35,6 +35,7 @@ _OWNED_ARGS = {
     "audio_tokenizer_pretrained_name_or_path", "device",
 }
 _INSTALL_HINT = 'pip install -e ".[upstream]"'
+_MIN_TRANSFORMERS = (4, 57)
 
 
 @dataclass(frozen=True)
@@ -301,10 +302,15 @@ def load_upstream(model_dir_or_id: str, codec_dir_or_id: Optional[str] = None, *
 
 
 def _import_transformers() -> types.ModuleType:
+    """Import transformers, or raise ConfigError naming the install command (also when it is too old)."""
     try:
         import transformers
     except ImportError as exc:
         raise ConfigError(f"--impl upstream needs transformers (the official code runs on it): {_INSTALL_HINT}") from exc
+    major_minor = tuple(int(p) for p in transformers.__version__.split(".")[:2] if p.isdigit())
+    if major_minor < _MIN_TRANSFORMERS:
+        # Older releases ignore from_pretrained(dtype=...) and predate the official code (4.57.1).
+        raise ConfigError(f"--impl upstream needs transformers >= 4.57, found {transformers.__version__}: {_INSTALL_HINT}")
     return transformers
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from moss_npu.errors import CheckpointError
+from moss_npu.errors import CheckpointError, ConfigError
 from moss_npu.upstream import load_upstream
 from moss_npu.upstream.patches import _MARK
 
@@ -38,6 +38,7 @@ class _Auto:
 def fake_transformers(monkeypatch, honour_attention=True):
     calls = []
     module = types.ModuleType("transformers")
+    module.__version__ = "4.57.1"
     module.AutoModelForCausalLM = _Auto(calls, "modeling_moss_tts_nano.py", "MossTTSNanoForCausalLM", honour_attention)
     module.AutoModel = _Auto(calls, "modeling_moss_audio_tokenizer.py", "MossAudioTokenizerModel")
     module.AutoTokenizer = _Auto(calls, "tokenization_moss_tts_nano.py", "MossTTSNanoSentencePieceTokenizer")
@@ -79,3 +80,10 @@ def test_folder_without_the_official_code_is_refused_before_loading(monkeypatch,
     with pytest.raises(CheckpointError, match="modeling_moss_tts_nano.py.* not found"):
         load_upstream(str(tts_dir), str(codec_dir), device=CPU)
     assert calls == []
+
+
+def test_too_old_transformers_is_refused(monkeypatch, tmp_path):
+    fake_transformers(monkeypatch)
+    monkeypatch.setattr(sys.modules["transformers"], "__version__", "4.46.3")
+    with pytest.raises(ConfigError, match=r"transformers >= 4.57, found 4.46.3: pip install"):
+        load_upstream("OpenMOSS-Team/MOSS-TTS-Nano", device=CPU)
