@@ -158,7 +158,7 @@ def synthesize_nano(args: argparse.Namespace, text: str, out: Path, progress: bo
         generator = torch.Generator().manual_seed(0 if settings.seed is None else settings.seed)
     request = dict(prompt_audio=args.prompt_audio_path, prompt_text=args.prompt_text, settings=settings,
                    generator=generator)
-    bar = _progress_bar(progress, settings.max_new_frames)
+    bar = _progress_bar(progress)
     start = time.perf_counter()
     if not args.stream:
         result = tts.synthesize(text, on_frame=lambda chunk, frame: bar.update(1) if bar else None, **request)
@@ -220,7 +220,8 @@ def synthesize_delay(args: argparse.Namespace, text: str, out: Path) -> Outcome:
     return Outcome(wave.shape[-1] / rate, elapsed)
 
 
-def _progress_bar(enabled: bool, total: int):
+def _progress_bar(enabled: bool):
+    """Return a tqdm counter of generated frames on stderr, or None when progress is off."""
     if not enabled:
         return None
     from tqdm import tqdm
