@@ -41,10 +41,11 @@ def import_llama_cpp():
 class _NativeLog:
     """Routes llama.cpp's log lines to Python logging (debug level unless ``verbose``)."""
 
-    def __init__(self, llama_cpp, verbose: bool) -> None:
-        level = logging.INFO if verbose else logging.DEBUG
+    def __init__(self, llama_cpp) -> None:
+        self.verbose = False
 
         def forward(_level: int, text: bytes, _user: ctypes.c_void_p) -> None:
+            level = logging.INFO if self.verbose else logging.DEBUG
             log.log(level, "%s", text.decode("utf-8", "replace").rstrip("\n"))
 
         self.callback = llama_cpp.llama_log_callback(forward)  # kept alive: C holds the pointer
@@ -62,7 +63,8 @@ class LlamaBackbone:
         global _native_log
         self._lib = lib = import_llama_cpp()
         if _native_log is None:
-            _native_log = _NativeLog(lib, verbose)
+            _native_log = _NativeLog(lib)
+        _native_log.verbose = verbose
         gguf = Path(gguf)
         if not gguf.is_file():
             raise CheckpointError(f"GGUF backbone {gguf} does not exist; download or convert it first")
