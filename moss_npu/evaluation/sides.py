@@ -3,8 +3,8 @@
 The reference side builds the fixed inputs (prompt rows, voice-reference codes, the tokens of one
 teacher-forced frame, codes for the codec) and generates the codes that tier B decodes; the target side reuses
 all of them, so both compute the same functions of the same inputs. ``NativeSide`` runs this package;
-``UpstreamSide`` runs the official code through ``moss_npu.upstream.UpstreamTTS`` and marks what that API cannot
-give (the local transformer's outputs) as not available.
+``UpstreamSide`` runs the official code through ``moss_npu.upstream.UpstreamTTS`` (its ``teacher_forced``,
+``generate_codes``, ``decode_codes`` and ``prompt_rows``).
 Shapes: L prompt rows, E hidden, Q = n_vq channels, V codebook size, F frames, C channels, S samples.
 """
 
@@ -296,12 +296,7 @@ class UpstreamSide:
             own_codes = codes[: len(ref.prompt_codes)].clone()
         own_rows = tts.prompt_rows(item.text, item.mode, prompt_audio_codes=ref.prompt_codes)
         cap = InputCapture(rows=ref.rows, own_rows=own_rows.clone(), prompt_codes=own_codes)
-        cap.tensors = {
-            "global_hidden": _host(tts.hidden_states(ref.rows)),
-            "text_logits": None, "local_hidden": None, "audio_logits": None,  # the official API has no local step
-            # No KV cache in the official API: the decode step is the last row of one full forward.
-            "decode_step_hidden": _host(tts.hidden_states(torch.cat([ref.rows, frame[None]]))[-1]),
-        }
+        cap.tensors = dict(tts.teacher_forced(ref.rows, frame))
         sampling = {k: v for k, v in vars(settings.sampling).items() if k != "do_sample"}
         try:
             out = tts.generate_codes(ref.rows, max_new_frames=settings.max_new_frames,
