@@ -212,7 +212,8 @@ def synthesize_delay(args: argparse.Namespace, text: str, out: Path) -> Outcome:
         raise InputError("--backend llama-cpp needs --weights DIR (the MOSS-TTS-GGUF folder)")
     if not args.codec_onnx_dir:
         raise InputError("--backend llama-cpp needs --codec-onnx-dir DIR (encoder.onnx + decoder.onnx)")
-    with DelayPipeline.from_config(args.config, args.weights, args.codec_onnx_dir) as pipe:
+    overrides = {"verbose": True if args.verbose else None}
+    with DelayPipeline.from_config(args.config, args.weights, args.codec_onnx_dir, overrides) as pipe:
         start = time.perf_counter()
         wave, rate = pipe.synthesize(text, args.prompt_audio_path, seed=args.seed)
         elapsed = time.perf_counter() - start

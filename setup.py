@@ -25,7 +25,7 @@ setup(
     extras_require={
         # torch_npu must match the installed torch exactly, and CANN must be installed and sourced.
         "npu": ["torch-npu"],
-        "llama": ["llama-cpp-python", "tokenizers", "gguf", "onnxruntime"],
+        "llama": ["llama-cpp-python>=0.3.17", "tokenizers", "onnxruntime"],
         "onnx": ["onnx", "onnxruntime"],
         "upstream": ["transformers==4.57.1", "torchaudio"],
         "dev": ["pytest"],

@@ -165,3 +165,38 @@ def test_npu_without_torch_npu(tmp_path, capsys, monkeypatch):
     finally:
         device.register_backend("npu", None)
     assert code == 2 and "torch_npu is not importable" in err and "set_env.sh" in err
+
+
+DELAY = goldens.fixtures_root() / "delay-tiny"
+
+
+@pytest.mark.skipif(not DELAY.is_dir(), reason=f"fixtures not found at {DELAY} (set MOSS_NPU_FIXTURES)")
+def test_llama_cpp_backend_end_to_end(tmp_path, capsys):
+    """The README's Delay command with the tiny GGUF fixture and the package's noise-making test codec."""
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is an optional extra (CI installs it)")
+    from moss_npu.delay.make_test_codec import main as make_test_codec
+
+    codec = tmp_path / "codec"
+    make_test_codec([str(codec)])
+    capsys.readouterr()
+    out = tmp_path / "d.wav"
+    code, stdout, err = run(["--backend", "llama-cpp", "--config", REPO / "configs/llama_cpp/cpu-only.yaml",
+                             "--weights", DELAY / "weights", "--codec-onnx-dir", codec, "--text", "Hello",
+                             "--output", out, "--seed", "0"], capsys)
+    assert code == 0, err
+    info = sf.info(str(out))
+    assert info.samplerate == 24000 and info.channels == 1 and info.frames > 0
+
+
+def test_llama_cpp_backend_without_the_package(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)
+    if not DELAY.is_dir():
+        pytest.skip(f"fixtures not found at {DELAY}")
+    from moss_npu.delay.make_test_codec import main as make_test_codec
+
+    make_test_codec([str(tmp_path / "codec")])
+    capsys.readouterr()
+    code, _, err = run(["--backend", "llama-cpp", "--weights", DELAY / "weights", "--codec-onnx-dir",
+                        tmp_path / "codec", "--text", "Hello", "--output", tmp_path / "d.wav"], capsys)
+    assert code == 2 and 'pip install -e ".[llama]"' in err
+    assert not (tmp_path / "d.wav").exists()
