@@ -16,7 +16,8 @@ from moss_npu import device as devices
 from moss_npu import goldens
 from moss_npu.evaluation import EvalInput, EvalRequest, SideSpec, Thresholds, evaluate, generation_settings, load_side
 from moss_npu.evaluation.sides import NativeSide, UpstreamSide
-from moss_npu.evaluation.tiers import comparable_decisions
+from moss_npu.evaluation.sides import Capture, InputCapture
+from moss_npu.evaluation.tiers import comparable_decisions, tier_c
 from moss_npu.nano.generate import generate
 from moss_npu.nano.prompt import build_prompt_rows
 from moss_npu.sampling import SamplingParams
@@ -176,6 +177,38 @@ def test_comparable_decisions_stop_at_the_first_divergent_one():
     assert comparable_decisions(flipped, ref, 3) == (2, 6, "audio")
     # One run stopped after frame 1: its stop decision at frame 2 is the divergent one.
     assert comparable_decisions(ref[:2], ref, 3) == (3, 6, "text")
+
+
+def _generation(codes, text_logits, audio_logits, error=None):
+    cap = InputCapture(rows=torch.zeros(1, 3, dtype=torch.long), codes=codes, text_logits=text_logits,
+                       audio_logits=audio_logits, error=error)
+    cap.tensors["decoded_codes"] = torch.ones(2, 8)
+    return Capture({}, torch.zeros(3, dtype=torch.long), torch.zeros(1, 2, dtype=torch.long), {}, {"x": cap})
+
+
+def test_tier_c_compares_logits_only_up_to_the_divergence_and_no_waveform_after_it():
+    ref_codes = torch.tensor([[1, 2], [3, 4], [5, 6]])  # 3 frames, nq = 2
+    text, audio = torch.randn(3, 2), torch.randn(6, 4)
+    reference = _generation(ref_codes, text, audio)
+    codes = ref_codes.clone()
+    codes[1, 1] = 0  # frame 1, channel 1: audio decision 3 is the divergent one
+    audio_target = audio.clone()
+    audio_target[3] += 0.5  # the divergent decision saw logits 0.5 off ...
+    audio_target[4:] += 100.0  # ... and what follows ran on other histories: not comparable
+    tier = tier_c(_generation(codes, text.clone(), audio_target), reference, 2, Thresholds())
+    tokens, wave = tier.items
+    assert not tier.passed and tokens.passed is False
+    assert tokens.metrics["agreement"] == pytest.approx(5 / 6) and tokens.metrics["first_divergent_frame"] == 1
+    assert tokens.metrics["decisions_compared"] == 2 + 4
+    assert tokens.metrics["decision_logits_max_abs"] == pytest.approx(0.5)
+    assert tokens.metrics["divergent_decision"] == "audio"
+    assert wave.passed is None and "tokens differ from frame 1" in wave.note
+
+    loose = tier_c(_generation(codes, text.clone(), audio_target), reference, 2, Thresholds(min_token_agreement=0.8))
+    assert loose.passed and loose.items[1].passed is None
+
+    failed = tier_c(_generation(None, None, None, "Non-finite text logits at frame 0"), reference, 2, Thresholds())
+    assert not failed.passed and "target generation failed: Non-finite" in failed.items[0].note
 
 
 class StandInUpstream:

@@ -18,9 +18,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from moss_npu import __version__
 from moss_npu.evaluation.tiers import Item, Thresholds, TierResult
 
-VERSIONED = ("torch", "torch_npu", "numpy", "transformers", "moss-npu")
+VERSIONED = ("torch", "torch_npu", "numpy", "transformers")
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,7 @@ def versions() -> dict[str, str]:
 
     Read from package metadata, so that torch_npu is never imported just to report its version.
     """
-    out = {"python": platform.python_version()}
+    out = {"python": platform.python_version(), "moss_npu": __version__}
     for name in VERSIONED:
         try:
             out[name] = metadata.version(name)

@@ -111,7 +111,7 @@ def waveform_item(name: str, label: str, a: Optional[torch.Tensor], b: Optional[
 
 def token_item(name: str, label: str, a: Optional[torch.Tensor], b: Optional[torch.Tensor],
                min_agreement: float) -> Item:
-    """Compare integer streams (frames, ...) by agreement and first divergent frame."""
+    """Compare integer streams (frames or prompt rows, ...) by agreement and the first divergent row."""
     if a is None or b is None:
         return Item(name, label, "tokens", None, note="not available")
     m = {"frames": int(a.shape[0]), "reference_frames": int(b.shape[0]),
@@ -149,11 +149,14 @@ def generation_item(label: str, cap: InputCapture, ref: InputCapture, nq: int, t
     errors = [accuracy.max_abs(a, b) for a, b in pairs.values() if len(a)]
     m = dict(item.metrics, decisions_compared=sum(len(a) for a, _ in pairs.values()),
              decision_logits_max_abs=max(errors) if errors else 0.0)
+    note = item.note
     if kind != "none":
         a, b = pairs[kind]
         m["divergent_decision"] = kind
         m["divergent_decision_logits_max_abs"] = accuracy.max_abs(a[-1:], b[-1:]) if len(a) else None
-    return Item(item.name, label, item.kind, item.passed, m, item.note)
+    elif len(ref.codes) == 0:
+        note = "both sides stopped before the first frame: only the stop decision was compared"
+    return Item(item.name, label, item.kind, item.passed, m, note)
 
 
 def _aligned(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
