@@ -40,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--backend", choices=("nano", "llama-cpp"), default="nano")
     model.add_argument("--impl", choices=("native", "upstream"), default="native",
                        help="upstream: run the official remote code with the NPU patch set")
+    model.add_argument("--upstream-code", help="--impl upstream: folder holding the official *.py remote code "
+                       "(default: the model folders themselves, as a hub download has them)")
     model.add_argument("--model", default="OpenMOSS-Team/MOSS-TTS-Nano", help="TTS folder or hub id")
     model.add_argument("--codec", default="OpenMOSS-Team/MOSS-Audio-Tokenizer-Nano", help="codec folder or hub id")
     model.add_argument("--config", help="YAML preset (configs/cpu.yaml, cuda.yaml, npu.yaml; llama_cpp/*.yaml)")
@@ -190,12 +192,17 @@ def _synthesize_upstream(args, settings, dev, text: str, out: Path) -> Outcome:
     mode = settings.mode
     if mode == "auto":
         mode = "voice_clone" if args.prompt_audio_path and not args.prompt_text else "continuation"
-    params = dataclasses.asdict(settings.sampling()) | {"max_new_frames": settings.max_new_frames, "nq": settings.nq,
-                                             "voice_clone_max_text_tokens": settings.voice_clone_max_text_tokens}
-    with load_upstream(args.model, args.codec, device=dev, dtype=dtype) as tts:
+    params = dataclasses.asdict(settings.sampling()) | {
+        "max_new_frames": settings.max_new_frames, "nq": settings.nq,
+        "voice_clone_max_text_tokens": settings.voice_clone_max_text_tokens,
+        "voice_clone_max_memory_per_sample_gb": settings.voice_clone_max_memory_per_sample_gb,
+        "tts_max_batch_size": settings.tts_max_batch_size,
+    }
+    with load_upstream(args.model, args.codec, device=dev, dtype=dtype, code_dir=args.upstream_code,
+                       attn_implementation=args.attn_implementation) as tts:
         start = time.perf_counter()
         wave, rate = tts.synthesize(text, mode=mode, prompt_audio_path=args.prompt_audio_path,
-                                    prompt_text=args.prompt_text, **params)
+                                    prompt_text=args.prompt_text, seed=settings.seed, **params)
         elapsed = time.perf_counter() - start
     write_wav(out, wave, rate)
     return Outcome(wave.shape[-1] / rate, elapsed)

@@ -27,7 +27,7 @@ setup(
         "npu": ["torch-npu"],
         "llama": ["llama-cpp-python>=0.3.17", "tokenizers", "onnxruntime"],
         "onnx": ["onnx", "onnxruntime"],
-        "upstream": ["transformers==4.57.1", "torchaudio"],
+        "upstream": ["transformers==4.57.1"],  # torchaudio not needed: audio goes through moss_npu.audio
         "dev": ["pytest"],
     },
 )

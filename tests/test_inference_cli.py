@@ -200,3 +200,12 @@ def test_llama_cpp_backend_without_the_package(tmp_path, capsys, monkeypatch):
                         tmp_path / "codec", "--text", "Hello", "--output", tmp_path / "d.wav"], capsys)
     assert code == 2 and 'pip install -e ".[llama]"' in err
     assert not (tmp_path / "d.wav").exists()
+
+
+def test_impl_upstream_without_transformers_says_what_to_install(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    if not NANO.is_dir():
+        pytest.skip(f"fixtures not found at {NANO}")
+    code, _, err = run(model_args(tmp_path, "--impl", "upstream", "--text", "hi", "--output", tmp_path / "u.wav"), capsys)
+    assert code == 2 and 'pip install -e ".[upstream]"' in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "u.wav").exists()
