@@ -216,10 +216,11 @@ class StandInUpstream:
     does (local decoder recomputed per prefix, device RNG seeded per call)."""
 
     def __init__(self, tts):
-        self.tts, self.device, self.closed = tts, tts.device, False
+        self.tts, self.codec, self.device, self.closed = tts, tts.codec, tts.device, False
 
     def close(self):
-        self.tts, self.closed = None, True
+        self.tts = self.codec = None
+        self.closed = True
 
     def prompt_rows(self, text, mode="continuation", prompt_text=None, prompt_audio_codes=None):
         return build_prompt_rows(self.tts.tokenizer, self.tts.config, text, mode, prompt_text, prompt_audio_codes)

@@ -260,7 +260,8 @@ class UpstreamSide:
 
     def describe(self) -> dict[str, Any]:
         """Implementation, dtypes, the official code's revision and the device's name and versions."""
-        info = {"impl": self.impl, "dtype": _dtype_name(self.dtype), "codec_dtype": "float32",
+        codec_dtype = next(self.tts.codec.parameters()).dtype
+        info = {"impl": self.impl, "dtype": _dtype_name(self.dtype), "codec_dtype": _dtype_name(codec_dtype),
                 **devices.describe(self.tts.device)}
         patches = getattr(self.tts, "patches", None)
         if patches is not None:
