@@ -201,7 +201,7 @@ def test_tier_c_compares_logits_only_up_to_the_divergence_and_no_waveform_after_
     assert tokens.metrics["agreement"] == pytest.approx(5 / 6) and tokens.metrics["first_divergent_frame"] == 1
     assert tokens.metrics["decisions_compared"] == 2 + 4
     assert tokens.metrics["decision_logits_max_abs"] == pytest.approx(0.5)
-    assert tokens.metrics["divergent_decision"] == "audio"
+    assert tokens.metrics["divergent_decision"] == "audio channel 1"
     assert wave.passed is None and "tokens differ from frame 1" in wave.note
 
     loose = tier_c(_generation(codes, text.clone(), audio_target), reference, 2, Thresholds(min_token_agreement=0.8))

@@ -132,7 +132,7 @@ def _summary(item: Item) -> str:
     if "mse" not in m:
         return f"shape={m.get('shape')} reference_shape={m.get('reference_shape')}"
     return (f"max_abs={_num(m['max_abs'])} mse={_num(m['mse'])} rel={_num(m['rel'])} "
-            f"cos={m['cosine']:.6f} snr={_num(m['snr_db'])}dB")
+            f"cos={m['cosine']:.6f} snr={_num(m['snr_db'])} dB")
 
 
 def _finite(x: Any) -> Any:

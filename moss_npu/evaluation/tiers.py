@@ -152,7 +152,7 @@ def generation_item(label: str, cap: InputCapture, ref: InputCapture, nq: int, t
     note = item.note
     if kind != "none":
         a, b = pairs[kind]
-        m["divergent_decision"] = kind
+        m["divergent_decision"] = kind if kind == "text" else f"audio channel {(n_audio - 1) % nq}"
         m["divergent_decision_logits_max_abs"] = accuracy.max_abs(a[-1:], b[-1:]) if len(a) else None
     elif len(ref.codes) == 0:
         note = "both sides stopped before the first frame: only the stop decision was compared"
