@@ -121,9 +121,9 @@ def build_request(args: argparse.Namespace):
     settings = generation_settings(reference, target, max_new_frames=args.max_new_frames, seed=args.seed,
                                    greedy=args.greedy)
     if target.impl == "upstream":
-        from moss_npu.upstream.tts import _import_transformers
+        from moss_npu.upstream import import_transformers
 
-        _import_transformers()  # fail now, not after the reference run
+        import_transformers()  # fail now, not after the reference run
     return EvalRequest(reference, target, inputs, settings, thresholds)
 
 

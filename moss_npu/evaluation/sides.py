@@ -85,7 +85,8 @@ class InputCapture:
     own_rows: Optional[torch.Tensor] = None  # (L', Q + 1) the rows this side builds from the text itself
     prompt_codes: Optional[torch.Tensor] = None  # (F, Q) this side's encoding of the voice reference
     tensors: dict[str, Optional[torch.Tensor]] = field(default_factory=dict)  # tier A and B outputs by name
-    codes: Optional[torch.Tensor] = None  # (F, Q) generated codes
+    codes: Optional[torch.Tensor] = None  # (F, Q) generated codes (tier C)
+    fixed_codes: Optional[torch.Tensor] = None  # (F, Q) the reference's greedy codes, decoded by both sides (tier B)
     text_logits: Optional[torch.Tensor] = None  # (steps, 2) [continue, stop] logits of every text decision
     audio_logits: Optional[torch.Tensor] = None  # (F·Q, V) logits of every audio decision, in order
     stream_wave: Optional[torch.Tensor] = None  # (C, S) own codes decoded as streamed (only when equal to the reference's)
@@ -169,7 +170,14 @@ class NativeSide:
         cap = InputCapture(rows=own_rows if ref is None else ref.rows, own_rows=own_rows, prompt_codes=own_codes)
         cap.tensors.update(self._teacher_forced(cap.rows, frame))
         self._generate(cap, settings)
-        fixed = cap.codes if ref is None else ref.codes
+        if ref is None:
+            # Tier B decodes greedy codes: they exist whatever the sampled run of tier C did (it may stop at once).
+            cap.fixed_codes = cap.codes if settings.rng == "none" else self._greedy_codes(cap.rows, settings)
+            if cap.codes is not None and len(cap.codes):
+                cap.tensors["generated_wave"] = self._decode(cap.codes)
+        else:
+            cap.fixed_codes = ref.fixed_codes
+        fixed = cap.fixed_codes
         cap.tensors["decoded_codes"] = self._decode(fixed) if fixed is not None and len(fixed) else None
         if ref is not None and _same(cap.codes, ref.codes) and len(cap.codes):
             cap.stream_wave = self._decode_streamed(cap.codes)
@@ -222,6 +230,18 @@ class NativeSide:
         vocab = model.config.audio_codebook_sizes[0]
         cap.text_logits = torch.stack(seen["text"]) if seen["text"] else torch.zeros(0, 2)
         cap.audio_logits = torch.stack(seen["audio"]) if seen["audio"] else torch.zeros(0, vocab)
+
+    def _greedy_codes(self, rows: torch.Tensor, settings: GenerationSettings) -> Optional[torch.Tensor]:
+        """Greedy codes (F, Q) for the prompt rows, or None when low precision made the logits non-finite."""
+        model = self.tts.model
+        try:
+            result = generate(model, rows.to(model.device), sampling=SamplingParams(),
+                              max_new_frames=settings.max_new_frames, local_kv_cache=True)
+        except RuntimeError as exc:
+            if "Non-finite" not in str(exc):
+                raise
+            return None
+        return result.codes[0].cpu()
 
     def _decode(self, codes: torch.Tensor) -> torch.Tensor:
         """Decode codes (F, Q) in one call; return (C, S) on the host."""
@@ -313,12 +333,13 @@ class UpstreamSide:
             cap.text_logits = torch.zeros(0, 2) if out.text_logits is None else _host(out.text_logits)
             cap.audio_logits = (torch.zeros(0, ref.audio_logits.shape[-1]) if out.audio_logits is None
                                 else _host(out.audio_logits))
-        if ref.codes is not None and len(ref.codes):
-            cap.tensors["decoded_codes"] = _host(tts.decode_codes(ref.codes.T[:, None, :])[0])
-            if _same(cap.codes, ref.codes):
-                cap.stream_wave = cap.tensors["decoded_codes"]  # no streaming decode in the official API
-        else:
-            cap.tensors["decoded_codes"] = None
+        fixed = ref.fixed_codes
+        cap.fixed_codes = fixed
+        cap.tensors["decoded_codes"] = (_host(tts.decode_codes(fixed.T[:, None, :])[0])
+                                        if fixed is not None and len(fixed) else None)
+        if ref.codes is not None and len(ref.codes) and _same(cap.codes, ref.codes):
+            # no streaming decode in the official API: its one-call decode stands in
+            cap.stream_wave = _host(tts.decode_codes(ref.codes.T[:, None, :])[0])
         return cap
 
 

@@ -21,7 +21,7 @@ from moss_npu.evaluation.sides import Capture, InputCapture
 
 TIER_TITLES = {
     "A": "module parity under teacher forcing",
-    "B": "fixed-token waveform (reference codes decoded on both sides)",
+    "B": "fixed-token waveform (the reference's greedy codes decoded on both sides)",
     "C": "free-running generation with shared random numbers",
 }
 # Tier A tensors in the order the data flows; None on a side means that side cannot produce it.
@@ -182,7 +182,7 @@ def tier_a(target: Capture, reference: Capture, th: Thresholds) -> TierResult:
 
 
 def tier_b(target: Capture, reference: Capture, th: Thresholds) -> TierResult:
-    """The reference's generated codes decoded on both sides."""
+    """The reference's greedy codes decoded on both sides."""
     return TierResult("B", [waveform_item("waveform", label, target.inputs[label].tensors.get("decoded_codes"),
                                           ref.tensors.get("decoded_codes"), th)
                             for label, ref in reference.inputs.items()])
@@ -196,7 +196,7 @@ def tier_c(target: Capture, reference: Capture, nq: int, th: Thresholds) -> Tier
         codes = generation_item(label, cap, ref, nq, th)
         items.append(codes)
         if codes.metrics.get("first_divergent_frame", 0) is None:
-            items.append(waveform_item("waveform", label, cap.stream_wave, ref.tensors.get("decoded_codes"), th))
+            items.append(waveform_item("waveform", label, cap.stream_wave, ref.tensors.get("generated_wave"), th))
         else:
             k = codes.metrics.get("first_divergent_frame")
             why = "generation failed" if k is None else f"tokens differ from frame {k}"

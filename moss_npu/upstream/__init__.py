@@ -7,9 +7,9 @@ everything (transformers is imported only there, only when called).
 
 from moss_npu.upstream.manifest import PatchEntry, PatchSet, load_manifest
 from moss_npu.upstream.patches import apply_patches
-from moss_npu.upstream.tts import UpstreamGeneration, UpstreamResult, UpstreamTTS, load_upstream
+from moss_npu.upstream.tts import UpstreamGeneration, UpstreamResult, UpstreamTTS, import_transformers, load_upstream
 
 __all__ = [
     "PatchEntry", "PatchSet", "UpstreamGeneration", "UpstreamResult", "UpstreamTTS",
-    "apply_patches", "load_manifest", "load_upstream",
+    "apply_patches", "import_transformers", "load_manifest", "load_upstream",
 ]

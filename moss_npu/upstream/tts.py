@@ -278,7 +278,7 @@ def load_upstream(model_dir_or_id: str, codec_dir_or_id: Optional[str] = None, *
             patch set was written for.
     """
     patches = load_manifest() if patches is None else patches
-    transformers = _import_transformers()
+    transformers = import_transformers()
     model_dir = resolve_model_dir(model_dir_or_id)
     codec_dir = resolve_model_dir(codec_dir_or_id or DEFAULT_CODEC)
     code = None if code_dir is None else Path(code_dir)
@@ -301,7 +301,7 @@ def load_upstream(model_dir_or_id: str, codec_dir_or_id: Optional[str] = None, *
     return UpstreamTTS(model, codec, tokenizer, device=device, dtype=dtype, patches=patches)
 
 
-def _import_transformers() -> types.ModuleType:
+def import_transformers() -> types.ModuleType:
     """Import transformers, or raise ConfigError naming the install command (also when it is too old)."""
     try:
         import transformers
