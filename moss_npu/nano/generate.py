@@ -5,9 +5,10 @@ Per frame: one global step (prefill at frame 0, then one row with the KV cache) 
 ``iter_frames`` streams ``FrameEvent``s; ``generate`` collects them and trims each row.
 B batch, L prompt rows, F frames, Q = n_vq channels, V codebook size, E hidden.
 
-Host syncs: one per frame (the stop test); with ``host_rng`` also one per decision. The local decoder either
-recomputes the whole local sequence per channel (``local_kv_cache=False``, the official algorithm) or keeps a
-KV cache (``True``, same numbers up to float rounding).
+Host syncs: one per frame (the stop test); with ``host_rng`` also one per decision. ``SpeedOptions`` chooses
+how to compute: the official algorithm (local decoder recomputed per channel, full text head, generic forward per
+global step) or the fast path (local KV cache, single-row decode steps with precomputed RoPE, the 2 candidate
+rows of the text head); both give the same codes up to float rounding.
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterator, Optional, Sequence
 
 import torch
+import torch.nn.functional as F
 
 from moss_npu.errors import InputError
 from moss_npu.nano.config import NanoConfig
@@ -102,7 +104,36 @@ def trim_codes(frames: torch.Tensor, nq: int, config: NanoConfig) -> torch.Tenso
     return frames[: int(nonzero[-1]) + 1] if nonzero.numel() else frames[:0]
 
 
-@torch.no_grad()
+@dataclass(frozen=True)
+class SpeedOptions:
+    """How the frame loop computes, never what: every combination gives the same codes up to float rounding.
+
+    ``SpeedOptions()`` turns everything on; ``SpeedOptions.reference()`` is the official algorithm (local decoder
+    recomputed per channel, full text head, every global step through the generic forward, ``no_grad``), kept
+    so that the speed-up can be measured in one process (``python -m bench.run --compare reference,optimized``).
+    """
+
+    local_kv_cache: bool = True  # cache the local decoder's keys/values instead of recomputing it per channel
+    decode_steps: bool = True  # single-row steps: RoPE tables, no mask building, next global input summed on the fly
+    text_candidates_only: bool = True  # project onto the 2 candidate rows of the text head, not the whole vocab
+    inference_mode: bool = True  # torch.inference_mode (no autograd bookkeeping at all) instead of no_grad
+
+    @classmethod
+    def reference(cls) -> "SpeedOptions":
+        """Return the official algorithm with every optimisation off."""
+        return cls(local_kv_cache=False, decode_steps=False, text_candidates_only=False, inference_mode=False)
+
+    @classmethod
+    def named(cls, name: str) -> "SpeedOptions":
+        """Return the options called ``name``: one of ``SPEED_PRESETS``."""
+        if name not in SPEED_PRESETS:
+            raise InputError(f"speed {name!r} is unknown; use one of {', '.join(SPEED_PRESETS)}")
+        return cls() if name == "optimized" else cls.reference()
+
+
+SPEED_PRESETS = ("optimized", "reference")
+
+
 def iter_frames(
     model: NanoTTSModel,
     input_ids: torch.Tensor,
@@ -112,7 +143,8 @@ def iter_frames(
     nq: Optional[int] = None,
     max_new_frames: int = 300,
     use_kv_cache: bool = True,
-    local_kv_cache: bool = False,
+    local_kv_cache: Optional[bool] = None,
+    speed: SpeedOptions = SpeedOptions(),
     generator: Optional[torch.Generator] = None,
     host_rng: bool = False,
     timer: Optional[PhaseTimer] = None,
@@ -126,10 +158,23 @@ def iter_frames(
         sampling: greedy by default (official model API); ``SamplingParams.runtime_defaults()`` for the runtime.
         nq: channels to generate (1..Q, default Q); the others are pad.
         use_kv_cache: False re-feeds the whole sequence every frame (upstream's option; slow).
-        local_kv_cache: cache the local decoder's keys/values instead of recomputing it per channel.
+        local_kv_cache: when given, overrides ``speed.local_kv_cache``.
+        speed: how to compute (``SpeedOptions``); the results do not depend on it beyond float rounding.
         generator / host_rng: random source of the draws (see ``moss_npu.sampling``).
         timer: optional per-phase timing; logits_hook: optional view of every logits row the sampler sees.
     """
+    if local_kv_cache is not None:
+        speed = replace(speed, local_kv_cache=local_kv_cache)
+    if not use_kv_cache:
+        speed = replace(speed, decode_steps=False)  # single-row steps need the global cache
+    # The decorators re-enter the grad mode around each resumption, so it never leaks into the caller.
+    loop = (torch.inference_mode() if speed.inference_mode else torch.no_grad())(_frame_loop)
+    return loop(model, input_ids, attention_mask, sampling, nq, max_new_frames, use_kv_cache, speed, generator,
+                host_rng, timer, logits_hook)
+
+
+def _frame_loop(model, input_ids, attention_mask, sampling, nq, max_new_frames, use_kv_cache, speed, generator,
+                host_rng, timer, logits_hook) -> Iterator[FrameEvent]:
     cfg = model.config
     nq = cfg.n_vq if nq is None else int(nq)
     if not 1 <= nq <= cfg.n_vq:
@@ -143,6 +188,8 @@ def iter_frames(
     batch, prompt_len = input_ids.shape[:2]
     mask = torch.zeros(batch, prompt_len + max_new_frames, dtype=torch.bool, device=device)
     mask[:, :prompt_len] = True if attention_mask is None else attention_mask.to(device=device, dtype=torch.bool)
+    # Decode steps skip all mask work while every key and query is real (no left padding, no stopped row).
+    all_valid = attention_mask is None or bool(mask[:, :prompt_len].all())
     rows = input_ids
     if not use_kv_cache:
         rows = torch.cat([input_ids, input_ids.new_zeros(batch, max_new_frames, cfg.row_width)], dim=1)
@@ -150,37 +197,55 @@ def iter_frames(
     history = torch.full((batch, max_new_frames, cfg.n_vq), cfg.audio_pad_token_id, dtype=torch.long, device=device)
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     candidates = torch.tensor([cfg.audio_assistant_slot_token_id, cfg.audio_end_token_id], device=device)
+    text_rows = model.text_lm_head.weight.index_select(0, candidates) if speed.text_candidates_only else None
+    rope = model.transformer.rope_table(prompt_len + max_new_frames) if speed.decode_steps else None
     text_params, audio_params = sampling.text(), sampling.audio()
     draw = dict(generator=generator, host_rng=host_rng)
     phase = timer.phase if timer is not None else (lambda name: _NO_TIMER)
     dtype = model.dtype
     audio_finite = torch.ones((), dtype=torch.bool, device=device)
     pad_row = torch.tensor([cfg.pad_token_id] + [cfg.audio_pad_token_id] * cfg.n_vq, device=device)
+    local = LocalSequence(model, batch, speed)
+    next_embed: Optional[torch.Tensor] = None  # (B, E) embedding of the next global row (decode steps)
 
     for step in range(max_new_frames):
         total = prompt_len + step
         with phase("prefill" if step == 0 else "global"):
-            new_rows = (input_ids if step == 0 else rows) if use_kv_cache else rows[:, :total]
-            g = model(new_rows, mask[:, :total], cache, check=step == 0)[:, -1, :].to(dtype)
+            if step == 0 or rope is None:
+                new_rows = (input_ids if step == 0 else rows) if use_kv_cache else rows[:, :total]
+                g = model(new_rows, mask[:, :total], cache, check=step == 0)[:, -1, :].to(dtype)
+            else:
+                g = _global_step(model, next_embed, mask, total, rope, cache, all_valid)
 
-        local = LocalSequence(model, local_kv_cache)
+        local.start()
         with phase("local"):
-            text_logits = model.text_lm_head(local.push(g))
-            candidate_logits = text_logits.index_select(-1, candidates)
+            u = local.push(g)
+            if text_rows is not None:
+                # Only the 2 candidates are ever read; a non-finite hidden state is what would poison the rest.
+                candidate_logits = F.linear(u, text_rows)
+                text_finite = torch.isfinite(u).all() & torch.isfinite(candidate_logits).all()
+            else:
+                text_logits = model.text_lm_head(u)
+                candidate_logits = text_logits.index_select(-1, candidates)
+                text_finite = torch.isfinite(text_logits).all()
         if logits_hook is not None:
             logits_hook("text", step, candidate_logits)
         with phase("sample"):
             next_text = candidates[sample_token(candidate_logits, text_params, **draw)]
         active = (next_text == cfg.audio_assistant_slot_token_id) & ~finished
         finished = finished | (next_text == cfg.audio_end_token_id)
-        # The one host sync per frame: stop test plus the finiteness of this frame's text and last frame's audio.
-        state = torch.stack([active.any(), torch.isfinite(text_logits).all(), audio_finite]).tolist()
-        _raise_if_non_finite(state[1:], step, dtype)
+        # The one host sync per frame: stop test, finiteness of this frame's text and last frame's audio.
+        state = torch.stack([active.any(), text_finite, audio_finite, active.all()]).tolist()
+        _raise_if_non_finite(state[1:3], step, dtype)
         if not state[0]:
             break
+        all_valid = all_valid and state[3]
 
         frame = torch.full((batch, cfg.n_vq), cfg.audio_pad_token_id, dtype=torch.long, device=device)
         prev = model.transformer.wte(next_text).to(dtype)
+        # The next global row [slot, code_0 … code_{nq-1}, pad …] embeds to wte[slot] + Σ emb_c[code_c]
+        # (pad channels add nothing), summed here in embed_rows' order, so the sum is bitwise the same.
+        next_embed = prev
         for c in range(nq):
             with phase("local"):
                 logits = model.audio_lm_heads[c](local.push(prev))
@@ -189,38 +254,67 @@ def iter_frames(
                 logits_hook("audio", c, logits)
             with phase("sample"):
                 frame[:, c] = sample_token(logits, audio_params, history[:, :step, c], **draw)
-            prev = model.audio_embeddings[c](frame[:, c]).to(dtype)
+            if c + 1 < nq or rope is not None:
+                prev = model.audio_embeddings[c](frame[:, c]).to(dtype)
+                if rope is not None:
+                    next_embed = next_embed + prev
 
         frame = frame.masked_fill(~active[:, None], cfg.audio_pad_token_id)
         history[:, step] = frame
-        next_row = torch.where(active[:, None], torch.cat([candidates[:1].expand(batch, 1), frame], dim=1), pad_row)
         mask[:, total] = active
-        if use_kv_cache:
-            rows = next_row[:, None, :]
-        else:
-            rows[:, total] = next_row
+        if rope is None:
+            next_row = torch.where(active[:, None], torch.cat([candidates[:1].expand(batch, 1), frame], dim=1),
+                                   pad_row)
+            if use_kv_cache:
+                rows = next_row[:, None, :]
+            else:
+                rows[:, total] = next_row
         yield FrameEvent(step, frame, active.clone(), finished.clone())
     else:
         _raise_if_non_finite([True, bool(audio_finite)], max_new_frames, dtype)
+
+
+def _global_step(model: NanoTTSModel, embed: torch.Tensor, mask: torch.Tensor, total: int,
+                 rope: tuple[torch.Tensor, torch.Tensor], cache, all_valid: bool) -> torch.Tensor:
+    """Run the newest global row (index ``total - 1``, embedded as (B, E) ``embed``) through the cache; (B, E)."""
+    cos, sin = rope
+    if all_valid:  # every row holds its own index as position
+        return model.transformer.step(embed[:, None], cos[total - 1:total], sin[total - 1:total], cache)[:, -1]
+    # Positions count the real rows before (as forward's cumsum); a padded new row is zeroed inside step.
+    positions = mask[:, :total].sum(dim=-1) - 1
+    cos, sin = cos.index_select(0, positions), sin.index_select(0, positions)
+    hidden = model.transformer.step(embed[:, None], cos, sin, cache, mask[:, :total], mask[:, total - 1:total])
+    return hidden[:, -1]
 
 
 class LocalSequence:
     """The local decoder's input of one frame: [global hidden, wte[text], emb_0[code_0], …] (spec §7 steps 3, 5).
 
     Without a cache every ``push`` reruns the local decoder over the whole sequence (the official algorithm);
-    with one it runs only the new position against cached keys/values.
+    with one it runs only the new position against cached keys/values, through ``Decoder.step`` when
+    ``speed.decode_steps``. The cache is allocated once per generation and rewound by ``start``.
     """
 
-    def __init__(self, model: NanoTTSModel, cached: bool) -> None:
-        self.model, self.cached = model, cached
-        self.cache = None
+    def __init__(self, model: NanoTTSModel, batch: int, speed: SpeedOptions) -> None:
+        self.model = model
+        length = model.config.n_vq + 1
+        self.cache = model.local_transformer.init_cache(batch, length) if speed.local_kv_cache else None
+        self.rope = model.local_transformer.rope_table(length) if speed.local_kv_cache and speed.decode_steps else None
         self.seq: Optional[torch.Tensor] = None
+
+    def start(self) -> None:
+        """Begin the next frame's sequence."""
+        self.seq = None
+        if self.cache is not None:
+            self.cache.reset()  # stale rows past ``length`` are overwritten before anything reads them
 
     def push(self, x: torch.Tensor) -> torch.Tensor:
         """Append (B, E) ``x``; return the local decoder's hidden state at the new last position, (B, E)."""
-        if self.cached:
-            if self.cache is None:
-                self.cache = self.model.local_transformer.init_cache(x.shape[0], self.model.config.n_vq + 1)
+        if self.rope is not None:
+            p = self.cache.length
+            return self.model.local_transformer.step(x[:, None, :], self.rope[0][p:p + 1], self.rope[1][p:p + 1],
+                                                     self.cache)[:, -1]
+        if self.cache is not None:
             return self.model.local_hidden(x[:, None, :], self.cache)
         self.seq = x[:, None, :] if self.seq is None else torch.cat([self.seq, x[:, None, :]], dim=1)
         return self.model.local_hidden(self.seq)
@@ -242,7 +336,8 @@ def generate(
     nq: Optional[int] = None,
     max_new_frames: int = 300,
     use_kv_cache: bool = True,
-    local_kv_cache: bool = False,
+    local_kv_cache: Optional[bool] = None,
+    speed: SpeedOptions = SpeedOptions(),
     generator: Optional[torch.Generator] = None,
     host_rng: bool = False,
     timer: Optional[PhaseTimer] = None,
@@ -255,7 +350,7 @@ def generate(
     finished = torch.zeros(batch, dtype=torch.bool, device=model.device)
     for event in iter_frames(model, input_ids, attention_mask, sampling=sampling, nq=nq,
                              max_new_frames=max_new_frames, use_kv_cache=use_kv_cache, local_kv_cache=local_kv_cache,
-                             generator=generator, host_rng=host_rng, timer=timer, logits_hook=logits_hook):
+                             speed=speed, generator=generator, host_rng=host_rng, timer=timer, logits_hook=logits_hook):
         frames.append(event.codes)
         finished = event.finished
     # The loop ends early only when every row has chosen the stop token (that frame yields no event).

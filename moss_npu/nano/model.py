@@ -38,19 +38,23 @@ def sdpa_attention(q, k, v, mask, query_valid, scale):
     """Attention with ``scaled_dot_product_attention`` and an explicit boolean mask (upstream's "sdpa").
 
     A fully padded query row would give NaN, so upstream lets it see the key at its own absolute index and zeroes
-    its output afterwards; that is done here without asking the host whether any row is padded.
+    its output afterwards; that is done here without asking the host whether any row is padded. ``mask`` None
+    means every key is visible, ``query_valid`` None that every query is real.
     """
+    if query_valid is None:  # every query is real: nothing to patch (decode steps of a full batch)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # upstream's sdpa ignores `scale`
     lq, lk = q.shape[-2], k.shape[-2]
     own = torch.arange(lk, device=q.device)[None, :] == (torch.arange(lq, device=q.device) + (lk - lq))[:, None]
     mask = mask | (own[None, None] & ~query_valid[:, None, :, None])
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # upstream's sdpa ignores `scale`
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     return out * query_valid[:, None, :, None].to(out.dtype)
 
 
 def eager_attention(q, k, v, mask, query_valid, scale):
     """Attention written out: masked scores filled with the dtype's minimum, softmax, weighted sum."""
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale
-    scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
     return torch.matmul(torch.softmax(scores, dim=-1), v)
 
 
@@ -108,7 +112,7 @@ class RotaryEmbedding(nn.Module):
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate feature pairs (2i, 2i+1) of (B, L, H, D) by the position angle."""
+    """Rotate feature pairs (2i, 2i+1) of (B, L, ..., D) by the position angle (cos/sin broadcast to x)."""
     rotated = torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).reshape_as(x)
     return x * cos + rotated * sin
 
@@ -126,10 +130,11 @@ class Attention(nn.Module):
 
     def forward(self, x, cos, sin, mask, query_valid, attn_fn, cache: Optional[KVCache], layer_idx: int):
         b, l, e = x.shape
-        q, k, v = self.c_attn(x).split(e, dim=-1)
-        q = apply_rope(q.view(b, l, self.n_head, self.head_dim), cos, sin).transpose(1, 2)
-        k = apply_rope(k.view(b, l, self.n_head, self.head_dim), cos, sin).transpose(1, 2)
-        v = v.view(b, l, self.n_head, self.head_dim).transpose(1, 2)
+        qkv = self.c_attn(x).view(b, l, 3, self.n_head, self.head_dim)
+        # q and k rotate in one go (same element-wise math as two calls, half the kernel launches).
+        qk = apply_rope(qkv[:, :, :2], cos[:, :, None], sin[:, :, None])
+        q, k = qk[:, :, 0].transpose(1, 2), qk[:, :, 1].transpose(1, 2)  # (B, H, L, D)
+        v = qkv[:, :, 2].transpose(1, 2)
         if cache is not None:
             k, v = cache.update(layer_idx, k, v)
         out = attn_fn(q, k, v, mask, query_valid, self.scale)
@@ -207,6 +212,38 @@ class Decoder(nn.Module):
         if cache is not None:
             cache.advance(lq)
         return self.ln_f(x) * keep
+
+    def rope_table(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return cos, sin (length, D) for positions 0..length-1: the values ``forward`` computes for them."""
+        w = self.ln_f.weight
+        cos, sin = self.rotary(torch.arange(length, device=w.device)[None], w.dtype)
+        return cos[0, :, 0], sin[0, :, 0]
+
+    def step(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache,
+             key_mask: Optional[torch.Tensor] = None, query_valid: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Run one new row per batch entry against ``cache``; return its (B, 1, E) hidden state after ``ln_f``.
+
+        The decode fast path: ``forward`` on a single row computes the same, but rebuilds positions, RoPE and
+        masks every call; here the caller passes them ready-made (a few dozen fewer kernels per call).
+        Args:
+            x: (B, 1, E) inputs.
+            cos, sin: (B, D) rotation of each row's position (rows of ``rope_table``).
+            key_mask: (B, T) bool over cached + new rows; None = every key is visible.
+            query_valid: (B, 1) bool, False where the new row is padding; None = every new row is real.
+        """
+        cos, sin = cos[:, None, None, :], sin[:, None, None, :]
+        mask = None if key_mask is None else key_mask[:, None, None, :]
+        attn_fn = ATTENTION_FUNCTIONS[self.attn_impl]
+        keep = None if query_valid is None else query_valid[..., None].to(x.dtype)
+        if keep is not None:
+            x = x * keep
+        for i, block in enumerate(self.h):
+            x = block(x, cos, sin, mask, query_valid, attn_fn, cache, i)
+            if keep is not None:
+                x = x * keep
+        cache.advance(1)
+        x = self.ln_f(x)
+        return x if keep is None else x * keep
 
 
 class NanoTTSModel(nn.Module):
