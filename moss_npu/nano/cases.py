@@ -73,6 +73,7 @@ def check_generate(case: dict, fx: Fixture) -> CaseResult:
     model = _model(fx)
     params = dict(case["params"])
     nq, max_new_frames = params.pop("nq", None), int(params.pop("max_new_frames", 300))
+    use_kv_cache = bool(params.pop("use_kv_cache", True))
     sampling = SamplingParams(**params)
     rows = torch.from_numpy(_array(fx, case["input"])).long()
     text_rows: list[torch.Tensor] = []
@@ -83,7 +84,8 @@ def check_generate(case: dict, fx: Fixture) -> CaseResult:
 
     if case.get("seed") is not None:
         torch.manual_seed(int(case["seed"]))  # exactly what the official run did before generating
-    result = generate(model, rows, sampling=sampling, nq=nq, max_new_frames=max_new_frames, logits_hook=record)
+    result = generate(model, rows, sampling=sampling, nq=nq, max_new_frames=max_new_frames, use_kv_cache=use_kv_cache,
+                      logits_hook=record)
     codes = result.codes[0].cpu().numpy()
     expected = _array(fx, case["expected"])
     details = []

@@ -18,6 +18,13 @@ MODEL_API_DEFAULTS = dict(do_sample=False, text_temperature=1.5, text_top_p=1.0,
                           audio_temperature=1.7, audio_top_p=0.8, audio_top_k=25, audio_repetition_penalty=1.0,
                           max_new_frames=300, voice_clone_max_text_tokens=50)
 MIN_SNR_DB = 60.0
+# Official inference arguments that cannot change a CPU run's output, so the pipeline has no setting for them.
+NO_EFFECT_ON_CPU = {
+    "codec_max_batch_size": "the codec decodes each chunk alone on CPU; batching only pads",
+    "voice_clone_max_memory_per_sample_gb": "chunk batching is sized from memory only on accelerators",
+    "use_kv_cache": "the cache changes how the same numbers are computed, not the numbers",
+    "tts_max_batch_size": "the official code batches chunks only on CUDA: on CPU this caps a batch of 1",
+}
 
 
 def _pipeline(fx: Fixture) -> MossTTSNano:
@@ -26,7 +33,8 @@ def _pipeline(fx: Fixture) -> MossTTSNano:
 
 
 def _request(case: dict, fx: Fixture) -> tuple[dict, RunConfig]:
-    settings = RunConfig(**{**MODEL_API_DEFAULTS, "device": "cpu", "mode": case["mode"], **case.get("params", {})})
+    params = {k: v for k, v in case.get("params", {}).items() if k not in NO_EFFECT_ON_CPU}
+    settings = RunConfig(**{**MODEL_API_DEFAULTS, "device": "cpu", "mode": case["mode"], **params})
     audio = case.get("prompt_audio_path")
     kwargs = dict(text=case["text"], prompt_audio=fx.path(audio) if audio else None,
                   prompt_text=case.get("prompt_text"), settings=settings)
