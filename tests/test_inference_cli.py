@@ -149,9 +149,16 @@ def test_model_folder_missing_files(tmp_path, capsys):
     assert code == 2 and "tokenizer.model" in err
 
 
-def test_output_folder_not_writable(tmp_path, capsys):
+def test_output_folder_missing(tmp_path, capsys):
     code, _, err = run(["--text", "hi", "--output", tmp_path / "no" / "such" / "x.wav"], capsys)
     assert code == 2 and "does not exist" in err
+
+
+def test_output_folder_not_writable(tmp_path, capsys, monkeypatch):
+    """Checked before any model loads (root may write anywhere, so the permission answer is simulated)."""
+    monkeypatch.setattr(inference.os, "access", lambda path, mode: False)
+    code, _, err = run(["--text", "hi", "--output", tmp_path / "x.wav", "--model", tmp_path / "never-loaded"], capsys)
+    assert code == 2 and "is not writable" in err and not (tmp_path / "x.wav").exists()
 
 
 def test_npu_without_torch_npu(tmp_path, capsys, monkeypatch):
