@@ -84,16 +84,21 @@ class SamplingParams:
                            self.audio_repetition_penalty)
 
 
-def apply_repetition_penalty(scores: torch.Tensor, history: Optional[torch.Tensor], penalty: float) -> torch.Tensor:
+def apply_repetition_penalty(scores: torch.Tensor, history: Optional[torch.Tensor], penalty: float,
+                             seen: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Penalise every id that occurs in ``history`` once (divide positive scores, multiply negative ones).
 
     Args:
         scores: (B, V) logits.
         history: (B, T) earlier ids of this channel; ids outside [0, V) (the pad id) are ignored.
         penalty: > 0; 1.0 leaves the scores unchanged.
+        seen: (B, V) bool presence of each id in the history, kept up to date by the caller; when given it
+            replaces ``history`` (the same result without rescanning the whole history per decision).
     """
     if not penalty > 0:
         raise InputError(f"repetition_penalty={penalty} must be > 0; use 1.0 to disable it")
+    if seen is not None and penalty != 1.0:
+        return torch.where(seen, torch.where(scores < 0, scores * penalty, scores / penalty), scores)
     if penalty == 1.0 or history is None or history.shape[-1] == 0:
         return scores
     vocab = scores.shape[-1]
@@ -140,14 +145,17 @@ def sample_token(
     *,
     generator: Optional[torch.Generator] = None,
     host_rng: bool = False,
+    seen: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Choose one id per row from (B, V) logits; return (B,) int64 on the logits' device.
+
+    The repetition penalty reads ``history`` (B, T), or ``seen`` (B, V) bool presence when given.
 
     Greedy (``params.do_sample`` False) is ``argmax`` after the repetition penalty (first index on ties).
     ``generator`` is used for the draw: a generator on the logits' device for the default mode, a CPU generator
     with ``host_rng=True``; None means torch's default generator of that device.
     """
-    scores = apply_repetition_penalty(logits, history, params.repetition_penalty)
+    scores = apply_repetition_penalty(logits, history, params.repetition_penalty, seen)
     if not params.do_sample:
         return scores.argmax(dim=-1)
     scores = filter_scores(scores, params.temperature, params.top_k, params.top_p)

@@ -18,6 +18,16 @@ def test_repetition_penalty_once_per_unique_id():
     assert apply_repetition_penalty(scores, history, 1.0) is scores
 
 
+def test_presence_mask_equals_history_scan():
+    """A presence mask kept by the caller penalises exactly the ids a history scan would."""
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randn(3, 16, generator=g)
+    history = torch.randint(0, 20, (3, 7), generator=g)  # ids >= 16 stand for the pad id
+    seen = torch.zeros(3, 21, dtype=torch.bool).scatter_(1, history, True)[:, :16]
+    assert torch.equal(apply_repetition_penalty(scores, None, 1.3, seen),
+                       apply_repetition_penalty(scores, history, 1.3))
+
+
 def test_top_k_keeps_ties():
     scores = torch.tensor([[1.0, 2.0, 2.0, 0.0]])
     assert filter_scores(scores, 1.0, 2, 1.0).tolist() == [[NEG, 2.0, 2.0, NEG]]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import weakref
 from collections import defaultdict
 from dataclasses import dataclass, replace
 from typing import Callable, Iterator, Optional, Sequence
@@ -116,12 +117,17 @@ class SpeedOptions:
     local_kv_cache: bool = True  # cache the local decoder's keys/values instead of recomputing it per channel
     decode_steps: bool = True  # single-row steps: RoPE tables, no mask building, next global input summed on the fly
     text_candidates_only: bool = True  # project onto the 2 candidate rows of the text head, not the whole vocab
+    # Tabulate the local decoder's first-layer q|k|v of every embedding row it can be fed (all but the first
+    # input): one row lookup instead of a 3E x E projection per channel; costs (Q-1)·V·3E values (~140 MB fp32).
+    local_qkv_table: bool = True
+    presence_mask: bool = True  # repetition penalty from a running (B, Q, V) presence mask, not the whole history
     inference_mode: bool = True  # torch.inference_mode (no autograd bookkeeping at all) instead of no_grad
 
     @classmethod
     def reference(cls) -> "SpeedOptions":
         """Return the official algorithm with every optimisation off."""
-        return cls(local_kv_cache=False, decode_steps=False, text_candidates_only=False, inference_mode=False)
+        return cls(local_kv_cache=False, decode_steps=False, text_candidates_only=False, local_qkv_table=False,
+                   presence_mask=False, inference_mode=False)
 
     @classmethod
     def named(cls, name: str) -> "SpeedOptions":
@@ -167,6 +173,8 @@ def iter_frames(
         speed = replace(speed, local_kv_cache=local_kv_cache)
     if not use_kv_cache:
         speed = replace(speed, decode_steps=False)  # single-row steps need the global cache
+    if not (speed.local_kv_cache and speed.decode_steps):
+        speed = replace(speed, local_qkv_table=False)  # the table feeds Decoder.step
     # The decorators re-enter the grad mode around each resumption, so it never leaks into the caller.
     loop = (torch.inference_mode() if speed.inference_mode else torch.no_grad())(_frame_loop)
     return loop(model, input_ids, attention_mask, sampling, nq, max_new_frames, use_kv_cache, speed, generator,
@@ -207,6 +215,11 @@ def _frame_loop(model, input_ids, attention_mask, sampling, nq, max_new_frames, 
     pad_row = torch.tensor([cfg.pad_token_id] + [cfg.audio_pad_token_id] * cfg.n_vq, device=device)
     local = LocalSequence(model, batch, speed)
     next_embed: Optional[torch.Tensor] = None  # (B, E) embedding of the next global row (decode steps)
+    text_qkv, audio_qkv = local_qkv_tables(model) if speed.local_qkv_table else (None, None)
+    seen = None  # (B, Q, V + 1) bool: which ids each channel has produced; the last slot absorbs the pad id
+    vocab = max(cfg.audio_codebook_sizes)
+    if speed.presence_mask and audio_params.repetition_penalty != 1.0:
+        seen = torch.zeros(batch, cfg.n_vq, vocab + 1, dtype=torch.bool, device=device)
 
     for step in range(max_new_frames):
         total = prompt_len + step
@@ -231,7 +244,8 @@ def _frame_loop(model, input_ids, attention_mask, sampling, nq, max_new_frames, 
         if logits_hook is not None:
             logits_hook("text", step, candidate_logits)
         with phase("sample"):
-            next_text = candidates[sample_token(candidate_logits, text_params, **draw)]
+            pick = sample_token(candidate_logits, text_params, **draw)
+            next_text = candidates[pick]
         active = (next_text == cfg.audio_assistant_slot_token_id) & ~finished
         finished = finished | (next_text == cfg.audio_end_token_id)
         # The one host sync per frame: stop test, finiteness of this frame's text and last frame's audio.
@@ -246,21 +260,28 @@ def _frame_loop(model, input_ids, attention_mask, sampling, nq, max_new_frames, 
         # The next global row [slot, code_0 … code_{nq-1}, pad …] embeds to wte[slot] + Σ emb_c[code_c]
         # (pad channels add nothing), summed here in embed_rows' order, so the sum is bitwise the same.
         next_embed = prev
+        qkv = None if text_qkv is None else text_qkv.index_select(0, pick)
         for c in range(nq):
             with phase("local"):
-                logits = model.audio_lm_heads[c](local.push(prev))
+                logits = model.audio_lm_heads[c](local.push(prev, qkv))
             audio_finite = audio_finite & torch.isfinite(logits).all()
             if logits_hook is not None:
                 logits_hook("audio", c, logits)
             with phase("sample"):
-                frame[:, c] = sample_token(logits, audio_params, history[:, :step, c], **draw)
+                code = sample_token(logits, audio_params, history[:, :step, c], **draw,
+                                    seen=None if seen is None else seen[:, c, :logits.shape[-1]])
+                frame[:, c] = code
             if c + 1 < nq or rope is not None:
-                prev = model.audio_embeddings[c](frame[:, c]).to(dtype)
+                prev = model.audio_embeddings[c](code).to(dtype)
                 if rope is not None:
                     next_embed = next_embed + prev
+                if audio_qkv is not None and c + 1 < nq:
+                    qkv = audio_qkv[c].index_select(0, code)
 
         frame = frame.masked_fill(~active[:, None], cfg.audio_pad_token_id)
         history[:, step] = frame
+        if seen is not None:
+            seen.scatter_(2, frame.masked_fill(frame == cfg.audio_pad_token_id, vocab)[:, :, None], True)
         mask[:, total] = active
         if rope is None:
             next_row = torch.where(active[:, None], torch.cat([candidates[:1].expand(batch, 1), frame], dim=1),
@@ -308,16 +329,43 @@ class LocalSequence:
         if self.cache is not None:
             self.cache.reset()  # stale rows past ``length`` are overwritten before anything reads them
 
-    def push(self, x: torch.Tensor) -> torch.Tensor:
-        """Append (B, E) ``x``; return the local decoder's hidden state at the new last position, (B, E)."""
+    def push(self, x: torch.Tensor, qkv: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Append (B, E) ``x``; return the local decoder's hidden state at the new last position, (B, E).
+
+        ``qkv`` (B, 3E): ``model.first_qkv(x)`` when already known (decode steps only).
+        """
         if self.rope is not None:
             p = self.cache.length
             return self.model.local_transformer.step(x[:, None, :], self.rope[0][p:p + 1], self.rope[1][p:p + 1],
-                                                     self.cache)[:, -1]
+                                                     self.cache, qkv=None if qkv is None else qkv[:, None])[:, -1]
         if self.cache is not None:
             return self.model.local_hidden(x[:, None, :], self.cache)
         self.seq = x[:, None, :] if self.seq is None else torch.cat([self.seq, x[:, None, :]], dim=1)
         return self.model.local_hidden(self.seq)
+
+
+_QKV_TABLES: "weakref.WeakKeyDictionary[NanoTTSModel, tuple]" = weakref.WeakKeyDictionary()
+
+
+def local_qkv_tables(model: NanoTTSModel) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Return ``model.first_qkv`` of the text candidates' wte rows (2, 3E) and of audio embedding c's rows (V, 3E)
+    for c < Q - 1: every input the local decoder gets after the global hidden state.
+
+    Built once per model (about half a second for the real one) and rebuilt whenever a weight involved changes
+    (in-place edits bump a tensor's version), so a stale table cannot be used.
+    """
+    cfg = model.config
+    block = model.local_transformer.h[0]
+    sources = [model.transformer.wte.weight, *(e.weight for e in model.audio_embeddings[:-1]),
+               *block.ln_1.parameters(), *block.attn.c_attn.parameters()]
+    key = tuple((t.data_ptr(), t._version, t.dtype, t.device) for t in sources)
+    cached = _QKV_TABLES.get(model)
+    if cached is None or cached[0] != key:
+        ids = torch.tensor([cfg.audio_assistant_slot_token_id, cfg.audio_end_token_id], device=model.device)
+        text = model.first_qkv(model.transformer.wte(ids))
+        audio = [model.first_qkv(e.weight) for e in model.audio_embeddings[:-1]]
+        cached = _QKV_TABLES[model] = (key, text, audio)
+    return cached[1], cached[2]
 
 
 def _raise_if_non_finite(finite: list, step: int, dtype: torch.dtype) -> None:

@@ -32,6 +32,10 @@ ACTIVATION_FUNCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "relu": F.relu,
     "silu": F.silu,
 }
+# One-kernel forms used by decode steps (same function, differs from the written-out one by float rounding).
+FUSED_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+}
 
 
 def sdpa_attention(q, k, v, mask, query_valid, scale):
@@ -128,9 +132,12 @@ class Attention(nn.Module):
         scale = 1.0 / math.sqrt(self.head_dim) if cfg.scale_attn_weights else 1.0
         self.scale = scale / (layer_idx + 1) if cfg.scale_attn_by_inverse_layer_idx else scale
 
-    def forward(self, x, cos, sin, mask, query_valid, attn_fn, cache: Optional[KVCache], layer_idx: int):
-        b, l, e = x.shape
-        qkv = self.c_attn(x).view(b, l, 3, self.n_head, self.head_dim)
+    def forward(self, x, cos, sin, mask, query_valid, attn_fn, cache: Optional[KVCache], layer_idx: int,
+                qkv: Optional[torch.Tensor] = None):
+        """Attend (B, L, E) ``x``; or, when ``qkv`` (B, L, 3E) = ``c_attn(x)`` is given ready-made, x is unused."""
+        qkv = self.c_attn(x) if qkv is None else qkv
+        b, l, e = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
+        qkv = qkv.view(b, l, 3, self.n_head, self.head_dim)
         # q and k rotate in one go (same element-wise math as two calls, half the kernel launches).
         qk = apply_rope(qkv[:, :, :2], cos[:, :, None], sin[:, :, None])
         q, k = qk[:, :, 0].transpose(1, 2), qk[:, :, 1].transpose(1, 2)  # (B, H, L, D)
@@ -149,9 +156,10 @@ class MLP(nn.Module):
         self.fc_in = nn.Linear(cfg.n_embd, cfg.inner_size)
         self.fc_out = nn.Linear(cfg.inner_size, cfg.n_embd)
         self.act = ACTIVATION_FUNCTIONS[cfg.activation_function]
+        self.fused_act = FUSED_ACTIVATIONS.get(cfg.activation_function, self.act)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc_out(self.act(self.fc_in(x)))
+    def forward(self, x: torch.Tensor, fused: bool = False) -> torch.Tensor:
+        return self.fc_out((self.fused_act if fused else self.act)(self.fc_in(x)))
 
 
 class Block(nn.Module):
@@ -164,9 +172,11 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, mask, query_valid, attn_fn, cache, layer_idx):
-        x = x + self.attn(self.ln_1(x), cos, sin, mask, query_valid, attn_fn, cache, layer_idx)
-        return x + self.mlp(self.ln_2(x))
+    def forward(self, x, cos, sin, mask, query_valid, attn_fn, cache, layer_idx, qkv=None, fused=False):
+        """``qkv``: ready-made ``c_attn(ln_1(x))`` (decode steps); ``fused``: one-kernel activation."""
+        x = x + self.attn(self.ln_1(x) if qkv is None else None, cos, sin, mask, query_valid, attn_fn, cache,
+                          layer_idx, qkv)
+        return x + self.mlp(self.ln_2(x), fused)
 
 
 def _embedding(num: int, dim: int) -> nn.Embedding:
@@ -220,7 +230,8 @@ class Decoder(nn.Module):
         return cos[0, :, 0], sin[0, :, 0]
 
     def step(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache,
-             key_mask: Optional[torch.Tensor] = None, query_valid: Optional[torch.Tensor] = None) -> torch.Tensor:
+             key_mask: Optional[torch.Tensor] = None, query_valid: Optional[torch.Tensor] = None,
+             qkv: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Run one new row per batch entry against ``cache``; return its (B, 1, E) hidden state after ``ln_f``.
 
         The decode fast path: ``forward`` on a single row computes the same, but rebuilds positions, RoPE and
@@ -230,6 +241,7 @@ class Decoder(nn.Module):
             cos, sin: (B, D) rotation of each row's position (rows of ``rope_table``).
             key_mask: (B, T) bool over cached + new rows; None = every key is visible.
             query_valid: (B, 1) bool, False where the new row is padding; None = every new row is real.
+            qkv: (B, 1, 3E) first layer's ``c_attn(ln_1(x))`` when already known (``first_qkv`` of a table row).
         """
         cos, sin = cos[:, None, None, :], sin[:, None, None, :]
         mask = None if key_mask is None else key_mask[:, None, None, :]
@@ -238,7 +250,7 @@ class Decoder(nn.Module):
         if keep is not None:
             x = x * keep
         for i, block in enumerate(self.h):
-            x = block(x, cos, sin, mask, query_valid, attn_fn, cache, i)
+            x = block(x, cos, sin, mask, query_valid, attn_fn, cache, i, qkv if i == 0 else None, fused=True)
             if keep is not None:
                 x = x * keep
         cache.advance(1)
@@ -299,6 +311,14 @@ class NanoTTSModel(nn.Module):
         if attention_mask is None:
             attention_mask = torch.ones(rows.shape[:2], dtype=torch.bool, device=rows.device)
         return self.transformer(self.embed_rows(rows, check), attention_mask.to(torch.bool), cache)
+
+    def first_qkv(self, rows: torch.Tensor) -> torch.Tensor:
+        """Return the local decoder's first-layer ``c_attn(ln_1(rows))`` for (..., E) input rows, (..., 3E).
+
+        Every local input after the first is an embedding row, so this can be tabulated once per weights.
+        """
+        block = self.local_transformer.h[0]
+        return block.attn.c_attn(block.ln_1(rows))
 
     def local_hidden(self, seq: torch.Tensor, cache: Optional[KVCache] = None) -> torch.Tensor:
         """Run the local decoder over (B, S, E) (or only the new rows when ``cache`` holds the rest); last row."""

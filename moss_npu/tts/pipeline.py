@@ -8,6 +8,7 @@ streaming path generates one chunk at a time so the first audio comes as early a
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import time
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from moss_npu.codec.model import NanoCodec
 from moss_npu.errors import InputError
 from moss_npu.hub import DEFAULT_CODEC, DEFAULT_MODEL, resolve_model_dir
 from moss_npu.nano.checkpoint import load_model
-from moss_npu.nano.generate import iter_frames, left_pad, trim_codes
+from moss_npu.nano.generate import PhaseTimer, iter_frames, left_pad, trim_codes
 from moss_npu.nano.model import NanoTTSModel
 from moss_npu.nano.prompt import build_prompt_rows, mask_unused_channels, resolve_mode
 from moss_npu.nano.text import pause_samples, voice_clone_chunks
@@ -135,22 +136,27 @@ class MossTTSNano:
         return build_prompt_rows(self.tokenizer, self.config, chunk, plan.mode, plan.prompt_text, plan.prompt_codes)
 
     def _frames(self, rows: torch.Tensor, mask: Optional[torch.Tensor], plan: Plan, settings: RunConfig,
-                generator: Optional[torch.Generator]):
+                generator: Optional[torch.Generator], timer: Optional[PhaseTimer]):
         return iter_frames(self.model, rows, mask, sampling=settings.sampling(), nq=plan.nq,
-                           max_new_frames=settings.max_new_frames, local_kv_cache=settings.local_kv_cache,
-                           generator=generator, host_rng=settings.host_rng)
+                           max_new_frames=settings.max_new_frames, speed=settings.speed_options(),
+                           generator=generator, host_rng=settings.host_rng, timer=timer)
 
-    def _decode(self, codes: torch.Tensor, nq: int, skip_frames: int = 0) -> torch.Tensor:
+    def _decode(self, codes: torch.Tensor, nq: int, skip_frames: int = 0,
+                timer: Optional[PhaseTimer] = None) -> torch.Tensor:
         """Decode codes (F, Q) in one call; return (C, S) on the CPU without the first ``skip_frames`` frames."""
         if codes.shape[0] == 0:
             return torch.zeros(self.codec.channels, 0)
-        audio, lengths = self.codec.decode(codes[:, :nq].T[:, None, :])
-        return audio[0, :, skip_frames * self.codec.frame_size: int(lengths[0])].cpu()
+        with _phase(timer, "codec"):
+            audio, lengths = self.codec.decode(codes[:, :nq].T[:, None, :])
+            return audio[0, :, skip_frames * self.codec.frame_size: int(lengths[0])].cpu()
 
     def synthesize(self, text: str, *, prompt_audio: Optional[str | Path] = None, prompt_text: Optional[str] = None,
                    settings: RunConfig = RunConfig(), generator: Optional[torch.Generator] = None,
-                   on_frame: Optional[FrameCallback] = None) -> SynthesisResult:
-        """Speak ``text`` (optionally in the voice of ``prompt_audio``); return the whole waveform."""
+                   on_frame: Optional[FrameCallback] = None, timer: Optional[PhaseTimer] = None) -> SynthesisResult:
+        """Speak ``text`` (optionally in the voice of ``prompt_audio``); return the whole waveform.
+
+        ``timer`` collects wall time per phase (the frame loop's, plus "codec") for benchmarks.
+        """
         plan = self.plan(text, settings, prompt_audio, prompt_text)
         batch = 1
         if plan.mode == "voice_clone":
@@ -161,7 +167,7 @@ class MossTTSNano:
             prompts = [self._prompt(plan, c) for c in plan.chunks[start:start + batch]]
             rows, mask = (prompts[0], None) if len(prompts) == 1 else left_pad(prompts, self.config)
             frames = []
-            for event in self._frames(rows.to(self.device), mask, plan, settings, generator):
+            for event in self._frames(rows.to(self.device), mask, plan, settings, generator, timer):
                 frames.append(event.codes)
                 if on_frame is not None:
                     on_frame(start, event.step_index)
@@ -172,11 +178,11 @@ class MossTTSNano:
         if plan.mode == "continuation" and plan.prompt_codes is not None:
             # Decode the prompt audio too, so the continuation starts from the right codec context.
             full = torch.cat([plan.prompt_codes, chunk_codes[0]], dim=0)
-            waveform = self._decode(full, plan.nq, skip_frames=plan.prompt_codes.shape[0])
+            waveform = self._decode(full, plan.nq, skip_frames=plan.prompt_codes.shape[0], timer=timer)
         else:
             pieces = []
             for i, (chunk, codes) in enumerate(zip(plan.chunks, chunk_codes)):
-                pieces.append(self._decode(codes, plan.nq))
+                pieces.append(self._decode(codes, plan.nq, timer=timer))
                 if i < len(plan.chunks) - 1:
                     pieces.append(torch.zeros(self.codec.channels, pause_samples(chunk, self.sample_rate)))
             waveform = torch.cat(pieces, dim=1)
@@ -185,11 +191,13 @@ class MossTTSNano:
     def synthesize_stream(self, text: str, *, prompt_audio: Optional[str | Path] = None,
                           prompt_text: Optional[str] = None, settings: RunConfig = RunConfig(),
                           generator: Optional[torch.Generator] = None,
-                          clock: Callable[[], float] = time.perf_counter) -> Iterator[AudioChunk]:
+                          clock: Callable[[], float] = time.perf_counter,
+                          timer: Optional[PhaseTimer] = None) -> Iterator[AudioChunk]:
         """Speak ``text`` and yield audio as it is decoded, following the playback-lead schedule.
 
         The codec keeps its transformer state between calls, so each call decodes only the new frames; the
-        concatenated chunks equal ``synthesize``'s waveform up to float rounding.
+        concatenated chunks equal ``synthesize``'s waveform up to float rounding. The first call decodes as
+        soon as one frame exists (budget 1), which sets the time to first audio.
         """
         plan = self.plan(text, settings, prompt_audio, prompt_text)
         schedule = settings.schedule()
@@ -198,9 +206,10 @@ class MossTTSNano:
         for index, chunk in enumerate(plan.chunks):
             state.reset()
             if plan.mode == "continuation" and plan.prompt_codes is not None and plan.prompt_codes.shape[0]:
-                self.codec.decode_step(plan.prompt_codes[:, :plan.nq].T[:, None, :], state)  # prime; discard
+                with _phase(timer, "codec"):
+                    self.codec.decode_step(plan.prompt_codes[:, :plan.nq].T[:, None, :], state)  # prime; discard
             pending: list[torch.Tensor] = []
-            events = self._frames(self._prompt(plan, chunk).to(self.device), None, plan, settings, generator)
+            events = self._frames(self._prompt(plan, chunk).to(self.device), None, plan, settings, generator, timer)
             for final, event in _with_end(events):
                 if event is not None and bool(event.active[0]):
                     pending.append(event.codes[0])
@@ -210,7 +219,8 @@ class MossTTSNano:
                 while count and pending:
                     take, pending = pending[:count], pending[count:]
                     codes = torch.stack(take)[:, :plan.nq].T[:, None, :]
-                    wave = self.codec.decode_step(codes, state)[0].cpu()
+                    with _phase(timer, "codec"):
+                        wave = self.codec.decode_step(codes, state)[0].cpu()
                     first_emit = clock() if first_emit is None else first_emit
                     emitted_s += wave.shape[-1] / self.sample_rate
                     yield AudioChunk(wave, self.sample_rate, index, False)
@@ -219,6 +229,10 @@ class MossTTSNano:
                 pause = torch.zeros(self.codec.channels, pause_samples(chunk, self.sample_rate))
                 emitted_s += pause.shape[-1] / self.sample_rate
                 yield AudioChunk(pause, self.sample_rate, index, True)
+
+
+def _phase(timer: Optional[PhaseTimer], name: str):
+    return timer.phase(name) if timer is not None else contextlib.nullcontext()
 
 
 def _with_end(events) -> Iterator[tuple[bool, object]]:

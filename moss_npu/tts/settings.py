@@ -15,6 +15,7 @@ import yaml
 
 from moss_npu.codec.streaming import DecodeSchedule
 from moss_npu.errors import ConfigError, InputError
+from moss_npu.nano.generate import SpeedOptions
 from moss_npu.sampling import SamplingParams
 
 MODES = ("auto", "continuation", "voice_clone")
@@ -43,7 +44,9 @@ class RunConfig:
     voice_clone_max_text_tokens: int = 75
     voice_clone_max_memory_per_sample_gb: float = 1.0
     tts_max_batch_size: int = 0
-    local_kv_cache: bool = True
+    speed: str = "optimized"  # "optimized" or "reference" (the official algorithm; same codes up to rounding)
+    local_kv_cache: Optional[bool] = None  # None: as ``speed`` says
+    num_threads: int = 0  # intra-op CPU threads (0: torch's default); a process setting, applied by the CLIs
     stream_lead_thresholds_s: tuple[float, ...] = (0.20, 0.55, 1.10)
     stream_budgets: tuple[int, ...] = (1, 2, 4, 8)
     stream_head_lead_s: float = 0.45
@@ -55,8 +58,11 @@ class RunConfig:
             raise InputError(f"--max-new-frames {self.max_new_frames}: use at least 1 (12.5 frames per second)")
         if self.voice_clone_max_text_tokens < 0 or self.tts_max_batch_size < 0:
             raise InputError("voice_clone_max_text_tokens and tts_max_batch_size must be >= 0 (0 = no limit)")
+        if self.num_threads < 0:
+            raise InputError(f"--num-threads {self.num_threads}: use 0 (torch's default) or a thread count")
         self.sampling()  # validates the sampling values
         self.schedule()
+        self.speed_options()
 
     def sampling(self) -> SamplingParams:
         """Return the sampling parameters of this run."""
@@ -66,6 +72,13 @@ class RunConfig:
             audio_temperature=self.audio_temperature, audio_top_p=self.audio_top_p, audio_top_k=self.audio_top_k,
             audio_repetition_penalty=self.audio_repetition_penalty,
         )
+
+    def speed_options(self) -> SpeedOptions:
+        """Return how the frame loop computes (``SpeedOptions.named(speed)``, then ``local_kv_cache`` if set)."""
+        options = SpeedOptions.named(self.speed)
+        if self.local_kv_cache is not None:
+            options = dataclasses.replace(options, local_kv_cache=self.local_kv_cache)
+        return options
 
     def schedule(self) -> DecodeSchedule:
         """Return the streaming decode schedule (how many frames to decode per codec call)."""

@@ -168,3 +168,31 @@ def test_phase_timer_counts_phases(model, prompts):
     generate(model, prompts[0], max_new_frames=2, timer=timer)
     assert timer.calls["prefill"] == 1 and timer.calls["global"] == 1
     assert timer.calls["local"] == 2 * (1 + 4) and timer.calls["sample"] == 2 * (1 + 4)
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(), SAMPLED], ids=["greedy", "sampled-penalty"])
+def test_reference_and_optimized_speed_give_same_codes(model, prompts, sampling):
+    """Every optimisation together (decode steps, qkv table, presence mask, 2-row text head) changes no code,
+    for a left-padded batch too."""
+    batch, mask = left_pad(prompts, model.config)
+    runs = []
+    for speed in (gen_mod.SpeedOptions.reference(), gen_mod.SpeedOptions()):
+        torch.manual_seed(11)
+        runs.append(generate(model, batch, mask, max_new_frames=6, sampling=sampling, speed=speed).frames)
+    assert torch.equal(runs[0], runs[1])
+
+
+def test_qkv_table_follows_weight_edits(tiny_ckpt, prompts):
+    """The tabulated first-layer projections are rebuilt after an in-place weight edit, never reused stale."""
+    edited = _steer(load_model(tiny_ckpt, device="cpu"), True)
+    generate(edited, prompts[0], max_new_frames=2)  # builds the table
+    with torch.no_grad():
+        edited.audio_embeddings[0].weight.mul_(3.0)
+        edited.local_transformer.h[0].attn.c_attn.weight.mul_(2.0)
+    logs = {}
+    for name in ("optimized", "reference"):
+        seen = []
+        generate(edited, prompts[0], max_new_frames=3, speed=gen_mod.SpeedOptions.named(name),
+                 logits_hook=lambda kind, i, x: seen.append(x.clone()))
+        logs[name] = torch.cat([x.flatten() for x in seen])
+    assert torch.allclose(logs["optimized"], logs["reference"], atol=1e-5)

@@ -1,0 +1,278 @@
+"""Speed benchmark of the native MOSS-TTS-Nano pipeline: RTF, time to first audio, per-frame split, memory.
+
+    python -m bench.run --device cpu                              # real-size random checkpoint (cached)
+    python -m bench.run --compare reference,optimized --cases short-en
+    python -m bench.run --compare optimized@1,optimized@2         # intra-op threads 1 vs 2
+
+Every run is greedy with a fixed frame count per text chunk (``--frames``), so runs compare like with like.
+A configuration is ``SPEED[@THREADS]`` (``moss_npu.nano.generate.SPEED_PRESETS``); with ``--compare`` the
+configurations run alternately in one process, and the last stdout line is ``speedup B/A: X.XX``: the median
+over cases of (median per-frame time of A) / (median per-frame time of B), so > 1 means B is faster.
+Per-frame time = decode-step global + local decoder + sampling (the steady-state frame loop, prefill excluded).
+Results go to ``bench/results/`` as JSON + Markdown. Exit codes: 0 done; 1 runtime failure; 2 bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from bench.checkpoints import SIZES, ensure_checkpoints, steer_to_continue
+from moss_npu import device as devices
+from moss_npu import goldens
+from moss_npu.errors import MossNpuError
+from moss_npu.nano.generate import SPEED_PRESETS, PhaseTimer
+from moss_npu.tts.pipeline import MossTTSNano
+from moss_npu.tts.settings import RunConfig
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+SHORT = {"en": "Hello there, my friend.", "zh": "今天天气很好，我们去公园散步吧。"}
+LONG = {
+    "en": ("The old lighthouse stood at the edge of the cliff for more than a century. Every night its keeper "
+           "climbed the narrow stairs, trimmed the wick and watched the beam sweep across the dark water. Ships "
+           "passing far out at sea trusted that light to guide them home. When the storms came in autumn, the "
+           "waves rose higher than the rocks, and the keeper wrote long letters to his sister in the city, "
+           "describing the sound of the wind and the colour of the sky at dawn."),
+    "zh": ("清晨的阳光洒在安静的小镇上，街道两旁的店铺陆续开门。面包店里飘出刚出炉的香味，孩子们背着书包走向学校。"
+           "老人们在公园里打太极拳，湖面上有几只白鹭轻轻掠过。到了中午，市场里热闹起来，商贩们大声吆喝，顾客们挑选着新鲜"
+           "的蔬菜和水果。下午的时候，天空飘来几朵白云，微风吹过树梢，带来一丝凉意。傍晚，家家户户亮起灯光，饭菜的香气"
+           "从窗户里飘出来，一天的忙碌渐渐归于平静。夜深了，星星挂满天空，小镇进入了甜美的梦乡。"),
+}
+REFERENCES = {"en": "en_3.wav", "zh": "zh_1.wav"}
+CASES = [f"{length}-{lang}{ref}" for ref in ("", "+ref") for length in ("short", "long") for lang in ("en", "zh")]
+PHASES = ("prefill", "global", "local", "sample", "codec")
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """One configuration under test: a speed preset and the intra-op thread count (0: leave torch's)."""
+
+    speed: str
+    threads: int = 0
+
+    @property
+    def label(self) -> str:
+        return self.speed if self.threads == 0 else f"{self.speed}@{self.threads}"
+
+    @classmethod
+    def parse(cls, text: str) -> "BenchConfig":
+        speed, _, threads = text.strip().partition("@")
+        if speed not in SPEED_PRESETS or (threads and not threads.isdigit()):
+            raise ValueError(f"configuration {text!r}; use SPEED[@THREADS] with SPEED one of {SPEED_PRESETS}")
+        return cls(speed, int(threads or 0))
+
+
+@dataclass
+class RunRecord:
+    """Measurements of one synthesis (plus one streamed start for the time to first audio)."""
+
+    case: str
+    config: str
+    threads: int
+    chunks: int
+    frames: int
+    wall_s: float
+    rtf: float
+    ttfa_ms: Optional[float]
+    frame_ms: float
+    global_ms: float
+    local_ms: float
+    sample_ms: float
+    codec_ms: float
+    prefill_ms: float
+    peak_memory_bytes: Optional[int]
+    load_avg: float
+    phases_s: dict = field(default_factory=dict)
+
+
+def case_request(case: str) -> tuple[str, Optional[Path]]:
+    """Return the text and the reference recording (or None) of a case name like ``long-zh+ref``."""
+    name, ref = case.removesuffix("+ref"), case.endswith("+ref")
+    length, lang = name.split("-")
+    text = (SHORT if length == "short" else LONG)[lang]
+    audio = goldens.fixtures_root() / "audio" / REFERENCES[lang] if ref else None
+    return text, audio
+
+
+def run_once(tts: MossTTSNano, case: str, config: BenchConfig, frames: int, stream: bool) -> RunRecord:
+    """Synthesize ``case`` once under ``config``; optionally time a streamed start too."""
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    text, audio = case_request(case)
+    settings = RunConfig(device=str(tts.device), do_sample=False, max_new_frames=frames, speed=config.speed,
+                         num_threads=config.threads)
+    back = devices.backend(tts.device)
+    back.reset_peak_memory_stats()
+    timer = PhaseTimer(sync=back.synchronize)
+    load = os.getloadavg()[0]
+    start = time.perf_counter()
+    result = tts.synthesize(text, prompt_audio=audio, settings=settings, timer=timer)
+    wall = time.perf_counter() - start
+    ttfa = None
+    if stream:
+        start = time.perf_counter()
+        chunks = tts.synthesize_stream(text, prompt_audio=audio, settings=settings)
+        next(chunks)
+        ttfa = (time.perf_counter() - start) * 1e3
+        chunks.close()
+    n_frames = int(result.codes.shape[0])
+    n_chunks = len(result.text_chunks)
+    sec = dict(timer.seconds)
+    per_frame = {k: sec.get(k, 0.0) * 1e3 / max(n_frames, 1) for k in ("local", "sample", "codec")}
+    steps = timer.calls.get("global", 0)
+    global_ms = sec.get("global", 0.0) * 1e3 / steps if steps else 0.0
+    return RunRecord(
+        case=case, config=config.label, threads=torch.get_num_threads(), chunks=n_chunks, frames=n_frames,
+        wall_s=wall, rtf=wall / max(n_frames / tts.codec.frame_rate_hz, 1e-9), ttfa_ms=ttfa,
+        frame_ms=global_ms + per_frame["local"] + per_frame["sample"], global_ms=global_ms,
+        local_ms=per_frame["local"], sample_ms=per_frame["sample"], codec_ms=per_frame["codec"],
+        prefill_ms=sec.get("prefill", 0.0) * 1e3 / max(timer.calls.get("prefill", 0), 1),
+        peak_memory_bytes=back.max_memory_allocated(), load_avg=load, phases_s=sec)
+
+
+def summarize(records: list[RunRecord]) -> list[dict]:
+    """Median of every measure per (case, configuration), in first-seen order."""
+    groups: dict[tuple[str, str], list[RunRecord]] = {}
+    for r in records:
+        groups.setdefault((r.case, r.config), []).append(r)
+    rows = []
+    for (case, config), runs in groups.items():
+        row = {"case": case, "config": config, "runs": len(runs), "threads": runs[0].threads,
+               "chunks": runs[0].chunks, "frames": runs[0].frames}
+        for key in ("rtf", "ttfa_ms", "frame_ms", "global_ms", "local_ms", "sample_ms", "codec_ms", "prefill_ms",
+                    "wall_s"):
+            values = [getattr(r, key) for r in runs if getattr(r, key) is not None]
+            row[key] = statistics.median(values) if values else None
+        row["peak_memory_mib"] = max((r.peak_memory_bytes or 0) for r in runs) / 2**20 or None
+        row["load_avg"] = max(r.load_avg for r in runs)
+        rows.append(row)
+    return rows
+
+
+def speedups(rows: list[dict], base: str, other: str) -> dict[str, float]:
+    """Per case: median frame time of ``base`` / that of ``other`` (> 1: ``other`` is faster)."""
+    by = {(r["case"], r["config"]): r for r in rows}
+    return {case: by[(case, base)]["frame_ms"] / by[(case, other)]["frame_ms"]
+            for case, config in by if config == base and (case, other) in by and by[(case, other)]["frame_ms"]}
+
+
+def markdown(rows: list[dict], ratios: dict[str, float], base: Optional[str], other: Optional[str]) -> str:
+    """Render the summary as a Markdown table (one row per case and configuration)."""
+    def num(value, digits=1):
+        return "–" if value is None else f"{value:.{digits}f}"
+
+    lines = ["| case | config | threads | chunks | frames | RTF | TTFA ms | frame ms | global ms | local ms/frame "
+             "| sampling ms/frame | codec ms/frame | prefill ms | peak MiB | load |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['case']} | {r['config']} | {r['threads']} | {r['chunks']} | {r['frames']} | "
+                     f"{num(r['rtf'], 2)} | {num(r['ttfa_ms'], 0)} | {num(r['frame_ms'])} | {num(r['global_ms'])} | "
+                     f"{num(r['local_ms'])} | {num(r['sample_ms'], 2)} | {num(r['codec_ms'])} | "
+                     f"{num(r['prefill_ms'], 0)} | {num(r['peak_memory_mib'], 0)} | {num(r['load_avg'], 2)} |")
+    if ratios:
+        lines += ["", f"| case | speedup {other}/{base} |", "|---|---:|"]
+        lines += [f"| {case} | {ratio:.2f} |" for case, ratio in ratios.items()]
+    return "\n".join(lines)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temp file in the same folder, then rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda[:N], npu[:N], auto")
+    p.add_argument("--dtype", help="LM compute dtype (default float32)")
+    p.add_argument("--model", help="MOSS-TTS-Nano folder (default: a random real-size one the bench writes)")
+    p.add_argument("--codec", help="codec folder (default: a random real-size one the bench writes)")
+    p.add_argument("--size", choices=SIZES, default="real", help="size of the generated checkpoints")
+    p.add_argument("--cache-dir", type=Path, help="where generated checkpoints are kept (default: system temp)")
+    p.add_argument("--force-frames", action="store_true",
+                   help="bias a --model checkpoint in memory so greedy never stops early (bench only; noise audio)")
+    p.add_argument("--frames", type=int, default=24, help="frames generated per text chunk (12.5 per second)")
+    p.add_argument("--runs", type=int, default=3, help="measured runs per case and configuration (median)")
+    p.add_argument("--warmup", type=int, default=1, help="unmeasured rounds first")
+    p.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, from {','.join(CASES)}")
+    p.add_argument("--speed", default="optimized", help="single configuration SPEED[@THREADS]")
+    p.add_argument("--compare", help="two configurations A,B run alternately; prints 'speedup B/A: X.XX'")
+    p.add_argument("--threads", type=int, default=0, help="default intra-op threads for configs without @N")
+    p.add_argument("--no-stream", action="store_true", help="skip the streamed start (time to first audio)")
+    p.add_argument("--out", type=Path, help="output file stem (default bench/results/bench-<time>)")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    return p
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        configs = [BenchConfig.parse(c) for c in (args.compare or args.speed).split(",")]
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    configs = [c if c.threads or not args.threads else BenchConfig(c.speed, args.threads) for c in configs]
+    cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+    unknown = [c for c in cases if c not in CASES]
+    if unknown or (args.compare and len(configs) != 2) or args.frames < 1 or args.runs < 1 or args.warmup < 0:
+        print(f"error: check --cases (unknown: {unknown}), --compare (two configurations), --frames/--runs >= 1",
+              file=sys.stderr)
+        return 2
+    if any(c.endswith("+ref") for c in cases) and not (goldens.fixtures_root() / "audio").is_dir():
+        print(f"bench: no reference audio under {goldens.fixtures_root()}; skipping the +ref cases", file=sys.stderr)
+        cases = [c for c in cases if not c.endswith("+ref")]
+    log = (lambda *a: None) if args.quiet else (lambda *a: print(*a, file=sys.stderr, flush=True))
+    try:
+        model_dir, codec_dir = args.model, args.codec
+        if model_dir is None or codec_dir is None:
+            made = ensure_checkpoints(args.size, args.cache_dir)
+            model_dir, codec_dir = model_dir or made[0], codec_dir or made[1]
+        tts = MossTTSNano.from_pretrained(str(model_dir), str(codec_dir), device=args.device, dtype=args.dtype)
+        if args.force_frames:
+            steer_to_continue(tts.model)
+        info = devices.describe(tts.device)
+        records: list[RunRecord] = []
+        for round_index in range(args.warmup + args.runs):
+            measured = round_index >= args.warmup
+            for case in cases:
+                for config in configs:  # alternate, so drifting machine load hits every configuration alike
+                    record = run_once(tts, case, config, args.frames, stream=not args.no_stream)
+                    log(f"bench: {'run' if measured else 'warm-up'} {case} {config.label}: "
+                        f"{record.frame_ms:.1f} ms/frame, RTF {record.rtf:.2f}, load {record.load_avg:.2f}")
+                    if measured:
+                        records.append(record)
+    except MossNpuError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    rows = summarize(records)
+    base, other = (configs[0].label, configs[1].label) if args.compare else (None, None)
+    ratios = speedups(rows, base, other) if args.compare else {}
+    stem = args.out or RESULTS_DIR / time.strftime("bench-%Y%m%d-%H%M%S")
+    report = {"device": info, "frames_per_chunk": args.frames, "runs": args.runs, "warmup": args.warmup,
+              "model": str(model_dir), "codec": str(codec_dir), "summary": rows, "speedups": ratios,
+              "records": [asdict(r) for r in records]}
+    table = markdown(rows, ratios, base, other)
+    write_atomic(stem.with_suffix(".json"), json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+    write_atomic(stem.with_suffix(".md"), f"Device: {info['name']} ({info['device']}), torch {info['torch']}\n\n"
+                 + table + "\n")
+    print(f"device: {info['name']} ({info['device']}), torch {info['torch']}; results: {stem}.json, {stem}.md")
+    print(table)
+    if args.compare:
+        print(f"speedup {other}/{base}: {statistics.median(ratios.values()):.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
