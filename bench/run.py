@@ -103,8 +103,12 @@ def case_request(case: str) -> tuple[str, Optional[Path]]:
     return text, audio
 
 
-def run_once(tts: MossTTSNano, case: str, config: BenchConfig, frames: int, stream: bool) -> RunRecord:
-    """Synthesize ``case`` once under ``config``; optionally time a streamed start too."""
+def run_once(tts: MossTTSNano, case: str, config: BenchConfig, frames: int, stream: bool, serial: int) -> RunRecord:
+    """Synthesize ``case`` once under ``config``; optionally time a streamed start too.
+
+    The text gets the number ``serial`` (and ``serial + 1`` for the stream) in front, so no run meets a prompt
+    it has seen: the prompt cache of the optimized path reuses only what a new request shares (the template).
+    """
     if config.threads:
         torch.set_num_threads(config.threads)
     text, audio = case_request(case)
@@ -115,12 +119,12 @@ def run_once(tts: MossTTSNano, case: str, config: BenchConfig, frames: int, stre
     timer = PhaseTimer(sync=back.synchronize)
     load = os.getloadavg()[0]
     start = time.perf_counter()
-    result = tts.synthesize(text, prompt_audio=audio, settings=settings, timer=timer)
+    result = tts.synthesize(f"{serial}. {text}", prompt_audio=audio, settings=settings, timer=timer)
     wall = time.perf_counter() - start
     ttfa = None
     if stream:
         start = time.perf_counter()
-        chunks = tts.synthesize_stream(text, prompt_audio=audio, settings=settings)
+        chunks = tts.synthesize_stream(f"{serial + 1}. {text}", prompt_audio=audio, settings=settings)
         next(chunks)
         ttfa = (time.perf_counter() - start) * 1e3
         chunks.close()
@@ -244,11 +248,13 @@ def main(argv: Optional[list[str]] = None) -> int:
             steer_to_continue(tts.model)
         info = devices.describe(tts.device)
         records: list[RunRecord] = []
+        serial = 0
         for round_index in range(args.warmup + args.runs):
             measured = round_index >= args.warmup
             for case in cases:
                 for config in configs:  # alternate, so drifting machine load hits every configuration alike
-                    record = run_once(tts, case, config, args.frames, stream=not args.no_stream)
+                    serial += 2
+                    record = run_once(tts, case, config, args.frames, not args.no_stream, serial)
                     log(f"bench: {'run' if measured else 'warm-up'} {case} {config.label}: "
                         f"{record.frame_ms:.1f} ms/frame, RTF {record.rtf:.2f}, load {record.load_avg:.2f}")
                     if measured:

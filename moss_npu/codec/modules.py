@@ -138,9 +138,12 @@ class MultiheadAttention(nn.Module):
             pos = cache.offsets.view(-1, 1) + torch.arange(t, device=x.device).view(1, -1)
             q, k = apply_rope(q, k, pos, self.max_period)
             cache.write(k, v, valid)
-            delta = pos.view(b, t, 1) - cache.positions.view(b, 1, -1)
-            allowed = (cache.positions.view(b, 1, -1) >= 0) & (delta >= 0) & (delta < self.context)
-            out = self.attend(q, cache.keys, cache.values, allowed[:, None])
+            # Until the ring wraps, only its leading slots hold keys: attending to the rest would add exact zeros.
+            n = cache.filled_slots
+            positions = cache.positions[:, :n]
+            delta = pos.view(b, t, 1) - positions.view(b, 1, -1)
+            allowed = (positions.view(b, 1, -1) >= 0) & (delta >= 0) & (delta < self.context)
+            out = self.attend(q, cache.keys[:, :, :n], cache.values[:, :, :n], allowed[:, None])
         return self.out_proj(out.transpose(1, 2).reshape(b, t, d))
 
 

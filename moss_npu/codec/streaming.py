@@ -33,6 +33,12 @@ class KVCache:
     offsets: torch.Tensor  # (B,) int64, position of the next step per row
     context: int
     chunk_capacity: int
+    written: int = 0  # steps written so far (host count): slots >= written have never been filled
+
+    @property
+    def filled_slots(self) -> int:
+        """Leading slots that may hold a key; the rest are empty, so attention can skip them (exactly)."""
+        return min(self.written, self.keys.shape[2])
 
     @classmethod
     def empty(cls, batch_size: int, num_heads: int, head_dim: int, context: int, chunk_capacity: int,
@@ -51,6 +57,7 @@ class KVCache:
         self.values.zero_()
         self.positions.fill_(-1)
         self.offsets.zero_()
+        self.written = 0
 
     def write(self, keys: torch.Tensor, values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """Store a chunk of new steps and return their positions ``(B, T)``.
@@ -69,6 +76,7 @@ class KVCache:
         self.values.scatter_(2, index, values.to(self.values.dtype))
         self.positions.scatter_(1, slots, torch.where(valid, pos, torch.full_like(pos, -1)))
         self.offsets += valid.sum(dim=1)
+        self.written += steps  # every row's offset grows by at most `steps`, so this bounds the used slots
         return pos
 
 

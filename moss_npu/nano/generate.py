@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-import weakref
 from collections import defaultdict
 from dataclasses import dataclass, replace
 from typing import Callable, Iterator, Optional, Sequence
@@ -26,6 +25,7 @@ import torch.nn.functional as F
 from moss_npu.errors import InputError
 from moss_npu.nano.config import NanoConfig
 from moss_npu.nano.model import NanoTTSModel
+from moss_npu.nano.reuse import local_qkv_tables, reuse_prompt_prefix
 from moss_npu.sampling import SamplingParams, sample_token
 
 # (kind, index, logits): kind "text" gives the (B, 2) candidate logits [continue, stop] of frame ``index``;
@@ -121,13 +121,16 @@ class SpeedOptions:
     # input): one row lookup instead of a 3E x E projection per channel; costs (Q-1)·V·3E values (~140 MB fp32).
     local_qkv_table: bool = True
     presence_mask: bool = True  # repetition penalty from a running (B, Q, V) presence mask, not the whole history
+    # Start the prefill from the global keys/values of the longest prefix shared with the previous prompt on this
+    # model (the prompt template; a voice-clone reference across the chunks of a text). Single prompts only.
+    prompt_cache: bool = True
     inference_mode: bool = True  # torch.inference_mode (no autograd bookkeeping at all) instead of no_grad
 
     @classmethod
     def reference(cls) -> "SpeedOptions":
         """Return the official algorithm with every optimisation off."""
         return cls(local_kv_cache=False, decode_steps=False, text_candidates_only=False, local_qkv_table=False,
-                   presence_mask=False, inference_mode=False)
+                   presence_mask=False, prompt_cache=False, inference_mode=False)
 
     @classmethod
     def named(cls, name: str) -> "SpeedOptions":
@@ -224,7 +227,9 @@ def _frame_loop(model, input_ids, attention_mask, sampling, nq, max_new_frames, 
     for step in range(max_new_frames):
         total = prompt_len + step
         with phase("prefill" if step == 0 else "global"):
-            if step == 0 or rope is None:
+            if step == 0 and speed.prompt_cache and use_kv_cache and batch == 1 and all_valid:
+                g = reuse_prompt_prefix(model, input_ids, cache)[:, -1, :].to(dtype)
+            elif step == 0 or rope is None:
                 new_rows = (input_ids if step == 0 else rows) if use_kv_cache else rows[:, :total]
                 g = model(new_rows, mask[:, :total], cache, check=step == 0)[:, -1, :].to(dtype)
             else:
@@ -342,30 +347,6 @@ class LocalSequence:
             return self.model.local_hidden(x[:, None, :], self.cache)
         self.seq = x[:, None, :] if self.seq is None else torch.cat([self.seq, x[:, None, :]], dim=1)
         return self.model.local_hidden(self.seq)
-
-
-_QKV_TABLES: "weakref.WeakKeyDictionary[NanoTTSModel, tuple]" = weakref.WeakKeyDictionary()
-
-
-def local_qkv_tables(model: NanoTTSModel) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """Return ``model.first_qkv`` of the text candidates' wte rows (2, 3E) and of audio embedding c's rows (V, 3E)
-    for c < Q - 1: every input the local decoder gets after the global hidden state.
-
-    Built once per model (about half a second for the real one) and rebuilt whenever a weight involved changes
-    (in-place edits bump a tensor's version), so a stale table cannot be used.
-    """
-    cfg = model.config
-    block = model.local_transformer.h[0]
-    sources = [model.transformer.wte.weight, *(e.weight for e in model.audio_embeddings[:-1]),
-               *block.ln_1.parameters(), *block.attn.c_attn.parameters()]
-    key = tuple((t.data_ptr(), t._version, t.dtype, t.device) for t in sources)
-    cached = _QKV_TABLES.get(model)
-    if cached is None or cached[0] != key:
-        ids = torch.tensor([cfg.audio_assistant_slot_token_id, cfg.audio_end_token_id], device=model.device)
-        text = model.first_qkv(model.transformer.wte(ids))
-        audio = [model.first_qkv(e.weight) for e in model.audio_embeddings[:-1]]
-        cached = _QKV_TABLES[model] = (key, text, audio)
-    return cached[1], cached[2]
 
 
 def _raise_if_non_finite(finite: list, step: int, dtype: torch.dtype) -> None:
