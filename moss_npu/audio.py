@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from moss_npu.errors import AudioError
 
 PathLike = Union[str, Path]
+_PUBLIC_FILE_MODE = 0o644
 
 
 def read_audio(path: PathLike) -> tuple[torch.Tensor, int]:
@@ -182,6 +183,7 @@ class StreamingWavWriter:
             return self.path
         self._file.close()
         self._file = None
+        os.chmod(self._tmp, _PUBLIC_FILE_MODE)  # mkstemp makes 0600; a written WAV is an ordinary file
         os.replace(self._tmp, self.path)
         return self.path
 

@@ -401,6 +401,16 @@ ONNX_PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"
                   "cann": "CANNExecutionProvider"}
 
 
+# The onnxruntime wheel that carries each execution provider, for the fix in error messages.
+ONNX_PROVIDER_WHEELS = {"CPUExecutionProvider": "onnxruntime", "CUDAExecutionProvider": "onnxruntime-gpu",
+                        "CANNExecutionProvider": "onnxruntime-cann"}
+
+
+def onnx_provider_wheel(provider: str) -> str:
+    """Return the pip package that brings an onnxruntime execution provider."""
+    return ONNX_PROVIDER_WHEELS.get(provider, "an onnxruntime build with it")
+
+
 def onnx_provider(kind: str) -> str:
     """Return the onnxruntime execution provider for a device kind (``cpu``, ``cuda``, ``npu``/``cann``)."""
     if kind not in ONNX_PROVIDERS:

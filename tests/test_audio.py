@@ -156,3 +156,11 @@ def test_streaming_writer_appends_chunks(tmp_path):
             assert not (tmp_path / "s.wav").exists()  # appears only when complete
     assert writer.samples_written == 11620
     assert torch.equal(read_audio(tmp_path / "s.wav")[0], torch.cat(chunks, dim=1))
+
+
+def test_written_wav_is_an_ordinary_readable_file(tmp_path):
+    """mkstemp creates 0600 files; the published WAV must not keep that mode."""
+    import stat
+
+    out = write_wav(tmp_path / "o.wav", torch.zeros(2, 10), 48000)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o644

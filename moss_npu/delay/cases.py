@@ -8,6 +8,7 @@ expected files and tolerances all come from ``cases.json``.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
@@ -24,7 +25,10 @@ PIPELINE_KEYS = ("n_batch", "n_ctx", "n_threads", "n_gpu_layers", "kv_cache_type
 def _weights(fx: Fixture):
     from moss_npu.delay.weights import DelayWeights
 
-    return fx.memo("delay.weights", lambda: DelayWeights.open(fx.root / "weights"))
+    # cases.json names the GGUF its goldens used; a folder may hold several quantisations.
+    gguf = (fx.meta.get("weights") or {}).get("gguf")
+    name = Path(gguf).name if gguf else None
+    return fx.memo("delay.weights", lambda: DelayWeights.open(fx.root / "weights", name))
 
 
 def _tokenizer(fx: Fixture):

@@ -22,9 +22,6 @@ SAMPLE_RATE_HZ = 24000
 FRAME_SAMPLES = 1920
 N_QUANTIZERS = 32
 CODEBOOK_SIZE = 1024
-# The onnxruntime wheel that carries each execution provider, for the fix in error messages.
-PROVIDER_WHEELS = {"CPUExecutionProvider": "onnxruntime", "CUDAExecutionProvider": "onnxruntime-gpu",
-                   "CANNExecutionProvider": "onnxruntime-cann"}
 
 
 def import_onnxruntime():
@@ -46,7 +43,7 @@ def resolve_provider(kind: str) -> str:
     Raises:
         DeviceError: the kind is unknown, or its provider is not in this onnxruntime build.
     """
-    from moss_npu.device import ONNX_PROVIDERS, onnx_provider
+    from moss_npu.device import ONNX_PROVIDERS, onnx_provider, onnx_provider_wheel
 
     available = import_onnxruntime().get_available_providers()
     cpu = onnx_provider("cpu")
@@ -57,7 +54,7 @@ def resolve_provider(kind: str) -> str:
         return chosen
     provider = onnx_provider(kind)
     if provider not in available:
-        wheel = PROVIDER_WHEELS.get(provider, "an onnxruntime build with it")
+        wheel = onnx_provider_wheel(provider)
         raise DeviceError(f"audio_provider={kind}: {provider} is not in this onnxruntime build (installed: "
                           f"{', '.join(available)}); `pip install {wheel}` or use audio_provider: cpu")
     return provider

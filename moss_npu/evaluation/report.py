@@ -66,6 +66,7 @@ class Report:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 json.dump(self.to_dict(), f, indent=2, ensure_ascii=False, allow_nan=False)
                 f.write("\n")
+            os.chmod(tmp, 0o644)  # mkstemp makes 0600; a report is an ordinary file
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)

@@ -1,33 +1,22 @@
-"""Every case of every delay fixture through this room's handlers (generate cases need llama-cpp-python)."""
+"""The delay handlers beyond the per-case parity run of tests/test_goldens.py."""
 
-import json
-import os
+import shutil
 
 import pytest
 
-from moss_npu.goldens import fixture_dirs, load_fixture, run_case
+from moss_npu.goldens import fixtures_root, load_fixture, run_case
+
+DELAY = fixtures_root() / "delay-tiny"
 
 
-def _delay_cases():
-    params = []
-    for root in fixture_dirs():
-        if (root / "weights" / "config.json").is_file():
-            for case in json.loads((root / "cases.json").read_text())["cases"]:
-                params.append(pytest.param(root, case, id=f"{root.name}-{case['id']}"))
-    return params or [pytest.param(None, None, id="no-delay-fixture")]
-
-
-_FIXTURES = {}
-
-
-@pytest.mark.parametrize("root, case", _delay_cases())
-def test_case(root, case, request):
-    if root is None:
-        if os.environ.get("CI"):
-            pytest.fail("no delay fixture under the fixtures root in CI")
-        pytest.skip("no delay fixture found (set MOSS_NPU_FIXTURES)")
-    if case["kind"] == "generate":
-        request.getfixturevalue("llama_cpp")
-    fx = _FIXTURES.setdefault(root, load_fixture(root))  # one loaded model per fixture
-    outcome = run_case(case, fx)
+@pytest.mark.skipif(not DELAY.is_dir(), reason=f"delay fixture not found at {DELAY} (set MOSS_NPU_FIXTURES)")
+def test_handlers_use_the_gguf_named_in_cases_json(tmp_path):
+    """A weights folder may hold several quantisations; the goldens name the one they were made with."""
+    copy = tmp_path / "delay"
+    shutil.copytree(DELAY, copy)
+    gguf = next((copy / "weights").glob("*.gguf"))
+    shutil.copy(gguf, gguf.with_name("ANOTHER_Q8_0.gguf"))
+    fx = load_fixture(copy)
+    prompt = next(c for c in fx.cases if c["kind"] == "prompt")
+    outcome = run_case(prompt, fx)
     assert outcome.status == "PASS", outcome.detail
