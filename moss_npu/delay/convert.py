@@ -17,10 +17,10 @@ import re
 import shutil
 import struct
 import sys
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 import numpy as np
 
@@ -119,15 +119,25 @@ def _load(handles: ExitStack, opened: dict, t: Tensor):
     return opened[t.file].get_tensor(t.name)
 
 
+@contextmanager
+def _atomic(path: Path) -> Iterator[Path]:
+    """Yield a temp path beside ``path``; move it into place on success, delete it on any failure."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        yield tmp
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def write_npy(path: Path, tensor) -> None:
     """Save one tensor as a float16 ``.npy`` (atomic)."""
     import torch
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".npy.tmp")
-    with open(tmp, "wb") as f:
+    with _atomic(path) as tmp, open(tmp, "wb") as f:
         np.save(f, tensor.to(torch.float16).numpy(), allow_pickle=False)
-    tmp.replace(path)
 
 
 def shard(entries: list[tuple[str, Tensor]], max_bytes: int) -> list[list[tuple[str, Tensor]]]:
@@ -158,14 +168,12 @@ def write_safetensors(path: Path, entries: list[tuple[str, Tensor]], handles: Ex
         offset += t.nbytes
     blob = json.dumps(header, separators=(",", ":")).encode("utf-8")
     blob += b" " * (-len(blob) % 8)
-    tmp = path.with_suffix(".safetensors.tmp")
-    with open(tmp, "wb") as f:
+    with _atomic(path) as tmp, open(tmp, "wb") as f:
         f.write(struct.pack("<Q", len(blob)))
         f.write(blob)
         for _, t in entries:
             tensor = _load(handles, opened, t).contiguous().reshape(-1)
             f.write(tensor.view(torch.uint8).numpy().tobytes())
-    tmp.replace(path)
 
 
 def backbone_config(moss: dict) -> dict:
@@ -190,6 +198,8 @@ def convert(model_dir: Path | str, output_dir: Path | str, max_shard_bytes: int 
     config_path = model_dir / "config.json"
     if not config_path.is_file():
         raise CheckpointError(f"{config_path} does not exist; pass the MOSS-TTS checkpoint folder")
+    if not (model_dir / "tokenizer.json").is_file():  # checked before gigabytes are written
+        raise CheckpointError(f"{model_dir} has no tokenizer.json; the Delay backend needs it")
     moss = json.loads(config_path.read_text(encoding="utf-8"))
     config = DelayModelConfig.from_dict(moss, str(config_path))
     tensors = read_index(model_dir)
@@ -217,8 +227,6 @@ def convert(model_dir: Path | str, output_dir: Path | str, max_shard_bytes: int 
         for name in TOKENIZER_FILES:
             if (model_dir / name).is_file():
                 shutil.copyfile(model_dir / name, folder / name)
-    if not (out / "tokenizer" / "tokenizer.json").is_file():
-        raise CheckpointError(f"{model_dir} has no tokenizer.json; the Delay backend needs it")
     _write_json(out / "config.json", moss)
     text = tensors["language_model.embed_tokens.weight"].shape
     _write_json(out / "extraction_meta.json", {
@@ -229,9 +237,8 @@ def convert(model_dir: Path | str, output_dir: Path | str, max_shard_bytes: int 
 
 
 def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    with _atomic(path) as tmp:
+        tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def main(argv: Optional[list[str]] = None) -> int:

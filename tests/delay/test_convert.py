@@ -101,3 +101,26 @@ def test_cli_exit_codes(tmp_path, capsys):
     assert capsys.readouterr().out.strip() == str(tmp_path / "out")
     assert main(["--model", str(tmp_path / "nothing"), "--output", str(tmp_path / "o2"), "--quiet"]) == 2
     assert capsys.readouterr().err.startswith("error: ")
+
+
+def test_missing_tokenizer_is_refused_before_anything_is_written(tmp_path):
+    make_checkpoint(tmp_path / "ckpt")
+    (tmp_path / "ckpt" / "tokenizer.json").unlink()
+    with pytest.raises(CheckpointError, match="no tokenizer.json"):
+        convert(tmp_path / "ckpt", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_failed_write_leaves_no_temp_file(tmp_path, monkeypatch):
+    from moss_npu.delay import convert as module
+
+    make_checkpoint(tmp_path / "ckpt")
+
+    def broken_save(f, array, allow_pickle):
+        f.write(b"partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(module.np, "save", broken_save)
+    with pytest.raises(OSError, match="disk full"):
+        convert(tmp_path / "ckpt", tmp_path / "out")
+    assert not [p for p in (tmp_path / "out").rglob("*") if p.name.endswith(".tmp")]
