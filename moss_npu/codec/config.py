@@ -160,6 +160,8 @@ def _contexts(stages: tuple[Stage, ...], rate: float, *, divide: bool) -> tuple[
 def _stage(raw: dict, default_context: float, where: str) -> Stage:
     kind = raw.get("module_type")
     if kind == PATCH:
+        if "patch_size" not in raw:
+            raise ConfigError(f"codec config {where}: patch stage lacks 'patch_size'; fix config.json")
         return PatchStage(patch_size=int(raw["patch_size"]))
     if kind != TRANSFORMER:
         raise ConfigError(f"codec config {where}: module_type {kind!r} is unknown; expected {PATCH} or {TRANSFORMER}")

@@ -142,7 +142,11 @@ class NanoConfig:
         gpt2 = data.pop("gpt2_config", None) or {}
         if not isinstance(gpt2, Mapping):
             raise ConfigError(f"config.json: gpt2_config must be an object, got {type(gpt2).__name__}")
-        return cls(gpt2_config=_build(GPT2Config, gpt2), **_split(cls, data))
+        gpt2_config = _build(GPT2Config, gpt2)
+        try:
+            return cls(gpt2_config=gpt2_config, **_split(cls, data))
+        except (TypeError, ValueError) as exc:  # a value of the wrong type in the file
+            raise ConfigError(f"config.json: {exc}; fix the file") from exc
 
     def to_dict(self) -> dict[str, Any]:
         """Return the official ``config.json`` layout (extra keys included, derived copies refreshed)."""
