@@ -27,3 +27,7 @@ class AudioError(MossNpuError):
 
 class InputError(MossNpuError):
     """Text, mode or generation parameters are invalid."""
+
+
+class NumericalError(MossNpuError, RuntimeError):
+    """Logits became non-finite (usually bf16/fp16 overflow); running in float32 fixes it."""
