@@ -263,7 +263,7 @@ def _frame_loop(model, input_ids, attention_mask, sampling, nq, max_new_frames, 
         frame = torch.full((batch, cfg.n_vq), cfg.audio_pad_token_id, dtype=torch.long, device=device)
         prev = model.transformer.wte(next_text).to(dtype)
         # The next global row [slot, code_0 … code_{nq-1}, pad …] embeds to wte[slot] + Σ emb_c[code_c]
-        # (pad channels add nothing), summed here in embed_rows' order, so the sum is bitwise the same.
+        # (pad channels add exact zeros), summed here in embed_rows' order: the same values, no re-embedding.
         next_embed = prev
         qkv = None if text_qkv is None else text_qkv.index_select(0, pick)
         for c in range(nq):

@@ -241,7 +241,8 @@ class Decoder(nn.Module):
             cos, sin: (B, D) rotation of each row's position (rows of ``rope_table``).
             key_mask: (B, T) bool over cached + new rows; None = every key is visible.
             query_valid: (B, 1) bool, False where the new row is padding; None = every new row is real.
-            qkv: (B, 1, 3E) first layer's ``c_attn(ln_1(x))`` when already known (``first_qkv`` of a table row).
+            qkv: (B, 1, 3E) first layer's ``c_attn(ln_1(x))`` when already known (``first_qkv`` of a table row;
+                only with ``query_valid`` None, as padding would have to zero it first).
         """
         cos, sin = cos[:, None, None, :], sin[:, None, None, :]
         mask = None if key_mask is None else key_mask[:, None, None, :]
