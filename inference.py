@@ -57,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--nq", type=int, help="codebooks to generate (1..16)")
     gen.add_argument("--voice-clone-max-text-tokens", type=int, help="token budget of one long-text chunk")
     gen.add_argument("--tts-max-batch-size", type=int, help="most chunks generated at once (0 = memory-sized)")
+    gen.add_argument("--speed", choices=("optimized", "reference"),
+                     help="optimized (default) or reference: the official algorithm, same codes up to rounding")
+    gen.add_argument("--num-threads", type=int, help="intra-op CPU threads (on a busy 2-core machine, 1 is fastest)")
     gen.add_argument("--no-local-kv-cache", action="store_true", help="recompute the local transformer (official algorithm)")
     for kind in ("text", "audio"):
         gen.add_argument(f"--{kind}-temperature", type=float)
@@ -113,6 +116,7 @@ def run_overrides(args: argparse.Namespace) -> dict:
         "tts_max_batch_size": args.tts_max_batch_size,
         "do_sample": False if args.greedy else None, "host_rng": True if args.host_rng else None,
         "local_kv_cache": False if args.no_local_kv_cache else None,
+        "speed": args.speed, "num_threads": args.num_threads,
         "audio_repetition_penalty": args.audio_repetition_penalty,
     }
     for kind in ("text", "audio"):
@@ -138,6 +142,8 @@ class Outcome:
 
 def synthesize_nano(args: argparse.Namespace, text: str, out: Path, progress: bool) -> Outcome:
     """Run the native (or upstream) Nano pipeline and write ``out``."""
+    import torch
+
     from moss_npu import device as devices
     from moss_npu.audio import StreamingWavWriter, write_wav
     from moss_npu.tts import MossTTSNano
@@ -145,21 +151,15 @@ def synthesize_nano(args: argparse.Namespace, text: str, out: Path, progress: bo
 
     settings = merge(load_preset(args.config) if args.config else None, run_overrides(args))
     dev = devices.resolve_device(settings.device)
-    if settings.seed is not None:
-        devices.seed_everything(settings.seed, dev)
+    if settings.num_threads > 0:
+        torch.set_num_threads(settings.num_threads)  # a process-wide setting: the CLI's to make, not the library's
     if args.prompt_audio_path and not Path(args.prompt_audio_path).is_file():
         raise InputError(f"--prompt-audio-path {args.prompt_audio_path}: file not found; pass a wav/flac/mp3 recording")
     if args.impl == "upstream":
         return _synthesize_upstream(args, settings, dev, text, out)
     tts = MossTTSNano.from_pretrained(args.model, args.codec, device=str(dev), dtype=settings.dtype,
                                       attn_implementation=settings.attn_implementation)
-    generator = None
-    if settings.host_rng:
-        import torch
-
-        generator = torch.Generator().manual_seed(0 if settings.seed is None else settings.seed)
-    request = dict(prompt_audio=args.prompt_audio_path, prompt_text=args.prompt_text, settings=settings,
-                   generator=generator)
+    request = dict(prompt_audio=args.prompt_audio_path, prompt_text=args.prompt_text, settings=settings)
     bar = _progress_bar(progress)
     start = time.perf_counter()
     if not args.stream:

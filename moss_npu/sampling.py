@@ -35,6 +35,11 @@ class TokenParams:
     repetition_penalty: float = 1.0
 
     def __post_init__(self) -> None:
+        # The official API takes None for "no top-k / top-p filter"; 0 and 1.0 say the same here.
+        if self.top_k is None:
+            object.__setattr__(self, "top_k", 0)
+        if self.top_p is None:
+            object.__setattr__(self, "top_p", 1.0)
         if self.do_sample and not self.temperature > 0:
             raise InputError(f"temperature={self.temperature} with sampling on; use a value > 0 "
                              "(or turn sampling off for greedy decoding)")

@@ -105,3 +105,11 @@ def test_defaults():
     assert SamplingParams.runtime_defaults(audio_top_k=10).audio_top_k == 10
     with pytest.raises(InputError):
         SamplingParams(audio_repetition_penalty=-1.0)
+
+
+def test_none_filters_mean_disabled_as_in_the_official_api():
+    from moss_npu.sampling import TokenParams
+
+    params = TokenParams(do_sample=True, temperature=1.0, top_k=None, top_p=None)
+    assert params.top_k == 0 and params.top_p == 1.0
+    assert SamplingParams(audio_top_k=None, text_top_p=None).audio().top_k == 0

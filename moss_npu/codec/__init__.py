@@ -7,7 +7,7 @@ Public entry points: ``load_codec``, ``NanoCodec`` (``encode``, ``decode``, ``in
 from moss_npu.codec.checkpoint import load_codec, nano_codec_config, write_random_codec
 from moss_npu.codec.config import CodecConfig, load_codec_config
 from moss_npu.codec.model import NanoCodec
-from moss_npu.codec.streaming import CUDA_SCHEDULE, OFFICIAL_SCHEDULE, CodecDecodeState, DecodeSchedule
+from moss_npu.codec.streaming import OFFICIAL_SCHEDULE, CodecDecodeState, DecodeSchedule
 
-__all__ = ["CUDA_SCHEDULE", "OFFICIAL_SCHEDULE", "CodecConfig", "CodecDecodeState", "DecodeSchedule", "NanoCodec",
+__all__ = ["OFFICIAL_SCHEDULE", "CodecConfig", "CodecDecodeState", "DecodeSchedule", "NanoCodec",
            "load_codec", "load_codec_config", "nano_codec_config", "write_random_codec"]

@@ -22,7 +22,7 @@ from typing import Callable, Iterator, Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-from moss_npu.errors import InputError
+from moss_npu.errors import InputError, NumericalError
 from moss_npu.nano.config import NanoConfig
 from moss_npu.nano.model import NanoTTSModel
 from moss_npu.nano.reuse import local_qkv_tables, reuse_prompt_prefix
@@ -353,7 +353,7 @@ def _raise_if_non_finite(finite: list, step: int, dtype: torch.dtype) -> None:
     """Raise like upstream (its message starts "Non-finite", which its fp32 fallback looks for)."""
     for ok, what in zip(finite, ("text logits", "audio logits")):
         if not ok:
-            raise RuntimeError(f"Non-finite {what} by frame {step} (dtype {dtype}); rerun the model in float32")
+            raise NumericalError(f"Non-finite {what} by frame {step} (dtype {dtype}); rerun the model in float32")
 
 
 def generate(

@@ -67,8 +67,9 @@ def check_inference(case: dict, fx: Fixture) -> CaseResult:
 def check_inference_stream(case: dict, fx: Fixture) -> CaseResult:
     """The concatenated stream is >= 60 dB SNR against the official stream (chunk sizes are not compared)."""
     kwargs, _ = _request(fx.case(case["of"]), fx)
-    chunks = list(_pipeline(fx).synthesize_stream(**kwargs))
-    wave = torch.cat([c.waveform for c in chunks], dim=1)
+    tts = _pipeline(fx)
+    chunks = list(tts.synthesize_stream(**kwargs))
+    wave = torch.cat([c.waveform for c in chunks], dim=1) if chunks else torch.zeros(tts.codec.channels, 0)
     expected = np.load(fx.path(case["expected_wave"]))
     if tuple(wave.shape) != expected.shape:
         return CaseResult(False, f"stream shape {tuple(wave.shape)} != {expected.shape}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,7 @@ from moss_npu import device as devices
 from moss_npu.audio import load_reference_audio
 from moss_npu.codec.checkpoint import load_codec
 from moss_npu.codec.model import NanoCodec
-from moss_npu.errors import InputError
+from moss_npu.errors import InputError, NumericalError
 from moss_npu.hub import DEFAULT_CODEC, DEFAULT_MODEL, resolve_model_dir
 from moss_npu.nano.checkpoint import load_model
 from moss_npu.nano.generate import PhaseTimer, iter_frames, left_pad, trim_codes
@@ -30,6 +31,8 @@ from moss_npu.nano.prompt import build_prompt_rows, mask_unused_channels, resolv
 from moss_npu.nano.text import pause_samples, voice_clone_chunks
 from moss_npu.nano.tokenizer import TextTokenizer
 from moss_npu.tts.settings import RunConfig
+
+log = logging.getLogger(__name__)
 
 # (chunk index, frame index) after every generated frame: drives progress bars.
 FrameCallback = Callable[[int, int], None]
@@ -141,6 +144,32 @@ class MossTTSNano:
                            max_new_frames=settings.max_new_frames, speed=settings.speed_options(),
                            generator=generator, host_rng=settings.host_rng, timer=timer)
 
+    def _generator(self, settings: RunConfig, generator: Optional[torch.Generator]) -> Optional[torch.Generator]:
+        """Return the caller's generator, else one seeded from ``settings.seed`` (host or device), else None.
+
+        A device generator seeded with ``seed`` draws what the official ``torch.manual_seed(seed)`` run draws,
+        without touching the process-wide generators.
+        """
+        if generator is not None or settings.seed is None:
+            return generator
+        place = torch.device("cpu") if settings.host_rng else self.device
+        return torch.Generator(device=place).manual_seed(settings.seed)
+
+    def _generate_batch(self, prompts: list[torch.Tensor], first_chunk: int, plan: Plan, settings: RunConfig,
+                        generator: Optional[torch.Generator], on_frame: Optional[FrameCallback],
+                        timer: Optional[PhaseTimer]) -> list[torch.Tensor]:
+        """Generate a batch of prompts (left-padded when several); return each one's trimmed codes (F, Q) on the CPU."""
+        rows, mask = (prompts[0], None) if len(prompts) == 1 else left_pad(prompts, self.config)
+        frames = []
+        for event in self._frames(rows.to(self.device), mask, plan, settings, generator, timer):
+            frames.append(event.codes)
+            if on_frame is not None:
+                for b in event.active.nonzero().flatten().tolist():
+                    on_frame(first_chunk + b, event.step_index)
+        stacked = (torch.stack(frames, dim=1) if frames
+                   else torch.empty(len(prompts), 0, self.config.n_vq, dtype=torch.long, device=self.device))
+        return [trim_codes(stacked[b], plan.nq, self.config).cpu() for b in range(len(prompts))]
+
     def _decode(self, codes: torch.Tensor, nq: int, skip_frames: int = 0,
                 timer: Optional[PhaseTimer] = None) -> torch.Tensor:
         """Decode codes (F, Q) in one call; return (C, S) on the CPU without the first ``skip_frames`` frames."""
@@ -158,6 +187,7 @@ class MossTTSNano:
         ``timer`` collects wall time per phase (the frame loop's, plus "codec") for benchmarks.
         """
         plan = self.plan(text, settings, prompt_audio, prompt_text)
+        generator = self._generator(settings, generator)
         batch = 1
         if plan.mode == "voice_clone":
             batch = devices.chunk_batch_size(self.device, len(plan.chunks),
@@ -165,15 +195,16 @@ class MossTTSNano:
         chunk_codes: list[torch.Tensor] = []
         for start in range(0, len(plan.chunks), batch):
             prompts = [self._prompt(plan, c) for c in plan.chunks[start:start + batch]]
-            rows, mask = (prompts[0], None) if len(prompts) == 1 else left_pad(prompts, self.config)
-            frames = []
-            for event in self._frames(rows.to(self.device), mask, plan, settings, generator, timer):
-                frames.append(event.codes)
-                if on_frame is not None:
-                    on_frame(start, event.step_index)
-            stacked = (torch.stack(frames, dim=1) if frames
-                       else torch.empty(len(prompts), 0, self.config.n_vq, dtype=torch.long, device=self.device))
-            chunk_codes.extend(trim_codes(stacked[b], plan.nq, self.config).cpu() for b in range(len(prompts)))
+            try:
+                codes = self._generate_batch(prompts, start, plan, settings, generator, on_frame, timer)
+            except NumericalError as exc:
+                if not settings.stability_fallback or self.model.dtype == torch.float32:
+                    raise
+                # The official inference does the same: cast to float32 and generate this batch again.
+                log.warning("%s: casting the language model to float32 and generating again", exc)
+                self.model.float()
+                codes = self._generate_batch(prompts, start, plan, settings, generator, on_frame, timer)
+            chunk_codes.extend(codes)
 
         if plan.mode == "continuation" and plan.prompt_codes is not None:
             # Decode the prompt audio too, so the continuation starts from the right codec context.
@@ -200,6 +231,7 @@ class MossTTSNano:
         soon as one frame exists (budget 1), which sets the time to first audio.
         """
         plan = self.plan(text, settings, prompt_audio, prompt_text)
+        generator = self._generator(settings, generator)
         schedule = settings.schedule()
         state = self.codec.init_decode_state(1, max(schedule.budgets))
         emitted_s, first_emit = 0.0, None

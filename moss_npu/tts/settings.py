@@ -13,7 +13,7 @@ from typing import Any, Mapping, Optional
 
 import yaml
 
-from moss_npu.codec.streaming import DecodeSchedule
+from moss_npu.codec.streaming import OFFICIAL_SCHEDULE, DecodeSchedule
 from moss_npu.errors import ConfigError, InputError
 from moss_npu.nano.generate import SpeedOptions
 from moss_npu.sampling import SamplingParams
@@ -46,10 +46,11 @@ class RunConfig:
     tts_max_batch_size: int = 0
     speed: str = "optimized"  # "optimized" or "reference" (the official algorithm; same codes up to rounding)
     local_kv_cache: Optional[bool] = None  # None: as ``speed`` says
+    stability_fallback: bool = True  # non-finite bf16/fp16 logits: cast to float32 and retry (official behaviour)
     num_threads: int = 0  # intra-op CPU threads (0: torch's default); a process setting, applied by the CLIs
-    stream_lead_thresholds_s: tuple[float, ...] = (0.20, 0.55, 1.10)
-    stream_budgets: tuple[int, ...] = (1, 2, 4, 8)
-    stream_head_lead_s: float = 0.45
+    stream_lead_thresholds_s: tuple[float, ...] = OFFICIAL_SCHEDULE.lead_thresholds_s
+    stream_budgets: tuple[int, ...] = OFFICIAL_SCHEDULE.budgets
+    stream_head_lead_s: float = OFFICIAL_SCHEDULE.head_lead_s
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

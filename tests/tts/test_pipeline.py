@@ -110,3 +110,40 @@ def test_bad_settings():
         RunConfig(audio_top_p=0.0)
     with pytest.raises(ConfigError, match="budgets"):
         RunConfig(stream_budgets=(1, 2))
+
+
+@needs_fixtures
+def test_settings_seed_makes_sampled_runs_repeatable_without_global_state(tts):
+    """RunConfig.seed seeds a generator of the pipeline's own (as torch.manual_seed(seed) would draw)."""
+    settings = RunConfig(device="cpu", max_new_frames=4, seed=1)
+    torch.manual_seed(123)
+    a = tts.synthesize("Seeded.", settings=settings)
+    torch.manual_seed(456)
+    b = tts.synthesize("Seeded.", settings=settings)
+    assert torch.equal(a.codes, b.codes)
+    torch.manual_seed(1)
+    c = tts.synthesize("Seeded.", settings=RunConfig(device="cpu", max_new_frames=4))
+    assert torch.equal(a.codes, c.codes)  # same draws as the official global seeding
+
+
+@needs_fixtures
+def test_non_finite_low_precision_falls_back_to_float32(monkeypatch):
+    """Like the official inference: a NumericalError in bf16 recasts the LM to float32 and generates again."""
+    from moss_npu.errors import NumericalError
+    from moss_npu.tts import pipeline as module
+
+    tts = MossTTSNano.from_pretrained(str(NANO / "tts"), str(NANO / "codec"), device="cpu", dtype="bfloat16")
+    original, calls = module.MossTTSNano._generate_batch, []
+
+    def flaky(self, *args, **kwargs):
+        calls.append(self.model.dtype)
+        if self.model.dtype != torch.float32:
+            raise NumericalError("Non-finite text logits by frame 0 (dtype torch.bfloat16); rerun the model in float32")
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(module.MossTTSNano, "_generate_batch", flaky)
+    result = tts.synthesize("Fallback.", settings=RunConfig(**GREEDY, max_new_frames=2))
+    assert calls == [torch.bfloat16, torch.float32] and result.codes.shape[0] == 2
+    with pytest.raises(NumericalError):
+        tts.model.to(torch.bfloat16)
+        tts.synthesize("No fallback.", settings=RunConfig(**GREEDY, max_new_frames=2, stability_fallback=False))
