@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from moss_npu.errors import InputError, MossNpuError
+from moss_npu.errors import InputError, MossNpuError, NumericalError
 
 SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "repetition_penalty")
 
@@ -250,7 +250,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             outcome = synthesize_nano(args, text, out, progress)
     except MossNpuError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return 1 if isinstance(exc, NumericalError) else 2  # a run that went numerically wrong is not bad input
     rtf = outcome.elapsed_s / outcome.audio_s if outcome.audio_s > 0 else float("inf")
     line = f"wrote {out}: {outcome.audio_s:.2f} s of audio in {outcome.elapsed_s:.2f} s (RTF {rtf:.2f})"
     if outcome.first_audio_s is not None:
