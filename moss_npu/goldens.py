@@ -42,6 +42,12 @@ HANDLERS: dict[str, dict[str, str]] = {
         "sampling": "moss_npu.delay.cases:check_sampling",
         "generate": "moss_npu.delay.cases:check_generate",
     },
+    # Text-only fixtures (no model): the official text normalization.
+    "text": {
+        "normalize_text": "moss_npu.text.cases:check_normalize_text",
+        "normalize_robust": "moss_npu.text.cases:check_normalize_robust",
+        "normalize_language": "moss_npu.text.cases:check_normalize_language",
+    },
 }
 
 
@@ -105,13 +111,21 @@ def fixture_dirs(root: Optional[Path] = None) -> list[Path]:
     return sorted(p for p in root.iterdir() if (p / "cases.json").is_file())
 
 
-def detect_family(root: Path) -> str:
-    """Tell a nano fixture (``tts/`` + ``codec/``) from a delay fixture (``weights/``) by its layout."""
+def detect_family(root: Path, declared: Optional[str] = None) -> str:
+    """Return the fixture family: the one ``cases.json`` declares, else the one its layout shows.
+
+    A nano fixture holds ``tts/`` + ``codec/``, a delay fixture ``weights/``; a ``text`` fixture holds no model.
+    """
+    if declared is not None:
+        if declared not in HANDLERS:
+            raise ValueError(f"{root}: unknown fixture family {declared!r} (known: {', '.join(HANDLERS)})")
+        return declared
     if (root / "tts" / "config.json").is_file():
         return "nano"
     if (root / "weights" / "config.json").is_file():
         return "delay"
-    raise ValueError(f"{root}: not a fixture folder (expected tts/config.json or weights/config.json)")
+    raise ValueError(f"{root}: not a fixture folder (expected a \"family\" in cases.json, tts/config.json "
+                     "or weights/config.json)")
 
 
 def load_fixture(root: Path | str) -> Fixture:
@@ -119,7 +133,8 @@ def load_fixture(root: Path | str) -> Fixture:
     root = Path(root).resolve()
     data = json.loads((root / "cases.json").read_text(encoding="utf-8"))
     meta = {k: v for k, v in data.items() if k != "cases"}
-    return Fixture(root=root, family=detect_family(root), meta=meta, cases=list(data["cases"]))
+    family = detect_family(root, meta.get("family"))
+    return Fixture(root=root, family=family, meta=meta, cases=list(data["cases"]))
 
 
 def _handler(target: str) -> Optional[Callable[[dict, Fixture], CaseResult]]:
