@@ -28,6 +28,7 @@ setup(
         "llama": ["llama-cpp-python>=0.3.17", "tokenizers", "onnxruntime"],
         "onnx": ["onnx", "onnxruntime"],
         "upstream": ["transformers==4.57.1"],  # torchaudio not needed: audio goes through moss_npu.audio
-        "dev": ["pytest"],
+        # Everything the README's test line needs except llama-cpp-python (a ~6 min source build: its own line).
+        "dev": ["pytest", "onnx", "onnxruntime", "tokenizers"],
     },
 )

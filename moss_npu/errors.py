@@ -13,6 +13,10 @@ class DeviceError(MossNpuError):
     """A device is unknown, unavailable, or cannot do what was asked (dtype, memory)."""
 
 
+class MissingDependency(DeviceError):
+    """An optional package is not installed; the message names the command that installs it."""
+
+
 class CheckpointError(MossNpuError):
     """A model folder is missing files or holds weights that do not match its config."""
 

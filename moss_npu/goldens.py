@@ -2,7 +2,9 @@
 
 ``python -m moss_npu.goldens FIXTURE_DIR`` reads ``FIXTURE_DIR/cases.json``, runs each case through the
 handler registered for its kind, prints one line per case (``id  kind  PASS/FAIL/SKIP  metric``) and a
-summary line ``N passed, M failed, K skipped``. It exits 1 if a case fails or a kind is unknown. Handlers
+summary line ``N passed, M failed, K skipped``. It exits 1 if a case fails or a kind is unknown. A case whose
+optional package (llama-cpp-python for the Delay cases) is not installed is a SKIP that names the install
+command. Handlers
 live beside the code they check (``nano/cases.py``, ``codec/cases.py``, ``tts/cases.py``,
 ``delay/cases.py``); this file only dispatches. Tolerances come from each fixture's README.
 """
@@ -17,6 +19,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
+
+from moss_npu.errors import MissingDependency
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -95,6 +99,7 @@ class Outcome:
     kind: str
     status: str  # PASS, FAIL or SKIP
     detail: str
+    missing_dependency: bool = False  # a SKIP because an optional package is not installed
 
 
 def fixtures_root() -> Path:
@@ -160,6 +165,8 @@ def run_case(case: dict, fx: Fixture) -> Outcome:
         if handler is None:
             return Outcome(case_id, kind, "SKIP", "(not implemented)")
         result = handler(case, fx)
+    except MissingDependency as exc:
+        return Outcome(case_id, kind, "SKIP", f"(optional package missing) {exc}", missing_dependency=True)
     except Exception as exc:  # a crashing case is a failed case; the runner goes on with the others
         return Outcome(case_id, kind, "FAIL", f"{type(exc).__name__}: {exc}")
     return Outcome(case_id, kind, "PASS" if result.passed else "FAIL", result.detail)

@@ -14,6 +14,7 @@ import soundfile as sf
 
 import inference
 from moss_npu import goldens
+from tests.optional import require
 
 NANO = goldens.fixtures_root() / "nano-tiny"
 AUDIO = goldens.fixtures_root() / "audio"
@@ -180,7 +181,7 @@ DELAY = goldens.fixtures_root() / "delay-tiny"
 @pytest.mark.skipif(not DELAY.is_dir(), reason=f"fixtures not found at {DELAY} (set MOSS_NPU_FIXTURES)")
 def test_llama_cpp_backend_end_to_end(tmp_path, capsys):
     """The README's Delay command with the tiny GGUF fixture and the package's noise-making test codec."""
-    pytest.importorskip("llama_cpp", reason="llama-cpp-python is an optional extra (CI installs it)")
+    require("llama_cpp", 'pip install -e ".[llama]"')
     from moss_npu.delay.make_test_codec import main as make_test_codec
 
     codec = tmp_path / "codec"
