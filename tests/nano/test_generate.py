@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from moss_npu.errors import NumericalError
 from moss_npu.nano import generate as gen_mod
 from moss_npu.nano.checkpoint import load_model, read_state_dict, write_random_checkpoint
 from moss_npu.nano.generate import PhaseTimer, generate, iter_frames, left_pad, trim_codes
@@ -150,17 +151,21 @@ def test_random_checkpoint_round_trip(tmp_path, tiny_tokenizer):
     assert codes[0].shape == (3, 4) and torch.equal(codes[0], codes[1])
 
 
+@pytest.mark.parametrize("sampling", [SamplingParams(), SAMPLED], ids=["greedy", "sampled"])
 @pytest.mark.parametrize("where", ["text", "audio"])
-def test_non_finite_logits_raise(tiny_ckpt, prompts, where):
-    """Like upstream: non-finite logits raise a RuntimeError starting "Non-finite" (its fp32 fallback's cue)."""
+def test_non_finite_logits_raise(tiny_ckpt, prompts, where, sampling):
+    """Like upstream: non-finite logits raise a RuntimeError starting "Non-finite" (its fp32 fallback's cue), also
+    when sampling (torch.multinomial never sees them); in float32 the message does not advise float32."""
     broken = _steer(load_model(tiny_ckpt, device="cpu"), True)
     with torch.no_grad():
         if where == "text":
             broken.local_transformer.ln_f.weight[1] = float("nan")
         else:
             broken.audio_lm_heads[3].weight[5, 0] = float("nan")
-    with pytest.raises(RuntimeError, match=f"^Non-finite {where} logits"):
-        generate(broken, prompts[0], max_new_frames=1)
+    with pytest.raises(NumericalError, match=f"^Non-finite {where} logits.*precision is not the cause"):
+        generate(broken, prompts[0], max_new_frames=2, sampling=sampling)
+    with pytest.raises(NumericalError, match=r"bfloat16\); run the model in float32"):
+        generate(broken.to(torch.bfloat16), prompts[0], max_new_frames=2, sampling=sampling)
 
 
 def test_phase_timer_counts_phases(model, prompts):

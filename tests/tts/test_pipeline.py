@@ -1,10 +1,12 @@
 """The pipeline's own behaviour beyond the goldens: reference cache, chunk batching, streaming cost, settings."""
 
+import contextlib
+
 import pytest
 import torch
 
 from moss_npu import goldens
-from moss_npu.errors import ConfigError, InputError
+from moss_npu.errors import ConfigError, InputError, NumericalError
 from moss_npu.tts import MossTTSNano, RunConfig
 from moss_npu.tts.settings import load_preset, merge
 
@@ -126,24 +128,96 @@ def test_settings_seed_makes_sampled_runs_repeatable_without_global_state(tts):
     assert torch.equal(a.codes, c.codes)  # same draws as the official global seeding
 
 
+@pytest.fixture(scope="module")
+def bf16_tts():
+    if not NANO.is_dir():
+        pytest.skip(f"fixtures not found at {NANO} (set MOSS_NPU_FIXTURES)")
+    return MossTTSNano.from_pretrained(str(NANO / "tts"), str(NANO / "codec"), device="cpu", dtype="bfloat16")
+
+
+@contextlib.contextmanager
+def overflow_below_float32(module, after_calls=0):
+    """Make ``module`` output NaN when it computes in less than float32 (after ``after_calls`` clean calls), as an
+    overflow in bf16/fp16 would; the hook travels with a copy of the model, where float32 computes cleanly."""
+    calls = []
+
+    def hook(mod, args, output):
+        calls.append(output.dtype)
+        if output.dtype != torch.float32 and len(calls) > after_calls:
+            return output * float("nan")
+        return None
+
+    handle = module.register_forward_hook(hook)
+    try:
+        yield calls
+    finally:
+        handle.remove()
+
+
+SAMPLED_FALLBACK = dict(max_new_frames=4, seed=3)  # sampled decoding: the official runtime defaults
+
+
 @needs_fixtures
-def test_non_finite_low_precision_falls_back_to_float32(monkeypatch):
-    """Like the official inference: a NumericalError in bf16 recasts the LM to float32 and generates again."""
-    from moss_npu.errors import NumericalError
-    from moss_npu.tts import pipeline as module
+@pytest.mark.parametrize("where", ["text", "audio"])
+def test_fallback_in_sampled_decoding_leaves_the_model_as_loaded(bf16_tts, where, caplog):
+    """Non-finite logits never reach torch.multinomial: the batch is generated again with a float32 copy, and
+    the loaded bf16 model stays bf16 for later calls (which fall back again)."""
+    lm = bf16_tts.model
+    module = lm.local_transformer.ln_f if where == "text" else lm.audio_lm_heads[2]
+    weights = {k: v.clone() for k, v in lm.state_dict().items()}
+    with overflow_below_float32(module) as calls:
+        for _ in range(2):
+            result = bf16_tts.synthesize("Fallback.", settings=RunConfig(**SAMPLED_FALLBACK))
+            assert result.codes.shape[0] > 0 and bool(torch.isfinite(result.waveform).all())
+            assert lm.dtype == torch.bfloat16
+    assert torch.float32 in calls and torch.bfloat16 in calls
+    assert all(torch.equal(v, lm.state_dict()[k]) for k, v in weights.items())
+    assert sum("float32 copy" in r.getMessage() for r in caplog.records) == 2
 
-    tts = MossTTSNano.from_pretrained(str(NANO / "tts"), str(NANO / "codec"), device="cpu", dtype="bfloat16")
-    original, calls = module.MossTTSNano._generate_batch, []
 
-    def flaky(self, *args, **kwargs):
-        calls.append(self.model.dtype)
-        if self.model.dtype != torch.float32:
-            raise NumericalError("Non-finite text logits by frame 0 (dtype torch.bfloat16); rerun the model in float32")
-        return original(self, *args, **kwargs)
+@needs_fixtures
+def test_fallback_in_a_stream_before_any_audio(bf16_tts):
+    """A stream whose first frame is non-finite in bf16 gives the float32 copy's audio, nothing non-finite."""
+    with overflow_below_float32(bf16_tts.model.audio_lm_heads[0]):
+        chunks = list(bf16_tts.synthesize_stream("Streamed.", settings=RunConfig(**GREEDY, max_new_frames=6)))
+    wave = torch.cat([c.waveform for c in chunks], dim=1)
+    assert wave.shape[-1] == 6 * bf16_tts.codec.frame_size and bool(torch.isfinite(wave).all())
+    assert bf16_tts.model.dtype == torch.bfloat16
 
-    monkeypatch.setattr(module.MossTTSNano, "_generate_batch", flaky)
-    result = tts.synthesize("Fallback.", settings=RunConfig(**GREEDY, max_new_frames=2))
-    assert calls == [torch.bfloat16, torch.float32] and result.codes.shape[0] == 2
-    with pytest.raises(NumericalError):
-        tts.model.to(torch.bfloat16)
-        tts.synthesize("No fallback.", settings=RunConfig(**GREEDY, max_new_frames=2, stability_fallback=False))
+
+@needs_fixtures
+def test_fallback_in_a_stream_continues_after_the_audio_already_played(bf16_tts):
+    """Frames 0-3 are fine in bf16, frame 4 is not: the audio already yielded stays as it was and the float32
+    copy continues from there, so the stream keeps its full length and every sample is finite."""
+    settings = RunConfig(**GREEDY, max_new_frames=8)
+    clean = torch.cat([c.waveform for c in bf16_tts.synthesize_stream("Streamed on.", settings=settings)], dim=1)
+    frame = bf16_tts.codec.frame_size
+    with overflow_below_float32(bf16_tts.model.audio_lm_heads[1], after_calls=4):
+        stream = bf16_tts.synthesize_stream("Streamed on.", settings=settings)
+        first = next(stream)  # decoded before the bad frame exists
+        rest = list(stream)
+    wave = torch.cat([first.waveform] + [c.waveform for c in rest], dim=1)
+    assert first.waveform.shape[-1] >= frame and torch.equal(first.waveform, clean[:, :first.waveform.shape[-1]])
+    assert wave.shape == clean.shape and bool(torch.isfinite(wave).all())
+    assert not torch.equal(wave, clean)  # the tail really comes from the float32 continuation
+    assert bf16_tts.model.dtype == torch.bfloat16
+
+
+@needs_fixtures
+def test_non_finite_in_float32_says_precision_is_not_the_cause(bf16_tts):
+    """A NaN weight stays NaN in float32: the fallback fails too and says what to do instead (sampled and streamed)."""
+    lm = bf16_tts.model
+    saved = lm.audio_lm_heads[3].weight[5, 0].clone()
+    with torch.no_grad():
+        lm.audio_lm_heads[3].weight[5, 0] = float("nan")
+    try:
+        with pytest.raises(NumericalError, match="in float32, so precision is not the cause.*download"):
+            bf16_tts.synthesize("Broken.", settings=RunConfig(**SAMPLED_FALLBACK))
+        with pytest.raises(NumericalError, match="in float32, so precision is not the cause"):
+            list(bf16_tts.synthesize_stream("Broken.", settings=RunConfig(**SAMPLED_FALLBACK)))
+        with pytest.raises(NumericalError, match=r"bfloat16\); run the model in float32 \(--dtype float32\)"):
+            bf16_tts.synthesize("Broken.", settings=RunConfig(**SAMPLED_FALLBACK, stability_fallback=False))
+    finally:
+        with torch.no_grad():
+            lm.audio_lm_heads[3].weight[5, 0] = saved
+    assert lm.dtype == torch.bfloat16
