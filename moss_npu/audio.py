@@ -70,7 +70,7 @@ def read_audio_source(source: AudioSource) -> tuple[torch.Tensor, int, str]:
         return torch.from_numpy(np.ascontiguousarray(wave.T)), int(rate), name
     if isinstance(source, tuple) and len(source) == 2:
         return (*_waveform_pair(*source), "(waveform, sample_rate)")
-    raise AudioError(f"reference audio: a {type(source).__name__} is not a recording; pass a file path, the bytes "
+    raise AudioError(f"reference audio: {type(source).__name__} {source!r:.40} is not a recording; pass a file path, the bytes "
                      "of a wav/flac/mp3 file, or a (waveform, sample_rate) pair")
 
 

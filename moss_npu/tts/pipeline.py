@@ -22,7 +22,7 @@ from moss_npu import device as devices
 from moss_npu.audio import AudioSource, audio_source_key, load_reference_audio
 from moss_npu.codec.checkpoint import load_codec
 from moss_npu.codec.model import NanoCodec
-from moss_npu.errors import InputError, NumericalError
+from moss_npu.errors import ConfigError, InputError, NumericalError
 from moss_npu.hub import DEFAULT_CODEC, DEFAULT_MODEL, resolve_model_dir
 from moss_npu.nano.checkpoint import load_model
 from moss_npu.nano.generate import PhaseTimer, iter_frames, left_pad, non_finite_message, trim_codes
@@ -30,7 +30,7 @@ from moss_npu.nano.model import NanoTTSModel
 from moss_npu.nano.prompt import build_prompt_rows, mask_unused_channels, resolve_mode
 from moss_npu.nano.text import pause_samples, voice_clone_chunks
 from moss_npu.nano.tokenizer import TextTokenizer
-from moss_npu.tts.settings import RunConfig
+from moss_npu.tts.settings import LoadConfig, RunConfig
 
 log = logging.getLogger(__name__)
 
@@ -83,14 +83,22 @@ class MossTTSNano:
 
     @classmethod
     def from_pretrained(cls, model: str = DEFAULT_MODEL, codec: str = DEFAULT_CODEC, *, device: str = "auto",
-                        dtype: Optional[str] = None, attn_implementation: Optional[str] = None) -> "MossTTSNano":
+                        dtype: Optional[str] = None, attn_implementation: Optional[str] = None,
+                        num_threads: int = 0) -> "MossTTSNano":
         """Load the LM and codec from local folders or hub ids onto ``device`` (``auto``, ``cpu``, ``npu:0``, …).
 
-        The LM computes in ``dtype`` (default fp32); the codec stays fp32 as in the official code.
+        These are the load-time settings (``LoadConfig``'s fields: ``from_pretrained(m, c, **asdict(load))``);
+        every call's own settings are a ``RunConfig``. The LM computes in ``dtype`` (default fp32); the codec
+        stays fp32 as in the official code. ``num_threads`` > 0 sets torch's intra-op threads, which are
+        process-wide.
         """
-        dev = devices.resolve_device(device)
-        dt = devices.resolve_dtype(dev, dtype)
-        attn = devices.attention_impl(dev, dt, attn_implementation)
+        load = LoadConfig(device=device or "auto", dtype=dtype or "auto",
+                          attn_implementation=attn_implementation or "sdpa", num_threads=num_threads)
+        dev = devices.resolve_device(load.device)
+        dt = devices.resolve_dtype(dev, load.dtype)
+        attn = devices.attention_impl(dev, dt, load.attn_implementation)
+        if load.num_threads > 0:
+            torch.set_num_threads(load.num_threads)
         model_dir = resolve_model_dir(model, required=("config.json", "tokenizer.model"))
         codec_dir = resolve_model_dir(codec, required=("config.json",))
         lm = load_model(model_dir, device=dev, dtype=dt, attn_impl=attn)
@@ -123,6 +131,9 @@ class MossTTSNano:
     def plan(self, text: str, settings: RunConfig, prompt_audio: Optional[PromptAudio] = None,
              prompt_text: Optional[str] = None) -> Plan:
         """Validate a request and decide its mode, chunks and prompt codes."""
+        if not isinstance(settings, RunConfig):
+            raise ConfigError(f"settings: a {type(settings).__name__} is not a RunConfig; pass "
+                              "settings=RunConfig(...) (device, dtype, attention, threads are from_pretrained's)")
         if not isinstance(text, str) or not text.strip():
             raise InputError("the text is empty; pass the words to speak with --text or --text-file")
         nq = self.config.n_vq if settings.nq is None else settings.nq

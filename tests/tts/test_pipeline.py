@@ -1,19 +1,21 @@
 """The pipeline's own behaviour beyond the goldens: reference cache, chunk batching, streaming cost, settings."""
 
 import contextlib
+import dataclasses
 
 import pytest
+import soundfile as sf
 import torch
 
 from moss_npu import goldens
 from moss_npu.errors import ConfigError, InputError, NumericalError
-from moss_npu.tts import MossTTSNano, RunConfig
+from moss_npu.tts import LoadConfig, MossTTSNano, RunConfig
 from moss_npu.tts.settings import load_preset, merge
 
 NANO = goldens.fixtures_root() / "nano-tiny"
 REFERENCE = NANO / "goldens" / "reference.wav"
 needs_fixtures = pytest.mark.skipif(not NANO.is_dir(), reason=f"fixtures not found at {NANO} (set MOSS_NPU_FIXTURES)")
-GREEDY = dict(device="cpu", do_sample=False, audio_repetition_penalty=1.0)
+GREEDY = dict(do_sample=False, audio_repetition_penalty=1.0)
 
 
 @pytest.fixture(scope="module")
@@ -36,14 +38,43 @@ def count_calls(monkeypatch, obj, name):
 
 
 @needs_fixtures
-def test_reference_is_encoded_once_per_file_content(tts, monkeypatch, tmp_path):
+def test_reference_is_encoded_once_per_content(tts, monkeypatch, tmp_path):
+    """A path, another file with the same bytes, and the bytes themselves share one encode; a waveform pair is
+    encoded once more (another kind of content) and then cached too; every form gives the same codes."""
+    tts._reference_cache.clear()  # earlier tests may have cached this reference
     calls = count_calls(monkeypatch, tts.codec, "encode")
     settings = RunConfig(**GREEDY, max_new_frames=2)
     tts.synthesize("One.", prompt_audio=REFERENCE, settings=settings)
     copy = tmp_path / "same_voice.flac"
     copy.write_bytes(REFERENCE.read_bytes())  # another name, same content: still cached
     tts.synthesize("Two.", prompt_audio=copy, settings=settings)
-    assert len(calls) <= 1  # 0 when an earlier test already cached it
+    tts.synthesize("Three.", prompt_audio=REFERENCE.read_bytes(), settings=settings)
+    assert len(calls) == 1
+    data, rate = sf.read(str(REFERENCE), dtype="float32", always_2d=True)
+    pair = (torch.from_numpy(data.T.copy()), rate)
+    from_pair = tts.reference_codes(pair)
+    assert tts.reference_codes((data.T.copy(), rate)) is from_pair  # equal content, another array: cached
+    assert len(calls) == 2
+    assert torch.equal(from_pair, tts.reference_codes(REFERENCE))
+    mono = (torch.from_numpy(data[:, 0].copy()), rate)  # (samples,) is one channel
+    assert torch.equal(tts.reference_codes(mono), from_pair)
+
+
+@pytest.mark.parametrize("source,pattern", [
+    (123, "int 123 is not a recording"),
+    (b"not audio at all", "<16 bytes>: cannot decode"),
+    ((torch.zeros(2, 10, dtype=torch.long), 48000), "must be a float tensor"),
+    ((torch.zeros(2, 2, 10), 48000), r"waveform \(2, 2, 10\) must be"),
+    ((torch.zeros(2, 10), 0), "sample_rate 0 must be a positive int"),
+    ((torch.zeros(2, 10), 44.1), "sample_rate 44.1 must be a positive int"),
+])
+def test_bad_prompt_audio_is_one_clear_error(source, pattern):
+    from moss_npu.audio import load_reference_audio
+    from moss_npu.errors import AudioError
+
+    with pytest.raises(AudioError, match=pattern) as info:
+        load_reference_audio(source)
+    assert "\n" not in str(info.value)
 
 
 @needs_fixtures
@@ -89,7 +120,7 @@ def test_presets_reject_unknown_keys(tmp_path):
 def test_precedence_default_preset_flag(tmp_path):
     preset = tmp_path / "p.yaml"
     preset.write_text("max_new_frames: 100\naudio_top_k: 10\nstream_budgets: [2, 4, 8, 12]\n")
-    settings = merge(load_preset(preset), {"max_new_frames": 50, "audio_top_k": None})
+    settings = merge(load_preset(preset), {"max_new_frames": 50, "audio_top_k": None}).run
     assert settings.max_new_frames == 50  # flag beats preset
     assert settings.audio_top_k == 10  # an unset flag leaves the preset value
     assert settings.text_top_k == 50  # default where neither sets it
@@ -101,8 +132,48 @@ def test_shipped_presets_load(preset):
     from pathlib import Path
 
     path = Path(__file__).resolve().parents[2] / "configs" / f"{preset}.yaml"
-    settings = merge(load_preset(path))
-    assert settings.device.startswith(preset)
+    load, run = merge(load_preset(path))
+    assert load.device.startswith(preset) and isinstance(run, RunConfig)
+
+
+def test_load_time_settings_are_refused_per_call():
+    """A per-call device/dtype/attention/threads would be silently ignored by a loaded pipeline: refused, with the fix."""
+    for name, value in (("device", "npu"), ("dtype", "bfloat16"), ("attn_implementation", "eager"),
+                        ("num_threads", 2)):
+        with pytest.raises(ConfigError, match=f"^{name}: set when the pipeline loads.*from_pretrained"):
+            RunConfig(**{name: value})
+    with pytest.raises(ConfigError, match="device: set when the pipeline loads"):
+        dataclasses.replace(RunConfig(), device="cpu")
+    with pytest.raises(TypeError):
+        RunConfig(temprature=0.5)  # any other unknown name stays a plain TypeError
+
+
+def test_merge_splits_load_and_run_settings(tmp_path):
+    preset = tmp_path / "p.yaml"
+    preset.write_text("device: cpu\ndtype: bfloat16\nmax_new_frames: 100\n")
+    load, run = merge(load_preset(preset), {"num_threads": 3, "seed": 5, "dtype": None})
+    assert load == LoadConfig(device="cpu", dtype="bfloat16", num_threads=3)
+    assert (run.max_new_frames, run.seed) == (100, 5)
+    with pytest.raises(InputError, match="--num-threads -1"):
+        merge(None, {"num_threads": -1})
+
+
+@needs_fixtures
+def test_synthesize_refuses_settings_that_are_not_a_run_config(tts):
+    with pytest.raises(ConfigError, match="a LoadConfig is not a RunConfig"):
+        tts.synthesize("Hi.", settings=LoadConfig(device="cpu"))
+    with pytest.raises(ConfigError, match="a dict is not a RunConfig"):
+        next(tts.synthesize_stream("Hi.", settings={"max_new_frames": 2}))
+
+
+@needs_fixtures
+def test_from_pretrained_applies_its_thread_count():
+    before = torch.get_num_threads()
+    try:
+        MossTTSNano.from_pretrained(str(NANO / "tts"), str(NANO / "codec"), device="cpu", num_threads=1)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_bad_settings():
@@ -117,14 +188,14 @@ def test_bad_settings():
 @needs_fixtures
 def test_settings_seed_makes_sampled_runs_repeatable_without_global_state(tts):
     """RunConfig.seed seeds a generator of the pipeline's own (as torch.manual_seed(seed) would draw)."""
-    settings = RunConfig(device="cpu", max_new_frames=4, seed=1)
+    settings = RunConfig(max_new_frames=4, seed=1)
     torch.manual_seed(123)
     a = tts.synthesize("Seeded.", settings=settings)
     torch.manual_seed(456)
     b = tts.synthesize("Seeded.", settings=settings)
     assert torch.equal(a.codes, b.codes)
     torch.manual_seed(1)
-    c = tts.synthesize("Seeded.", settings=RunConfig(device="cpu", max_new_frames=4))
+    c = tts.synthesize("Seeded.", settings=RunConfig(max_new_frames=4))
     assert torch.equal(a.codes, c.codes)  # same draws as the official global seeding
 
 
