@@ -149,16 +149,16 @@ def synthesize_nano(args: argparse.Namespace, text: str, out: Path, progress: bo
     from moss_npu.tts import MossTTSNano
     from moss_npu.tts.settings import load_preset, merge
 
-    settings = merge(load_preset(args.config) if args.config else None, run_overrides(args))
-    dev = devices.resolve_device(settings.device)
-    if settings.num_threads > 0:
-        torch.set_num_threads(settings.num_threads)  # a process-wide setting: the CLI's to make, not the library's
+    load, settings = merge(load_preset(args.config) if args.config else None, run_overrides(args))
+    dev = devices.resolve_device(load.device)
+    if load.num_threads > 0:
+        torch.set_num_threads(load.num_threads)  # a process-wide setting: the CLI's to make, not the library's
     if args.prompt_audio_path and not Path(args.prompt_audio_path).is_file():
         raise InputError(f"--prompt-audio-path {args.prompt_audio_path}: file not found; pass a wav/flac/mp3 recording")
     if args.impl == "upstream":
-        return _synthesize_upstream(args, settings, dev, text, out)
-    tts = MossTTSNano.from_pretrained(args.model, args.codec, device=str(dev), dtype=settings.dtype,
-                                      attn_implementation=settings.attn_implementation)
+        return _synthesize_upstream(args, load, settings, dev, text, out)
+    tts = MossTTSNano.from_pretrained(args.model, args.codec, device=str(dev), dtype=load.dtype,
+                                      attn_implementation=load.attn_implementation)
     request = dict(prompt_audio=args.prompt_audio_path, prompt_text=args.prompt_text, settings=settings)
     bar = _progress_bar(progress)
     start = time.perf_counter()
@@ -183,12 +183,12 @@ def synthesize_nano(args: argparse.Namespace, text: str, out: Path, progress: bo
     return Outcome(samples / tts.sample_rate, elapsed, first)
 
 
-def _synthesize_upstream(args, settings, dev, text: str, out: Path) -> Outcome:
+def _synthesize_upstream(args, load, settings, dev, text: str, out: Path) -> Outcome:
     from moss_npu import device as devices
     from moss_npu.audio import write_wav
     from moss_npu.upstream import load_upstream
 
-    dtype = devices.resolve_dtype(dev, settings.dtype)
+    dtype = devices.resolve_dtype(dev, load.dtype)
     mode = settings.mode
     if mode == "auto":
         mode = "voice_clone" if args.prompt_audio_path and not args.prompt_text else "continuation"

@@ -112,8 +112,7 @@ def run_once(tts: MossTTSNano, case: str, config: BenchConfig, frames: int, stre
     if config.threads:
         torch.set_num_threads(config.threads)
     text, audio = case_request(case)
-    settings = RunConfig(device=str(tts.device), do_sample=False, max_new_frames=frames, speed=config.speed,
-                         num_threads=config.threads)
+    settings = RunConfig(do_sample=False, max_new_frames=frames, speed=config.speed)
     back = devices.backend(tts.device)
     back.reset_peak_memory_stats()
     timer = PhaseTimer(sync=back.synchronize)

@@ -10,6 +10,8 @@ Shapes: C channels, S samples.
 
 from __future__ import annotations
 
+import hashlib
+import io
 import math
 import os
 import tempfile
@@ -24,6 +26,8 @@ import torch.nn.functional as F
 from moss_npu.errors import AudioError
 
 PathLike = Union[str, Path]
+# A recording as a file path, the bytes of such a file, or a (waveform (C, S) or (S,), sample_rate) pair.
+AudioSource = Union[str, Path, bytes, tuple]
 _PUBLIC_FILE_MODE = 0o644
 
 
@@ -46,10 +50,64 @@ def read_audio(path: PathLike) -> tuple[torch.Tensor, int]:
     return torch.from_numpy(np.ascontiguousarray(data.T)), int(rate)
 
 
+def read_audio_source(source: AudioSource) -> tuple[torch.Tensor, int, str]:
+    """Read a path, the bytes of an audio file, or a (waveform, sample_rate) pair as float32 ``(C, S)``.
+
+    Returns the waveform, its rate and how error messages name the source.
+
+    Raises:
+        AudioError: an unknown kind of source, an undecodable file, or a malformed waveform pair.
+    """
+    if isinstance(source, (str, Path)):
+        return (*read_audio(source), str(source))
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        data = bytes(source)
+        name = f"<{len(data)} bytes>"
+        try:
+            wave, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
+        except Exception as exc:  # libsndfile reports every decode failure as a generic error
+            raise AudioError(f"reference audio {name}: cannot decode ({_decode_hint_bytes(data[:4], exc)})") from exc
+        return torch.from_numpy(np.ascontiguousarray(wave.T)), int(rate), name
+    if isinstance(source, tuple) and len(source) == 2:
+        return (*_waveform_pair(*source), "(waveform, sample_rate)")
+    raise AudioError(f"reference audio: {type(source).__name__} {source!r:.40} is not a recording; pass a file path, the bytes "
+                     "of a wav/flac/mp3 file, or a (waveform, sample_rate) pair")
+
+
+def _waveform_pair(wave, rate) -> tuple[torch.Tensor, int]:
+    """Check a (waveform (C, S) or (S,), sample_rate) pair; return float32 ``(C, S)`` on the CPU and the rate."""
+    if isinstance(rate, bool) or not isinstance(rate, (int, np.integer)) or rate <= 0:
+        raise AudioError(f"reference audio (waveform, sample_rate): sample_rate {rate!r} must be a positive int (Hz)")
+    if isinstance(wave, np.ndarray):
+        wave = torch.from_numpy(np.ascontiguousarray(wave))
+    if not isinstance(wave, torch.Tensor) or not wave.is_floating_point() or wave.dim() not in (1, 2):
+        what = tuple(wave.shape) if hasattr(wave, "shape") else type(wave).__name__
+        raise AudioError(f"reference audio (waveform, sample_rate): waveform {what} must be a float tensor or array "
+                         "shaped (channels, samples) or (samples,)")
+    wave = wave.detach().to("cpu", torch.float32)
+    return (wave[None] if wave.dim() == 1 else wave), int(rate)
+
+
+def audio_source_key(source: AudioSource) -> str:
+    """Return a hash of a source's content: a file and its bytes hash alike; a waveform by rate, shape and values."""
+    if isinstance(source, (str, Path)):
+        return hashlib.sha256(Path(source).read_bytes()).hexdigest()
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return hashlib.sha256(bytes(source)).hexdigest()
+    wave, rate, _ = read_audio_source(source)
+    digest = hashlib.sha256(f"waveform {rate} {tuple(wave.shape)}".encode())
+    digest.update(wave.contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
 def _decode_hint(path: Path, exc: Exception) -> str:
     """Explain a decode failure, naming the MP3 case (libsndfile < 1.1 has no MP3 decoder)."""
     with open(path, "rb") as fh:
-        head = fh.read(4)
+        return _decode_hint_bytes(fh.read(4), exc)
+
+
+def _decode_hint_bytes(head: bytes, exc: Exception) -> str:
+    """Explain a decode failure from the first bytes of the file."""
     is_mp3 = head[:3] == b"ID3" or (len(head) > 1 and head[0] == 0xFF and head[1] & 0xE0 == 0xE0)
     if is_mp3 and "MP3" not in soundfile.available_formats():
         return (f"it is MP3 and libsndfile {soundfile.__libsndfile_version__} cannot read MP3; "
@@ -109,12 +167,12 @@ def to_channels(wave: torch.Tensor, channels: int, *, source: str = "audio") -> 
     raise AudioError(f"{source}: cannot map {have} channels to {channels}")
 
 
-def load_reference_audio(path: PathLike, sample_rate: int = 48000, channels: int = 2, *,
+def load_reference_audio(source: AudioSource, sample_rate: int = 48000, channels: int = 2, *,
                          min_samples: int = 1) -> torch.Tensor:
     """Load a voice prompt as float32 ``(channels, S)`` at ``sample_rate`` (the official reference path).
 
     Args:
-        path: wav/flac/mp3 file (format detected from content).
+        source: wav/flac/mp3 file (format detected from content), its bytes, or (waveform, sample_rate).
         sample_rate: codec rate; other rates are resampled with ``resample``.
         channels: codec channels; see ``to_channels``.
         min_samples: shortest acceptable length after resampling, e.g. one codec frame (3840).
@@ -122,7 +180,7 @@ def load_reference_audio(path: PathLike, sample_rate: int = 48000, channels: int
     Raises:
         AudioError: missing, undecodable, empty, shorter than ``min_samples``, all zeros or > 2 channels.
     """
-    wave, rate = read_audio(path)
+    wave, rate, path = read_audio_source(source)  # ``path`` names the source in messages
     if wave.shape[-1] == 0:
         raise AudioError(f"reference audio {path}: no samples; record at least {min_samples / sample_rate:.2f} s")
     if wave.shape[0] > 2:

@@ -113,3 +113,13 @@ def test_none_filters_mean_disabled_as_in_the_official_api():
     params = TokenParams(do_sample=True, temperature=1.0, top_k=None, top_p=None)
     assert params.top_k == 0 and params.top_p == 1.0
     assert SamplingParams(audio_top_k=None, text_top_p=None).audio().top_k == 0
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_rows_draw_instead_of_raising(bad):
+    """torch.multinomial raises on NaN probabilities (and may fault a device): such a row draws a valid id;
+    reporting non-finite logits is the frame loop's job."""
+    logits = torch.tensor([[0.0, 1.0, 2.0, 3.0], [0.0, bad, 0.0, 0.0]])
+    params = TokenParams(do_sample=True, temperature=1.0, top_k=0, top_p=1.0)
+    ids = sample_token(logits, params, generator=torch.Generator().manual_seed(0))
+    assert ids.shape == (2,) and bool(((ids >= 0) & (ids < 4)).all())

@@ -41,6 +41,9 @@ class FrameEvent:
     codes: torch.Tensor
     active: torch.Tensor  # (B,) bool: the row produced audio in this frame
     finished: torch.Tensor  # (B,) bool: the row has chosen the stop token
+    # () bool on the device: every audio logit up to this frame was finite. The loop checks it at the next
+    # frame's host sync; a consumer that uses a frame earlier (a stream decoding it) reads it where it syncs anyway.
+    finite: Optional[torch.Tensor] = None
 
 
 @dataclass(frozen=True)
@@ -295,7 +298,7 @@ def _frame_loop(model, input_ids, attention_mask, sampling, nq, max_new_frames, 
                 rows = next_row[:, None, :]
             else:
                 rows[:, total] = next_row
-        yield FrameEvent(step, frame, active.clone(), finished.clone())
+        yield FrameEvent(step, frame, active.clone(), finished.clone(), audio_finite)
     else:
         _raise_if_non_finite([True, bool(audio_finite)], max_new_frames, dtype)
 
@@ -350,10 +353,21 @@ class LocalSequence:
 
 
 def _raise_if_non_finite(finite: list, step: int, dtype: torch.dtype) -> None:
-    """Raise like upstream (its message starts "Non-finite", which its fp32 fallback looks for)."""
-    for ok, what in zip(finite, ("text logits", "audio logits")):
+    """Raise like upstream (its message starts "Non-finite", which its fp32 fallback looks for).
+
+    ``finite`` is [this frame's text, the audio so far]; the audio is named first, being the earlier cause.
+    """
+    for ok, what in ((finite[1], "audio logits"), (finite[0], "text logits")):
         if not ok:
-            raise NumericalError(f"Non-finite {what} by frame {step} (dtype {dtype}); rerun the model in float32")
+            raise NumericalError(non_finite_message(what, step, dtype))
+
+
+def non_finite_message(what: str, step: int, dtype: torch.dtype) -> str:
+    """Say what became non-finite and the fix: float32 for low precision; in float32 precision is not the cause."""
+    if dtype == torch.float32:
+        return (f"Non-finite {what} by frame {step} in float32, so precision is not the cause: the model weights "
+                "are likely damaged (NaN/inf); download the model folder again")
+    return f"Non-finite {what} by frame {step} (dtype {dtype}); run the model in float32 (--dtype float32)"
 
 
 def generate(

@@ -34,7 +34,7 @@ def _pipeline(fx: Fixture) -> MossTTSNano:
 
 def _request(case: dict, fx: Fixture) -> tuple[dict, RunConfig]:
     params = {k: v for k, v in case.get("params", {}).items() if k not in NO_EFFECT_ON_CPU}
-    settings = RunConfig(**{**MODEL_API_DEFAULTS, "device": "cpu", "mode": case["mode"], **params})
+    settings = RunConfig(**{**MODEL_API_DEFAULTS, "mode": case["mode"], **params})
     audio = case.get("prompt_audio_path")
     kwargs = dict(text=case["text"], prompt_audio=fx.path(audio) if audio else None,
                   prompt_text=case.get("prompt_text"), settings=settings)

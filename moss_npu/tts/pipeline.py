@@ -9,31 +9,33 @@ streaming path generates one chunk at a time so the first audio comes as early a
 from __future__ import annotations
 
 import contextlib
-import hashlib
+import copy
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
 import torch
 
 from moss_npu import device as devices
-from moss_npu.audio import load_reference_audio
+from moss_npu.audio import AudioSource, audio_source_key, load_reference_audio
 from moss_npu.codec.checkpoint import load_codec
 from moss_npu.codec.model import NanoCodec
-from moss_npu.errors import InputError, NumericalError
+from moss_npu.errors import ConfigError, InputError, NumericalError
 from moss_npu.hub import DEFAULT_CODEC, DEFAULT_MODEL, resolve_model_dir
 from moss_npu.nano.checkpoint import load_model
-from moss_npu.nano.generate import PhaseTimer, iter_frames, left_pad, trim_codes
+from moss_npu.nano.generate import PhaseTimer, iter_frames, left_pad, non_finite_message, trim_codes
 from moss_npu.nano.model import NanoTTSModel
 from moss_npu.nano.prompt import build_prompt_rows, mask_unused_channels, resolve_mode
 from moss_npu.nano.text import pause_samples, voice_clone_chunks
 from moss_npu.nano.tokenizer import TextTokenizer
-from moss_npu.tts.settings import RunConfig
+from moss_npu.tts.settings import LoadConfig, RunConfig
 
 log = logging.getLogger(__name__)
 
+# A voice prompt: a file path, the bytes of a wav/flac/mp3 file, or (waveform (C, S) or (S,), sample_rate).
+PromptAudio = AudioSource
 # (chunk index, frame index) after every generated frame: drives progress bars.
 FrameCallback = Callable[[int, int], None]
 
@@ -81,14 +83,22 @@ class MossTTSNano:
 
     @classmethod
     def from_pretrained(cls, model: str = DEFAULT_MODEL, codec: str = DEFAULT_CODEC, *, device: str = "auto",
-                        dtype: Optional[str] = None, attn_implementation: Optional[str] = None) -> "MossTTSNano":
+                        dtype: Optional[str] = None, attn_implementation: Optional[str] = None,
+                        num_threads: int = 0) -> "MossTTSNano":
         """Load the LM and codec from local folders or hub ids onto ``device`` (``auto``, ``cpu``, ``npu:0``, …).
 
-        The LM computes in ``dtype`` (default fp32); the codec stays fp32 as in the official code.
+        These are the load-time settings (``LoadConfig``'s fields: ``from_pretrained(m, c, **asdict(load))``);
+        every call's own settings are a ``RunConfig``. The LM computes in ``dtype`` (default fp32); the codec
+        stays fp32 as in the official code. ``num_threads`` > 0 sets torch's intra-op threads, which are
+        process-wide.
         """
-        dev = devices.resolve_device(device)
-        dt = devices.resolve_dtype(dev, dtype)
-        attn = devices.attention_impl(dev, dt, attn_implementation)
+        load = LoadConfig(device=device or "auto", dtype=dtype or "auto",
+                          attn_implementation=attn_implementation or "sdpa", num_threads=num_threads)
+        dev = devices.resolve_device(load.device)
+        dt = devices.resolve_dtype(dev, load.dtype)
+        attn = devices.attention_impl(dev, dt, load.attn_implementation)
+        if load.num_threads > 0:
+            torch.set_num_threads(load.num_threads)
         model_dir = resolve_model_dir(model, required=("config.json", "tokenizer.model"))
         codec_dir = resolve_model_dir(codec, required=("config.json",))
         lm = load_model(model_dir, device=dev, dtype=dt, attn_impl=attn)
@@ -102,22 +112,28 @@ class MossTTSNano:
     def sample_rate(self) -> int:
         return self.codec.sample_rate
 
-    def reference_codes(self, path: str | Path) -> torch.Tensor:
-        """Encode a reference recording into codes (F, Q) on the CPU; cached by file content."""
-        path = Path(path)
-        if not path.is_file():
-            raise InputError(f"--prompt-audio-path {path}: file not found; pass a wav/flac/mp3 recording")
-        key = hashlib.sha256(path.read_bytes()).hexdigest()
+    def reference_codes(self, source: PromptAudio) -> torch.Tensor:
+        """Encode a reference recording into codes (F, Q) on the CPU; cached by content.
+
+        ``source`` is a file path, the bytes of a wav/flac/mp3 file, or a (waveform (C, S) or (S,), sample_rate)
+        pair; a file and its bytes share one cache entry.
+        """
+        if isinstance(source, (str, Path)) and not Path(source).is_file():
+            raise InputError(f"--prompt-audio-path {source}: file not found; pass a wav/flac/mp3 recording")
+        key = audio_source_key(source)
         if key not in self._reference_cache:
-            wave = load_reference_audio(path, self.codec.sample_rate, self.codec.channels,
+            wave = load_reference_audio(source, self.codec.sample_rate, self.codec.channels,
                                         min_samples=self.codec.frame_size)
             codes, lengths = self.codec.encode(wave[None])
             self._reference_cache[key] = codes[:, 0, : int(lengths[0])].T.cpu()
         return self._reference_cache[key]
 
-    def plan(self, text: str, settings: RunConfig, prompt_audio: Optional[str | Path] = None,
+    def plan(self, text: str, settings: RunConfig, prompt_audio: Optional[PromptAudio] = None,
              prompt_text: Optional[str] = None) -> Plan:
         """Validate a request and decide its mode, chunks and prompt codes."""
+        if not isinstance(settings, RunConfig):
+            raise ConfigError(f"settings: a {type(settings).__name__} is not a RunConfig; pass "
+                              "settings=RunConfig(...) (device, dtype, attention, threads are from_pretrained's)")
         if not isinstance(text, str) or not text.strip():
             raise InputError("the text is empty; pass the words to speak with --text or --text-file")
         nq = self.config.n_vq if settings.nq is None else settings.nq
@@ -138,11 +154,24 @@ class MossTTSNano:
     def _prompt(self, plan: Plan, chunk: str) -> torch.Tensor:
         return build_prompt_rows(self.tokenizer, self.config, chunk, plan.mode, plan.prompt_text, plan.prompt_codes)
 
-    def _frames(self, rows: torch.Tensor, mask: Optional[torch.Tensor], plan: Plan, settings: RunConfig,
-                generator: Optional[torch.Generator], timer: Optional[PhaseTimer]):
-        return iter_frames(self.model, rows, mask, sampling=settings.sampling(), nq=plan.nq,
-                           max_new_frames=settings.max_new_frames, speed=settings.speed_options(),
+    def _frames(self, lm: NanoTTSModel, rows: torch.Tensor, mask: Optional[torch.Tensor], plan: Plan,
+                settings: RunConfig, generator: Optional[torch.Generator], timer: Optional[PhaseTimer],
+                done_frames: int = 0):
+        return iter_frames(lm, rows, mask, sampling=settings.sampling(), nq=plan.nq,
+                           max_new_frames=settings.max_new_frames - done_frames, speed=settings.speed_options(),
                            generator=generator, host_rng=settings.host_rng, timer=timer)
+
+    def _fallback(self, exc: NumericalError, settings: RunConfig, lm: NanoTTSModel) -> NanoTTSModel:
+        """Return a float32 copy of ``lm`` to generate again with (the official stability fallback), or re-raise.
+
+        The copy serves the rest of this call only: the loaded model keeps its dtype, so a later call (or one
+        running at the same time) is not changed by this one. Re-raises ``exc`` when the fallback is off or
+        ``lm`` already is float32 (the error then says what to do instead).
+        """
+        if not settings.stability_fallback or lm.dtype == torch.float32:
+            raise exc
+        log.warning("%s: generating again with a float32 copy of the language model", exc)
+        return copy.deepcopy(lm).float()
 
     def _generator(self, settings: RunConfig, generator: Optional[torch.Generator]) -> Optional[torch.Generator]:
         """Return the caller's generator, else one seeded from ``settings.seed`` (host or device), else None.
@@ -155,13 +184,14 @@ class MossTTSNano:
         place = torch.device("cpu") if settings.host_rng else self.device
         return torch.Generator(device=place).manual_seed(settings.seed)
 
-    def _generate_batch(self, prompts: list[torch.Tensor], first_chunk: int, plan: Plan, settings: RunConfig,
-                        generator: Optional[torch.Generator], on_frame: Optional[FrameCallback],
+    def _generate_batch(self, lm: NanoTTSModel, prompts: list[torch.Tensor], first_chunk: int, plan: Plan,
+                        settings: RunConfig, generator: Optional[torch.Generator], on_frame: Optional[FrameCallback],
                         timer: Optional[PhaseTimer]) -> list[torch.Tensor]:
-        """Generate a batch of prompts (left-padded when several); return each one's trimmed codes (F, Q) on the CPU."""
+        """Generate a batch of prompts (left-padded when several) with ``lm``; return each one's trimmed codes
+        (F, Q) on the CPU."""
         rows, mask = (prompts[0], None) if len(prompts) == 1 else left_pad(prompts, self.config)
         frames = []
-        for event in self._frames(rows.to(self.device), mask, plan, settings, generator, timer):
+        for event in self._frames(lm, rows.to(self.device), mask, plan, settings, generator, timer):
             frames.append(event.codes)
             if on_frame is not None:
                 for b in event.active.nonzero().flatten().tolist():
@@ -179,7 +209,7 @@ class MossTTSNano:
             audio, lengths = self.codec.decode(codes[:, :nq].T[:, None, :])
             return audio[0, :, skip_frames * self.codec.frame_size: int(lengths[0])].cpu()
 
-    def synthesize(self, text: str, *, prompt_audio: Optional[str | Path] = None, prompt_text: Optional[str] = None,
+    def synthesize(self, text: str, *, prompt_audio: Optional[PromptAudio] = None, prompt_text: Optional[str] = None,
                    settings: RunConfig = RunConfig(), generator: Optional[torch.Generator] = None,
                    on_frame: Optional[FrameCallback] = None, timer: Optional[PhaseTimer] = None) -> SynthesisResult:
         """Speak ``text`` (optionally in the voice of ``prompt_audio``); return the whole waveform.
@@ -193,17 +223,15 @@ class MossTTSNano:
             batch = devices.chunk_batch_size(self.device, len(plan.chunks),
                                              settings.voice_clone_max_memory_per_sample_gb, settings.tts_max_batch_size)
         chunk_codes: list[torch.Tensor] = []
+        lm = self.model
         for start in range(0, len(plan.chunks), batch):
             prompts = [self._prompt(plan, c) for c in plan.chunks[start:start + batch]]
             try:
-                codes = self._generate_batch(prompts, start, plan, settings, generator, on_frame, timer)
+                codes = self._generate_batch(lm, prompts, start, plan, settings, generator, on_frame, timer)
             except NumericalError as exc:
-                if not settings.stability_fallback or self.model.dtype == torch.float32:
-                    raise
-                # The official inference does the same: cast to float32 and generate this batch again.
-                log.warning("%s: casting the language model to float32 and generating again", exc)
-                self.model.float()
-                codes = self._generate_batch(prompts, start, plan, settings, generator, on_frame, timer)
+                # As the official inference: generate this batch again in float32 (and the later ones too).
+                lm = self._fallback(exc, settings, lm)
+                codes = self._generate_batch(lm, prompts, start, plan, settings, generator, on_frame, timer)
             chunk_codes.extend(codes)
 
         if plan.mode == "continuation" and plan.prompt_codes is not None:
@@ -219,7 +247,7 @@ class MossTTSNano:
             waveform = torch.cat(pieces, dim=1)
         return SynthesisResult(waveform, self.sample_rate, torch.cat(chunk_codes, dim=0), plan.chunks, plan.mode, batch)
 
-    def synthesize_stream(self, text: str, *, prompt_audio: Optional[str | Path] = None,
+    def synthesize_stream(self, text: str, *, prompt_audio: Optional[PromptAudio] = None,
                           prompt_text: Optional[str] = None, settings: RunConfig = RunConfig(),
                           generator: Optional[torch.Generator] = None,
                           clock: Callable[[], float] = time.perf_counter,
@@ -229,38 +257,98 @@ class MossTTSNano:
         The codec keeps its transformer state between calls, so each call decodes only the new frames; the
         concatenated chunks equal ``synthesize``'s waveform up to float rounding. The first call decodes as
         soon as one frame exists (budget 1), which sets the time to first audio.
+
+        Every frame is checked finite before the codec sees it. Audio already yielded cannot be taken back, so
+        the stability fallback continues the text chunk in float32 from the frames generated so far (their
+        repetition-penalty history starts again there) instead of generating the chunk again.
         """
         plan = self.plan(text, settings, prompt_audio, prompt_text)
         generator = self._generator(settings, generator)
         schedule = settings.schedule()
         state = self.codec.init_decode_state(1, max(schedule.budgets))
-        emitted_s, first_emit = 0.0, None
+        playback = _Playback(clock)
+        lm = self.model
         for index, chunk in enumerate(plan.chunks):
             state.reset()
             if plan.mode == "continuation" and plan.prompt_codes is not None and plan.prompt_codes.shape[0]:
                 with _phase(timer, "codec"):
                     self.codec.decode_step(plan.prompt_codes[:, :plan.nq].T[:, None, :], state)  # prime; discard
-            pending: list[torch.Tensor] = []
-            events = self._frames(self._prompt(plan, chunk).to(self.device), None, plan, settings, generator, timer)
-            for final, event in _with_end(events):
-                if event is not None and bool(event.active[0]):
-                    pending.append(event.codes[0])
-                since = None if first_emit is None else clock() - first_emit
-                count = schedule.frames_to_decode(emitted_s=emitted_s, lead_s=schedule.lead_s(emitted_s, since),
-                                                  head_pending=len(pending), max_pending=len(pending), final=final)
-                while count and pending:
-                    take, pending = pending[:count], pending[count:]
-                    codes = torch.stack(take)[:, :plan.nq].T[:, None, :]
-                    with _phase(timer, "codec"):
-                        wave = self.codec.decode_step(codes, state)[0].cpu()
-                    first_emit = clock() if first_emit is None else first_emit
-                    emitted_s += wave.shape[-1] / self.sample_rate
-                    yield AudioChunk(wave, self.sample_rate, index, False)
-                    count = len(pending) if final else 0
+            prompt = self._prompt(plan, chunk).to(self.device)
+            progress = _ChunkProgress()
+            while True:
+                try:
+                    for wave in self._stream_chunk(lm, prompt, progress, plan, settings, generator, timer, state,
+                                                   schedule, playback):
+                        yield AudioChunk(wave, self.sample_rate, index, False)
+                    break
+                except NumericalError as exc:
+                    lm = self._fallback(exc, settings, lm)
             if index < len(plan.chunks) - 1:
                 pause = torch.zeros(self.codec.channels, pause_samples(chunk, self.sample_rate))
-                emitted_s += pause.shape[-1] / self.sample_rate
+                playback.emitted_s += pause.shape[-1] / self.sample_rate
                 yield AudioChunk(pause, self.sample_rate, index, True)
+
+    def _stream_chunk(self, lm: NanoTTSModel, prompt: torch.Tensor, progress: "_ChunkProgress", plan: Plan,
+                      settings: RunConfig, generator: Optional[torch.Generator], timer: Optional[PhaseTimer],
+                      state, schedule, playback: "_Playback") -> Iterator[torch.Tensor]:
+        """Generate one text chunk with ``lm`` after the frames in ``progress``; yield waveforms (C, n) on the CPU.
+
+        Raises NumericalError before a non-finite frame reaches ``progress`` or the codec.
+        """
+        rows = prompt
+        if progress.frames:
+            generated = torch.stack(progress.frames)
+            slot = generated.new_full((generated.shape[0], 1), self.config.audio_assistant_slot_token_id)
+            rows = torch.cat([prompt, torch.cat([slot, generated], dim=1)])  # the rows those frames fed back
+        events = self._frames(lm, rows, None, plan, settings, generator, timer, done_frames=len(progress.frames))
+        for final, event in _with_end(events):
+            if event is not None:
+                # The stream syncs here anyway (is row 0 still speaking?); the finiteness flag rides along.
+                active, finite = torch.stack([event.active[0], event.finite]).tolist()
+                if not finite:
+                    raise NumericalError(non_finite_message("audio logits", len(progress.frames), lm.dtype))
+                if active:
+                    progress.frames.append(event.codes[0])
+            pending = len(progress.frames) - progress.decoded
+            count = schedule.frames_to_decode(emitted_s=playback.emitted_s, lead_s=playback.lead_s(schedule),
+                                              head_pending=pending, max_pending=pending, final=final)
+            while count and pending:
+                take = progress.frames[progress.decoded:progress.decoded + count]
+                codes = torch.stack(take)[:, :plan.nq].T[:, None, :]
+                with _phase(timer, "codec"):
+                    wave = self.codec.decode_step(codes, state)[0].cpu()
+                progress.decoded += len(take)
+                pending -= len(take)
+                playback.emitted(wave.shape[-1] / self.sample_rate)
+                yield wave
+                count = pending if final else 0
+
+
+@dataclass
+class _ChunkProgress:
+    """The frames (Q,) of one text chunk checked finite so far, and how many of them the codec has decoded."""
+
+    frames: list = field(default_factory=list)
+    decoded: int = 0
+
+
+@dataclass
+class _Playback:
+    """How far a stream has got: seconds of audio emitted and when the first of it left (for the schedule)."""
+
+    clock: Callable[[], float]
+    emitted_s: float = 0.0
+    first_emit: Optional[float] = None
+
+    def lead_s(self, schedule) -> float:
+        """Return the playback lead the schedule sees now."""
+        since = None if self.first_emit is None else self.clock() - self.first_emit
+        return schedule.lead_s(self.emitted_s, since)
+
+    def emitted(self, seconds: float) -> None:
+        """Record ``seconds`` of decoded audio leaving the stream."""
+        self.first_emit = self.clock() if self.first_emit is None else self.first_emit
+        self.emitted_s += seconds
 
 
 def _phase(timer: Optional[PhaseTimer], name: str):

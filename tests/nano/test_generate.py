@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from moss_npu.errors import NumericalError
 from moss_npu.nano import generate as gen_mod
 from moss_npu.nano.checkpoint import load_model, read_state_dict, write_random_checkpoint
 from moss_npu.nano.generate import PhaseTimer, generate, iter_frames, left_pad, trim_codes
@@ -57,12 +58,33 @@ def test_nq_pads_upper_channels(model, prompts):
 
 
 @pytest.mark.parametrize("sampling", [SamplingParams(), SAMPLED], ids=["greedy", "sampled"])
-def test_local_kv_cache_and_no_global_cache_give_same_codes(model, prompts, sampling):
-    runs = []
-    for options in ({}, {"local_kv_cache": True}, {"use_kv_cache": False}):
+def test_local_kv_cache_and_no_global_cache_give_same_codes(model, prompts, sampling, monkeypatch):
+    """Local cache on (the default) vs off (the local decoder recomputed per channel) vs no global cache (the
+    whole sequence re-fed every frame): the same codes. The spies show that each run took its own path."""
+    calls = {"local_step": 0, "global_rows": []}
+    local_step, forward = model.local_transformer.step, model.forward
+    monkeypatch.setattr(model.local_transformer, "step",
+                        lambda *a, **k: calls.__setitem__("local_step", calls["local_step"] + 1) or local_step(*a, **k))
+
+    def spy_forward(rows, *args, **kwargs):
+        calls["global_rows"].append(rows.shape[1])
+        return forward(rows, *args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", spy_forward)
+    runs, paths = [], []
+    for options in ({"local_kv_cache": True}, {"local_kv_cache": False}, {"use_kv_cache": False}):
+        calls.update(local_step=0, global_rows=[])
         torch.manual_seed(7)
         runs.append(generate(model, prompts[0], max_new_frames=6, sampling=sampling, **options).codes[0])
+        paths.append((calls["local_step"] > 0, len(calls["global_rows"]), max(calls["global_rows"], default=0)))
+    assert runs[0].shape == (6, 4)
     assert torch.equal(runs[0], runs[1]) and torch.equal(runs[0], runs[2])
+    prompt_len = prompts[0].shape[0]
+    # cached local steps; the uncached local decoder never steps; without a global cache every frame is a full
+    # forward over the growing sequence (the cached runs take one prefill forward, then single-row steps)
+    assert paths[0][0] and not paths[1][0]
+    assert paths[0][1] == 1 and paths[1][1] == 1
+    assert paths[2][1] == 6 and paths[2][2] == prompt_len + 5
 
 
 def test_local_kv_cache_logits_close(model, prompts):
@@ -150,17 +172,21 @@ def test_random_checkpoint_round_trip(tmp_path, tiny_tokenizer):
     assert codes[0].shape == (3, 4) and torch.equal(codes[0], codes[1])
 
 
+@pytest.mark.parametrize("sampling", [SamplingParams(), SAMPLED], ids=["greedy", "sampled"])
 @pytest.mark.parametrize("where", ["text", "audio"])
-def test_non_finite_logits_raise(tiny_ckpt, prompts, where):
-    """Like upstream: non-finite logits raise a RuntimeError starting "Non-finite" (its fp32 fallback's cue)."""
+def test_non_finite_logits_raise(tiny_ckpt, prompts, where, sampling):
+    """Like upstream: non-finite logits raise a RuntimeError starting "Non-finite" (its fp32 fallback's cue), also
+    when sampling (torch.multinomial never sees them); in float32 the message does not advise float32."""
     broken = _steer(load_model(tiny_ckpt, device="cpu"), True)
     with torch.no_grad():
         if where == "text":
             broken.local_transformer.ln_f.weight[1] = float("nan")
         else:
             broken.audio_lm_heads[3].weight[5, 0] = float("nan")
-    with pytest.raises(RuntimeError, match=f"^Non-finite {where} logits"):
-        generate(broken, prompts[0], max_new_frames=1)
+    with pytest.raises(NumericalError, match=f"^Non-finite {where} logits.*precision is not the cause"):
+        generate(broken, prompts[0], max_new_frames=2, sampling=sampling)
+    with pytest.raises(NumericalError, match=r"bfloat16\); run the model in float32"):
+        generate(broken.to(torch.bfloat16), prompts[0], max_new_frames=2, sampling=sampling)
 
 
 def test_phase_timer_counts_phases(model, prompts):
