@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import errno
 import logging
+import math
 import os
 import signal
 import sys
@@ -31,6 +32,42 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(2, f"error: {message}; see {self.prog} --help\n")
+
+
+def int_in(low: int, high: int) -> Callable[[str], int]:
+    """Return an argparse type: an integer in ``low..high`` (a bound, so no value asks for a giant allocation)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is out of range; use {low} .. {high}")
+        return value
+
+    return parse
+
+
+def finite_float(text: str) -> float:
+    """argparse type: a finite float (``nan`` and ``inf`` are refused)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
+
+
+def device_spec(text: str) -> str:
+    """argparse type: ``kind`` or ``kind:N`` with N an integer >= 0 (the kinds are checked by moss_npu.device)."""
+    kind, sep, index = text.strip().partition(":")
+    if not kind or (sep and not index.lstrip("-").isdigit()):
+        raise argparse.ArgumentTypeError(f"{text!r}: use auto, cpu or a device kind with an optional index >= 0")
+    if sep and int(index) < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: the device index must be >= 0, e.g. {kind}:0")
+    return text.strip()
 
 
 class _SignalState:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from moss_npu.errors import CheckpointError, ConfigError
+from moss_npu.hub import download_command
 
 SPECIAL_ID_KEYS = (
     "pad_token_id",
@@ -98,7 +99,7 @@ class DelayModelConfig:
                 return cls.from_dict(meta["moss_config"], f"{meta_path} (moss_config)")
         raise CheckpointError(
             f"{weights_dir}: no config.json with the special token ids; copy config.json of the MOSS-TTS "
-            "checkpoint into it (e.g. `huggingface-cli download OpenMOSS-Team/MOSS-TTS config.json --local-dir DIR`)"
+            f"checkpoint into it (e.g. `{download_command('OpenMOSS-Team/MOSS-TTS', str(weights_dir), ['config.json'])}`)"
         )
 
 

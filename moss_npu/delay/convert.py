@@ -26,6 +26,7 @@ import numpy as np
 
 from moss_npu.delay.config import DelayModelConfig
 from moss_npu.errors import CheckpointError, MossNpuError
+from moss_npu.hub import download_command
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ def read_index(model_dir: Path) -> dict[str, Tensor]:
         files = [model_dir / "model.safetensors"]
     else:
         raise CheckpointError(f"{model_dir}: no model.safetensors or model.safetensors.index.json; pass the folder of "
-                              "the official MOSS-TTS checkpoint (e.g. huggingface-cli download OpenMOSS-Team/MOSS-TTS)")
+                              f"the official MOSS-TTS checkpoint (e.g. {download_command('OpenMOSS-Team/MOSS-TTS')})")
     tensors: dict[str, Tensor] = {}
     for path in files:
         with safe_open(str(path), framework="pt") as handle:
