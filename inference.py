@@ -26,10 +26,9 @@ from moss_npu.cli import ArgumentParser, configure_logging, device_spec, finite_
 from moss_npu.errors import GenerationError, InputError
 from moss_npu.hub import DEFAULT_CODEC, DEFAULT_MODEL
 from moss_npu.output import WAV_SUBTYPES, AudioTarget, AtomicAudioWriter, audio_target
+from moss_npu.tts.settings import MAX_NEW_FRAMES, MAX_SEED, load_preset, merge
 
 SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "repetition_penalty")
-MAX_NEW_FRAMES = 7500  # 10 minutes of audio per text chunk at 12.5 frames per second
-MAX_SEED = 2**63 - 1
 NO_AUDIO = "the model stopped before any audio; try another --seed"
 
 
@@ -248,7 +247,6 @@ def synthesize_nano(args: argparse.Namespace, text: str, target: AudioTarget) ->
     from moss_npu import device as devices
     from moss_npu.output import save_audio
     from moss_npu.tts import MossTTSNano
-    from moss_npu.tts.settings import load_preset, merge
 
     settings = merge(load_preset(args.config) if args.config else None, run_overrides(args))
     dev = devices.resolve_device(settings.device)

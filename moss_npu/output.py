@@ -71,6 +71,7 @@ def audio_target(path: PathLike, wav_subtype: Optional[str] = None, *, flag: str
             path that is not (or cannot become) a regular file in a writable folder.
     """
     path = Path(path)
+    real = writable_file(path, flag)
     suffix = path.suffix.lower()
     if suffix not in FORMATS:
         raise InputError(f"{flag} {path}: unknown audio extension {suffix or '(none)'!s}; use one of "
@@ -85,7 +86,7 @@ def audio_target(path: PathLike, wav_subtype: Optional[str] = None, *, flag: str
     if subtype not in soundfile.available_subtypes(fmt):
         raise InputError(f"{flag} {path}: libsndfile {soundfile.__libsndfile_version__} cannot write {suffix}; "
                          "run `pip install -U 'soundfile>=0.12.1'` (libsndfile >= 1.1) or write .wav")
-    return AudioTarget(path, writable_file(path, flag), fmt, subtype, rates)
+    return AudioTarget(path, real, fmt, subtype, rates)
 
 
 def writable_file(path: PathLike, flag: str = "--output") -> Path:

@@ -156,7 +156,9 @@ def test_output_folder_missing(tmp_path, capsys):
 
 def test_output_folder_not_writable(tmp_path, capsys, monkeypatch):
     """Checked before any model loads (root may write anywhere, so the permission answer is simulated)."""
-    monkeypatch.setattr(inference.os, "access", lambda path, mode: False)
+    from moss_npu import output
+
+    monkeypatch.setattr(output.os, "access", lambda path, mode: False)
     code, _, err = run(["--text", "hi", "--output", tmp_path / "x.wav", "--model", tmp_path / "never-loaded"], capsys)
     assert code == 2 and "is not writable" in err and not (tmp_path / "x.wav").exists()
 
