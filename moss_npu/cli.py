@@ -31,6 +31,9 @@ class ArgumentParser(argparse.ArgumentParser):
     """``argparse`` that reports a usage error as one ``error:`` line (exit 2) instead of usage + message."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
+        if message.startswith("argument "):  # "argument --seed: -1 is out of range" -> "--seed -1 is out of range"
+            flag, _, rest = message[len("argument "):].partition(": ")
+            message = f"{flag.split('/')[0]} {rest}"
         self.exit(2, f"error: {message}; see {self.prog} --help\n")
 
 
@@ -41,7 +44,7 @@ def int_in(low: int, high: int) -> Callable[[str], int]:
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+            raise argparse.ArgumentTypeError(f"{text} is not an integer") from None
         if not low <= value <= high:
             raise argparse.ArgumentTypeError(f"{value} is out of range; use {low} .. {high}")
         return value
@@ -54,9 +57,9 @@ def finite_float(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        raise argparse.ArgumentTypeError(f"{text} is not a number") from None
     if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+        raise argparse.ArgumentTypeError(f"{text} is not a finite number")
     return value
 
 
@@ -64,9 +67,9 @@ def device_spec(text: str) -> str:
     """argparse type: ``kind`` or ``kind:N`` with N an integer >= 0 (the kinds are checked by moss_npu.device)."""
     kind, sep, index = text.strip().partition(":")
     if not kind or (sep and not index.lstrip("-").isdigit()):
-        raise argparse.ArgumentTypeError(f"{text!r}: use auto, cpu or a device kind with an optional index >= 0")
+        raise argparse.ArgumentTypeError(f"{text}: use auto, cpu or a device kind with an optional index >= 0")
     if sep and int(index) < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: the device index must be >= 0, e.g. {kind}:0")
+        raise argparse.ArgumentTypeError(f"{text}: the device index must be >= 0, e.g. {kind}:0")
     return text.strip()
 
 
@@ -129,8 +132,8 @@ def run_cli(body: Callable[[], int]) -> int:
     try:
         with _signals_interrupt(state):
             return body()
-    except SystemExit:
-        raise
+    except SystemExit as done:  # argparse: --help (0) or a usage error it already printed (2)
+        return done.code if isinstance(done.code, int) else (0 if done.code is None else 2)
     except KeyboardInterrupt:
         exc: BaseException = Interrupted(f"interrupted by {state.name or 'Ctrl-C'}; nothing was written")
     except BrokenPipeError:
