@@ -84,7 +84,7 @@ def test_config_preset_and_cli_precedence(tmp_path, capsys):
     preset = tmp_path / "p.yaml"
     preset.write_text("device: cpu\nmax_new_frames: 3\n")
     out = tmp_path / "p.wav"
-    code, _, err = run(model_args(tmp_path, "--text", "Hi", "--output", out, "--config", preset,
+    code, _, err = run(model_args(tmp_path, "--text", "Hi", "--output", out, "--config", preset, "--greedy",
                                   "--max-new-frames", "5"), capsys)
     assert code == 0, err
     assert sf.info(str(out)).frames == 5 * 3840  # the flag beat the preset's 3 frames
