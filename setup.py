@@ -18,7 +18,7 @@ setup(
         "soundfile>=0.12.1",  # MP3 reading needs libsndfile >= 1.1
         "scipy",
         "pyyaml",
-        "huggingface_hub",
+        "huggingface_hub>=0.23",  # snapshot_download(local_dir=...) without symlinks; python -m moss_npu.hub wraps it
         "tqdm",
         "psutil",
     ],

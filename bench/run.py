@@ -29,7 +29,8 @@ import torch
 from bench.checkpoints import SIZES, ensure_checkpoints, steer_to_continue
 from moss_npu import device as devices
 from moss_npu import goldens
-from moss_npu.errors import MossNpuError
+from moss_npu.cli import ArgumentParser, run_cli
+from moss_npu.errors import InputError
 from moss_npu.nano.generate import SPEED_PRESETS, PhaseTimer
 from moss_npu.tts.pipeline import MossTTSNano
 from moss_npu.tts.settings import RunConfig
@@ -196,7 +197,7 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__,
+    p = ArgumentParser(prog="python -m bench.run", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cpu", help="cpu (default), cuda[:N], npu[:N], auto")
     p.add_argument("--dtype", help="LM compute dtype (default float32)")
@@ -220,47 +221,46 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    """Run the benchmark under the CLI exit-code policy (moss_npu.cli)."""
+    return run_cli(lambda: run(argv))
+
+
+def run(argv: Optional[list[str]] = None) -> int:
+    """Parse flags, time every case and configuration, write the reports, print the table."""
     args = build_parser().parse_args(argv)
     try:
         configs = [BenchConfig.parse(c) for c in (args.compare or args.speed).split(",")]
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        raise InputError(str(exc)) from None
     configs = [c if c.threads or not args.threads else BenchConfig(c.speed, args.threads) for c in configs]
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     unknown = [c for c in cases if c not in CASES]
     if unknown or (args.compare and len(configs) != 2) or args.frames < 1 or args.runs < 1 or args.warmup < 0:
-        print(f"error: check --cases (unknown: {unknown}), --compare (two configurations), --frames/--runs >= 1",
-              file=sys.stderr)
-        return 2
+        raise InputError(f"check --cases (unknown: {unknown}), --compare (two configurations), --frames/--runs >= 1")
     if any(c.endswith("+ref") for c in cases) and not (goldens.fixtures_root() / "audio").is_dir():
         print(f"bench: no reference audio under {goldens.fixtures_root()}; skipping the +ref cases", file=sys.stderr)
         cases = [c for c in cases if not c.endswith("+ref")]
     log = (lambda *a: None) if args.quiet else (lambda *a: print(*a, file=sys.stderr, flush=True))
-    try:
-        model_dir, codec_dir = args.model, args.codec
-        if model_dir is None or codec_dir is None:
-            made = ensure_checkpoints(args.size, args.cache_dir)
-            model_dir, codec_dir = model_dir or made[0], codec_dir or made[1]
-        tts = MossTTSNano.from_pretrained(str(model_dir), str(codec_dir), device=args.device, dtype=args.dtype)
-        if args.force_frames:
-            steer_to_continue(tts.model)
-        info = devices.describe(tts.device)
-        records: list[RunRecord] = []
-        serial = 0
-        for round_index in range(args.warmup + args.runs):
-            measured = round_index >= args.warmup
-            for case in cases:
-                for config in configs:  # alternate, so drifting machine load hits every configuration alike
-                    serial += 2
-                    record = run_once(tts, case, config, args.frames, not args.no_stream, serial)
-                    log(f"bench: {'run' if measured else 'warm-up'} {case} {config.label}: "
-                        f"{record.frame_ms:.1f} ms/frame, RTF {record.rtf:.2f}, load {record.load_avg:.2f}")
-                    if measured:
-                        records.append(record)
-    except MossNpuError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    model_dir, codec_dir = args.model, args.codec
+    if model_dir is None or codec_dir is None:
+        made = ensure_checkpoints(args.size, args.cache_dir)
+        model_dir, codec_dir = model_dir or made[0], codec_dir or made[1]
+    tts = MossTTSNano.from_pretrained(str(model_dir), str(codec_dir), device=args.device, dtype=args.dtype)
+    if args.force_frames:
+        steer_to_continue(tts.model)
+    info = devices.describe(tts.device)
+    records: list[RunRecord] = []
+    serial = 0
+    for round_index in range(args.warmup + args.runs):
+        measured = round_index >= args.warmup
+        for case in cases:
+            for config in configs:  # alternate, so drifting machine load hits every configuration alike
+                serial += 2
+                record = run_once(tts, case, config, args.frames, not args.no_stream, serial)
+                log(f"bench: {'run' if measured else 'warm-up'} {case} {config.label}: "
+                    f"{record.frame_ms:.1f} ms/frame, RTF {record.rtf:.2f}, load {record.load_avg:.2f}")
+                if measured:
+                    records.append(record)
     rows = summarize(records)
     base, other = (configs[0].label, configs[1].label) if args.compare else (None, None)
     ratios = speedups(rows, base, other) if args.compare else {}

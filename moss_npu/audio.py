@@ -1,9 +1,8 @@
-"""Audio in and out: read reference recordings, resample like torchaudio, write WAV atomically (spec §10 steps 4 and 9).
+"""Audio in: read reference recordings and resample like torchaudio (spec §10 step 4); ``moss_npu.output`` writes.
 
 Reading goes through soundfile (libsndfile >= 1.1 reads WAV, FLAC, OGG and MP3 by content, whatever the file
 is called). ``resample`` is the windowed-sinc algorithm of ``torchaudio.functional.resample`` with its
-defaults, written out so torchaudio is never needed. Output is float32 WAV, unclipped, like the official
-``torchaudio.save`` of a float tensor; files appear only complete (temp file in the same folder + rename).
+defaults, written out so torchaudio is never needed.
 
 Shapes: C channels, S samples.
 """
@@ -13,10 +12,8 @@ from __future__ import annotations
 import hashlib
 import io
 import math
-import os
-import tempfile
 from pathlib import Path
-from typing import Optional, Union
+from typing import Union
 
 import numpy as np
 import soundfile
@@ -28,7 +25,6 @@ from moss_npu.errors import AudioError
 PathLike = Union[str, Path]
 # A recording as a file path, the bytes of such a file, or a (waveform (C, S) or (S,), sample_rate) pair.
 AudioSource = Union[str, Path, bytes, tuple]
-_PUBLIC_FILE_MODE = 0o644
 
 
 def read_audio(path: PathLike) -> tuple[torch.Tensor, int]:
@@ -178,9 +174,13 @@ def load_reference_audio(source: AudioSource, sample_rate: int = 48000, channels
         min_samples: shortest acceptable length after resampling, e.g. one codec frame (3840).
 
     Raises:
-        AudioError: missing, undecodable, empty, shorter than ``min_samples``, all zeros or > 2 channels.
+        AudioError: missing, undecodable, non-finite, empty, shorter than ``min_samples``, all zeros or > 2
+            channels.
     """
     wave, rate, path = read_audio_source(source)  # ``path`` names the source in messages
+    if not bool(torch.isfinite(wave).all()):
+        raise AudioError(f"reference audio {path}: holds non-finite samples (NaN or infinity); re-export the "
+                         "recording as 16-bit WAV")
     if wave.shape[-1] == 0:
         raise AudioError(f"reference audio {path}: no samples; record at least {min_samples / sample_rate:.2f} s")
     if wave.shape[0] > 2:
@@ -192,79 +192,3 @@ def load_reference_audio(source: AudioSource, sample_rate: int = 48000, channels
     if not bool(wave.abs().max() > 0):
         raise AudioError(f"reference audio {path}: all samples are zero (silent); use a recording of the voice")
     return wave.contiguous()
-
-
-def _as_frames(wave: torch.Tensor) -> np.ndarray:
-    if wave.dim() == 1:
-        wave = wave[None]
-    if wave.dim() != 2:
-        raise AudioError(f"write_wav: expected a (channels, samples) waveform, got shape {tuple(wave.shape)}")
-    return np.ascontiguousarray(wave.detach().to("cpu", torch.float32).numpy().T)
-
-
-class StreamingWavWriter:
-    """Write a float32 WAV chunk by chunk; the file appears at ``path`` only after ``close()``.
-
-    Use as a context manager: leaving the block normally finalizes, an exception deletes the temp file.
-    """
-
-    def __init__(self, path: PathLike, sample_rate: int, channels: int) -> None:
-        self.path = Path(path)
-        self.samples_written = 0
-        folder = self.path.parent if str(self.path.parent) else Path(".")
-        if not folder.is_dir():
-            raise AudioError(f"output {self.path}: folder {folder} does not exist; create it first")
-        fd, tmp = tempfile.mkstemp(dir=str(folder), prefix=f".{self.path.name}.", suffix=".tmp")
-        os.close(fd)
-        self._tmp = Path(tmp)
-        try:
-            self._file: Optional[soundfile.SoundFile] = soundfile.SoundFile(
-                tmp, mode="w", samplerate=int(sample_rate), channels=int(channels), format="WAV", subtype="FLOAT")
-        except Exception:
-            self._tmp.unlink(missing_ok=True)
-            raise
-        self.channels = int(channels)
-
-    def write(self, chunk: torch.Tensor) -> None:
-        """Append ``(C, n)`` samples (values are stored as they are: no clipping)."""
-        if self._file is None:
-            raise AudioError(f"output {self.path}: writer already closed")
-        frames = _as_frames(chunk)
-        if frames.shape[1] != self.channels:
-            raise AudioError(f"output {self.path}: chunk has {frames.shape[1]} channels, writer has {self.channels}")
-        self._file.write(frames)
-        self.samples_written += frames.shape[0]
-
-    def close(self) -> Path:
-        """Finish the header and move the file into place atomically; return the final path."""
-        if self._file is None:
-            return self.path
-        self._file.close()
-        self._file = None
-        os.chmod(self._tmp, _PUBLIC_FILE_MODE)  # mkstemp makes 0600; a written WAV is an ordinary file
-        os.replace(self._tmp, self.path)
-        return self.path
-
-    def abort(self) -> None:
-        """Drop everything written; no file is left behind."""
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-        self._tmp.unlink(missing_ok=True)
-
-    def __enter__(self) -> "StreamingWavWriter":
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
-
-
-def write_wav(path: PathLike, wave: torch.Tensor, sample_rate: int) -> Path:
-    """Write ``(C, S)`` float audio as a float32 WAV at ``path`` atomically (no partial file on failure)."""
-    channels = 1 if wave.dim() == 1 else wave.shape[0]
-    with StreamingWavWriter(path, sample_rate, channels) as writer:
-        writer.write(wave)
-    return Path(path)

@@ -11,7 +11,6 @@ live beside the code they check (``nano/cases.py``, ``codec/cases.py``, ``tts/ca
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import json
 import os
@@ -20,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
-from moss_npu.errors import MissingDependency
+from moss_npu.cli import ArgumentParser, run_cli
+from moss_npu.errors import InputError, MissingDependency
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -179,8 +179,13 @@ def iter_outcomes(fx: Fixture) -> Iterator[Outcome]:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """Run the cases of FIXTURE_DIR and print the report; exit 1 if any case fails."""
-    parser = argparse.ArgumentParser(
+    """Run the cases of FIXTURE_DIR and print the report; exit 1 if any case fails (moss_npu.cli policy)."""
+    return run_cli(lambda: run(argv))
+
+
+def run(argv: Optional[list[str]] = None) -> int:
+    """Parse flags, run the selected cases, print one line each and the summary; return 1 if any failed."""
+    parser = ArgumentParser(
         prog="python -m moss_npu.goldens",
         description="Check moss-npu against golden outputs of the official code. Exit codes: 0 all checked "
         "cases pass, 1 a case failed or has an unknown kind, 2 bad usage.",
@@ -190,8 +195,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parser.parse_args(argv)
     root = Path(args.fixture_dir)
     if not (root / "cases.json").is_file():
-        print(f"error: {root}/cases.json not found; pass a fixture folder", file=sys.stderr)
-        return 2
+        raise InputError(f"{root}/cases.json not found; pass a fixture folder")
     fx = load_fixture(root)
     counts = {"PASS": 0, "FAIL": 0, "SKIP": 0}
     width = max((len(str(c.get("id", ""))) for c in fx.cases), default=10)

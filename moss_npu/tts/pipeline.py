@@ -30,6 +30,7 @@ from moss_npu.nano.model import NanoTTSModel
 from moss_npu.nano.prompt import build_prompt_rows, mask_unused_channels, resolve_mode
 from moss_npu.nano.text import pause_samples, voice_clone_chunks
 from moss_npu.nano.tokenizer import TextTokenizer
+from moss_npu.output import save_audio
 from moss_npu.tts.settings import LoadConfig, RunConfig
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,15 @@ class SynthesisResult:
     text_chunks: list[str]
     mode: str
     batch_size: int
+
+    def save(self, path: str | Path, *, wav_subtype: Optional[str] = None) -> Path:
+        """Write the waveform to ``path`` atomically, in the format its extension names (see ``moss_npu.output``).
+
+        Raises:
+            InputError: unknown extension, or a path that is not a regular file in a writable folder.
+            OutputError: the write failed (e.g. no space left); no partial file remains.
+        """
+        return save_audio(path, self.waveform, self.sample_rate, wav_subtype=wav_subtype)
 
 
 @dataclass(frozen=True)
@@ -99,8 +109,8 @@ class MossTTSNano:
         attn = devices.attention_impl(dev, dt, load.attn_implementation)
         if load.num_threads > 0:
             torch.set_num_threads(load.num_threads)
-        model_dir = resolve_model_dir(model, required=("config.json", "tokenizer.model"))
-        codec_dir = resolve_model_dir(codec, required=("config.json",))
+        model_dir = resolve_model_dir(model, required=("config.json", "tokenizer.model"), role="TTS model")
+        codec_dir = resolve_model_dir(codec, required=("config.json",), role="codec", example=DEFAULT_CODEC)
         lm = load_model(model_dir, device=dev, dtype=dt, attn_impl=attn)
         return cls(lm, TextTokenizer.from_dir(model_dir), load_codec(codec_dir, device=dev, attention=attn))
 

@@ -15,14 +15,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, NamedTuple, Optional
 
-import yaml
-
 from moss_npu.codec.streaming import OFFICIAL_SCHEDULE, DecodeSchedule
 from moss_npu.errors import ConfigError, InputError
 from moss_npu.nano.generate import SpeedOptions
+from moss_npu.presets import check_types, read_yaml_mapping
 from moss_npu.sampling import SamplingParams
 
 MODES = ("auto", "continuation", "voice_clone")
+MAX_NEW_FRAMES = 7500  # 10 minutes per text chunk at 12.5 frames/s; bounds the caches allocated up front
+MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed takes at most a signed 64-bit value
 
 
 @dataclass(frozen=True)
@@ -77,8 +78,11 @@ class RunConfig:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise InputError(f"--mode {self.mode}: unknown; use {', '.join(MODES)}")
-        if self.max_new_frames < 1:
-            raise InputError(f"--max-new-frames {self.max_new_frames}: use at least 1 (12.5 frames per second)")
+        if not 1 <= self.max_new_frames <= MAX_NEW_FRAMES:
+            raise InputError(f"--max-new-frames {self.max_new_frames}: use 1 .. {MAX_NEW_FRAMES} "
+                             "(12.5 frames per second)")
+        if self.seed is not None and not 0 <= self.seed <= MAX_SEED:
+            raise InputError(f"--seed {self.seed}: use 0 .. 2**63-1")
         if self.voice_clone_max_text_tokens < 0 or self.tts_max_batch_size < 0:
             raise InputError("voice_clone_max_text_tokens and tts_max_batch_size must be >= 0 (0 = no limit)")
         self.sampling()  # validates the sampling values
@@ -120,19 +124,14 @@ class Settings(NamedTuple):
 
 
 def load_preset(path: Path | str) -> dict[str, Any]:
-    """Read a YAML preset of run values; unknown keys raise ConfigError listing them."""
-    path = Path(path)
-    if not path.is_file():
+    """Read a YAML preset of run values; unknown keys or values of the wrong type raise ConfigError."""
+    if not Path(path).exists():
         raise ConfigError(f"--config {path}: file not found; use one of configs/cpu.yaml, configs/cuda.yaml, configs/npu.yaml")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"--config {path}: not valid YAML ({exc.__class__.__name__}); fix the syntax") from exc
-    if not isinstance(data, dict):
-        raise ConfigError(f"--config {path}: expected a mapping of run settings, got {type(data).__name__}")
+    data = read_yaml_mapping(path)
     unknown = sorted(set(data) - set(FIELDS))
     if unknown:
         raise ConfigError(f"--config {path}: unknown keys {', '.join(unknown)}; known keys: {', '.join(FIELDS)}")
+    check_types(data, RunConfig, f"--config {path}")
     return data
 
 
