@@ -107,20 +107,15 @@ def verbalize_chinese(tokens: list[Token]) -> str:
 
 
 def _unescape(value: str) -> str:
-    """Undo the tagger's escapes: ``\\\\\\`` (three backslashes) is a backslash, ``\\"`` a double quote."""
+    """Undo the tagger's escapes: a backslash before a backslash or a double quote stands for that character."""
     if "\\" not in value:
         return value
     out, i = [], 0
     while i < len(value):
-        if value.startswith("\\\\\\", i):
-            out.append("\\")
-            i += 3
-        elif value.startswith('\\"', i):
-            out.append('"')
-            i += 2
-        else:
-            out.append(value[i])
+        if value[i] == "\\" and value[i + 1:i + 2] in ("\\", '"'):
             i += 1
+        out.append(value[i])
+        i += 1
     return "".join(out)
 
 
