@@ -48,6 +48,10 @@ class RunConfig:
     local_kv_cache: Optional[bool] = None  # None: as ``speed`` says
     stability_fallback: bool = True  # non-finite bf16/fp16 logits: cast to float32 and retry (official behaviour)
     num_threads: int = 0  # intra-op CPU threads (0: torch's default); a process setting, applied by the CLIs
+    # Official infer.py text preparation (moss_npu.text): the robust cleanup, and WeTextProcessing's reading of
+    # numbers and symbols; the model API (model.inference) runs neither.
+    text_normalization: bool = True
+    wetext: bool = True
     stream_lead_thresholds_s: tuple[float, ...] = OFFICIAL_SCHEDULE.lead_thresholds_s
     stream_budgets: tuple[int, ...] = OFFICIAL_SCHEDULE.budgets
     stream_head_lead_s: float = OFFICIAL_SCHEDULE.head_lead_s
@@ -59,6 +63,8 @@ class RunConfig:
             raise InputError(f"--max-new-frames {self.max_new_frames}: use at least 1 (12.5 frames per second)")
         if self.voice_clone_max_text_tokens < 0 or self.tts_max_batch_size < 0:
             raise InputError("voice_clone_max_text_tokens and tts_max_batch_size must be >= 0 (0 = no limit)")
+        if not isinstance(self.text_normalization, bool) or not isinstance(self.wetext, bool):
+            raise InputError("text_normalization and wetext must be true or false")
         if self.num_threads < 0:
             raise InputError(f"--num-threads {self.num_threads}: use 0 (torch's default) or a thread count")
         self.sampling()  # validates the sampling values
