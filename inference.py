@@ -37,7 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     text.add_argument("--stream", action="store_true", help="decode and write audio while it is generated")
     text.add_argument("--no-text-normalization", action="store_true",
                       help="read the text as given (no robust cleanup, no WeTextProcessing)")
-    text.add_argument("--no-wetext", action="store_true", help="robust cleanup only: numbers and symbols stay as written")
+    text.add_argument("--no-wetext", action="store_true",
+                      help="robust cleanup only: numbers and symbols stay as written")
     text.add_argument("--print-normalized", action="store_true", help="print the text the model will read (stderr)")
 
     model = p.add_argument_group("model and device")

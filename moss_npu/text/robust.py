@@ -70,7 +70,8 @@ _BRACKETS = tuple((re.compile(p), r'"\1"') for p in (
 ))
 # 《Title》 standing alone (at the start or after a sentence end, before an end, a dash run or a shield)
 # loses its marks; an embedded title keeps them.
-_LONE_TITLE = re.compile(r"(^|[。！？!?；;]\s*)《([^》]+)》(?=\s*(?:" + _SHIELD + r"|[—–―-]{2,}|$|[。！？!?；;，,]))")
+_LONE_TITLE = re.compile(r"(^|[。！？!?；;]\s*)《([^》]+)》"
+                         r"(?=\s*(?:" + _SHIELD + r"|[—–―-]{2,}|$|[。！？!?；;，,]))")
 _DASH_RUN = re.compile(r"\s*(?:—|–|―|-){2,}\s*")
 _REPEATS = tuple((re.compile(p), r) for p, r in (
     (r"(?:\.{3,}|…{2,}|……+)", "。"),  # ellipses

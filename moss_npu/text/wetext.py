@@ -72,14 +72,8 @@ class Grammar:
         except ImportError:
             raise WeTextUnavailable(f"kaldifst is not installed ({INSTALL_HINT})") from None
         tagger_rel, verbalizer_rel = GRAMMAR_FILES[language]
-        try:
-            tagger = kaldifst.StdVectorFst.read(str(grammars.root / tagger_rel))
-            verbalizer = None if verbalizer_rel is None else kaldifst.StdVectorFst.read(
-                str(grammars.root / verbalizer_rel))
-        except Exception as exc:  # kaldifst raises RuntimeError with OpenFst's message on a damaged file
-            raise WeTextUnavailable(f"cannot read {DISTRIBUTION}'s {language} grammar ({exc}); reinstall it: "
-                                    f"{INSTALL_HINT}") from None
-        return cls(language, tagger, verbalizer)
+        verbalizer = None if verbalizer_rel is None else _read_fst(kaldifst, grammars.root / verbalizer_rel)
+        return cls(language, _read_fst(kaldifst, grammars.root / tagger_rel), verbalizer)
 
     def normalize(self, text: str) -> str:
         """Return ``text`` read out in words (the official ``Normalizer.normalize``); ``""`` stays ``""``."""
@@ -89,6 +83,19 @@ class Grammar:
         if self._verbalizer is None:
             return verbalize_chinese(tokens)
         return _best_output(serialize(tokens), self._verbalizer)
+
+
+def _read_fst(kaldifst: Any, path: Path) -> Any:
+    """Read one FST file; a missing or damaged file (kaldifst returns None) is ``WeTextUnavailable``."""
+    try:
+        fst = kaldifst.StdVectorFst.read(str(path))
+    except Exception as exc:
+        fst, why = None, str(exc)
+    else:
+        why = "not a readable FST"
+    if fst is None:
+        raise WeTextUnavailable(f"cannot read {path} ({why}); reinstall it: {INSTALL_HINT}")
+    return fst
 
 
 def verbalize_chinese(tokens: list[Token]) -> str:
