@@ -13,7 +13,7 @@ import threading
 from dataclasses import dataclass
 from typing import Optional
 
-from moss_npu.text.language import choose_language, guard_chinese_hyphens
+from moss_npu.text.language import LANGUAGES, choose_language, guard_chinese_hyphens
 from moss_npu.text.robust import clean_for_speech
 from moss_npu.text.wetext import OFFICIAL_VERSION, Grammar, Grammars, NoReading, WeTextUnavailable
 
@@ -60,19 +60,20 @@ class TextNormalizer:
         return NormalizedText(text, prompt_text, language, "+".join(stages) or "none")
 
     def grammar(self, language: str) -> Optional[Grammar]:
-        """Return ``language``'s grammar, loading it on first use; None (after one warning) if unavailable."""
+        """Return ``language``'s grammar (all are read on first use); None, after one warning, if unavailable."""
         with self._lock:
-            if language not in self._grammars and self._unavailable is None:
+            if not self._grammars and self._unavailable is None:
                 try:
-                    grammars = Grammars.locate()
-                    if grammars.version != OFFICIAL_VERSION:
-                        log.warning("WeTextProcessing %s is installed; the official outputs come from %s, so "
-                                    "some readings may differ", grammars.version, OFFICIAL_VERSION)
-                    self._grammars[language] = Grammar.load(language, grammars)
+                    found = Grammars.locate()
+                    self._grammars = {lang: Grammar.load(lang, found) for lang in LANGUAGES}
                 except WeTextUnavailable as exc:
                     self._unavailable = str(exc)
                     log.warning("text normalization: %s; numbers and symbols are read as written "
                                 "(robust cleanup only)", exc)
+                else:
+                    if found.version != OFFICIAL_VERSION:
+                        log.warning("text normalization: WeTextProcessing %s is installed; the official outputs "
+                                    "come from %s, so some readings may differ", found.version, OFFICIAL_VERSION)
             return self._grammars.get(language)
 
     @staticmethod

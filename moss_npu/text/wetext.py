@@ -12,6 +12,7 @@ its English verbalizer, and pynini (no aarch64 wheel) is never imported.
 from __future__ import annotations
 
 import importlib.metadata
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -63,6 +64,7 @@ class Grammar:
 
     def __init__(self, language: str, tagger: Any, verbalizer: Optional[Any]) -> None:
         self.language, self._tagger, self._verbalizer = language, tagger, verbalizer
+        self._lock = threading.Lock()  # OpenFst caches properties on the FSTs while composing
 
     @classmethod
     def load(cls, language: str, grammars: Grammars) -> "Grammar":
@@ -79,10 +81,11 @@ class Grammar:
         """Return ``text`` read out in words (the official ``Normalizer.normalize``); ``""`` stays ``""``."""
         if not text:
             return ""
-        tokens = reorder(parse_tokens(_best_output(text, self._tagger)), self.language)
-        if self._verbalizer is None:
-            return verbalize_chinese(tokens)
-        return _best_output(serialize(tokens), self._verbalizer)
+        with self._lock:
+            tokens = reorder(parse_tokens(_best_output(text, self._tagger)), self.language)
+            if self._verbalizer is None:
+                return verbalize_chinese(tokens)
+            return _best_output(serialize(tokens), self._verbalizer)
 
 
 def _read_fst(kaldifst: Any, path: Path) -> Any:
