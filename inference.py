@@ -48,6 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
     text.add_argument("--mode", choices=("auto", "continuation", "voice_clone"),
                       help="auto (default): voice_clone when a reference is given without --prompt-text")
     text.add_argument("--stream", action="store_true", help="decode and write audio while it is generated")
+    text.add_argument("--no-text-normalization", action="store_true",
+                      help="read the text as given (no robust cleanup, no WeTextProcessing)")
+    text.add_argument("--no-wetext", action="store_true",
+                      help="robust cleanup only: numbers and symbols stay as written")
+    text.add_argument("--print-normalized", action="store_true", help="print the text the model will read (stderr)")
 
     model = p.add_argument_group("model and device")
     model.add_argument("--backend", choices=("nano", "llama-cpp"), default="nano")
@@ -215,6 +220,8 @@ def run_overrides(args: argparse.Namespace) -> dict:
         "do_sample": False if args.greedy else None, "host_rng": True if args.host_rng else None,
         "local_kv_cache": False if args.no_local_kv_cache else None,
         "speed": args.speed, "num_threads": args.num_threads,
+        "text_normalization": False if args.no_text_normalization else None,
+        "wetext": False if args.no_text_normalization or args.no_wetext else None,
         "audio_repetition_penalty": args.audio_repetition_penalty,
     }
     for kind in ("text", "audio"):
@@ -246,6 +253,7 @@ def synthesize_nano(args: argparse.Namespace, text: str, target: AudioTarget) ->
 
     from moss_npu import device as devices
     from moss_npu.output import save_audio
+    from moss_npu.text import TextNormalizer
     from moss_npu.tts import MossTTSNano
 
     load, settings = merge(load_preset(args.config) if args.config else None, run_overrides(args))
@@ -255,12 +263,16 @@ def synthesize_nano(args: argparse.Namespace, text: str, target: AudioTarget) ->
     if args.prompt_audio_path and not Path(args.prompt_audio_path).is_file():
         raise InputError(f"--prompt-audio-path {args.prompt_audio_path}: file not found; pass a wav/flac/mp3 recording")
     model, codec = args.model or DEFAULT_MODEL, args.codec or DEFAULT_CODEC
-    if args.impl == "upstream":
-        return _synthesize_upstream(args, load, settings, dev, text, target, model, codec)
+    if args.impl == "upstream":  # infer.py prepares the texts before the official model code sees them
+        prepared = _print_normalized(args, TextNormalizer(), text, settings)
+        args.prompt_text = None if args.prompt_text is None else prepared.prompt_text
+        return _synthesize_upstream(args, load, settings, dev, prepared.text, target, model, codec)
     tts = MossTTSNano.from_pretrained(model, codec, device=str(dev), dtype=load.dtype,
                                       attn_implementation=load.attn_implementation)
     target.check_rate(tts.sample_rate)
     request = dict(prompt_audio=args.prompt_audio_path, prompt_text=args.prompt_text, settings=settings)
+    if args.print_normalized:
+        _print_normalized(args, tts.normalizer, text, settings)
     progress = _progress(args, tts.codec.frame_rate_hz)
     start = time.perf_counter()
     if not args.stream:
@@ -303,6 +315,17 @@ def _warn_at_cap(progress, max_new_frames: int) -> None:
              "before the model finished; the audio may be cut off; raise --max-new-frames")
 
 
+def _print_normalized(args: argparse.Namespace, normalizer, text: str, settings):
+    """Prepare the texts as the pipeline does; print them to stderr with --print-normalized."""
+    prepared = normalizer.prepare(text, args.prompt_text or "", robust=settings.text_normalization,
+                                  wetext=settings.wetext)
+    if args.print_normalized:
+        print(f"normalized ({prepared.method}): {prepared.text}", file=sys.stderr)
+        if args.prompt_text is not None:
+            print(f"normalized prompt text: {prepared.prompt_text}", file=sys.stderr)
+    return prepared
+
+
 def _synthesize_upstream(args, load, settings, dev, text: str, target: AudioTarget, model: str,
                          codec: str) -> Outcome:
     from moss_npu import device as devices
@@ -338,6 +361,8 @@ def synthesize_delay(args: argparse.Namespace, text: str, target: AudioTarget) -
     from moss_npu.delay.pipeline import DelayPipeline
     from moss_npu.output import save_audio
 
+    if args.no_text_normalization or args.no_wetext or args.print_normalized:
+        raise InputError("--no-text-normalization, --no-wetext and --print-normalized apply to --backend nano only")
     if not args.weights:
         raise InputError("--backend llama-cpp needs --weights DIR (the MOSS-TTS-GGUF folder)")
     if not args.codec_onnx_dir:

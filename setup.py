@@ -21,6 +21,10 @@ setup(
         "huggingface_hub>=0.23",  # snapshot_download(local_dir=...) without symlinks; python -m moss_npu.hub wraps it
         "tqdm",
         "psutil",
+        # Text normalization (moss_npu.text) runs WeTextProcessing's grammars with kaldifst (x86-64 and aarch64
+        # wheels). The grammars come from WeTextProcessing==1.2.0, installed with --no-deps (README): its pynini
+        # requirement has no aarch64 wheel and is not needed here.
+        "kaldifst>=1.7",
     ],
     extras_require={
         # torch_npu must match the installed torch exactly, and CANN must be installed and sourced.

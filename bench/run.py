@@ -113,7 +113,8 @@ def run_once(tts: MossTTSNano, case: str, config: BenchConfig, frames: int, stre
     if config.threads:
         torch.set_num_threads(config.threads)
     text, audio = case_request(case)
-    settings = RunConfig(do_sample=False, max_new_frames=frames, speed=config.speed)
+    settings = RunConfig(do_sample=False, max_new_frames=frames, speed=config.speed,
+                         text_normalization=False, wetext=False)  # the model's speed; bench.text_norm times that
     back = devices.backend(tts.device)
     back.reset_peak_memory_stats()
     timer = PhaseTimer(sync=back.synchronize)

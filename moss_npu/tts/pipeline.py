@@ -32,6 +32,7 @@ from moss_npu.nano.text import pause_samples, voice_clone_chunks
 from moss_npu.nano.tokenizer import TextTokenizer
 from moss_npu.output import save_audio
 from moss_npu.tts.settings import LoadConfig, RunConfig
+from moss_npu.text import TextNormalizer
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +91,7 @@ class MossTTSNano:
         self.model, self.tokenizer, self.codec = model, tokenizer, codec
         self.config = model.config
         self._reference_cache: dict[str, torch.Tensor] = {}
+        self.normalizer = TextNormalizer()  # the official infer.py text preparation, as settings enable it
 
     @classmethod
     def from_pretrained(cls, model: str = DEFAULT_MODEL, codec: str = DEFAULT_CODEC, *, device: str = "auto",
@@ -140,12 +142,17 @@ class MossTTSNano:
 
     def plan(self, text: str, settings: RunConfig, prompt_audio: Optional[PromptAudio] = None,
              prompt_text: Optional[str] = None) -> Plan:
-        """Validate a request and decide its mode, chunks and prompt codes."""
+        """Validate a request, normalize its texts as the settings say, and decide its mode, chunks, prompt codes."""
         if not isinstance(settings, RunConfig):
             raise ConfigError(f"settings: a {type(settings).__name__} is not a RunConfig; pass "
                               "settings=RunConfig(...) (device, dtype, attention, threads are from_pretrained's)")
         if not isinstance(text, str) or not text.strip():
             raise InputError("the text is empty; pass the words to speak with --text or --text-file")
+        prepared = self.normalizer.prepare(text, prompt_text or "", robust=settings.text_normalization,
+                                           wetext=settings.wetext)
+        if not prepared.text.strip():
+            raise InputError("the text holds nothing to speak once normalized; pass words to speak")
+        text, prompt_text = prepared.text, None if prompt_text is None else prepared.prompt_text
         nq = self.config.n_vq if settings.nq is None else settings.nq
         if not 1 <= nq <= self.config.n_vq:
             raise InputError(f"--nq {nq}: out of range; use 1..{self.config.n_vq}")

@@ -63,6 +63,10 @@ class RunConfig:
     speed: str = "optimized"  # "optimized" or "reference" (the official algorithm; same codes up to rounding)
     local_kv_cache: Optional[bool] = None  # None: as ``speed`` says
     stability_fallback: bool = True  # non-finite bf16/fp16 logits: retry with a float32 copy (official behaviour)
+    # Official infer.py text preparation (moss_npu.text): the robust cleanup, and WeTextProcessing's reading of
+    # numbers and symbols; the model API (model.inference) runs neither.
+    text_normalization: bool = True
+    wetext: bool = True
     stream_lead_thresholds_s: tuple[float, ...] = OFFICIAL_SCHEDULE.lead_thresholds_s
     stream_budgets: tuple[int, ...] = OFFICIAL_SCHEDULE.budgets
     stream_head_lead_s: float = OFFICIAL_SCHEDULE.head_lead_s
@@ -85,6 +89,8 @@ class RunConfig:
             raise InputError(f"--seed {self.seed}: use 0 .. 2**63-1")
         if self.voice_clone_max_text_tokens < 0 or self.tts_max_batch_size < 0:
             raise InputError("voice_clone_max_text_tokens and tts_max_batch_size must be >= 0 (0 = no limit)")
+        if not isinstance(self.text_normalization, bool) or not isinstance(self.wetext, bool):
+            raise InputError("text_normalization and wetext must be true or false")
         self.sampling()  # validates the sampling values
         self.schedule()
         self.speed_options()
