@@ -18,9 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from moss_npu.errors import InputError, MossNpuError, NumericalError
+from moss_npu.errors import DeviceError, InputError, MossNpuError, NumericalError
 
 SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "repetition_penalty")
+BACKENDS = ("auto", "nano", "llama-cpp")
+NANO_INSTALL = 'pip install -e ".[nano]"'  # after the torch build for the machine (README, "Installing")
+DELAY_INSTALL = 'pip install -e ".[llama]"'
+DELAY_ONLY_FLAGS = ("weights", "codec_onnx_dir")
+BACKEND_NAMES = {"nano": "nano (MOSS-TTS-Nano)", "llama-cpp": "llama-cpp (MOSS-TTS Delay)"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,7 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     text.add_argument("--stream", action="store_true", help="decode and write audio while it is generated")
 
     model = p.add_argument_group("model and device")
-    model.add_argument("--backend", choices=("nano", "llama-cpp"), default="nano")
+    model.add_argument("--backend", choices=BACKENDS, default="auto",
+                       help="auto (default): nano when torch imports, else llama-cpp (MOSS-TTS Delay) when --weights "
+                       "is given; the result line names the backend that ran")
     model.add_argument("--impl", choices=("native", "upstream"), default="native",
                        help="upstream: run the official remote code with the NPU patch set")
     model.add_argument("--upstream-code", help="--impl upstream: folder holding the official *.py remote code "
@@ -140,6 +147,40 @@ class Outcome:
     first_audio_s: Optional[float] = None
 
 
+def torch_imports() -> bool:
+    """Return whether torch can be imported here (a broken build counts as absent)."""
+    try:
+        import torch  # noqa: F401
+    except Exception:  # a torch built for another CUDA can fail with OSError at import
+        return False
+    return True
+
+
+def choose_backend(args: argparse.Namespace) -> str:
+    """Resolve ``--backend``: ``auto`` is nano when torch imports, else llama-cpp when ``--weights`` is given.
+
+    Raises:
+        DeviceError: the chosen backend cannot run here; the message names the install command.
+        InputError: ``auto`` picked nano while Delay-only flags were given (never switch models silently).
+    """
+    if args.backend == "llama-cpp":
+        return "llama-cpp"
+    has_torch = torch_imports()
+    if args.backend == "nano" and not has_torch:
+        raise DeviceError(f"--backend nano needs torch, which is not importable here; install it with "
+                          f"`{NANO_INSTALL}` (install the torch build for your machine first, see README)")
+    delay_flags = [f"--{name.replace('_', '-')}" for name in DELAY_ONLY_FLAGS if getattr(args, name)]
+    if has_torch:
+        if delay_flags:
+            raise InputError(f"{' and '.join(delay_flags)} belong to the llama-cpp backend, but --backend "
+                             f"{args.backend} runs nano (torch is installed); pass --backend llama-cpp for the Delay model")
+        return "nano"
+    if delay_flags:
+        return "llama-cpp"
+    raise DeviceError(f"no backend can run: torch is not importable (nano: `{NANO_INSTALL}`) and no --weights was "
+                      f"given for the llama.cpp Delay fallback (`{DELAY_INSTALL}`, then --weights DIR --codec-onnx-dir DIR)")
+
+
 def synthesize_nano(args: argparse.Namespace, text: str, out: Path, progress: bool) -> Outcome:
     """Run the native (or upstream) Nano pipeline and write ``out``."""
     import torch
@@ -209,22 +250,17 @@ def _synthesize_upstream(args, settings, dev, text: str, out: Path) -> Outcome:
 
 
 def synthesize_delay(args: argparse.Namespace, text: str, out: Path) -> Outcome:
-    """Run the MOSS-TTS Delay fallback through llama.cpp and write ``out``."""
-    import torch
-
-    from moss_npu.audio import write_wav
+    """Run the MOSS-TTS Delay fallback through llama.cpp and write ``out`` (a 24 kHz mono WAV); no torch needed."""
+    from moss_npu.delay.flags import delay_request
     from moss_npu.delay.pipeline import DelayPipeline
+    from moss_npu.wavfile import write_wav
 
-    if not args.weights:
-        raise InputError("--backend llama-cpp needs --weights DIR (the MOSS-TTS-GGUF folder)")
-    if not args.codec_onnx_dir:
-        raise InputError("--backend llama-cpp needs --codec-onnx-dir DIR (encoder.onnx + decoder.onnx)")
-    overrides = {"verbose": True if args.verbose else None}
-    with DelayPipeline.from_config(args.config, args.weights, args.codec_onnx_dir, overrides) as pipe:
+    request = delay_request(args, vars(build_parser().parse_args([])))
+    with DelayPipeline.open(request.run, args.weights, args.codec_onnx_dir) as pipe:
         start = time.perf_counter()
-        wave, rate = pipe.synthesize(text, args.prompt_audio_path, seed=args.seed)
+        wave, rate = pipe.synthesize(text, request.reference, seed=request.seed, max_new_frames=request.max_new_frames)
         elapsed = time.perf_counter() - start
-    write_wav(out, torch.from_numpy(wave), rate)
+    write_wav(out, wave, rate)
     return Outcome(wave.shape[-1] / rate, elapsed)
 
 
@@ -244,7 +280,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         text = read_text(args)
         out = check_output(args.output)
         progress = not args.quiet and sys.stderr.isatty()
-        if args.backend == "llama-cpp":
+        backend = choose_backend(args)
+        if backend == "llama-cpp":
             outcome = synthesize_delay(args, text, out)
         else:
             outcome = synthesize_nano(args, text, out, progress)
@@ -255,7 +292,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     line = f"wrote {out}: {outcome.audio_s:.2f} s of audio in {outcome.elapsed_s:.2f} s (RTF {rtf:.2f})"
     if outcome.first_audio_s is not None:
         line += f", first audio after {outcome.first_audio_s * 1000:.0f} ms"
-    print(line)
+    print(f"{line}, backend {BACKEND_NAMES[backend]}")
     return 0
 
 

@@ -2,8 +2,9 @@
 
 Everything else holds a ``torch.device`` plus a dtype and asks questions through ``backend(device)``;
 no other module names a device type (design.md, "Device layer"). ``torch_npu`` is imported lazily, once,
-inside the NPU backend, because it cannot even import without Ascend CANN. Memory is in bytes, ``None``
-when unknown. Tests swap in a stand-in backend with ``register_backend`` (real NPU runs are out of CI).
+inside the NPU backend, because it cannot even import without Ascend CANN. torch itself is imported on first
+use, so the device names for llama.cpp and ONNX Runtime (``parse_device``, ``onnx_provider``) also serve the
+torch-free Delay fallback. Memory is in bytes, ``None`` when unknown. Tests swap in a stand-in backend with ``register_backend`` (real NPU runs are out of CI).
 """
 
 from __future__ import annotations
@@ -14,17 +15,25 @@ import os
 import platform
 from typing import Optional
 
-import torch
-
 from moss_npu.errors import DeviceError
+
+
+class _TorchOnFirstUse:
+    """Stands in for the torch module until an attribute is read, then imports torch and takes its place."""
+
+    def __getattr__(self, name: str):
+        import torch as module
+
+        globals()["torch"] = module
+        return getattr(module, name)
+
+
+torch = _TorchOnFirstUse()
 
 AUTO_ORDER = ("npu", "cuda", "mps", "cpu")
 ATTENTION_IMPLS = ("sdpa", "eager")
-DTYPES = {
-    "float32": torch.float32, "fp32": torch.float32,
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-    "float16": torch.float16, "fp16": torch.float16,
-}
+DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+          "float16": "float16", "fp16": "float16"}  # names of torch dtypes
 _GIB = 1 << 30
 
 
@@ -315,27 +324,43 @@ def backend(device: torch.device | str) -> Backend:
     return get_backend(torch.device(device).type if not isinstance(device, torch.device) else device.type)
 
 
-def resolve_device(spec: Optional[str] = "auto") -> torch.device:
-    """Turn a user's device string into a usable torch.device, or raise DeviceError with the fix.
+def parse_device(spec: Optional[str] = "auto") -> tuple[str, Optional[int]]:
+    """Split a user's device string into (kind, index) without importing torch; None/"" mean ``auto``.
 
-    Accepts ``auto`` (npu > cuda > mps > cpu), ``cpu``, ``cuda``, ``cuda:1``, ``npu``, ``npu:0``, ``mps``.
+    Raises:
+        DeviceError: the kind is unknown or the index is not a number.
     """
     text = (spec or "auto").strip().lower()
     if text == "auto":
-        for kind in AUTO_ORDER:
-            b = get_backend(kind)
-            if b.is_available() and b.device_count() > 0:
-                return b.torch_device(0 if kind in ("cuda", "npu") else None)
-        return torch.device("cpu")
+        return "auto", None
     kind, _, index_text = text.partition(":")
     if kind not in _DEFAULT_FACTORIES:
         raise DeviceError(f"--device {spec}: unknown device; use auto, cpu, cuda[:N], npu[:N] or mps")
     if index_text and not index_text.isdigit():
         raise DeviceError(f"--device {spec}: the index must be a number, e.g. {kind}:0")
+    return kind, int(index_text) if index_text else None
+
+
+def is_accelerator(kind: str) -> bool:
+    """Return whether a device kind from ``parse_device`` is an accelerator (not ``cpu``, not ``auto``)."""
+    return kind in _DEFAULT_FACTORIES and kind != "cpu"
+
+
+def resolve_device(spec: Optional[str] = "auto") -> torch.device:
+    """Turn a user's device string into a usable torch.device, or raise DeviceError with the fix.
+
+    Accepts ``auto`` (npu > cuda > mps > cpu), ``cpu``, ``cuda``, ``cuda:1``, ``npu``, ``npu:0``, ``mps``.
+    """
+    kind, index = parse_device(spec)
+    if kind == "auto":
+        for kind in AUTO_ORDER:
+            b = get_backend(kind)
+            if b.is_available() and b.device_count() > 0:
+                return b.torch_device(0 if kind in ("cuda", "npu") else None)
+        return torch.device("cpu")
     b = get_backend(kind)
     if not b.is_available():
         raise DeviceError(f"--device {spec}: {b.unavailable_reason()}")
-    index = int(index_text) if index_text else None
     count = b.device_count()
     if index is not None and index >= count:
         visible = os.environ.get("ASCEND_RT_VISIBLE_DEVICES" if kind == "npu" else "CUDA_VISIBLE_DEVICES")
@@ -353,7 +378,7 @@ def resolve_dtype(device: torch.device, name: Optional[str] = None) -> torch.dty
         return default_dtype(device)
     if name not in DTYPES:
         raise DeviceError(f"--dtype {name}: unknown dtype; use float32, bfloat16 or float16")
-    dtype = DTYPES[name]
+    dtype = getattr(torch, DTYPES[name])
     b = backend(device)
     if not b.supports_dtype(dtype):
         raise DeviceError(f"--dtype {name}: not supported on {device} ({b.name(_index(device))}); use float32")
@@ -398,12 +423,12 @@ def chunk_batch_size(device: torch.device, chunks: int, gb_per_sample: float, ma
 
 
 ONNX_PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider", "npu": "CANNExecutionProvider",
-                  "cann": "CANNExecutionProvider"}
+                  "cann": "CANNExecutionProvider", "mps": "CoreMLExecutionProvider"}
 
 
 # The onnxruntime wheel that carries each execution provider, for the fix in error messages.
 ONNX_PROVIDER_WHEELS = {"CPUExecutionProvider": "onnxruntime", "CUDAExecutionProvider": "onnxruntime-gpu",
-                        "CANNExecutionProvider": "onnxruntime-cann"}
+                        "CANNExecutionProvider": "onnxruntime-cann", "CoreMLExecutionProvider": "onnxruntime (macOS)"}
 
 
 def onnx_provider_wheel(provider: str) -> str:
