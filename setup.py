@@ -1,6 +1,11 @@
-"""Packaging for moss-npu. torch, torch_npu and CANN must be a matching trio on Ascend machines."""
+"""Packaging for moss-npu. torch, torch_npu and CANN must be a matching trio on Ascend machines.
+
+torch is not a core requirement: the Delay fallback (extra "llama") exists for machines where torch cannot run.
+"""
 
 from setuptools import find_packages, setup
+
+NANO = ["torch>=2.1", "sentencepiece", "safetensors", "psutil"]
 
 setup(
     name="moss-npu",
@@ -10,24 +15,25 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["moss_npu", "moss_npu.*"]),
+    # Torch-free core: the llama.cpp Delay fallback runs on exactly this plus the "llama" extra.
     install_requires=[
-        "torch>=2.1",
         "numpy",
-        "sentencepiece",
-        "safetensors",
         "soundfile>=0.12.1",  # MP3 reading needs libsndfile >= 1.1
+        "soxr",  # librosa's default resampler (soxr HQ), for Delay reference audio
         "scipy",
         "pyyaml",
         "huggingface_hub",
         "tqdm",
-        "psutil",
     ],
     extras_require={
+        # The Nano backend. Install the torch build for the machine first (CPU, CUDA or the one torch_npu names).
+        "nano": NANO,
         # torch_npu must match the installed torch exactly, and CANN must be installed and sourced.
-        "npu": ["torch-npu"],
+        "npu": NANO + ["torch-npu"],
+        # The MOSS-TTS Delay fallback: no torch (GPU builds of llama-cpp-python: see README).
         "llama": ["llama-cpp-python>=0.3.17", "tokenizers", "onnxruntime"],
         "onnx": ["onnx", "onnxruntime"],
-        "upstream": ["transformers==4.57.1"],  # torchaudio not needed: audio goes through moss_npu.audio
-        "dev": ["pytest"],
+        "upstream": NANO + ["transformers==4.57.1"],  # torchaudio not needed: audio goes through moss_npu.audio
+        "dev": NANO + ["pytest"],  # the README's install line: everything Nano needs, plus the test runner
     },
 )
