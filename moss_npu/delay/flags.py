@@ -43,6 +43,11 @@ SAMPLING_KEYS = ("text_temperature", "text_top_p", "text_top_k", "audio_temperat
 LEGACY = {"temperature": ("text_temperature", "audio_temperature"), "top_p": ("text_top_p", "audio_top_p"),
           "top_k": ("text_top_k", "audio_top_k"), "repetition_penalty": ("audio_repetition_penalty",)}
 
+# Flags the Delay backend acts on (inference.py reads text, output and the backend choice itself).
+ACTING = frozenset({"text", "text_file", "output", "backend", "config", "weights", "codec_onnx_dir", "device",
+                    "prompt_audio_path", "mode", "seed", "greedy", "max_new_frames", "num_threads", "quiet", "verbose",
+                    *SAMPLING_KEYS, *LEGACY})
+
 
 @dataclass(frozen=True)
 class DelayRequest:
@@ -55,13 +60,19 @@ class DelayRequest:
 
 
 def refuse_unsupported(args: argparse.Namespace, defaults: Mapping[str, Any]) -> None:
-    """Raise ``InputError`` for the first flag the Delay backend cannot honour (``defaults``: unset values)."""
-    for dest, why in REFUSED.items():
-        if getattr(args, dest, None) != defaults.get(dest):
+    """Raise ``InputError`` for the first flag the Delay backend cannot honour (``defaults``: unset values).
+
+    Every flag outside ``ACTING`` counts, so a flag added to the CLI later is refused until it is mapped here.
+    """
+    for dest, value in vars(args).items():
+        if dest not in ACTING and value != defaults.get(dest):
+            why = REFUSED.get(dest, "it has no meaning for the Delay model")
             raise InputError(f"--{dest.replace('_', '-')} is not available with the llama-cpp (Delay) backend: {why}")
     if args.mode not in (None, "auto", "voice_clone"):
         raise InputError(f"--mode {args.mode} is not available with the llama-cpp (Delay) backend: it clones the "
                          "--prompt-audio-path voice (voice_clone) or speaks in its own voice; drop --mode")
+    if args.mode == "voice_clone" and not args.prompt_audio_path:
+        raise InputError("--mode voice_clone needs --prompt-audio-path (the recording of the voice to clone)")
 
 
 def sampling_overrides(args: argparse.Namespace) -> dict[str, Any]:

@@ -6,7 +6,7 @@ import types
 import pytest
 
 import inference
-from moss_npu.delay.flags import REFUSED, delay_request
+from moss_npu.delay.flags import ACTING, REFUSED, delay_request
 from moss_npu.errors import DeviceError, InputError
 
 DEFAULTS = vars(inference.build_parser().parse_args([]))
@@ -31,6 +31,19 @@ def test_every_refused_flag_has_a_case():
     assert set(REFUSED_FLAGS) == set(REFUSED)
 
 
+def test_every_cli_flag_acts_or_is_refused():
+    """No flag of inference.py reaches the Delay backend unmapped (a new one is refused until mapped)."""
+    assert set(DEFAULTS) <= ACTING | set(REFUSED), set(DEFAULTS) - ACTING - set(REFUSED)
+    assert not ACTING & set(REFUSED)
+
+
+def test_a_flag_the_delay_backend_does_not_know_is_refused():
+    args = inference.build_parser().parse_args(BASE)
+    args.some_future_flag = 3
+    with pytest.raises(InputError, match="--some-future-flag is not available"):
+        delay_request(args, DEFAULTS)
+
+
 @pytest.mark.parametrize("dest", sorted(REFUSED_FLAGS))
 def test_flags_the_delay_backend_cannot_honour_are_refused(dest):
     with pytest.raises(InputError, match=f"--{dest.replace('_', '-')} is not available with the llama-cpp"):
@@ -45,7 +58,9 @@ def test_stream_refusal_says_why():
 def test_continuation_mode_is_refused_and_voice_clone_accepted():
     with pytest.raises(InputError, match="--mode continuation"):
         request("--mode", "continuation")
-    assert request("--mode", "voice_clone").run.text_temperature == 1.5
+    with pytest.raises(InputError, match="needs --prompt-audio-path"):
+        request("--mode", "voice_clone")
+    assert request("--mode", "voice_clone", "--prompt-audio-path", __file__).reference.name == "test_flags.py"
 
 
 def test_sampling_flags_reach_the_run_config():
