@@ -204,8 +204,9 @@ def synthesize_nano(args: argparse.Namespace, text: str, out: Path, progress: bo
     bar = _progress_bar(progress)
     start = time.perf_counter()
     if not args.stream:
-        result = tts.synthesize(text, on_frame=lambda chunk, frame: bar.update(1) if bar else None, **request)
-        if bar:
+        on_frame = (lambda chunk, frame: bar.update(1)) if bar is not None else None
+        result = tts.synthesize(text, on_frame=on_frame, **request)
+        if bar is not None:
             bar.close()
         elapsed = time.perf_counter() - start
         write_wav(out, result.waveform, result.sample_rate)
@@ -215,11 +216,11 @@ def synthesize_nano(args: argparse.Namespace, text: str, out: Path, progress: bo
         for chunk in tts.synthesize_stream(text, **request):
             first = time.perf_counter() - start if first is None else first
             writer.write(chunk.waveform)
-            if bar:
+            if bar is not None:
                 bar.update(chunk.waveform.shape[-1] // tts.codec.frame_size)
         samples = writer.samples_written
         elapsed = time.perf_counter() - start
-    if bar:
+    if bar is not None:
         bar.close()
     return Outcome(samples / tts.sample_rate, elapsed, first)
 
@@ -249,28 +250,35 @@ def _synthesize_upstream(args, settings, dev, text: str, out: Path) -> Outcome:
     return Outcome(wave.shape[-1] / rate, elapsed)
 
 
-def synthesize_delay(args: argparse.Namespace, text: str, out: Path) -> Outcome:
+def synthesize_delay(args: argparse.Namespace, text: str, out: Path, progress: bool) -> Outcome:
     """Run the MOSS-TTS Delay fallback through llama.cpp and write ``out`` (a 24 kHz mono WAV); no torch needed."""
     from moss_npu.delay.flags import delay_request
     from moss_npu.delay.pipeline import DelayPipeline
     from moss_npu.wavfile import write_wav
 
     request = delay_request(args, vars(build_parser().parse_args([])))
+    bar = _progress_bar(progress, unit="step")
     with DelayPipeline.open(request.run, args.weights, args.codec_onnx_dir) as pipe:
         start = time.perf_counter()
-        wave, rate = pipe.synthesize(text, request.reference, seed=request.seed, max_new_frames=request.max_new_frames)
+        wave, rate = pipe.synthesize(text, request.reference, seed=request.seed, max_new_frames=request.max_new_frames,
+                                     on_step=(lambda steps: bar.update(1)) if bar is not None else None)
         elapsed = time.perf_counter() - start
+    if bar is not None:
+        bar.close()
     write_wav(out, wave, rate)
     return Outcome(wave.shape[-1] / rate, elapsed)
 
 
-def _progress_bar(enabled: bool):
-    """Return a tqdm counter of generated frames on stderr, or None when progress is off."""
+def _progress_bar(enabled: bool, unit: str = "frame"):
+    """Return a tqdm counter of generated frames (or Delay steps) on stderr, or None when progress is off.
+
+    Test it with ``is not None``: a tqdm without a total raises on ``bool()``.
+    """
     if not enabled:
         return None
     from tqdm import tqdm
 
-    return tqdm(total=None, unit="frame", file=sys.stderr, leave=False, dynamic_ncols=True)
+    return tqdm(total=None, unit=unit, file=sys.stderr, leave=False, dynamic_ncols=True)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -282,7 +290,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         progress = not args.quiet and sys.stderr.isatty()
         backend = choose_backend(args)
         if backend == "llama-cpp":
-            outcome = synthesize_delay(args, text, out)
+            outcome = synthesize_delay(args, text, out, progress)
         else:
             outcome = synthesize_nano(args, text, out, progress)
     except MossNpuError as exc:

@@ -216,3 +216,14 @@ def test_impl_upstream_without_transformers_says_what_to_install(tmp_path, capsy
     code, _, err = run(model_args(tmp_path, "--impl", "upstream", "--text", "hi", "--output", tmp_path / "u.wav"), capsys)
     assert code == 2 and 'pip install -e ".[upstream]"' in err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "u.wav").exists()
+
+
+@needs_fixtures
+def test_on_a_terminal_the_nano_run_shows_progress(tmp_path, capsys, monkeypatch):
+    """Progress is drawn only when stderr is a terminal; a tqdm without a total raises on bool()."""
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    out = tmp_path / "t.wav"
+    code, stdout, err = run(["--model", NANO / "tts", "--codec", NANO / "codec", "--device", "cpu", "--text", "Hi",
+                             "--output", out, "--max-new-frames", "3", "--seed", "0"], capsys)
+    assert code == 0, err
+    assert "frame" in err and stdout.startswith(f"wrote {out}")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Callable, Mapping, Optional, Union
 
 import numpy as np
 
@@ -103,7 +103,7 @@ class DelayPipeline:
                  tokens: Optional[int] = None, quality: Optional[str] = None, language: Optional[str] = None,
                  max_new_tokens: Optional[int] = None, seed: Optional[int] = None,
                  rng: Optional[np.random.RandomState] = None, sampling: Optional[DelaySampling] = None,
-                 record: bool = False) -> Generation:
+                 record: bool = False, on_step: Optional[Callable[[int], None]] = None) -> Generation:
         """Generate the codes of one utterance (no codec involved).
 
         Args:
@@ -111,6 +111,7 @@ class DelayPipeline:
             seed: seeds a fresh ``RandomState`` (same stream as upstream's ``np.random.seed``); ignored if ``rng``.
             sampling: overrides the run config's sampling parameters for this call.
             record: also return the hidden states and text logits of every step.
+            on_step: called with the number of steps taken after each step (progress display).
 
         Raises:
             InputError: the prompt alone does not fit ``n_ctx``.
@@ -132,6 +133,8 @@ class DelayPipeline:
                 logits_seen.append(logits)
             row = step(state, logits, self.heads(hidden), sampling, self.config, rng)
             rows.append(row)
+            if on_step is not None:
+                on_step(index + 1)
             if state.is_stopping or index == limit - 1:
                 break  # nothing reads the outputs of the last row, so it is not fed
             self.backbone.step(self.embeddings(row), prompt.shape[0] + index)
@@ -145,7 +148,8 @@ class DelayPipeline:
     def synthesize(self, text: str, reference_audio: Optional[Union[str, Path, np.ndarray]] = None, *,
                    instruction: Optional[str] = None, tokens: Optional[int] = None, quality: Optional[str] = None,
                    language: Optional[str] = None, max_new_tokens: Optional[int] = None,
-                   max_new_frames: Optional[int] = None, seed: Optional[int] = None) -> tuple[np.ndarray, int]:
+                   max_new_frames: Optional[int] = None, seed: Optional[int] = None,
+                   on_step: Optional[Callable[[int], None]] = None) -> tuple[np.ndarray, int]:
         """Speak ``text``, optionally in the voice of ``reference_audio`` (a file, or 24 kHz mono samples).
 
         ``max_new_frames`` caps the audio at that many frames (12.5 per second): frame ``t`` is complete
@@ -165,7 +169,7 @@ class DelayPipeline:
             frame_steps = int(max_new_frames) + self.config.n_vq - 1
             max_new_tokens = frame_steps if max_new_tokens is None else min(int(max_new_tokens), frame_steps)
         result = self.generate(text, codes, instruction=instruction, tokens=tokens, quality=quality,
-                               language=language, max_new_tokens=max_new_tokens, seed=seed)
+                               language=language, max_new_tokens=max_new_tokens, seed=seed, on_step=on_step)
         if result.codes.shape[0] == 0:
             raise InputError(f"no audio frame after {result.rows.shape[0]} steps (max_new_tokens="
                              f"{result.max_new_tokens}); allow at least {self.config.n_vq + 1} steps")

@@ -126,3 +126,12 @@ def test_the_delay_cli_in_a_process_where_torch_cannot_import(delay_fixture, lla
                           timeout=300)
     assert done.returncode == 0, done.stderr
     assert "backend llama-cpp" in done.stdout and sf.info(str(out)).samplerate == 24000
+
+
+def test_on_a_terminal_the_delay_run_shows_progress(delay_fixture, llama_cpp, codec_dir, tmp_path, capsys, monkeypatch):
+    """A tqdm without a total raises on bool(): the progress path must only test it against None."""
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    out = tmp_path / "t.wav"
+    code, stdout, err = run(["--backend", "llama-cpp", *delay_args(codec_dir, out)], capsys)
+    assert code == 0, err
+    assert "step" in err and stdout.startswith(f"wrote {out}")
