@@ -2,6 +2,7 @@
 
     python inference.py --device npu:0 --text "Hello" --output out.wav
     python inference.py --prompt-audio-path voice.wav --text-file story.txt --output story.wav --stream
+    python inference.py --backend llama-cpp --weights DIR --codec-onnx-dir DIR --text "Hello"   # Delay, no torch
 
 Exit codes: 0 written; 1 runtime failure; 2 bad usage or input (nothing is written).
 stdout carries only the result line; progress and errors go to stderr.
