@@ -18,15 +18,15 @@ import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 import numpy as np
 import soundfile
-import torch
 
 from moss_npu.errors import InputError, OutputError
 
 PathLike = Union[str, Path]
+Audio = Any  # a (C, S) or (S,) float waveform: a NumPy array or a torch tensor
 
 # extension -> (libsndfile format, subtype, sample rates it allows (None: any))
 FORMATS: dict[str, tuple[str, str, Optional[tuple[int, ...]]]] = {
@@ -140,7 +140,7 @@ class AtomicAudioWriter:
             self._remove_tmp()
             raise self._failure(exc) if isinstance(exc, (OSError, RuntimeError)) else exc
 
-    def write(self, chunk: torch.Tensor) -> None:
+    def write(self, chunk: Audio) -> None:
         """Append ``(C, n)`` samples (float formats store them as they are; others clip to [-1, 1])."""
         if self._file is None:
             raise OutputError(f"output {self.target.path}: writer already closed")
@@ -210,31 +210,36 @@ class AtomicAudioWriter:
             self.abort()
 
 
-def as_frames(wave: torch.Tensor) -> np.ndarray:
-    """Return ``(C, S)`` (or ``(S,)``) audio as a contiguous float32 ``(S, C)`` array for soundfile."""
-    if isinstance(wave, np.ndarray):
-        wave = torch.from_numpy(wave)
-    if wave.dim() == 1:
+def as_frames(wave: Audio) -> np.ndarray:
+    """Return ``(C, S)`` (or ``(S,)``) audio as a contiguous float32 ``(S, C)`` array for soundfile.
+
+    Takes NumPy arrays or torch tensors (anything with ``.detach()`` is moved to the host first), so the
+    torch-free Delay fallback writes through the same code.
+    """
+    if hasattr(wave, "detach"):
+        wave = wave.detach().to("cpu").float().numpy()
+    wave = np.asarray(wave, dtype=np.float32)
+    if wave.ndim == 1:
         wave = wave[None]
-    if wave.dim() != 2:
+    if wave.ndim != 2:
         raise InputError(f"audio output: expected a (channels, samples) waveform, got shape {tuple(wave.shape)}")
-    return np.ascontiguousarray(wave.detach().to("cpu", torch.float32).numpy().T)
+    return np.ascontiguousarray(wave.T)
 
 
-def save_audio(path: PathLike, wave: torch.Tensor, sample_rate: int, *, wav_subtype: Optional[str] = None,
+def save_audio(path: PathLike, wave: Audio, sample_rate: int, *, wav_subtype: Optional[str] = None,
                target: Optional[AudioTarget] = None) -> Path:
     """Write ``(C, S)`` float audio to ``path`` in the format its extension names, atomically.
 
     ``target`` (from ``audio_target``, checked earlier) skips the path checks being repeated.
     """
     target = target or audio_target(path, wav_subtype)
-    channels = 1 if wave.dim() == 1 else wave.shape[0]
+    channels = 1 if len(wave.shape) == 1 else wave.shape[0]
     with AtomicAudioWriter(target, sample_rate, channels) as writer:
         writer.write(wave)
     return target.path
 
 
-def write_wav(path: PathLike, wave: torch.Tensor, sample_rate: int) -> Path:
+def write_wav(path: PathLike, wave: Audio, sample_rate: int) -> Path:
     """Write float32 WAV at ``path`` whatever its name (the official ``torchaudio.save`` stand-in), atomically."""
     target = AudioTarget(Path(path), writable_file(path, "audio file"), "WAV", "FLOAT")
     return save_audio(path, wave, sample_rate, target=target)

@@ -46,7 +46,8 @@ def test_readme_command_as_a_new_user(tmp_path):
     """The README's main command, run as a subprocess from the repo root."""
     out = tmp_path / "a.wav"
     cmd = [sys.executable, "inference.py", "--model", str(NANO / "tts"), "--codec", str(NANO / "codec"),
-           "--text", "Hello", "--output", str(out), "--max-new-frames", "8"]
+           "--text", "Hello", "--output", str(out), "--max-new-frames", "8", "--seed", "0"]
+    # seeded: an unseeded sampled run of the tiny model may stop before any audio (exit 1 by design)
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"wrote {out}: ") and "RTF" in done.stdout
@@ -119,14 +120,12 @@ BAD_INPUTS = [
                  id="wav-subtype-on-flac"),
     pytest.param(["--text", "hi", "--impl", "upstream", "--stream", "--host-rng", "--speed", "reference"],
                  "--stream, --host-rng, --speed: not used by --impl upstream", id="upstream-unused-flags"),
-    pytest.param(["--text", "hi", "--weights", "w"], "--weights: not used by --backend nano", id="weights-on-nano"),
+    pytest.param(["--text", "hi", "--weights", "w"], "--weights belong to the llama-cpp backend", id="weights-on-nano"),
     pytest.param(["--text", "hi", "--upstream-code", "c"], "--upstream-code: not used", id="code-on-native"),
     pytest.param(["--text", "hi", "--backend", "llama-cpp", "--stream", "--dtype", "bfloat16", "--nq", "4"],
-                 "--stream, --dtype, --nq, --model, --codec: not used by --backend llama-cpp",
-                 id="llama-cpp-unused-flags"),
+                 "is not available with the llama-cpp (Delay) backend", id="llama-cpp-unused-flags"),
     pytest.param(["--text", "hi", "--backend", "llama-cpp", "--prompt-text", "x", "--mode", "continuation"],
-                 "--mode, --prompt-text, --model, --codec: not used by --backend llama-cpp",
-                 id="llama-cpp-continuation"),
+                 "is not available with the llama-cpp (Delay) backend", id="llama-cpp-continuation"),
 ]
 
 
@@ -324,23 +323,12 @@ def test_frame_cap_and_unspeakable_text_warn(tmp_path, capsys):
     assert sf.info(str(out)).format == "FLAC"
 
 
-def _parse(*argv):
-    return inference.build_parser().parse_args(["--backend", "llama-cpp", "--text", "x", *argv])
-
-
-def test_llama_cpp_flag_mapping():
-    """Flags that map onto llama.cpp act on it: greedy, sampling values, threads, device, frame cap."""
-    values = inference.llama_cpp_overrides(_parse("--greedy", "--top-k", "7", "--audio-top-p", "0.5",
-                                                  "--num-threads", "3", "--device", "cpu"))
-    assert values["text_temperature"] == values["audio_temperature"] == 0.0
-    assert values["text_top_k"] == values["audio_top_k"] == 7 and values["audio_top_p"] == 0.5
-    assert values["n_threads"] == 3 and values["n_gpu_layers"] == 0
-    assert values["heads_device"] == values["audio_provider"] == "cpu"
-    accel = inference.llama_cpp_overrides(_parse("--device", "npu:0"))
-    assert accel["n_gpu_layers"] == -1 and accel["heads_device"] == "npu:0" and accel["audio_provider"] == "npu"
-    assert inference.llama_cpp_max_new_tokens(_parse("--max-new-frames", "10"), 32) == 42
-    assert inference.llama_cpp_max_new_tokens(_parse(), 32) is None
-    with pytest.raises(inference.InputError, match="first visible device"):
-        inference.llama_cpp_overrides(_parse("--device", "npu:1"))
-    with pytest.raises(inference.InputError, match="--audio-temperature 0.0: must be > 0"):
-        inference.llama_cpp_overrides(_parse("--audio-temperature", "0"))
+@needs_fixtures
+def test_on_a_terminal_the_nano_run_shows_progress(tmp_path, capsys, monkeypatch):
+    """Progress is drawn only when stderr is a terminal; a tqdm without a total raises on bool()."""
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    out = tmp_path / "t.wav"
+    code, stdout, err = run(["--model", NANO / "tts", "--codec", NANO / "codec", "--device", "cpu", "--text", "Hi",
+                             "--output", out, "--max-new-frames", "3", "--seed", "0"], capsys)
+    assert code == 0, err
+    assert "frame" in err and stdout.startswith(f"wrote {out}")
