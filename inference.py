@@ -25,8 +25,8 @@ from typing import Any, Optional
 from moss_npu.cli import ArgumentParser, configure_logging, device_spec, finite_float, int_in, run_cli, warn
 from moss_npu.errors import GenerationError, InputError
 from moss_npu.hub import DEFAULT_CODEC, DEFAULT_MODEL
-from moss_npu.output import WAV_SUBTYPES, AudioTarget, AtomicAudioWriter, audio_target
-from moss_npu.tts.settings import MAX_NEW_FRAMES, MAX_SEED, load_preset, merge
+from moss_npu.output import WAV_SUBTYPES, AtomicAudioWriter, AudioTarget, audio_target
+from moss_npu.limits import MAX_NEW_FRAMES, MAX_SEED
 
 SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "repetition_penalty")
 NO_AUDIO = "the model stopped before any audio; try another --seed"
@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     text = p.add_argument_group("input and output")
     source = text.add_mutually_exclusive_group()
     source.add_argument("--text", help="text to speak")
-    source.add_argument("--text-file", help="UTF-8 file holding the text to speak")
+    source.add_argument("--text-file", help="UTF-8 file holding the text to speak (- reads stdin)")
     text.add_argument("--output", default="output.wav",
                       help="audio file to write atomically: .wav (default output.wav), .flac, .ogg, .opus, .mp3")
     text.add_argument("--wav-subtype", choices=WAV_SUBTYPES,
@@ -166,14 +166,16 @@ def llama_cpp_max_new_tokens(args: argparse.Namespace, n_vq: int) -> Optional[in
 # --- inputs ------------------------------------------------------------------------------------------------
 
 def read_text(args: argparse.Namespace) -> str:
-    """Return the text to speak from --text or --text-file (UTF-8, a byte-order mark allowed)."""
+    """Return the text to speak from --text or --text-file (UTF-8, a byte-order mark allowed; ``-`` is stdin)."""
     if args.text_file:
         path = Path(args.text_file)
-        if not path.is_file():
-            what = "is a folder" if path.is_dir() else "file not found"
-            raise InputError(f"--text-file {path}: {what}; pass an existing UTF-8 text file")
+        if args.text_file != "-" and not path.is_file():
+            what = ("is a folder" if path.is_dir() else "is not a regular file" if path.exists()
+                    else "file not found")
+            raise InputError(f"--text-file {path}: {what}; pass an existing UTF-8 text file, or - for stdin")
         try:
-            text = path.read_bytes().decode("utf-8-sig")
+            data = sys.stdin.buffer.read() if args.text_file == "-" else path.read_bytes()
+            text = data.decode("utf-8-sig")
         except UnicodeDecodeError as exc:
             raise InputError(f"--text-file {path}: not UTF-8 (byte 0x{exc.object[exc.start]:02x} at offset "
                              f"{exc.start}); save it as UTF-8") from None
@@ -188,6 +190,14 @@ def read_text(args: argparse.Namespace) -> str:
     if not text.strip():
         raise InputError("the text is empty or whitespace; pass the words to speak")
     return text
+
+
+def check_reference(path: Optional[str]) -> None:
+    """Refuse a --prompt-audio-path that is not an existing regular file (before any model loads)."""
+    if path and not Path(path).is_file():
+        what = ("is a folder" if Path(path).is_dir() else "is not a regular file" if Path(path).exists()
+                else "file not found")
+        raise InputError(f"--prompt-audio-path {path}: {what}; pass a wav/flac/mp3 recording")
 
 
 def warn_if_unspeakable(text: str) -> None:
@@ -247,13 +257,13 @@ def synthesize_nano(args: argparse.Namespace, text: str, target: AudioTarget) ->
     from moss_npu import device as devices
     from moss_npu.output import save_audio
     from moss_npu.tts import MossTTSNano
+    from moss_npu.tts.settings import load_preset, merge
 
     settings = merge(load_preset(args.config) if args.config else None, run_overrides(args))
     dev = devices.resolve_device(settings.device)
     if settings.num_threads > 0:
         torch.set_num_threads(settings.num_threads)  # a process-wide setting: the CLI's to make, not the library's
-    if args.prompt_audio_path and not Path(args.prompt_audio_path).is_file():
-        raise InputError(f"--prompt-audio-path {args.prompt_audio_path}: file not found; pass a wav/flac/mp3 recording")
+    check_reference(args.prompt_audio_path)
     model, codec = args.model or DEFAULT_MODEL, args.codec or DEFAULT_CODEC
     if args.impl == "upstream":
         return _synthesize_upstream(args, settings, dev, text, target, model, codec)
@@ -361,6 +371,7 @@ def run(argv: Optional[list[str]] = None) -> int:
     text = read_text(args)
     target = audio_target(args.output, args.wav_subtype)
     refuse_output_over_input(args, target)
+    check_reference(args.prompt_audio_path)
     warn_if_unspeakable(text)
     if args.backend == "llama-cpp":
         outcome = synthesize_delay(args, text, target)

@@ -45,7 +45,7 @@ def test_readme_command_as_a_new_user(tmp_path):
     """The README's main command, run as a subprocess from the repo root."""
     out = tmp_path / "a.wav"
     cmd = [sys.executable, "inference.py", "--model", str(NANO / "tts"), "--codec", str(NANO / "codec"),
-           "--text", "Hello", "--output", str(out), "--max-new-frames", "8"]
+           "--text", "Hello", "--output", str(out), "--max-new-frames", "8", "--seed", "0"]  # seeded: repeatable
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"wrote {out}: 0.64 s of audio")  # 8 frames × 80 ms
@@ -341,3 +341,17 @@ def test_llama_cpp_flag_mapping():
         inference.llama_cpp_overrides(_parse("--device", "npu:1"))
     with pytest.raises(inference.InputError, match="--audio-temperature 0.0: must be > 0"):
         inference.llama_cpp_overrides(_parse("--audio-temperature", "0"))
+
+
+def test_text_file_dash_reads_stdin(tmp_path, capsys, monkeypatch):
+    import io
+
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"\xfe not utf-8")))
+    code, _, err = run(["--text-file", "-", "--output", tmp_path / "o.wav", "--model", tmp_path / "never"], capsys)
+    assert code == 2 and "--text-file -: not UTF-8" in _one_error_line(err)
+
+
+def test_reference_that_is_not_a_regular_file(tmp_path, capsys):
+    code, _, err = run(["--text", "hi", "--prompt-audio-path", "/dev/null", "--output", tmp_path / "o.wav",
+                        "--model", tmp_path / "never"], capsys)
+    assert code == 2 and "/dev/null: is not a regular file" in _one_error_line(err)
