@@ -105,6 +105,9 @@ NANO_ONLY = {"--stream": "stream", "--dtype": "dtype", "--attn-implementation": 
 NOT_UPSTREAM = {"--stream": "stream", "--host-rng": "host_rng", "--speed": "speed",
                 "--no-local-kv-cache": "no_local_kv_cache"}
 LLAMA_CPP_ONLY = {"--weights": "weights", "--codec-onnx-dir": "codec_onnx_dir"}
+# argparse dests of the values that only shape a random draw (the repetition penalty acts on greedy runs too)
+SAMPLING_ONLY = tuple(f"{kind}_{name}" for kind in ("text", "audio") for name in ("temperature", "top_p", "top_k")) + (
+    "temperature", "top_p", "top_k")
 
 
 def _given(args: argparse.Namespace, dest: str) -> bool:
@@ -124,6 +127,10 @@ def refuse_unused_flags(args: argparse.Namespace) -> None:
     if given:
         raise InputError(f"{', '.join(given)}: not used by {where}; drop {'it' if len(given) == 1 else 'them'} "
                          "(see python inference.py --help)")
+    drawn = [f"--{dest.replace('_', '-')}" for dest in SAMPLING_ONLY if getattr(args, dest) is not None]
+    if args.greedy and drawn:
+        raise InputError(f"{', '.join(drawn)}: not used with --greedy (argmax decoding); drop "
+                         f"{'it' if len(drawn) == 1 else 'them'} or --greedy")
 
 
 def llama_cpp_overrides(args: argparse.Namespace) -> dict[str, Any]:

@@ -116,6 +116,8 @@ BAD_INPUTS = [
                  id="wav-subtype-on-flac"),
     pytest.param(["--text", "hi", "--impl", "upstream", "--stream", "--host-rng", "--speed", "reference"],
                  "--stream, --host-rng, --speed: not used by --impl upstream", id="upstream-unused-flags"),
+    pytest.param(["--text", "hi", "--greedy", "--temperature", "-1", "--audio-top-k", "3"],
+                 "--audio-top-k, --temperature: not used with --greedy", id="sampling-values-with-greedy"),
     pytest.param(["--text", "hi", "--weights", "w"], "--weights: not used by --backend nano", id="weights-on-nano"),
     pytest.param(["--text", "hi", "--upstream-code", "c"], "--upstream-code: not used", id="code-on-native"),
     pytest.param(["--text", "hi", "--backend", "llama-cpp", "--stream", "--dtype", "bfloat16", "--nq", "4"],
@@ -327,9 +329,11 @@ def _parse(*argv):
 
 def test_llama_cpp_flag_mapping():
     """Flags that map onto llama.cpp act on it: greedy, sampling values, threads, device, frame cap."""
-    values = inference.llama_cpp_overrides(_parse("--greedy", "--top-k", "7", "--audio-top-p", "0.5",
+    greedy = inference.llama_cpp_overrides(_parse("--greedy"))
+    assert greedy["text_temperature"] == greedy["audio_temperature"] == 0.0
+    values = inference.llama_cpp_overrides(_parse("--top-k", "7", "--audio-top-p", "0.5", "--temperature", "0.7",
                                                   "--num-threads", "3", "--device", "cpu"))
-    assert values["text_temperature"] == values["audio_temperature"] == 0.0
+    assert values["text_temperature"] == values["audio_temperature"] == 0.7
     assert values["text_top_k"] == values["audio_top_k"] == 7 and values["audio_top_p"] == 0.5
     assert values["n_threads"] == 3 and values["n_gpu_layers"] == 0
     assert values["heads_device"] == values["audio_provider"] == "cpu"
