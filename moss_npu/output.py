@@ -41,6 +41,7 @@ FORMATS: dict[str, tuple[str, str, Optional[tuple[int, ...]]]] = {
 WAV_SUBTYPES = ("FLOAT", "PCM_16", "PCM_24", "PCM_32")
 _FILE_MODE = 0o644  # mkstemp creates 0600; a written audio file is an ordinary, readable file
 _LOW_SPACE_BYTES = 1 << 20
+_MAX_NAME_BYTES = 255 - 16  # the temp file beside it adds a dot, 8 random characters and ".tmp"
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,9 @@ def writable_file(path: PathLike, flag: str = "--output") -> Path:
         InputError: a folder, device, FIFO or socket; a missing or read-only folder; a read-only file.
     """
     path = Path(path)
+    if len(path.name.encode()) > _MAX_NAME_BYTES:
+        raise InputError(f"{flag} {path.name[:40]}…: file name too long ({len(path.name.encode())} bytes, at most "
+                         f"{_MAX_NAME_BYTES}); choose a shorter name")
     real = Path(os.path.realpath(path))
     shown = f"{path}" if real == path.absolute() else f"{path} (-> {real})"
     if real.exists():
