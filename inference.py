@@ -166,8 +166,8 @@ def llama_cpp_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def llama_cpp_max_new_tokens(args: argparse.Namespace, n_vq: int) -> Optional[int]:
-    """``--max-new-frames N`` as Delay steps: N frames plus the ``n_vq``-step delay tail (None = the preset's)."""
-    return None if args.max_new_frames is None else args.max_new_frames + n_vq
+    """``--max-new-frames N`` as Delay steps: N frames plus the delay tail of ``n_vq - 1`` steps (None = preset)."""
+    return None if args.max_new_frames is None else args.max_new_frames + n_vq - 1
 
 
 # --- inputs ------------------------------------------------------------------------------------------------
