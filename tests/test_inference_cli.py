@@ -359,3 +359,23 @@ def test_reference_that_is_not_a_regular_file(tmp_path, capsys):
     code, _, err = run(["--text", "hi", "--prompt-audio-path", "/dev/null", "--output", tmp_path / "o.wav",
                         "--model", tmp_path / "never"], capsys)
     assert code == 2 and "/dev/null: is not a regular file" in _one_error_line(err)
+
+
+@pytest.mark.skipif(not DELAY.is_dir(), reason=f"fixtures not found at {DELAY} (set MOSS_NPU_FIXTURES)")
+def test_llama_cpp_backend_honours_greedy_and_the_frame_cap(tmp_path, capsys):
+    """--greedy is repeatable and --max-new-frames 3 gives exactly 3 frames (80 ms each at 24 kHz)."""
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is an optional extra (CI installs it)")
+    from moss_npu.delay.make_test_codec import main as make_test_codec
+
+    make_test_codec([str(tmp_path / "codec")])
+    capsys.readouterr()
+    waves = []
+    for seed in ("0", "1"):  # greedy: the seed must not matter
+        out = tmp_path / f"d{seed}.wav"
+        code, _, err = run(["--backend", "llama-cpp", "--config", REPO / "configs/llama_cpp/cpu-only.yaml",
+                            "--weights", DELAY / "weights", "--codec-onnx-dir", tmp_path / "codec", "--text", "Hello",
+                            "--output", out, "--seed", seed, "--greedy", "--max-new-frames", "3", "--device", "cpu"],
+                           capsys)
+        assert code == 0, err
+        waves.append(sf.read(str(out), dtype="float32")[0])
+    assert waves[0].shape == (3 * 1920,) and np.array_equal(waves[0], waves[1])
