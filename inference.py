@@ -27,7 +27,7 @@ from moss_npu.cli import ArgumentParser, configure_logging, device_spec, finite_
 from moss_npu.errors import DeviceError, GenerationError, InputError
 from moss_npu.hub import DEFAULT_CODEC, DEFAULT_MODEL
 from moss_npu.limits import MAX_NEW_FRAMES, MAX_SEED
-from moss_npu.output import WAV_SUBTYPES, AudioTarget, AtomicAudioWriter, audio_target
+from moss_npu.output import WAV_SUBTYPES, AtomicAudioWriter, AudioTarget, audio_target
 
 SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "repetition_penalty")
 NO_AUDIO = "the model stopped before any audio; try another --seed"
@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     text = p.add_argument_group("input and output")
     source = text.add_mutually_exclusive_group()
     source.add_argument("--text", help="text to speak")
-    source.add_argument("--text-file", help="UTF-8 file holding the text to speak")
+    source.add_argument("--text-file", help="UTF-8 file holding the text to speak (- reads stdin)")
     text.add_argument("--output", default="output.wav",
                       help="audio file to write atomically: .wav (default output.wav), .flac, .ogg, .opus, .mp3")
     text.add_argument("--wav-subtype", choices=WAV_SUBTYPES,
@@ -113,6 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
 NOT_UPSTREAM = {"--stream": "stream", "--host-rng": "host_rng", "--speed": "speed",
                 "--no-local-kv-cache": "no_local_kv_cache"}
 LLAMA_CPP_ONLY = {"--weights": "weights", "--codec-onnx-dir": "codec_onnx_dir"}
+# argparse dests of the values that only shape a random draw (the repetition penalty acts on greedy runs too)
+SAMPLING_ONLY = tuple(f"{kind}_{name}" for kind in ("text", "audio") for name in ("temperature", "top_p", "top_k")) + (
+    "temperature", "top_p", "top_k")
 
 
 def _given(args: argparse.Namespace, dest: str) -> bool:
@@ -130,19 +133,25 @@ def refuse_unused_flags(args: argparse.Namespace) -> None:
     if given:
         raise InputError(f"{', '.join(given)}: not used by {where}; drop {'it' if len(given) == 1 else 'them'} "
                          "(see python inference.py --help)")
+    drawn = [f"--{dest.replace('_', '-')}" for dest in SAMPLING_ONLY if getattr(args, dest) is not None]
+    if args.greedy and drawn:
+        raise InputError(f"{', '.join(drawn)}: not used with --greedy (argmax decoding); drop "
+                         f"{'it' if len(drawn) == 1 else 'them'} or --greedy")
 
 
 # --- inputs ------------------------------------------------------------------------------------------------
 
 def read_text(args: argparse.Namespace) -> str:
-    """Return the text to speak from --text or --text-file (UTF-8, a byte-order mark allowed)."""
+    """Return the text to speak from --text or --text-file (UTF-8, a byte-order mark allowed; ``-`` is stdin)."""
     if args.text_file:
         path = Path(args.text_file)
-        if not path.is_file():
-            what = "is a folder" if path.is_dir() else "file not found"
-            raise InputError(f"--text-file {path}: {what}; pass an existing UTF-8 text file")
+        if args.text_file != "-" and not path.is_file():
+            what = ("is a folder" if path.is_dir() else "is not a regular file" if path.exists()
+                    else "file not found")
+            raise InputError(f"--text-file {path}: {what}; pass an existing UTF-8 text file, or - for stdin")
         try:
-            text = path.read_bytes().decode("utf-8-sig")
+            data = sys.stdin.buffer.read() if args.text_file == "-" else path.read_bytes()
+            text = data.decode("utf-8-sig")
         except UnicodeDecodeError as exc:
             raise InputError(f"--text-file {path}: not UTF-8 (byte 0x{exc.object[exc.start]:02x} at offset "
                              f"{exc.start}); save it as UTF-8") from None
@@ -157,6 +166,14 @@ def read_text(args: argparse.Namespace) -> str:
     if not text.strip():
         raise InputError("the text is empty or whitespace; pass the words to speak")
     return text
+
+
+def check_reference(path: Optional[str]) -> None:
+    """Refuse a --prompt-audio-path that is not an existing regular file (before any model loads)."""
+    if path and not Path(path).is_file():
+        what = ("is a folder" if Path(path).is_dir() else "is not a regular file" if Path(path).exists()
+                else "file not found")
+        raise InputError(f"--prompt-audio-path {path}: {what}; pass a wav/flac/mp3 recording")
 
 
 def warn_if_unspeakable(text: str) -> None:
@@ -253,15 +270,13 @@ def synthesize_nano(args: argparse.Namespace, text: str, target: AudioTarget) ->
     from moss_npu.output import save_audio
     from moss_npu.text import TextNormalizer
     from moss_npu.tts import MossTTSNano
-
     from moss_npu.tts.settings import load_preset, merge
 
     load, settings = merge(load_preset(args.config) if args.config else None, run_overrides(args))
     dev = devices.resolve_device(load.device)
     if load.num_threads > 0:
         torch.set_num_threads(load.num_threads)  # a process-wide setting: the CLI's to make, not the library's
-    if args.prompt_audio_path and not Path(args.prompt_audio_path).is_file():
-        raise InputError(f"--prompt-audio-path {args.prompt_audio_path}: file not found; pass a wav/flac/mp3 recording")
+    check_reference(args.prompt_audio_path)
     model, codec = args.model or DEFAULT_MODEL, args.codec or DEFAULT_CODEC
     if args.impl == "upstream":  # infer.py prepares the texts before the official model code sees them
         prepared = _print_normalized(args, TextNormalizer(), text, settings)
@@ -387,6 +402,7 @@ def run(argv: Optional[list[str]] = None) -> int:
     text = read_text(args)
     target = audio_target(args.output, args.wav_subtype)
     refuse_output_over_input(args, target)
+    check_reference(args.prompt_audio_path)
     warn_if_unspeakable(text)
     if backend == "llama-cpp":
         outcome = synthesize_delay(args, text, target)

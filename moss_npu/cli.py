@@ -19,7 +19,7 @@ import sys
 import traceback
 from typing import Callable, Iterator, Optional
 
-from moss_npu.errors import RUNTIME_FAILURE, Interrupted, MossNpuError
+from moss_npu.errors import RUNTIME_FAILURE, Interrupted, MossNpuError, OutputError
 
 DEBUG_ENV = "MOSS_NPU_DEBUG"
 _SIGNAL_NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
@@ -127,6 +127,7 @@ def run_cli(body: Callable[[], int]) -> int:
 
     ``body`` returns the code of a run that finished (0, or 1 when e.g. a threshold failed).
     """
+    _fill_closed_std_fds()
     state = _SignalState()
     debug = os.environ.get(DEBUG_ENV, "") not in ("", "0")
     try:
@@ -137,15 +138,33 @@ def run_cli(body: Callable[[], int]) -> int:
     except KeyboardInterrupt:
         exc: BaseException = Interrupted(f"interrupted by {state.name or 'Ctrl-C'}; nothing was written")
     except BrokenPipeError:
-        _silence_stdout()  # stdout went to a closed pipe (e.g. `| head`): nothing left to say
-        return RUNTIME_FAILURE
+        _silence_stdout()  # stdout went to a closed pipe (e.g. `| head`); the interpreter must not retry it
+        exc = OutputError("stdout was closed before the result was printed (files already written are complete)")
     except BaseException as caught:  # noqa: BLE001 - the policy: one line for every failure
         exc = caught
         if debug:
             traceback.print_exc()
     message, code = describe_failure(exc)
-    print(f"error: {message}", file=sys.stderr, flush=True)
+    _to_stderr(f"error: {message}")
     return code
+
+
+def _fill_closed_std_fds() -> None:
+    """Open /dev/null on a closed fd 0, 1 or 2 (``2>&-``), so no file we open becomes "stderr" by accident."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            opened = os.open(os.devnull, os.O_RDWR)
+            if opened != fd:  # a lower fd was free as well; it is filled on its own turn
+                os.dup2(opened, fd)
+                os.close(opened)
+
+
+def _to_stderr(text: str) -> None:
+    """Print one line on stderr, or nowhere when the process has none (print(file=None) would use stdout)."""
+    if sys.stderr is not None:
+        print(text, file=sys.stderr, flush=True)
 
 
 def _silence_stdout() -> None:
@@ -172,4 +191,4 @@ def configure_logging(verbose: bool = False) -> None:
 
 def warn(message: str) -> None:
     """Print one ``warning:`` line on stderr (a run that succeeded but deserves a look)."""
-    print(f"warning: {one_line(message)}", file=sys.stderr, flush=True)
+    _to_stderr(f"warning: {one_line(message)}")

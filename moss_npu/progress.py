@@ -16,8 +16,9 @@ DISPLAYS = ("bar", "lines", "off")
 
 
 def pick_display(quiet: bool, stream: Optional[TextIO] = None) -> str:
-    """Return ``off`` when quiet, ``bar`` on a terminal (``stream``, default stderr), else ``lines``."""
-    if quiet:
+    """Return ``off`` when quiet or stderr is closed, ``bar`` on a terminal, else ``lines``."""
+    stream = sys.stderr if stream is None else stream
+    if quiet or stream is None:
         return "off"
     stream = sys.stderr if stream is None else stream
     isatty = getattr(stream, "isatty", None)
@@ -31,8 +32,8 @@ class Progress:
                  heartbeat_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
         if display not in DISPLAYS:
             raise ValueError(f"display {display!r}: use one of {DISPLAYS}")
-        stream = sys.stderr if stream is None else stream  # read at run time: the process may swap stderr
-        self.display, self.frame_rate_hz, self.stream = display, float(frame_rate_hz), stream
+        self.display, self.frame_rate_hz = display, float(frame_rate_hz)
+        self.stream = sys.stderr if stream is None else stream  # looked up now: tests and callers may swap it
         self.heartbeat_s, self.clock = heartbeat_s, clock
         self.frames: dict[int, int] = {}  # chunk index -> frames generated
         self._open: dict[int, tuple[float, int]] = {}  # chunk -> (start time, last step seen)

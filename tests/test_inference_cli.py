@@ -120,6 +120,8 @@ BAD_INPUTS = [
                  id="wav-subtype-on-flac"),
     pytest.param(["--text", "hi", "--impl", "upstream", "--stream", "--host-rng", "--speed", "reference"],
                  "--stream, --host-rng, --speed: not used by --impl upstream", id="upstream-unused-flags"),
+    pytest.param(["--text", "hi", "--greedy", "--temperature", "-1", "--audio-top-k", "3"],
+                 "--audio-top-k, --temperature: not used with --greedy", id="sampling-values-with-greedy"),
     pytest.param(["--text", "hi", "--weights", "w"], "--weights belong to the llama-cpp backend", id="weights-on-nano"),
     pytest.param(["--text", "hi", "--upstream-code", "c"], "--upstream-code: not used", id="code-on-native"),
     pytest.param(["--text", "hi", "--backend", "llama-cpp", "--stream", "--dtype", "bfloat16", "--nq", "4"],
@@ -332,3 +334,37 @@ def test_on_a_terminal_the_nano_run_shows_progress(tmp_path, capsys, monkeypatch
                              "--output", out, "--max-new-frames", "3", "--seed", "0"], capsys)
     assert code == 0, err
     assert "frame" in err and stdout.startswith(f"wrote {out}")
+
+
+def test_text_file_dash_reads_stdin(tmp_path, capsys, monkeypatch):
+    import io
+
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"\xfe not utf-8")))
+    code, _, err = run(["--text-file", "-", "--output", tmp_path / "o.wav", "--model", tmp_path / "never"], capsys)
+    assert code == 2 and "--text-file -: not UTF-8" in _one_error_line(err)
+
+
+def test_reference_that_is_not_a_regular_file(tmp_path, capsys):
+    code, _, err = run(["--text", "hi", "--prompt-audio-path", "/dev/null", "--output", tmp_path / "o.wav",
+                        "--model", tmp_path / "never"], capsys)
+    assert code == 2 and "/dev/null: is not a regular file" in _one_error_line(err)
+
+
+@pytest.mark.skipif(not DELAY.is_dir(), reason=f"fixtures not found at {DELAY} (set MOSS_NPU_FIXTURES)")
+def test_llama_cpp_backend_honours_greedy_and_the_frame_cap(tmp_path, capsys):
+    """--greedy is repeatable and --max-new-frames 3 gives exactly 3 frames (80 ms each at 24 kHz)."""
+    require("llama_cpp", 'pip install -e ".[llama]"')
+    from moss_npu.delay.make_test_codec import main as make_test_codec
+
+    make_test_codec([str(tmp_path / "codec")])
+    capsys.readouterr()
+    waves = []
+    for seed in ("0", "1"):  # greedy: the seed must not matter
+        out = tmp_path / f"d{seed}.wav"
+        code, _, err = run(["--backend", "llama-cpp", "--config", REPO / "configs/llama_cpp/cpu-only.yaml",
+                            "--weights", DELAY / "weights", "--codec-onnx-dir", tmp_path / "codec", "--text", "Hello",
+                            "--output", out, "--seed", seed, "--greedy", "--max-new-frames", "3", "--device", "cpu"],
+                           capsys)
+        assert code == 0, err
+        waves.append(sf.read(str(out), dtype="float32")[0])
+    assert waves[0].shape == (3 * 1920,) and np.array_equal(waves[0], waves[1])
