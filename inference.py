@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from moss_npu.cli import ArgumentParser, configure_logging, device_spec, finite_float, int_in, run_cli, warn
+from moss_npu.cli import (ArgumentParser, check_utf8_text, configure_logging, device_problem, device_spec,
+                          finite_float, int_in, read_utf8, run_cli, warn)
 from moss_npu.errors import DeviceError, GenerationError, InputError
 from moss_npu.hub import DEFAULT_CODEC, DEFAULT_MODEL
 from moss_npu.limits import MAX_NEW_FRAMES, MAX_SEED
@@ -149,22 +150,14 @@ def read_text(args: argparse.Namespace) -> str:
             what = ("is a folder" if path.is_dir() else "is not a regular file" if path.exists()
                     else "file not found")
             raise InputError(f"--text-file {path}: {what}; pass an existing UTF-8 text file, or - for stdin")
-        try:
-            data = sys.stdin.buffer.read() if args.text_file == "-" else path.read_bytes()
-            text = data.decode("utf-8-sig")
-        except UnicodeDecodeError as exc:
-            raise InputError(f"--text-file {path}: not UTF-8 (byte 0x{exc.object[exc.start]:02x} at offset "
-                             f"{exc.start}); save it as UTF-8") from None
-        except OSError as exc:
-            raise InputError(f"--text-file {path}: cannot read ({exc.strerror}); check the file") from None
-        if "\x00" in text:
-            raise InputError(f"--text-file {path}: holds NUL bytes (a binary file?); pass a UTF-8 text file")
+        text = read_utf8(path, "--text-file")
     elif args.text is not None:
         text = args.text
     else:
         raise InputError("no text given; pass --text \"...\" or --text-file FILE")
     if not text.strip():
         raise InputError("the text is empty or whitespace; pass the words to speak")
+    check_utf8_text(text, "--text-file" if args.text_file else "--text")
     return text
 
 
@@ -273,6 +266,9 @@ def synthesize_nano(args: argparse.Namespace, text: str, target: AudioTarget) ->
     from moss_npu.tts.settings import load_preset, merge
 
     load, settings = merge(load_preset(args.config) if args.config else None, run_overrides(args))
+    problem = device_problem(load.device)
+    if problem:
+        raise InputError(f"--config {args.config} device {problem}")
     dev = devices.resolve_device(load.device)
     if load.num_threads > 0:
         torch.set_num_threads(load.num_threads)  # a process-wide setting: the CLI's to make, not the library's

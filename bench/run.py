@@ -9,7 +9,7 @@ A configuration is ``SPEED[@THREADS]`` (``moss_npu.nano.generate.SPEED_PRESETS``
 configurations run alternately in one process, and the last stdout line is ``speedup B/A: X.XX``: the median
 over cases of (median per-frame time of A) / (median per-frame time of B), so > 1 means B is faster.
 Per-frame time = decode-step global + local decoder + sampling (the steady-state frame loop, prefill excluded).
-Results go to ``bench/results/`` as JSON + Markdown. Exit codes: 0 done; 1 runtime failure; 2 bad usage.
+Results go to ``bench/results/`` as JSON + Markdown. Exit codes: 0 done; 1 runtime failure; 2 bad usage; 130 interrupted.
 """
 
 from __future__ import annotations

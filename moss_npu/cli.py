@@ -17,9 +17,10 @@ import os
 import signal
 import sys
 import traceback
+from pathlib import Path
 from typing import Callable, Iterator, Optional
 
-from moss_npu.errors import RUNTIME_FAILURE, Interrupted, MossNpuError, OutputError
+from moss_npu.errors import RUNTIME_FAILURE, InputError, Interrupted, MossNpuError, OutputError
 
 DEBUG_ENV = "MOSS_NPU_DEBUG"
 _SIGNAL_NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
@@ -63,14 +64,49 @@ def finite_float(text: str) -> float:
     return value
 
 
-def device_spec(text: str) -> str:
-    """argparse type: ``kind`` or ``kind:N`` with N an integer >= 0 (the kinds are checked by moss_npu.device)."""
+def device_problem(text: str) -> Optional[str]:
+    """Return what is wrong with the syntax of a device string (``kind`` or ``kind:N``, N >= 0), or None.
+
+    The kinds themselves are checked by moss_npu.device; this catches ``npu:-1`` and ``npu:x`` early.
+    """
     kind, sep, index = text.strip().partition(":")
     if not kind or (sep and not index.lstrip("-").isdigit()):
-        raise argparse.ArgumentTypeError(f"{text}: use auto, cpu or a device kind with an optional index >= 0")
+        return f"{text}: use auto, cpu or a device kind with an optional index >= 0"
     if sep and int(index) < 0:
-        raise argparse.ArgumentTypeError(f"{text}: the device index must be >= 0, e.g. {kind}:0")
+        return f"{text}: the device index must be >= 0, e.g. {kind}:0"
+    return None
+
+
+def device_spec(text: str) -> str:
+    """argparse type: a device string that passes ``device_problem``."""
+    problem = device_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
     return text.strip()
+
+
+def read_utf8(path: Path, flag: str) -> str:
+    """Read a UTF-8 text file (a byte-order mark allowed; ``-`` is stdin) or raise InputError naming the problem."""
+    try:
+        data = sys.stdin.buffer.read() if str(path) == "-" else Path(path).read_bytes()
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{flag} {path}: not UTF-8 (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); "
+                         "save it as UTF-8") from None
+    except OSError as exc:
+        raise InputError(f"{flag} {path}: cannot read ({exc.strerror}); check the file") from None
+    if "\x00" in text:
+        raise InputError(f"{flag} {path}: holds NUL bytes (a binary file?); pass a UTF-8 text file")
+    return text
+
+
+def check_utf8_text(text: str, flag: str) -> None:
+    """Refuse text holding undecodable bytes (a shell in a non-UTF-8 locale passes them as lone surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InputError(f"{flag}: character {exc.start} is an undecodable byte, not UTF-8 text; set a UTF-8 "
+                         "locale (e.g. LANG=C.UTF-8) or pass --text-file FILE in UTF-8") from None
 
 
 class _SignalState:
@@ -114,7 +150,7 @@ def describe_failure(exc: BaseException) -> tuple[str, int]:
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
         where = f" writing {exc.filename}" if exc.filename else ""
         return f"no space left on the device{where}; free some space or choose another --output folder", RUNTIME_FAILURE
-    if isinstance(exc, MemoryError):
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError" or "out of memory" in str(exc):
         return ("out of memory; use a smaller --max-new-frames or --tts-max-batch-size, or shorter text",
                 RUNTIME_FAILURE)
     detail = one_line(str(exc)) or "no message"

@@ -121,7 +121,22 @@ def writable_file(path: PathLike, flag: str = "--output") -> Path:
         raise InputError(f"{flag} {shown}: folder {folder} does not exist; create it or choose another path")
     if not os.access(folder, os.W_OK | os.X_OK):
         raise InputError(f"{flag} {shown}: folder {folder} is not writable; choose a writable path")
+    _probe(folder, shown, flag)
     return real
+
+
+def _probe(folder: Path, shown: str, flag: str) -> None:
+    """Create and remove a temp file in ``folder``: what permissions alone cannot tell (read-only mounts,
+    /proc, a full disk) shows up now, before any model loads."""
+    try:
+        fd, tmp = tempfile.mkstemp(dir=str(folder), prefix=".moss-npu-probe.", suffix=".tmp")
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            raise OutputError(f"no space left writing {shown}; free some space or choose another {flag} folder") from None
+        raise InputError(f"{flag} {shown}: cannot create files in {folder} ({exc.strerror}); choose another "
+                         "path") from None
+    os.close(fd)
+    os.unlink(tmp)
 
 
 class AtomicAudioWriter:

@@ -113,3 +113,13 @@ def test_numeric_flag_types():
         with pytest.raises(Exception):
             cli.finite_float(bad)
     assert cli.finite_float("0.5") == 0.5
+
+
+@pytest.mark.parametrize("exc", [MemoryError(), RuntimeError("NPU out of memory. Tried to allocate 2.00 GiB")],
+                         ids=["host", "device"])
+def test_out_of_memory_is_one_line_with_what_to_lower(exc, capsys):
+    def body():
+        raise exc
+
+    assert cli.run_cli(body) == 1
+    assert capsys.readouterr().err.startswith("error: out of memory; use a smaller --max-new-frames")

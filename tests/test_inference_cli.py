@@ -368,3 +368,18 @@ def test_llama_cpp_backend_honours_greedy_and_the_frame_cap(tmp_path, capsys):
         assert code == 0, err
         waves.append(sf.read(str(out), dtype="float32")[0])
     assert waves[0].shape == (3 * 1920,) and np.array_equal(waves[0], waves[1])
+
+
+def test_undecodable_bytes_on_the_command_line(tmp_path, capsys):
+    """A non-UTF-8 shell passes bytes as lone surrogates; they are refused, not a crash in the tokenizer."""
+    code, _, err = run(["--text", "caf\udcff", "--output", tmp_path / "o.wav", "--model", tmp_path / "never"], capsys)
+    assert code == 2 and "undecodable byte" in _one_error_line(err)
+
+
+@needs_fixtures
+def test_preset_device_syntax_is_checked(tmp_path, capsys):
+    preset = tmp_path / "p.yaml"
+    preset.write_text('device: "npu:-1"\n')
+    code, _, err = run(["--model", NANO / "tts", "--codec", NANO / "codec", "--text", "hi",  # no --device flag
+                        "--output", tmp_path / "o.wav", "--config", preset], capsys)
+    assert code == 2 and "device npu:-1: the device index must be >= 0" in _one_error_line(err)
