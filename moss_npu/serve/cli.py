@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Optional
@@ -117,13 +118,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                           max_input_chars=args.max_input_chars, max_new_frames=args.max_new_frames,
                           request_timeout_s=args.request_timeout, max_upload_bytes=int(args.max_upload_mb * 2**20),
                           max_voice_seconds=args.max_voice_seconds)
-    server = uvicorn.Server(uvicorn.Config(create_app(config, pool, metrics), host=args.host, port=args.port,
+    server = _server_class()(uvicorn.Config(create_app(config, pool, metrics), host=args.host, port=args.port,
                                            log_level=args.log_level, timeout_graceful_shutdown=5))
     holder["server"] = server
-    try:
-        server.run()
-    except KeyboardInterrupt:
-        return 130
+    server.run()
     if fatal:
         message, user_fault = fatal[0]
         print(f"error: {message}", file=sys.stderr)
@@ -132,4 +130,20 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"error: could not listen on {args.host}:{args.port} (see above); pick another --port",
               file=sys.stderr)
         return 1
-    return 0
+    return 130 if signal.SIGINT in getattr(server, "signals", []) else 0
+
+
+def _server_class():
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, minus re-raising the stop signal after shutdown (that ends in a traceback)."""
+
+        signals: list
+
+        def handle_exit(self, sig, frame) -> None:
+            self.signals = [*getattr(self, "signals", []), sig]
+            super().handle_exit(sig, frame)
+            self._captured_signals.clear()
+
+    return Server
