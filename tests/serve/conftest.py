@@ -94,7 +94,8 @@ class ServerProcess:
         raise AssertionError(f"server not ready after {deadline_s} s:\n{self.output()}")
 
     def output(self) -> str:
-        self._log_file.flush()
+        if not self._log_file.closed:
+            self._log_file.flush()
         return self.log.read_text(encoding="utf-8", errors="replace")[-4000:]
 
     def stop(self) -> int:
@@ -128,7 +129,7 @@ def metric(text: str, name: str) -> float:
 
 def assert_error(response, status: int, param: Optional[str] = None) -> dict:
     """The answer has ``status`` and the OpenAI error shape; return its error object."""
-    assert response.status_code == status, response.text
+    assert response.status_code == status, response.text[:500]
     error = response.json()["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["message"]
     assert "Traceback" not in error["message"]
