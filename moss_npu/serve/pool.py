@@ -233,7 +233,11 @@ class WorkerPool:
     async def encode(self, audio: bytes, timeout: float) -> Any:
         """Encode a recording to codes (F, Q) numpy on a worker (it shares the queue with synthesis)."""
         ticket = self._open("encode", audio)
-        event = await ticket.next(timeout)
+        try:
+            event = await ticket.next(timeout)
+        except asyncio.TimeoutError:
+            ticket.abandon()
+            raise ApiError(504, "encoding the voice took longer than the server's timeout", code="timeout") from None
         if event[0] == "error":
             raise from_engine(event[1], event[2])
         return event[1]
