@@ -167,11 +167,12 @@ def markdown(rows: list[dict]) -> str:
         return "–" if value is None else f"{value:.{digits}f}"
 
     lines = ["| concurrency | requests | errors | audio s | wall s | audio s / s | TTFA p50 ms | TTFA p95 ms "
-             "| RTF p50 | RTF p95 |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| RTF p50 | RTF p95 | load |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['concurrency']} | {r['requests']} | {r['errors']} | {num(r['audio_s'])} | "
                      f"{num(r['wall_s'])} | {num(r['audio_s_per_s'], 2)} | {num(r['ttfa_p50_ms'], 0)} | "
-                     f"{num(r['ttfa_p95_ms'], 0)} | {num(r['rtf_p50'], 2)} | {num(r['rtf_p95'], 2)} |")
+                     f"{num(r['ttfa_p95_ms'], 0)} | {num(r['rtf_p50'], 2)} | {num(r['rtf_p95'], 2)} | "
+                     f"{num(r.get('load_avg'), 2)} |")
     return "\n".join(lines)
 
 
@@ -220,8 +221,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         serial = [0]
         if args.warmup:
             run_level(target, 1, args.warmup, args.frames, serial)
-        samples, walls = [], {}
+        samples, walls, loads = [], {}, {}
         for level in levels:
+            loads[level] = os.getloadavg()[0]  # other work on the machine skews the numbers; it is recorded
             got, wall = run_level(target, level, args.requests, args.frames, serial)
             samples += got
             walls[level] = wall
@@ -235,6 +237,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         if target is not None:
             target.stop()
     rows = summarize(samples, walls)
+    for row in rows:
+        row["load_avg"] = loads[row["concurrency"]]
     report = {"server": target.url, "workers": health.get("workers"), "frames": args.frames,
               "requests_per_client": args.requests, "summary": rows, "samples": [asdict(s) for s in samples]}
     table = markdown(rows)
