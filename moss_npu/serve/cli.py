@@ -15,6 +15,7 @@ import argparse
 import logging
 import os
 import signal
+import socket
 import sys
 from pathlib import Path
 from typing import Optional
@@ -121,7 +122,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     server = _server_class()(uvicorn.Config(create_app(config, pool, metrics), host=args.host, port=args.port,
                                            log_level=args.log_level, timeout_graceful_shutdown=5))
     holder["server"] = server
-    server.run()
+    problem = _port_problem(args.host, args.port)
+    if problem:
+        print(f"error: cannot listen on {args.host}:{args.port} ({problem}); pick another --port or --host",
+              file=sys.stderr)
+        return 1
+    try:
+        server.run()
+    except SystemExit:  # uvicorn exits this way when it cannot start
+        server.started = False
     if fatal:
         message, user_fault = fatal[0]
         print(f"error: {message}", file=sys.stderr)
@@ -131,6 +140,18 @@ def main(argv: Optional[list[str]] = None) -> int:
               file=sys.stderr)
         return 1
     return 130 if signal.SIGINT in getattr(server, "signals", []) else 0
+
+
+def _port_problem(host: str, port: int) -> Optional[str]:
+    """Why ``host:port`` cannot be listened on (taken, no such address), or None; checked before workers start."""
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
 
 
 def _server_class():

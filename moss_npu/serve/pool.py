@@ -246,7 +246,10 @@ class WorkerPool:
         """Stop every worker (they finish the frame in progress and exit)."""
         self._closing = True
         for w in self.workers:
-            w.send("stop")
+            if w.state == "starting" and w.process is not None:
+                w.process.terminate()  # still loading: it would read "stop" only once loaded
+            else:
+                w.send("stop")
         for w in self.workers:
             if w.process is not None:
                 w.process.join(timeout=10)

@@ -89,3 +89,20 @@ def test_bad_model_folder_is_refused_before_serving(tmp_path):
     assert run.returncode == 2
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and "missing" in lines[0]
+
+
+def test_taken_port_is_refused_before_workers_start(tmp_path):
+    import socket
+
+    model, codec = tiny_dirs()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        run = subprocess.run([sys.executable, "-m", "moss_npu.serve", "--model", str(model), "--codec", str(codec),
+                              "--device", "cpu", "--port", str(taken.getsockname()[1]),
+                              "--voices-dir", str(tmp_path / "v")],
+                             cwd=REPO, capture_output=True, text=True, timeout=120,
+                             env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert run.returncode == 1
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: cannot listen")
