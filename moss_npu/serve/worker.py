@@ -13,7 +13,6 @@ import hashlib
 import logging
 import os
 import signal
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -125,19 +124,14 @@ class WorkerLoop:
             self.streams.pop(rid, None)
 
     def _encode(self, rid: int, audio: bytes) -> None:
-        """Encode a recording to codes (F, Q) for the voice store."""
-        fd, path = tempfile.mkstemp(prefix="moss-npu-voice-", suffix=".audio")
+        """Encode a recording (a file's bytes) to codes (F, Q) for the voice store."""
         try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(audio)
-            codes = self.tts.reference_codes(path)
+            codes = self.tts.reference_codes(audio)
             self.channel.send("encoded", rid, codes.to(torch.int64).numpy())
         except Exception as exc:  # noqa: BLE001
             if kind_of(exc) == "Internal":
                 log.exception("encoding %d failed", rid)
             self.channel.send("error", rid, kind_of(exc), str(exc))
-        finally:
-            os.unlink(path)
 
     def _report_stats(self) -> None:
         last = None

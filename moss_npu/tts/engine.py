@@ -9,23 +9,17 @@ server) can be written against it: ``Engine.submit`` queues a ``SpeechRequest`` 
 
 from __future__ import annotations
 
-import os
 import queue
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Iterator, Optional, Union
+from typing import Iterator, Optional
 
 import torch
 
-from moss_npu.audio import write_wav
 from moss_npu.errors import MossNpuError
-from moss_npu.tts.pipeline import AudioChunk, MossTTSNano
+from moss_npu.tts.pipeline import AudioChunk, MossTTSNano, PromptAudio
 from moss_npu.tts.settings import RunConfig
-
-PromptAudio = Union[str, Path, bytes, tuple]  # a file, its bytes, or (waveform (C, S), sample rate)
 
 
 class Cancelled(MossNpuError):
@@ -93,6 +87,7 @@ class _RequestView:
 
     plan = MossTTSNano.plan
     synthesize_stream = MossTTSNano.synthesize_stream
+    _stream_chunk = MossTTSNano._stream_chunk
 
     def __init__(self, tts: MossTTSNano, stream: RequestStream) -> None:
         self._tts, self._stream = tts, stream
@@ -109,7 +104,8 @@ class _RequestView:
         for event in self._tts._frames(*args, **kwargs):
             if self._stream.cancelled:
                 raise Cancelled("request cancelled")
-            if bool(event.active[0]):
+            # A non-finite frame is never kept: the pipeline's float32 fallback generates it again.
+            if bool(event.active[0]) and (event.finite is None or bool(event.finite)):
                 self.frames.append(event.codes[0].cpu())
             yield event
 
@@ -169,14 +165,8 @@ class Engine:
 
     def _serve(self, stream: RequestStream) -> None:
         request, view = stream.request, _RequestView(self.tts, stream)
-        temp = None
+        audio = "<stored voice>" if request.prompt_codes is not None else request.prompt_audio
         try:
-            audio = request.prompt_audio
-            if request.prompt_codes is not None:
-                audio = "<stored voice>"
-            elif isinstance(audio, (bytes, tuple)):
-                temp = _to_file(audio)
-                audio = temp
             for chunk in view.synthesize_stream(request.text, prompt_audio=audio, prompt_text=request.prompt_text,
                                                 settings=request.settings):
                 if stream.cancelled:
@@ -189,18 +179,3 @@ class Engine:
             stream._finish(exc)
         except Exception as exc:  # noqa: BLE001 - the caller gets the failure, the engine keeps running
             stream._finish(MossNpuError(f"synthesis failed: {exc.__class__.__name__}: {exc}"))
-        finally:
-            if temp is not None:
-                os.unlink(temp)
-
-
-def _to_file(audio: Union[bytes, tuple]) -> str:
-    """Write prompt audio given as bytes or (waveform, sample rate) to a temp file; return its path."""
-    fd, path = tempfile.mkstemp(prefix="moss-npu-prompt-", suffix=".audio")
-    os.close(fd)
-    if isinstance(audio, bytes):
-        Path(path).write_bytes(audio)
-    else:
-        wave, rate = audio
-        write_wav(path, torch.as_tensor(wave, dtype=torch.float32), int(rate))
-    return path

@@ -5,9 +5,11 @@ import re
 
 import pytest
 
-pytest.importorskip("fastapi", reason="the serve extra is not installed")
+from bench import serve
+from tests.serve.conftest import serve_module
 
-from bench import serve  # noqa: E402
+serve_module("fastapi")
+serve_module("httpx")
 
 
 def test_serve_bench_reports_every_level(tmp_path, capsys):

@@ -2,11 +2,12 @@
 
 They serve the tiny official-format models of the nano-tiny fixture (its README: greedy runs never stop
 before ``max_new_frames``, so a greedy request of N frames yields exactly N × 3840 samples per channel).
-Without the fixture (a user's clone) these tests skip; in CI (``CI=true``) they fail.
+Without the fixture or the serve packages (a user's clone) these tests skip; in CI (``CI=true``) they fail.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import signal
 import socket
@@ -14,19 +15,27 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import ModuleType
 from typing import Optional
 
 import pytest
 
 from moss_npu import goldens
 
-pytest.importorskip("fastapi", reason="the serve extra is not installed (pip install -e '.[dev]')")
-httpx = pytest.importorskip("httpx")
+SERVE_INSTALL = "pip install -e '.[dev]'"  # the serve extra plus openai and httpx
 
 REPO = Path(__file__).resolve().parents[2]
 API_KEY = "test-key"
 FRAME = 3840  # samples per codec frame at 48 kHz
 STARTUP_S = 120.0
+
+
+def serve_module(name: str) -> ModuleType:
+    """Import a serve package for a test module: skip the module when it is missing (a user's clone without
+    the serve extra), fail loudly under CI, which installs it."""
+    if os.environ.get("CI"):
+        return importlib.import_module(name)
+    return pytest.importorskip(name, reason=f"{name} is not installed; install it with `{SERVE_INSTALL}`")
 
 
 def tiny_dirs() -> tuple[Path, Path]:
@@ -71,14 +80,20 @@ class ServerProcess:
     def headers(self) -> dict:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
-    def client(self, timeout: float = 60.0) -> "httpx.Client":
+    def client(self, timeout: float = 60.0):
+        import httpx
+
         return httpx.Client(base_url=self.url, headers=self.headers, timeout=timeout)
 
     def health(self) -> dict:
+        import httpx
+
         return httpx.get(f"{self.url}/health", timeout=5).json()
 
     def wait_ready(self, deadline_s: float = STARTUP_S, workers: Optional[int] = None) -> dict:
         """Wait until /health says ready (and, with ``workers``, that many workers are ready)."""
+        import httpx
+
         end = time.monotonic() + deadline_s
         while time.monotonic() < end:
             if self.process.poll() is not None:

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import time
 
-import httpx
 import pytest
 
-from tests.serve.conftest import ServerProcess, assert_error, metric
+from tests.serve.conftest import ServerProcess, assert_error, metric, serve_module
 from tests.serve.test_voices import recording, upload
+
+serve_module("fastapi")
+httpx = serve_module("httpx")
 
 MODEL = "moss-tts-nano"
 LONG = {"model": MODEL, "input": "A long one.", "max_new_frames": 375, "greedy": True, "response_format": "pcm"}

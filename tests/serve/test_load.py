@@ -5,8 +5,10 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from tests.serve.conftest import FRAME, metric
+from tests.serve.conftest import FRAME, metric, serve_module
 from tests.serve.test_voices import recording, upload
+
+serve_module("fastapi")
 
 MODEL = "moss-tts-nano"
 FRAMES = 5

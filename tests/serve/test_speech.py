@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 import soundfile
 
-from tests.serve.conftest import API_KEY, FRAME, assert_error
+from tests.serve.conftest import API_KEY, FRAME, assert_error, serve_module
 
-openai = pytest.importorskip("openai")
+serve_module("fastapi")
+openai = serve_module("openai")
 
 FRAMES = 6
 GREEDY = {"max_new_frames": FRAMES, "greedy": True}
