@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, Optional
 
-import numpy as np
 import torch
 
 from moss_npu.errors import MossNpuError
@@ -111,8 +110,12 @@ class WorkerLoop:
         """Forward one request's chunks, then its summary or failure."""
         try:
             for chunk in stream:
-                self.channel.send("chunk", rid, chunk.waveform.numpy().astype(np.float32, copy=False))
+                wave = chunk.waveform.detach().to("cpu", torch.float32)
+                self.channel.send("chunk", rid, wave.numpy())
             codes = stream.codes
+            if codes is None:  # an engine may end a cancelled stream without raising
+                self.channel.send("error", rid, "Cancelled", "request cancelled")
+                return
             self.channel.send("done", rid, {"frames": int(codes.shape[0]), "codes_sha256": codes_digest(codes),
                                             "first_audio_s": stream.first_audio_s,
                                             "input_tokens": self.tts.tokenizer.count(text)})
