@@ -19,8 +19,9 @@ from moss_npu.serve.formats import FORMATS, STREAMABLE, check_output
 from moss_npu.tts.settings import RunConfig
 
 DEFAULT_VOICE = "default"  # speaks without a reference (continuation mode)
-SAMPLING_FIELDS = ("text_temperature", "text_top_p", "text_top_k", "audio_temperature", "audio_top_p",
-                   "audio_top_k", "audio_repetition_penalty")
+# Body fields handed to RunConfig under the same name when given.
+BODY_RUN_FIELDS = ("text_temperature", "text_top_p", "text_top_k", "audio_temperature", "audio_top_p", "audio_top_k",
+              "audio_repetition_penalty", "text_normalization", "wetext")
 _DATA_URI = re.compile(r"^data:[\w.+/-]*(;[\w=.+-]+)*;base64,", re.IGNORECASE)
 
 
@@ -58,6 +59,8 @@ class SpeechBody(BaseModel):
     audio_top_p: Optional[float] = None
     audio_top_k: Optional[int] = None
     audio_repetition_penalty: Optional[float] = None
+    text_normalization: Optional[bool] = None  # the official text preparation (default on); false: text as given
+    wetext: Optional[bool] = None  # WeTextProcessing's reading of numbers and symbols (default on)
 
     @property
     def voice_name(self) -> str:
@@ -127,7 +130,9 @@ def run_config(body: SpeechBody, *, mode: str, max_new_frames: int) -> RunConfig
     if not 1 <= frames <= max_new_frames:
         raise ApiError(400, f"max_new_frames {frames}: use 1..{max_new_frames} (12.5 frames per second)",
                        param="max_new_frames", code="invalid_value")
-    values = {name: getattr(body, name) for name in SAMPLING_FIELDS if getattr(body, name) is not None}
+    values = {name: getattr(body, name) for name in BODY_RUN_FIELDS if getattr(body, name) is not None}
+    if body.text_normalization is False and body.wetext is None:
+        values["wetext"] = False  # as the CLI's --no-text-normalization: the text goes in as given
     try:
         return RunConfig(mode=mode, max_new_frames=frames, do_sample=not body.greedy, seed=body.seed, **values)
     except (MossNpuError, ValueError, TypeError) as exc:

@@ -19,6 +19,7 @@ FRAMES = 6
 GREEDY = {"max_new_frames": FRAMES, "greedy": True}
 MODEL = "moss-tts-nano"
 LOSSLESS = ("wav", "flac")
+NUMBERS = "I paid $12.99 for 2 books in 2023"
 
 
 @pytest.fixture(scope="module")
@@ -194,3 +195,14 @@ def test_models_and_metrics(server):
     for name in ("moss_npu_active_slots", "moss_npu_queue_depth", "moss_npu_time_to_first_audio_seconds_bucket",
                  "moss_npu_real_time_factor_bucket", "moss_npu_frames_total", "moss_npu_requests_total"):
         assert name in text
+
+
+def test_text_normalization_switch_reaches_the_model(server):
+    """The official text preparation reads numbers and symbols out, so switching it off changes the prompt."""
+    with server.client() as http:
+        digests = {flag: http.post("/v1/audio/speech", json={"model": MODEL, "input": NUMBERS,
+                                                             "text_normalization": flag, **GREEDY}
+                                   ).headers["x-codes-sha256"] for flag in (True, False)}
+        default = http.post("/v1/audio/speech", json={"model": MODEL, "input": NUMBERS, **GREEDY})
+    assert digests[True] != digests[False]
+    assert default.headers["x-codes-sha256"] == digests[True]  # on by default, as in the CLI
