@@ -6,7 +6,7 @@
 One worker process per listed device (``--device cpu,cpu`` runs two on the CPU, sharing its cores). The
 server listens at once; ``GET /health`` answers 200 once a worker has loaded and warmed up. Exit codes: 0
 stopped, 1 runtime failure (port taken, a worker crashed while loading), 2 bad input (folders, flags), 130
-Ctrl-C.
+Ctrl-C or SIGTERM (after a graceful stop). Every failure is one ``error:`` line on stderr.
 """
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import socket
-import sys
 from pathlib import Path
 from typing import Optional
 
-from moss_npu.errors import InputError, MossNpuError
+from moss_npu.cli import ArgumentParser, device_spec, run_cli
+from moss_npu.errors import BAD_INPUT, INTERRUPTED, RUNTIME_FAILURE, InputError, MissingDependency
 from moss_npu.hub import DEFAULT_CODEC, DEFAULT_MODEL, resolve_model_dir
+from moss_npu.serve.errors import ServerError
 
 
 def default_voices_dir() -> Path:
@@ -31,8 +31,8 @@ def default_voices_dir() -> Path:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m moss_npu.serve", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(prog="python -m moss_npu.serve", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=DEFAULT_MODEL, help="MOSS-TTS-Nano folder or hub id")
     p.add_argument("--codec", default=DEFAULT_CODEC, help="MOSS-Audio-Tokenizer-Nano folder or hub id")
     p.add_argument("--device", default="auto", help="device, or a comma-separated list: one worker each")
@@ -63,6 +63,11 @@ def _check(args: argparse.Namespace) -> list[str]:
     devices = [d.strip() for d in args.device.split(",") if d.strip()]
     if not devices:
         raise InputError(f"--device {args.device!r}: name at least one device, e.g. cpu or npu:0,npu:1")
+    for device in devices:
+        try:
+            device_spec(device)
+        except argparse.ArgumentTypeError as exc:
+            raise InputError(f"--device {exc}") from None
     for name, value, low in (("--max-batch", args.max_batch, 1), ("--max-queue", args.max_queue, 0),
                              ("--max-input-chars", args.max_input_chars, 1), ("--port", args.port, 0),
                              ("--max-new-frames", args.max_new_frames, 1), ("--num-threads", args.num_threads, 0)):
@@ -84,13 +89,13 @@ def _check(args: argparse.Namespace) -> list[str]:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """Check the flags, then serve until Ctrl-C."""
-    args = build_parser().parse_args(argv)
-    try:
-        devices = _check(args)
-    except MossNpuError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    """Check the flags, then serve until Ctrl-C (the exit-code policy of ``moss_npu.cli``)."""
+    return run_cli(lambda: serve(build_parser().parse_args(argv)))
+
+
+def serve(args: argparse.Namespace) -> int:
+    """Start the workers and the HTTP server; return 130 once stopped by a signal, 0 otherwise."""
+    devices = _check(args)
     try:
         import uvicorn
 
@@ -99,9 +104,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         from moss_npu.serve.pool import WorkerPool, specs_for
         from moss_npu.serve.worker import WorkerSpec
     except ImportError as exc:
-        print(f"error: the server needs the serve extra ({exc.name} is missing); run pip install -e '.[serve]'",
-              file=sys.stderr)
-        return 2
+        raise MissingDependency(f"the server needs the serve extra ({exc.name} is missing); run "
+                                "pip install -e '.[serve]'") from None
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s: %(message)s")
     fatal: list[tuple[str, bool]] = []
     holder: dict = {}
@@ -124,22 +128,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     holder["server"] = server
     problem = _port_problem(args.host, args.port)
     if problem:
-        print(f"error: cannot listen on {args.host}:{args.port} ({problem}); pick another --port or --host",
-              file=sys.stderr)
-        return 1
+        raise ServerError(f"cannot listen on {args.host}:{args.port} ({problem}); pick another --port or --host")
     try:
         server.run()
     except SystemExit:  # uvicorn exits this way when it cannot start
         server.started = False
     if fatal:
         message, user_fault = fatal[0]
-        print(f"error: {message}", file=sys.stderr)
-        return 2 if user_fault else 1
+        raise ServerError(message, exit_code=BAD_INPUT if user_fault else RUNTIME_FAILURE)
     if not server.started:
-        print(f"error: could not listen on {args.host}:{args.port} (see above); pick another --port",
-              file=sys.stderr)
-        return 1
-    return 130 if signal.SIGINT in getattr(server, "signals", []) else 0
+        raise ServerError(f"could not listen on {args.host}:{args.port} (see the log above); pick another --port")
+    return INTERRUPTED if getattr(server, "signals", []) else 0
 
 
 def _port_problem(host: str, port: int) -> Optional[str]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from moss_npu.errors import AudioError, ConfigError, InputError, MossNpuError
+from moss_npu.errors import RUNTIME_FAILURE, AudioError, ConfigError, InputError, MossNpuError
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
           409: "invalid_request_error", 413: "invalid_request_error", 422: "invalid_request_error",
@@ -13,6 +13,14 @@ _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "inval
 
 WORKER_LOST = "WorkerLost"  # the worker process died with the request in flight
 INTERNAL = "Internal"  # a failure that is not the user's to fix: its message stays in the server log
+
+
+class ServerError(MossNpuError):
+    """The server could not start or a worker could not load (exit 1, or 2 when the cause is the user's input)."""
+
+    def __init__(self, message: str, exit_code: int = RUNTIME_FAILURE) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 class ApiError(Exception):
