@@ -58,9 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--voice-clone-max-text-tokens", type=int, help="token budget of one long-text chunk")
     gen.add_argument("--tts-max-batch-size", type=int, help="most chunks generated at once (0 = memory-sized)")
     gen.add_argument("--speed", choices=("optimized", "reference"),
-                     help="optimized (default) or reference: the official algorithm, same codes up to rounding")
+                     help="optimized (default: the frame decoder) or reference: the official algorithm, same codes up to rounding")
     gen.add_argument("--num-threads", type=int, help="intra-op CPU threads (on a busy 2-core machine, 1 is fastest)")
-    gen.add_argument("--no-local-kv-cache", action="store_true", help="recompute the local transformer (official algorithm)")
+    gen.add_argument("--graph", choices=("auto", "on", "off"),
+                     help="device graphs of the frame step (auto: on for CUDA/NPU with --host-rng, off on CPU)")
     for kind in ("text", "audio"):
         gen.add_argument(f"--{kind}-temperature", type=float)
         gen.add_argument(f"--{kind}-top-p", type=float)
@@ -115,8 +116,7 @@ def run_overrides(args: argparse.Namespace) -> dict:
         "voice_clone_max_text_tokens": args.voice_clone_max_text_tokens,
         "tts_max_batch_size": args.tts_max_batch_size,
         "do_sample": False if args.greedy else None, "host_rng": True if args.host_rng else None,
-        "local_kv_cache": False if args.no_local_kv_cache else None,
-        "speed": args.speed, "num_threads": args.num_threads,
+        "graph": args.graph, "speed": args.speed, "num_threads": args.num_threads,
         "audio_repetition_penalty": args.audio_repetition_penalty,
     }
     for kind in ("text", "audio"):

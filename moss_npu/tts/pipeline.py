@@ -25,9 +25,12 @@ from moss_npu.codec.model import NanoCodec
 from moss_npu.errors import InputError, NumericalError
 from moss_npu.hub import DEFAULT_CODEC, DEFAULT_MODEL, resolve_model_dir
 from moss_npu.nano.checkpoint import load_model
-from moss_npu.nano.generate import PhaseTimer, iter_frames, left_pad, trim_codes
+from moss_npu.nano.decoder import FrameDecoder, RequestParams
+from moss_npu.nano.frames import PhaseTimer, left_pad, trim_codes
 from moss_npu.nano.model import NanoTTSModel
 from moss_npu.nano.prompt import build_prompt_rows, mask_unused_channels, resolve_mode
+from moss_npu.nano.reference import reference_generate
+from moss_npu.nano.reuse import PrefixCache
 from moss_npu.nano.text import pause_samples, voice_clone_chunks
 from moss_npu.nano.tokenizer import TextTokenizer
 from moss_npu.tts.settings import RunConfig
@@ -78,6 +81,7 @@ class MossTTSNano:
         self.model, self.tokenizer, self.codec = model, tokenizer, codec
         self.config = model.config
         self._reference_cache: dict[str, torch.Tensor] = {}
+        self._decoder: Optional[FrameDecoder] = None
 
     @classmethod
     def from_pretrained(cls, model: str = DEFAULT_MODEL, codec: str = DEFAULT_CODEC, *, device: str = "auto",
@@ -135,14 +139,26 @@ class MossTTSNano:
             chunks = voice_clone_chunks(self.tokenizer, text, settings.voice_clone_max_text_tokens)
         return Plan(mode, chunks, codes, prompt_text, nq)
 
-    def _prompt(self, plan: Plan, chunk: str) -> torch.Tensor:
+    def prompt_rows(self, plan: Plan, chunk: str) -> torch.Tensor:
+        """Return the prompt rows (L, Q + 1) of one text chunk of ``plan``."""
         return build_prompt_rows(self.tokenizer, self.config, chunk, plan.mode, plan.prompt_text, plan.prompt_codes)
 
-    def _frames(self, rows: torch.Tensor, mask: Optional[torch.Tensor], plan: Plan, settings: RunConfig,
-                generator: Optional[torch.Generator], timer: Optional[PhaseTimer]):
-        return iter_frames(self.model, rows, mask, sampling=settings.sampling(), nq=plan.nq,
-                           max_new_frames=settings.max_new_frames, speed=settings.speed_options(),
-                           generator=generator, host_rng=settings.host_rng, timer=timer)
+    def decoder(self, slots: int, max_len: int, sampler: str = "official", graph: str = "auto") -> FrameDecoder:
+        """Return this pipeline's frame decoder, rebuilt when it is too small or computes another way.
+
+        The decoder keeps its prompt-prefix cache across calls (the template; a voice reference across the
+        chunks of a text), handed on to a rebuilt one. Sizes grow in steps so that few rebuilds happen.
+        """
+        current = self._decoder
+        if (current is None or current.slots < slots or current.state.max_len < max_len
+                or current.sampler != sampler or current.graph_mode != graph or current.dtype != self.model.dtype):
+            cache = current.prefix_cache if current is not None and current.dtype == self.model.dtype else None
+            size = max(slots, current.slots if current is not None else 1)
+            length = -(-max(max_len, current.state.max_len if current is not None else 0) // 256) * 256
+            self._decoder = None  # free the old state before allocating the new one
+            self._decoder = FrameDecoder(self.model, slots=size, max_len=length, sampler=sampler, graph=graph,
+                                         prefix_cache=cache if cache is not None else PrefixCache())
+        return self._decoder
 
     def _generator(self, settings: RunConfig, generator: Optional[torch.Generator]) -> Optional[torch.Generator]:
         """Return the caller's generator, else one seeded from ``settings.seed`` (host or device), else None.
@@ -158,17 +174,45 @@ class MossTTSNano:
     def _generate_batch(self, prompts: list[torch.Tensor], first_chunk: int, plan: Plan, settings: RunConfig,
                         generator: Optional[torch.Generator], on_frame: Optional[FrameCallback],
                         timer: Optional[PhaseTimer]) -> list[torch.Tensor]:
-        """Generate a batch of prompts (left-padded when several); return each one's trimmed codes (F, Q) on the CPU."""
-        rows, mask = (prompts[0], None) if len(prompts) == 1 else left_pad(prompts, self.config)
-        frames = []
-        for event in self._frames(rows.to(self.device), mask, plan, settings, generator, timer):
-            frames.append(event.codes)
+        """Generate a batch of prompts in the decoder's slots; return each one's trimmed codes (F, Q) on the CPU."""
+        if settings.speed == "reference":
+            rows, mask = (prompts[0], None) if len(prompts) == 1 else left_pad(prompts, self.config)
+            result = reference_generate(self.model, rows.to(self.device), mask, sampling=settings.sampling(),
+                                        nq=plan.nq, max_new_frames=settings.max_new_frames, generator=generator,
+                                        host_rng=settings.host_rng, timer=timer)
+            return [c.cpu() for c in result.codes]
+        frames: list[list[torch.Tensor]] = [[] for _ in prompts]
+        for index, codes in self._decode_frames(prompts, plan, settings, generator, timer):
+            frames[index].append(codes)
             if on_frame is not None:
-                for b in event.active.nonzero().flatten().tolist():
-                    on_frame(first_chunk + b, event.step_index)
-        stacked = (torch.stack(frames, dim=1) if frames
-                   else torch.empty(len(prompts), 0, self.config.n_vq, dtype=torch.long, device=self.device))
-        return [trim_codes(stacked[b], plan.nq, self.config).cpu() for b in range(len(prompts))]
+                on_frame(first_chunk + index, len(frames[index]) - 1)
+        empty = torch.empty(0, self.config.n_vq, dtype=torch.long)
+        return [trim_codes(torch.stack(f) if f else empty, plan.nq, self.config) for f in frames]
+
+    def _decode_frames(self, prompts: list[torch.Tensor], plan: Plan, settings: RunConfig,
+                       generator: Optional[torch.Generator], timer: Optional[PhaseTimer]
+                       ) -> Iterator[tuple[int, torch.Tensor]]:
+        """Yield (prompt index, codes (Q,) on the CPU) for every frame of every prompt, run as one batch."""
+        sampler = "noise" if settings.host_rng else "official"
+        decoder = self.decoder(len(prompts), max(int(p.shape[0]) for p in prompts) + settings.max_new_frames,
+                               sampler, settings.graph)
+        decoder.generator, decoder.timer = (None if settings.host_rng else generator), timer
+        params = RequestParams(settings.sampling(), plan.nq, settings.max_new_frames,
+                               generator if settings.host_rng else None)
+        slots = []
+        try:
+            slots = [decoder.admit(rows, params) for rows in prompts]
+            while any(not decoder.is_done(s) for s in slots):
+                batch = decoder.step()
+                for index, slot in enumerate(slots):
+                    if bool(batch.non_finite[slot]):
+                        raise decoder.non_finite_error(slot, batch.step_index)
+                    if bool(batch.active[slot]):
+                        yield index, batch.codes[slot]
+        finally:
+            for slot in slots:
+                decoder.release(slot)
+            decoder.timer = None
 
     def _decode(self, codes: torch.Tensor, nq: int, skip_frames: int = 0,
                 timer: Optional[PhaseTimer] = None) -> torch.Tensor:
@@ -194,7 +238,7 @@ class MossTTSNano:
                                              settings.voice_clone_max_memory_per_sample_gb, settings.tts_max_batch_size)
         chunk_codes: list[torch.Tensor] = []
         for start in range(0, len(plan.chunks), batch):
-            prompts = [self._prompt(plan, c) for c in plan.chunks[start:start + batch]]
+            prompts = [self.prompt_rows(plan, c) for c in plan.chunks[start:start + batch]]
             try:
                 codes = self._generate_batch(prompts, start, plan, settings, generator, on_frame, timer)
             except NumericalError as exc:
@@ -232,43 +276,76 @@ class MossTTSNano:
         """
         plan = self.plan(text, settings, prompt_audio, prompt_text)
         generator = self._generator(settings, generator)
-        schedule = settings.schedule()
-        state = self.codec.init_decode_state(1, max(schedule.budgets))
-        emitted_s, first_emit = 0.0, None
+        audio = AudioStreamer(self, plan, settings, clock, timer)
         for index, chunk in enumerate(plan.chunks):
-            state.reset()
-            if plan.mode == "continuation" and plan.prompt_codes is not None and plan.prompt_codes.shape[0]:
-                with _phase(timer, "codec"):
-                    self.codec.decode_step(plan.prompt_codes[:, :plan.nq].T[:, None, :], state)  # prime; discard
-            pending: list[torch.Tensor] = []
-            events = self._frames(self._prompt(plan, chunk).to(self.device), None, plan, settings, generator, timer)
-            for final, event in _with_end(events):
-                if event is not None and bool(event.active[0]):
-                    pending.append(event.codes[0])
-                since = None if first_emit is None else clock() - first_emit
-                count = schedule.frames_to_decode(emitted_s=emitted_s, lead_s=schedule.lead_s(emitted_s, since),
-                                                  head_pending=len(pending), max_pending=len(pending), final=final)
-                while count and pending:
-                    take, pending = pending[:count], pending[count:]
-                    codes = torch.stack(take)[:, :plan.nq].T[:, None, :]
-                    with _phase(timer, "codec"):
-                        wave = self.codec.decode_step(codes, state)[0].cpu()
-                    first_emit = clock() if first_emit is None else first_emit
-                    emitted_s += wave.shape[-1] / self.sample_rate
-                    yield AudioChunk(wave, self.sample_rate, index, False)
-                    count = len(pending) if final else 0
-            if index < len(plan.chunks) - 1:
-                pause = torch.zeros(self.codec.channels, pause_samples(chunk, self.sample_rate))
-                emitted_s += pause.shape[-1] / self.sample_rate
-                yield AudioChunk(pause, self.sample_rate, index, True)
+            audio.start_chunk(index)
+            if settings.speed == "reference":
+                codes = self._generate_batch([self.prompt_rows(plan, chunk)], index, plan, settings, generator, None, timer)
+                frames = ((0, c) for c in codes[0])
+            else:
+                frames = self._decode_frames([self.prompt_rows(plan, chunk)], plan, settings, generator, timer)
+            for _, codes in frames:
+                yield from audio.push(codes)
+            yield from audio.end_chunk(chunk)
+
+
+class AudioStreamer:
+    """One request's audio as its codes come: the streaming codec on the official playback-lead schedule.
+
+    The codec keeps its transformer state between calls, so each call decodes only the new frames. The first
+    call decodes as soon as one frame exists (budget 1), which sets the time to first audio. Pauses between
+    text chunks are zeros.
+    """
+
+    def __init__(self, tts: MossTTSNano, plan: Plan, settings: RunConfig,
+                 clock: Callable[[], float] = time.perf_counter, timer: Optional[PhaseTimer] = None) -> None:
+        self.tts, self.plan, self.clock, self.timer = tts, plan, clock, timer
+        self.schedule = settings.schedule()
+        self.state = tts.codec.init_decode_state(1, max(self.schedule.budgets))
+        self.emitted_s, self.first_emit = 0.0, None
+        self.pending: list[torch.Tensor] = []
+        self.index = 0
+
+    def start_chunk(self, index: int) -> None:
+        """Begin text chunk ``index`` (a continuation first primes the codec with the prompt audio's codes)."""
+        self.index, self.pending = index, []
+        self.state.reset()
+        codes = self.plan.prompt_codes
+        if self.plan.mode == "continuation" and codes is not None and codes.shape[0]:
+            with _phase(self.timer, "codec"):
+                self.tts.codec.decode_step(codes[:, :self.plan.nq].T[:, None, :], self.state)  # prime; discard
+
+    def push(self, codes: torch.Tensor) -> Iterator[AudioChunk]:
+        """Add one frame's codes (Q,); yield the audio the schedule says to decode now."""
+        self.pending.append(codes)
+        return self._emit(final=False)
+
+    def end_chunk(self, chunk: str) -> Iterator[AudioChunk]:
+        """Decode what is left of the chunk, then its pause when more chunks follow."""
+        yield from self._emit(final=True)
+        if self.index < len(self.plan.chunks) - 1:
+            pause = torch.zeros(self.tts.codec.channels, pause_samples(chunk, self.tts.sample_rate))
+            self.emitted_s += pause.shape[-1] / self.tts.sample_rate
+            yield AudioChunk(pause, self.tts.sample_rate, self.index, True)
+
+    def _emit(self, final: bool) -> Iterator[AudioChunk]:
+        since = None if self.first_emit is None else self.clock() - self.first_emit
+        count = self.schedule.frames_to_decode(emitted_s=self.emitted_s,
+                                               lead_s=self.schedule.lead_s(self.emitted_s, since),
+                                               head_pending=len(self.pending), max_pending=len(self.pending),
+                                               final=final)
+        while count and self.pending:
+            take, self.pending = self.pending[:count], self.pending[count:]
+            codes = torch.stack(take)[:, :self.plan.nq].T[:, None, :].to(self.tts.device)
+            with _phase(self.timer, "codec"):
+                wave = self.tts.codec.decode_step(codes, self.state)[0].cpu()
+            self.first_emit = self.clock() if self.first_emit is None else self.first_emit
+            self.emitted_s += wave.shape[-1] / self.tts.sample_rate
+            yield AudioChunk(wave, self.tts.sample_rate, self.index, False)
+            count = len(self.pending) if final else 0
 
 
 def _phase(timer: Optional[PhaseTimer], name: str):
     return timer.phase(name) if timer is not None else contextlib.nullcontext()
 
 
-def _with_end(events) -> Iterator[tuple[bool, object]]:
-    """Yield (False, event) for each event, then (True, None) once the generator is exhausted."""
-    for event in events:
-        yield False, event
-    yield True, None
