@@ -123,16 +123,28 @@ def load_reference_audio(path: PathLike, sample_rate: int = 48000, channels: int
         AudioError: missing, undecodable, empty, shorter than ``min_samples``, all zeros or > 2 channels.
     """
     wave, rate = read_audio(path)
-    if wave.shape[-1] == 0:
-        raise AudioError(f"reference audio {path}: no samples; record at least {min_samples / sample_rate:.2f} s")
+    return prepare_reference(wave, rate, sample_rate, channels, min_samples=min_samples,
+                             source=f"reference audio {path}")
+
+
+def prepare_reference(wave: torch.Tensor, rate: int, sample_rate: int = 48000, channels: int = 2, *,
+                      min_samples: int = 1, source: str = "reference audio") -> torch.Tensor:
+    """Turn a decoded voice prompt (C, S) at ``rate`` into float32 (channels, S') at ``sample_rate``.
+
+    The checks and conversions of ``load_reference_audio``, for audio that arrives decoded (e.g. a server upload).
+    """
+    wave = torch.as_tensor(wave, dtype=torch.float32)
+    wave = wave[None] if wave.dim() == 1 else wave
+    if wave.dim() != 2 or wave.shape[-1] == 0:
+        raise AudioError(f"{source}: no samples; record at least {min_samples / sample_rate:.2f} s")
     if wave.shape[0] > 2:
-        wave = to_channels(wave, channels, source=f"reference audio {path}")
-    wave = to_channels(resample(wave, rate, sample_rate), channels, source=f"reference audio {path}")
+        wave = to_channels(wave, channels, source=source)
+    wave = to_channels(resample(wave, rate, sample_rate), channels, source=source)
     if wave.shape[-1] < min_samples:
-        raise AudioError(f"reference audio {path}: {wave.shape[-1] / sample_rate:.3f} s is shorter than the "
+        raise AudioError(f"{source}: {wave.shape[-1] / sample_rate:.3f} s is shorter than the "
                          f"{min_samples / sample_rate:.3f} s minimum; use a longer recording")
     if not bool(wave.abs().max() > 0):
-        raise AudioError(f"reference audio {path}: all samples are zero (silent); use a recording of the voice")
+        raise AudioError(f"{source}: all samples are zero (silent); use a recording of the voice")
     return wave.contiguous()
 
 

@@ -11,15 +11,16 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterator, Optional, Union
 
 import torch
 
 from moss_npu import device as devices
-from moss_npu.audio import load_reference_audio
+from moss_npu.audio import load_reference_audio, prepare_reference
 from moss_npu.codec.checkpoint import load_codec
 from moss_npu.codec.model import NanoCodec
 from moss_npu.errors import InputError, NumericalError
@@ -37,6 +38,8 @@ from moss_npu.tts.settings import RunConfig
 
 log = logging.getLogger(__name__)
 
+# A voice prompt: a file path, the file's bytes, or a decoded (waveform (C, S), sample rate).
+PromptAudio = Union[str, Path, bytes, tuple]
 # (chunk index, frame index) after every generated frame: drives progress bars.
 FrameCallback = Callable[[int, int], None]
 
@@ -106,34 +109,65 @@ class MossTTSNano:
     def sample_rate(self) -> int:
         return self.codec.sample_rate
 
-    def reference_codes(self, path: str | Path) -> torch.Tensor:
-        """Encode a reference recording into codes (F, Q) on the CPU; cached by file content."""
-        path = Path(path)
+    def reference_codes(self, source: PromptAudio) -> torch.Tensor:
+        """Encode a reference recording into codes (F, Q) on the CPU; cached by content.
+
+        ``source``: a file path, the file's bytes (wav/flac/mp3), or a decoded ``(waveform (C, S), sample_rate)``.
+        """
+        if isinstance(source, (bytes, bytearray)):
+            key = hashlib.sha256(source).hexdigest()
+            if key not in self._reference_cache:
+                with tempfile.TemporaryDirectory() as tmp:
+                    path = Path(tmp) / "reference"
+                    path.write_bytes(source)
+                    self._reference_cache[key] = self._encode(self._load_reference(path))
+            return self._reference_cache[key]
+        if isinstance(source, tuple):
+            wave, rate = source
+            wave = torch.as_tensor(wave, dtype=torch.float32)
+            key = hashlib.sha256(wave.numpy().tobytes() + str(int(rate)).encode()).hexdigest()
+            if key not in self._reference_cache:
+                self._reference_cache[key] = self._encode(prepare_reference(
+                    wave, int(rate), self.codec.sample_rate, self.codec.channels, min_samples=self.codec.frame_size))
+            return self._reference_cache[key]
+        path = Path(source)
         if not path.is_file():
             raise InputError(f"--prompt-audio-path {path}: file not found; pass a wav/flac/mp3 recording")
         key = hashlib.sha256(path.read_bytes()).hexdigest()
         if key not in self._reference_cache:
-            wave = load_reference_audio(path, self.codec.sample_rate, self.codec.channels,
-                                        min_samples=self.codec.frame_size)
-            codes, lengths = self.codec.encode(wave[None])
-            self._reference_cache[key] = codes[:, 0, : int(lengths[0])].T.cpu()
+            self._reference_cache[key] = self._encode(self._load_reference(path))
         return self._reference_cache[key]
 
-    def plan(self, text: str, settings: RunConfig, prompt_audio: Optional[str | Path] = None,
-             prompt_text: Optional[str] = None) -> Plan:
-        """Validate a request and decide its mode, chunks and prompt codes."""
+    def _load_reference(self, path: Path) -> torch.Tensor:
+        return load_reference_audio(path, self.codec.sample_rate, self.codec.channels, min_samples=self.codec.frame_size)
+
+    def _encode(self, wave: torch.Tensor) -> torch.Tensor:
+        codes, lengths = self.codec.encode(wave[None])
+        return codes[:, 0, : int(lengths[0])].T.cpu()
+
+    def plan(self, text: str, settings: RunConfig, prompt_audio: Optional[PromptAudio] = None,
+             prompt_text: Optional[str] = None, prompt_codes: Optional[torch.Tensor] = None) -> Plan:
+        """Validate a request and decide its mode, chunks and prompt codes.
+
+        ``prompt_codes`` (F, Q) are a voice's codes encoded before (a stored voice): used instead of audio.
+        """
         if not isinstance(text, str) or not text.strip():
             raise InputError("the text is empty; pass the words to speak with --text or --text-file")
         nq = self.config.n_vq if settings.nq is None else settings.nq
         if not 1 <= nq <= self.config.n_vq:
             raise InputError(f"--nq {nq}: out of range; use 1..{self.config.n_vq}")
+        if prompt_audio is not None and prompt_codes is not None:
+            raise InputError("pass a voice as prompt audio or as prompt codes, not both")
+        has_voice = prompt_audio is not None or prompt_codes is not None
         mode = settings.mode
         if mode == "auto":
-            mode = "voice_clone" if prompt_audio is not None and prompt_text is None else "continuation"
-        mode = resolve_mode(mode, prompt_text is not None, prompt_audio is not None)
+            mode = "voice_clone" if has_voice and prompt_text is None else "continuation"
+        mode = resolve_mode(mode, prompt_text is not None, has_voice)
         codes = None
-        if prompt_audio is not None:
-            codes = mask_unused_channels(self.reference_codes(prompt_audio), nq, self.config)
+        if has_voice:
+            raw = self.reference_codes(prompt_audio) if prompt_audio is not None else _check_codes(prompt_codes,
+                                                                                                   self.config)
+            codes = mask_unused_channels(raw, nq, self.config)
         chunks = [text]
         if mode == "voice_clone":
             chunks = voice_clone_chunks(self.tokenizer, text, settings.voice_clone_max_text_tokens)
@@ -223,7 +257,7 @@ class MossTTSNano:
             audio, lengths = self.codec.decode(codes[:, :nq].T[:, None, :])
             return audio[0, :, skip_frames * self.codec.frame_size: int(lengths[0])].cpu()
 
-    def synthesize(self, text: str, *, prompt_audio: Optional[str | Path] = None, prompt_text: Optional[str] = None,
+    def synthesize(self, text: str, *, prompt_audio: Optional[PromptAudio] = None, prompt_text: Optional[str] = None,
                    settings: RunConfig = RunConfig(), generator: Optional[torch.Generator] = None,
                    on_frame: Optional[FrameCallback] = None, timer: Optional[PhaseTimer] = None) -> SynthesisResult:
         """Speak ``text`` (optionally in the voice of ``prompt_audio``); return the whole waveform.
@@ -263,7 +297,7 @@ class MossTTSNano:
             waveform = torch.cat(pieces, dim=1)
         return SynthesisResult(waveform, self.sample_rate, torch.cat(chunk_codes, dim=0), plan.chunks, plan.mode, batch)
 
-    def synthesize_stream(self, text: str, *, prompt_audio: Optional[str | Path] = None,
+    def synthesize_stream(self, text: str, *, prompt_audio: Optional[PromptAudio] = None,
                           prompt_text: Optional[str] = None, settings: RunConfig = RunConfig(),
                           generator: Optional[torch.Generator] = None,
                           clock: Callable[[], float] = time.perf_counter,
@@ -343,6 +377,18 @@ class AudioStreamer:
             self.emitted_s += wave.shape[-1] / self.tts.sample_rate
             yield AudioChunk(wave, self.tts.sample_rate, self.index, False)
             count = len(self.pending) if final else 0
+
+
+def _check_codes(codes: torch.Tensor, config) -> torch.Tensor:
+    """Return stored voice codes (F, Q) as int64 on the CPU, or raise InputError naming what is wrong."""
+    codes = torch.as_tensor(codes)
+    sizes = config.audio_codebook_sizes
+    if codes.dim() != 2 or codes.shape[1] != config.n_vq or codes.shape[0] == 0:
+        raise InputError(f"prompt codes have shape {tuple(codes.shape)}; expected (frames >= 1, {config.n_vq})")
+    valid = (codes >= 0) & (codes < torch.tensor(sizes)) | (codes == config.audio_pad_token_id)
+    if not bool(valid.all()):
+        raise InputError("prompt codes lie outside the codebooks; encode the voice with the matching codec")
+    return codes.long().cpu()
 
 
 def _phase(timer: Optional[PhaseTimer], name: str):
