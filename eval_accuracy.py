@@ -8,25 +8,27 @@ Tiers: A module parity under teacher forcing (hidden states, logits, one cached 
 B the reference's codes decoded on both sides; C free-running generation with shared random numbers (token
 agreement; waveforms only where every token agrees). The reference model is freed before the target loads.
 
-Exit codes: 0 every tier passed; 1 a threshold failed; 2 bad usage or input (unknown device, bad threshold,
-missing model folder, official code unavailable). stdout carries the table; progress and errors go to stderr.
+Exit codes: 0 every tier passed; 1 a threshold failed or the run failed; 2 bad usage or input (unknown device,
+bad threshold, missing model folder, official code unavailable); 130 interrupted (Ctrl-C, SIGTERM). stdout
+carries the table; progress and the one error line go to stderr. MOSS_NPU_DEBUG=1 adds tracebacks.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import Optional
 
-from moss_npu.errors import InputError, MossNpuError
+from moss_npu.cli import ArgumentParser, device_spec, finite_float, int_in, run_cli
+from moss_npu.errors import InputError
 from moss_npu.hub import DEFAULT_CODEC, DEFAULT_MODEL
+from moss_npu.output import writable_file
 
 
 def build_parser() -> argparse.ArgumentParser:
     """Return the argument parser."""
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     src = p.add_argument_group("inputs")
     src.add_argument("--text", action="append", help="a sentence to compare (repeatable; default: one zh, one en)")
     src.add_argument("--text-file", help="UTF-8 file with one sentence per line")
@@ -35,24 +37,26 @@ def build_parser() -> argparse.ArgumentParser:
     side = p.add_argument_group("model and devices")
     side.add_argument("--model", default=DEFAULT_MODEL, help="TTS folder or hub id")
     side.add_argument("--codec", default=DEFAULT_CODEC, help="codec folder or hub id")
-    side.add_argument("--device", default="auto", help="target device: auto (default), cpu, cuda[:N], npu[:N], mps")
+    side.add_argument("--device", type=device_spec, default="auto", help="target device: auto (default), cpu, cuda[:N], npu[:N], mps")
     side.add_argument("--dtype", default="float32", help="target LM dtype: float32 (default), bfloat16, float16")
-    side.add_argument("--reference-device", help="reference device (default cpu); the reference runs float32")
+    side.add_argument("--reference-device", type=device_spec, help="reference device (default cpu); the reference runs float32")
     side.add_argument("--impl", choices=("native", "upstream"), default="native",
                       help="code on the target side: native (default) or the official code with the patch set")
     side.add_argument("--against", choices=("reference", "upstream"), default="reference",
                       help="upstream: compare native (reference) with the official code on --device in --dtype")
+    side.add_argument("--upstream-code", help="--impl/--against upstream: folder holding the official *.py code "
+                      "(default: the model folders themselves, as a hub download has them)")
 
     gen = p.add_argument_group("generation (tier C)")
-    gen.add_argument("--max-new-frames", type=int, default=50, help="frame limit per input (12.5 per second)")
-    gen.add_argument("--seed", type=int, default=0, help="seed of the shared random numbers and fixed inputs")
+    gen.add_argument("--max-new-frames", type=int_in(1, 7500), default=50, help="frame limit per input (12.5 per second)")
+    gen.add_argument("--seed", type=int_in(0, 2**63 - 1), default=0, help="seed of the shared random numbers and fixed inputs")
     gen.add_argument("--greedy", action="store_true", help="argmax decoding instead of sampling")
 
     th = p.add_argument_group("pass thresholds")
-    th.add_argument("--max-mse", type=float, default=1e-6, help="largest mean squared error (tensors, waveforms)")
-    th.add_argument("--max-rel", type=float, default=1e-3, help="largest relative error ||a-b||/||b|| (tensors)")
-    th.add_argument("--min-snr", type=float, default=40.0, help="smallest waveform SNR in dB")
-    th.add_argument("--min-token-agreement", type=float, default=1.0,
+    th.add_argument("--max-mse", type=finite_float, default=1e-6, help="largest mean squared error (tensors, waveforms)")
+    th.add_argument("--max-rel", type=finite_float, default=1e-3, help="largest relative error ||a-b||/||b|| (tensors)")
+    th.add_argument("--min-snr", type=finite_float, default=40.0, help="smallest waveform SNR in dB")
+    th.add_argument("--min-token-agreement", type=finite_float, default=1.0,
                     help="smallest fraction of equal tokens (default 1: every token identical)")
 
     p.add_argument("--report", help="write the JSON report here (atomically)")
@@ -69,7 +73,12 @@ def read_inputs(args: argparse.Namespace):
         path = Path(args.text_file)
         if not path.is_file():
             raise InputError(f"--text-file {path}: file not found; pass a UTF-8 file with one sentence per line")
-        texts += [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        try:
+            lines = path.read_bytes().decode("utf-8-sig").splitlines()
+        except UnicodeDecodeError as exc:
+            raise InputError(f"--text-file {path}: not UTF-8 (byte 0x{exc.object[exc.start]:02x} at offset "
+                             f"{exc.start}); save it as UTF-8") from None
+        texts += [line.strip() for line in lines if line.strip()]
         if not texts:
             raise InputError(f"--text-file {path}: holds no text; put one sentence per line")
     if any(not t.strip() for t in texts):
@@ -88,13 +97,7 @@ def check_report_path(path: Optional[str]) -> Optional[Path]:
     """Fail before loading any model when the report cannot be written."""
     if path is None:
         return None
-    out = Path(path)
-    folder = out.parent if str(out.parent) else Path(".")
-    if not folder.is_dir() or not os.access(folder, os.W_OK):
-        raise InputError(f"--report {out}: folder {folder} does not exist or is not writable; choose another path")
-    if out.is_dir():
-        raise InputError(f"--report {out}: is a folder; give a file name such as {out / 'report.json'}")
-    return out
+    return writable_file(path, "--report")
 
 
 def build_request(args: argparse.Namespace):
@@ -113,11 +116,13 @@ def build_request(args: argparse.Namespace):
             raise InputError("--against upstream runs native and official code on --device; drop --impl and "
                              "--reference-device")
         reference = SideSpec("reference", "native", dev, dtype, args.model, args.codec)
-        target = SideSpec("target", "upstream", dev, dtype, args.model, args.codec)
+        target = SideSpec("target", "upstream", dev, dtype, args.model, args.codec, args.upstream_code)
     else:
         ref_dev = devices.resolve_device(args.reference_device or "cpu")
         reference = SideSpec("reference", "native", ref_dev, torch.float32, args.model, args.codec)
-        target = SideSpec("target", args.impl, dev, dtype, args.model, args.codec)
+        if args.upstream_code and args.impl != "upstream":
+            raise InputError("--upstream-code: only used with --impl upstream or --against upstream; drop it")
+        target = SideSpec("target", args.impl, dev, dtype, args.model, args.codec, args.upstream_code)
     settings = generation_settings(reference, target, max_new_frames=args.max_new_frames, seed=args.seed,
                                    greedy=args.greedy)
     if target.impl == "upstream":
@@ -128,25 +133,26 @@ def build_request(args: argparse.Namespace):
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    """``run`` under the exit-code policy: one ``error:`` line and the error class's exit code on failure."""
+    return run_cli(lambda: run(argv))
+
+
+def run(argv: Optional[list[str]] = None) -> int:
     """Parse flags, run the serial comparison, print the table, write the report; return the exit code."""
+    from moss_npu.evaluation import evaluate
+
     args = build_parser().parse_args(argv)
-    try:
-        from moss_npu.evaluation import evaluate
+    out = check_report_path(args.report)
+    request = build_request(args)
 
-        out = check_report_path(args.report)
-        request = build_request(args)
+    def progress(what: str, spec) -> None:
+        if not args.quiet and what in ("load", "released"):
+            verb = "loading" if what == "load" else "released"
+            print(f"{verb} {spec.role}: {spec.impl} {str(spec.dtype).replace('torch.', '')} on {spec.device}",
+                  file=sys.stderr, flush=True)
 
-        def progress(what: str, spec) -> None:
-            if not args.quiet and what in ("load", "released"):
-                verb = "loading" if what == "load" else "released"
-                print(f"{verb} {spec.role}: {spec.impl} {str(spec.dtype).replace('torch.', '')} on {spec.device}",
-                      file=sys.stderr)
-
-        report = evaluate(request, on_event=progress)
-    except MossNpuError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(report.format_table())
+    report = evaluate(request, on_event=progress)
+    print(report.format_table(), flush=True)
     if out is not None:
         report.write_json(out)
         if not args.quiet:

@@ -18,9 +18,13 @@ setup(
         "soundfile>=0.12.1",  # MP3 reading needs libsndfile >= 1.1
         "scipy",
         "pyyaml",
-        "huggingface_hub",
+        "huggingface_hub>=0.23",  # snapshot_download(local_dir=...) without symlinks; python -m moss_npu.hub wraps it
         "tqdm",
         "psutil",
+        # Text normalization (moss_npu.text) runs WeTextProcessing's grammars with kaldifst (x86-64 and aarch64
+        # wheels). The grammars come from WeTextProcessing==1.2.0, installed with --no-deps (README): its pynini
+        # requirement has no aarch64 wheel and is not needed here.
+        "kaldifst>=1.7",
     ],
     extras_require={
         # torch_npu must match the installed torch exactly, and CANN must be installed and sourced.
@@ -28,6 +32,7 @@ setup(
         "llama": ["llama-cpp-python>=0.3.17", "tokenizers", "onnxruntime"],
         "onnx": ["onnx", "onnxruntime"],
         "upstream": ["transformers==4.57.1"],  # torchaudio not needed: audio goes through moss_npu.audio
-        "dev": ["pytest"],
+        # Everything the README's test line needs except llama-cpp-python (a ~6 min source build: its own line).
+        "dev": ["pytest", "onnx", "onnxruntime", "tokenizers"],
     },
 )

@@ -46,7 +46,7 @@ def run_batch(tts: MossTTSNano, case: str, batch: int, graph: str, frames: int, 
               request: tuple[str, object]) -> BatchRecord:
     """Decode ``batch`` requests of ``case`` together once; return the measures."""
     text, audio = request
-    settings = RunConfig(device=str(tts.device), do_sample=False, max_new_frames=frames, host_rng=True, graph=graph)
+    settings = RunConfig(do_sample=False, max_new_frames=frames, host_rng=True, graph=graph)
     prompts, plans = [], []
     for i in range(batch):
         plan = tts.plan(f"{serial + i}. {text}", settings, audio)

@@ -34,8 +34,9 @@ import torch
 from bench.checkpoints import SIZES, ensure_checkpoints, steer_to_continue
 from moss_npu import device as devices
 from moss_npu import goldens
-from moss_npu.errors import MossNpuError
 from bench.batch import batch_markdown, batch_speedup, run_batch, summarize_batches
+from moss_npu.cli import ArgumentParser, run_cli
+from moss_npu.errors import InputError
 from moss_npu.nano.frames import PhaseTimer
 from moss_npu.tts.pipeline import MossTTSNano
 from moss_npu.tts.settings import SPEEDS, RunConfig
@@ -115,8 +116,8 @@ def run_once(tts: MossTTSNano, case: str, config: BenchConfig, frames: int, stre
     if config.threads:
         torch.set_num_threads(config.threads)
     text, audio = case_request(case)
-    settings = RunConfig(device=str(tts.device), do_sample=False, max_new_frames=frames, speed=config.speed,
-                         num_threads=config.threads)
+    settings = RunConfig(do_sample=False, max_new_frames=frames, speed=config.speed,
+                         text_normalization=False, wetext=False)  # the model's speed; bench.text_norm times that
     back = devices.backend(tts.device)
     back.reset_peak_memory_stats()
     timer = PhaseTimer(sync=back.synchronize)
@@ -195,7 +196,7 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__,
+    p = ArgumentParser(prog="python -m bench.run", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cpu", help="cpu (default), cuda[:N], npu[:N], auto")
     p.add_argument("--dtype", help="LM compute dtype (default float32)")
@@ -271,32 +272,32 @@ def measure(tts: MossTTSNano, args, cases: list[str], configs: list[BenchConfig]
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    """Run the benchmark under the CLI exit-code policy (moss_npu.cli)."""
+    return run_cli(lambda: run(argv))
+
+
+def run(argv: Optional[list[str]] = None) -> int:
+    """Parse flags, time every case and configuration, write the reports, print the table."""
     args = build_parser().parse_args(argv)
     try:
         configs = [BenchConfig.parse(c) for c in (args.compare or args.speed).split(",")]
         sizes = parse_sizes(args.batch)
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        raise InputError(str(exc)) from None
     configs = [c if c.threads or not args.threads else BenchConfig(c.speed, args.threads) for c in configs]
     graphs = [g.strip() for g in args.graph.split(",") if g.strip()]
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     unknown = [c for c in cases if c not in CASES]
     if (unknown or (args.compare and len(configs) != 2) or args.frames < 1 or args.runs < 1 or args.warmup < 0
             or any(g not in ("auto", "on", "off") for g in graphs) or (sizes and args.compare)):
-        print(f"error: check --cases (unknown: {unknown}), --compare (two configurations, not with --batch), "
-              "--graph (auto/on/off), --frames/--runs >= 1", file=sys.stderr)
-        return 2
+        raise InputError(f"check --cases (unknown: {unknown}), --compare (two configurations, not with --batch), "
+                         "--graph (auto/on/off), --frames/--runs >= 1")
     if any(c.endswith("+ref") for c in cases) and not (goldens.fixtures_root() / "audio").is_dir():
         print(f"bench: no reference audio under {goldens.fixtures_root()}; skipping the +ref cases", file=sys.stderr)
         cases = [c for c in cases if not c.endswith("+ref")]
     log = (lambda *a: None) if args.quiet else (lambda *a: print(*a, file=sys.stderr, flush=True))
-    try:
-        tts, model_dir, codec_dir = load_pipeline(args)
-        records = measure(tts, args, cases, configs, sizes, graphs, log)
-    except MossNpuError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    tts, model_dir, codec_dir = load_pipeline(args)
+    records = measure(tts, args, cases, configs, sizes, graphs, log)
     info = devices.describe(tts.device)
     report = {"device": info, "frames_per_chunk": args.frames, "runs": args.runs, "warmup": args.warmup,
               "threads": torch.get_num_threads(), "model": model_dir, "codec": codec_dir,

@@ -1,20 +1,19 @@
-"""Audio in and out: read reference recordings, resample like torchaudio, write WAV atomically (spec §10 steps 4 and 9).
+"""Audio in: read reference recordings and resample like torchaudio (spec §10 step 4); ``moss_npu.output`` writes.
 
 Reading goes through soundfile (libsndfile >= 1.1 reads WAV, FLAC, OGG and MP3 by content, whatever the file
 is called). ``resample`` is the windowed-sinc algorithm of ``torchaudio.functional.resample`` with its
-defaults, written out so torchaudio is never needed. Output is float32 WAV, unclipped, like the official
-``torchaudio.save`` of a float tensor; files appear only complete (temp file in the same folder + rename).
+defaults, written out so torchaudio is never needed.
 
 Shapes: C channels, S samples.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import math
-import os
-import tempfile
 from pathlib import Path
-from typing import Optional, Union
+from typing import Union
 
 import numpy as np
 import soundfile
@@ -24,7 +23,8 @@ import torch.nn.functional as F
 from moss_npu.errors import AudioError
 
 PathLike = Union[str, Path]
-_PUBLIC_FILE_MODE = 0o644
+# A recording as a file path, the bytes of such a file, or a (waveform (C, S) or (S,), sample_rate) pair.
+AudioSource = Union[str, Path, bytes, tuple]
 
 
 def read_audio(path: PathLike) -> tuple[torch.Tensor, int]:
@@ -46,10 +46,64 @@ def read_audio(path: PathLike) -> tuple[torch.Tensor, int]:
     return torch.from_numpy(np.ascontiguousarray(data.T)), int(rate)
 
 
+def read_audio_source(source: AudioSource) -> tuple[torch.Tensor, int, str]:
+    """Read a path, the bytes of an audio file, or a (waveform, sample_rate) pair as float32 ``(C, S)``.
+
+    Returns the waveform, its rate and how error messages name the source.
+
+    Raises:
+        AudioError: an unknown kind of source, an undecodable file, or a malformed waveform pair.
+    """
+    if isinstance(source, (str, Path)):
+        return (*read_audio(source), str(source))
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        data = bytes(source)
+        name = f"<{len(data)} bytes>"
+        try:
+            wave, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
+        except Exception as exc:  # libsndfile reports every decode failure as a generic error
+            raise AudioError(f"reference audio {name}: cannot decode ({_decode_hint_bytes(data[:4], exc)})") from exc
+        return torch.from_numpy(np.ascontiguousarray(wave.T)), int(rate), name
+    if isinstance(source, tuple) and len(source) == 2:
+        return (*_waveform_pair(*source), "(waveform, sample_rate)")
+    raise AudioError(f"reference audio: {type(source).__name__} {source!r:.40} is not a recording; pass a file path, the bytes "
+                     "of a wav/flac/mp3 file, or a (waveform, sample_rate) pair")
+
+
+def _waveform_pair(wave, rate) -> tuple[torch.Tensor, int]:
+    """Check a (waveform (C, S) or (S,), sample_rate) pair; return float32 ``(C, S)`` on the CPU and the rate."""
+    if isinstance(rate, bool) or not isinstance(rate, (int, np.integer)) or rate <= 0:
+        raise AudioError(f"reference audio (waveform, sample_rate): sample_rate {rate!r} must be a positive int (Hz)")
+    if isinstance(wave, np.ndarray):
+        wave = torch.from_numpy(np.ascontiguousarray(wave))
+    if not isinstance(wave, torch.Tensor) or not wave.is_floating_point() or wave.dim() not in (1, 2):
+        what = tuple(wave.shape) if hasattr(wave, "shape") else type(wave).__name__
+        raise AudioError(f"reference audio (waveform, sample_rate): waveform {what} must be a float tensor or array "
+                         "shaped (channels, samples) or (samples,)")
+    wave = wave.detach().to("cpu", torch.float32)
+    return (wave[None] if wave.dim() == 1 else wave), int(rate)
+
+
+def audio_source_key(source: AudioSource) -> str:
+    """Return a hash of a source's content: a file and its bytes hash alike; a waveform by rate, shape and values."""
+    if isinstance(source, (str, Path)):
+        return hashlib.sha256(Path(source).read_bytes()).hexdigest()
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return hashlib.sha256(bytes(source)).hexdigest()
+    wave, rate, _ = read_audio_source(source)
+    digest = hashlib.sha256(f"waveform {rate} {tuple(wave.shape)}".encode())
+    digest.update(wave.contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
 def _decode_hint(path: Path, exc: Exception) -> str:
     """Explain a decode failure, naming the MP3 case (libsndfile < 1.1 has no MP3 decoder)."""
     with open(path, "rb") as fh:
-        head = fh.read(4)
+        return _decode_hint_bytes(fh.read(4), exc)
+
+
+def _decode_hint_bytes(head: bytes, exc: Exception) -> str:
+    """Explain a decode failure from the first bytes of the file."""
     is_mp3 = head[:3] == b"ID3" or (len(head) > 1 and head[0] == 0xFF and head[1] & 0xE0 == 0xE0)
     if is_mp3 and "MP3" not in soundfile.available_formats():
         return (f"it is MP3 and libsndfile {soundfile.__libsndfile_version__} cannot read MP3; "
@@ -109,116 +163,32 @@ def to_channels(wave: torch.Tensor, channels: int, *, source: str = "audio") -> 
     raise AudioError(f"{source}: cannot map {have} channels to {channels}")
 
 
-def load_reference_audio(path: PathLike, sample_rate: int = 48000, channels: int = 2, *,
+def load_reference_audio(source: AudioSource, sample_rate: int = 48000, channels: int = 2, *,
                          min_samples: int = 1) -> torch.Tensor:
     """Load a voice prompt as float32 ``(channels, S)`` at ``sample_rate`` (the official reference path).
 
     Args:
-        path: wav/flac/mp3 file (format detected from content).
+        source: wav/flac/mp3 file (format detected from content), its bytes, or (waveform, sample_rate).
         sample_rate: codec rate; other rates are resampled with ``resample``.
         channels: codec channels; see ``to_channels``.
         min_samples: shortest acceptable length after resampling, e.g. one codec frame (3840).
 
     Raises:
-        AudioError: missing, undecodable, empty, shorter than ``min_samples``, all zeros or > 2 channels.
+        AudioError: missing, undecodable, non-finite, empty, shorter than ``min_samples``, all zeros or > 2
+            channels.
     """
-    wave, rate = read_audio(path)
-    return prepare_reference(wave, rate, sample_rate, channels, min_samples=min_samples,
-                             source=f"reference audio {path}")
-
-
-def prepare_reference(wave: torch.Tensor, rate: int, sample_rate: int = 48000, channels: int = 2, *,
-                      min_samples: int = 1, source: str = "reference audio") -> torch.Tensor:
-    """Turn a decoded voice prompt (C, S) at ``rate`` into float32 (channels, S') at ``sample_rate``.
-
-    The checks and conversions of ``load_reference_audio``, for audio that arrives decoded (e.g. a server upload).
-    """
-    wave = torch.as_tensor(wave, dtype=torch.float32)
-    wave = wave[None] if wave.dim() == 1 else wave
-    if wave.dim() != 2 or wave.shape[-1] == 0:
-        raise AudioError(f"{source}: no samples; record at least {min_samples / sample_rate:.2f} s")
+    wave, rate, path = read_audio_source(source)  # ``path`` names the source in messages
+    if not bool(torch.isfinite(wave).all()):
+        raise AudioError(f"reference audio {path}: holds non-finite samples (NaN or infinity); re-export the "
+                         "recording as 16-bit WAV")
+    if wave.shape[-1] == 0:
+        raise AudioError(f"reference audio {path}: no samples; record at least {min_samples / sample_rate:.2f} s")
     if wave.shape[0] > 2:
-        wave = to_channels(wave, channels, source=source)
-    wave = to_channels(resample(wave, rate, sample_rate), channels, source=source)
+        wave = to_channels(wave, channels, source=f"reference audio {path}")
+    wave = to_channels(resample(wave, rate, sample_rate), channels, source=f"reference audio {path}")
     if wave.shape[-1] < min_samples:
-        raise AudioError(f"{source}: {wave.shape[-1] / sample_rate:.3f} s is shorter than the "
+        raise AudioError(f"reference audio {path}: {wave.shape[-1] / sample_rate:.3f} s is shorter than the "
                          f"{min_samples / sample_rate:.3f} s minimum; use a longer recording")
     if not bool(wave.abs().max() > 0):
-        raise AudioError(f"{source}: all samples are zero (silent); use a recording of the voice")
+        raise AudioError(f"reference audio {path}: all samples are zero (silent); use a recording of the voice")
     return wave.contiguous()
-
-
-def _as_frames(wave: torch.Tensor) -> np.ndarray:
-    if wave.dim() == 1:
-        wave = wave[None]
-    if wave.dim() != 2:
-        raise AudioError(f"write_wav: expected a (channels, samples) waveform, got shape {tuple(wave.shape)}")
-    return np.ascontiguousarray(wave.detach().to("cpu", torch.float32).numpy().T)
-
-
-class StreamingWavWriter:
-    """Write a float32 WAV chunk by chunk; the file appears at ``path`` only after ``close()``.
-
-    Use as a context manager: leaving the block normally finalizes, an exception deletes the temp file.
-    """
-
-    def __init__(self, path: PathLike, sample_rate: int, channels: int) -> None:
-        self.path = Path(path)
-        self.samples_written = 0
-        folder = self.path.parent if str(self.path.parent) else Path(".")
-        if not folder.is_dir():
-            raise AudioError(f"output {self.path}: folder {folder} does not exist; create it first")
-        fd, tmp = tempfile.mkstemp(dir=str(folder), prefix=f".{self.path.name}.", suffix=".tmp")
-        os.close(fd)
-        self._tmp = Path(tmp)
-        try:
-            self._file: Optional[soundfile.SoundFile] = soundfile.SoundFile(
-                tmp, mode="w", samplerate=int(sample_rate), channels=int(channels), format="WAV", subtype="FLOAT")
-        except Exception:
-            self._tmp.unlink(missing_ok=True)
-            raise
-        self.channels = int(channels)
-
-    def write(self, chunk: torch.Tensor) -> None:
-        """Append ``(C, n)`` samples (values are stored as they are: no clipping)."""
-        if self._file is None:
-            raise AudioError(f"output {self.path}: writer already closed")
-        frames = _as_frames(chunk)
-        if frames.shape[1] != self.channels:
-            raise AudioError(f"output {self.path}: chunk has {frames.shape[1]} channels, writer has {self.channels}")
-        self._file.write(frames)
-        self.samples_written += frames.shape[0]
-
-    def close(self) -> Path:
-        """Finish the header and move the file into place atomically; return the final path."""
-        if self._file is None:
-            return self.path
-        self._file.close()
-        self._file = None
-        os.chmod(self._tmp, _PUBLIC_FILE_MODE)  # mkstemp makes 0600; a written WAV is an ordinary file
-        os.replace(self._tmp, self.path)
-        return self.path
-
-    def abort(self) -> None:
-        """Drop everything written; no file is left behind."""
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-        self._tmp.unlink(missing_ok=True)
-
-    def __enter__(self) -> "StreamingWavWriter":
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
-
-
-def write_wav(path: PathLike, wave: torch.Tensor, sample_rate: int) -> Path:
-    """Write ``(C, S)`` float audio as a float32 WAV at ``path`` atomically (no partial file on failure)."""
-    channels = 1 if wave.dim() == 1 else wave.shape[0]
-    with StreamingWavWriter(path, sample_rate, channels) as writer:
-        writer.write(wave)
-    return Path(path)

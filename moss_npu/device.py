@@ -3,7 +3,9 @@
 Everything else holds a ``torch.device`` plus a dtype and asks questions through ``backend(device)``;
 no other module names a device type (design.md, "Device layer"). ``torch_npu`` is imported lazily, once,
 inside the NPU backend, because it cannot even import without Ascend CANN. Memory is in bytes, ``None``
-when unknown. Tests swap in a stand-in backend with ``register_backend`` (real NPU runs are out of CI).
+when unknown. Every fact about one kind of device lives on its ``Backend`` subclass (class attributes and
+methods), so adding a device is one subclass: defining it registers it. Real NPU runs are out of CI: the
+tests run ``NpuBackend``'s own code against a fake ``torch.npu`` namespace and ``torch_npu`` module.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ import torch
 
 from moss_npu.errors import DeviceError
 
-AUTO_ORDER = ("npu", "cuda", "mps", "cpu")
 ATTENTION_IMPLS = ("sdpa", "eager")
 DTYPES = {
     "float32": torch.float32, "fp32": torch.float32,
@@ -53,11 +54,25 @@ class GraphCapture:
 
 
 class Backend:
-    """One kind of device. Defaults are the conservative answers; subclasses override what they can do."""
+    """One kind of device. Defaults are the conservative answers; subclasses override what they can do.
 
-    kind = "cpu"
-    extension = None  # name of the package that provides the backend, reported with its version
+    A subclass that sets ``kind`` is registered as that kind's built-in backend when it is defined.
+    """
+
+    kind: Optional[str] = None  # the torch.device type; None for this abstract base
+    extension: Optional[str] = None  # name of the package that provides the backend, reported with its version
     batches_by_default = False  # whether chunk batching is on without the user asking for it
+    indexed = False  # devices are numbered (``kind:N``; no index means 0) rather than one unnumbered device
+    visible_devices_env: Optional[str] = None  # the environment variable that limits which devices are visible
+    auto_rank: Optional[int] = None  # place in ``--device auto``'s order (lower is tried first); None: never
+    onnx_provider: Optional[str] = None  # onnxruntime execution provider for this kind of device
+    onnx_wheel: Optional[str] = None  # the pip package that brings that provider
+    builtin: dict[str, type["Backend"]] = {}  # kind -> class, filled as subclasses are defined
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if "kind" in cls.__dict__ and cls.kind is not None and cls.__module__ == __name__:
+            Backend.builtin[cls.kind] = cls
 
     def is_available(self) -> bool:
         """Return whether this kind of device can be used in this process."""
@@ -124,6 +139,9 @@ class CpuBackend(Backend):
     """The host CPU: always available; memory from psutil."""
 
     kind = "cpu"
+    auto_rank = 3
+    onnx_provider = "CPUExecutionProvider"
+    onnx_wheel = "onnxruntime"
 
     def is_available(self) -> bool:
         return True
@@ -171,6 +189,11 @@ class CudaBackend(Backend):
     kind = "cuda"
     extension = "cuda"
     batches_by_default = True
+    indexed = True
+    visible_devices_env = "CUDA_VISIBLE_DEVICES"
+    auto_rank = 1
+    onnx_provider = "CUDAExecutionProvider"
+    onnx_wheel = "onnxruntime-gpu"
 
     def is_available(self) -> bool:
         return torch.cuda.is_available()
@@ -221,6 +244,7 @@ class MpsBackend(Backend):
     """Apple GPUs through torch.mps (no memory query, so chunk batching stays at 1)."""
 
     kind = "mps"
+    auto_rank = 2
 
     def is_available(self) -> bool:
         return bool(getattr(torch.backends, "mps", None)) and torch.backends.mps.is_available()
@@ -248,11 +272,20 @@ class MpsBackend(Backend):
 
 
 class NpuBackend(Backend):
-    """Ascend NPUs through torch_npu, imported on first use (it needs CANN's set_env.sh to have been sourced)."""
+    """Ascend NPUs through torch_npu, imported on first use (it needs CANN's set_env.sh to have been sourced).
+
+    Every method asks ``torch.npu`` (registered by importing torch_npu). CI runs these bodies against a fake
+    ``torch.npu``; real NPU runs are out of CI.
+    """
 
     kind = "npu"
     extension = "torch_npu"
     batches_by_default = True
+    indexed = True
+    visible_devices_env = "ASCEND_RT_VISIBLE_DEVICES"
+    auto_rank = 0
+    onnx_provider = "CANNExecutionProvider"
+    onnx_wheel = "onnxruntime-cann"
 
     def __init__(self) -> None:
         self._module = None
@@ -309,9 +342,10 @@ class NpuBackend(Backend):
         return str(self._npu().get_device_name(index))
 
     def supports_dtype(self, dtype: torch.dtype) -> bool:
+        """bf16 only where torch_npu says so (``is_bf16_supported``) or a tiny bf16 matmul runs; else no."""
         if dtype == torch.bfloat16:
             probe = getattr(self._npu(), "is_bf16_supported", None)
-            return bool(probe()) if probe is not None else True
+            return bool(probe()) if probe is not None else _probe_matmul(self.kind, dtype)
         return dtype in (torch.float32, torch.float16)
 
     def max_memory_allocated(self, index: int = 0) -> Optional[int]:
@@ -356,7 +390,6 @@ class NpuBackend(Backend):
 
 
 _BACKENDS: dict[str, Backend] = {}
-_DEFAULT_FACTORIES = {"cpu": CpuBackend, "cuda": CudaBackend, "mps": MpsBackend, "npu": NpuBackend}
 _PROBED: dict[tuple[str, torch.dtype], bool] = {}
 
 
@@ -365,8 +398,8 @@ def register_backend(kind: str, obj: Optional[Backend]) -> None:
 
     This is the one hook tests use to inject a stand-in NPU, since real NPUs are out of CI.
     """
-    if kind not in _DEFAULT_FACTORIES:
-        raise DeviceError(f"unknown device kind {kind!r}: use one of {', '.join(_DEFAULT_FACTORIES)}")
+    if kind not in Backend.builtin:
+        raise DeviceError(f"unknown device kind {kind!r}: use one of {', '.join(Backend.builtin)}")
     if obj is None:
         _BACKENDS.pop(kind, None)
     else:
@@ -376,9 +409,9 @@ def register_backend(kind: str, obj: Optional[Backend]) -> None:
 def get_backend(kind: str) -> Backend:
     """Return the backend object for a device kind (``cpu``, ``cuda``, ``mps``, ``npu``)."""
     if kind not in _BACKENDS:
-        if kind not in _DEFAULT_FACTORIES:
-            raise DeviceError(f"unknown device kind {kind!r}: use one of {', '.join(_DEFAULT_FACTORIES)}")
-        _BACKENDS[kind] = _DEFAULT_FACTORIES[kind]()
+        if kind not in Backend.builtin:
+            raise DeviceError(f"unknown device kind {kind!r}: use one of {', '.join(Backend.builtin)}")
+        _BACKENDS[kind] = Backend.builtin[kind]()
     return _BACKENDS[kind]
 
 
@@ -394,14 +427,14 @@ def resolve_device(spec: Optional[str] = "auto") -> torch.device:
     """
     text = (spec or "auto").strip().lower()
     if text == "auto":
-        for kind in AUTO_ORDER:
+        for kind in auto_order():
             b = get_backend(kind)
             if b.is_available() and b.device_count() > 0:
                 b.apply_process_settings()
-                return b.torch_device(0 if kind in ("cuda", "npu") else None)
+                return b.torch_device(0 if b.indexed else None)
         return torch.device("cpu")
     kind, _, index_text = text.partition(":")
-    if kind not in _DEFAULT_FACTORIES:
+    if kind not in Backend.builtin:
         raise DeviceError(f"--device {spec}: unknown device; use auto, cpu, cuda[:N], npu[:N] or mps")
     if index_text and not index_text.isdigit():
         raise DeviceError(f"--device {spec}: the index must be a number, e.g. {kind}:0")
@@ -411,14 +444,20 @@ def resolve_device(spec: Optional[str] = "auto") -> torch.device:
     index = int(index_text) if index_text else None
     count = b.device_count()
     if index is not None and index >= count:
-        visible = os.environ.get("ASCEND_RT_VISIBLE_DEVICES" if kind == "npu" else "CUDA_VISIBLE_DEVICES")
-        where = f" ({'ASCEND_RT' if kind == 'npu' else 'CUDA'}_VISIBLE_DEVICES={visible})" if visible else ""
+        visible = os.environ.get(b.visible_devices_env) if b.visible_devices_env else None
+        where = f" ({b.visible_devices_env}={visible})" if visible else ""
         choices = " or ".join(f"{kind}:{i}" for i in range(count)) or "another device"
         raise DeviceError(f"--device {spec}: only {count} {kind.upper()}s visible{where}; use {choices}")
-    if index is None and kind in ("cuda", "npu"):
+    if index is None and b.indexed:
         index = 0
     b.apply_process_settings()
     return b.torch_device(index)
+
+
+def auto_order() -> list[str]:
+    """Return the kinds ``--device auto`` tries, first choice first (each backend's ``auto_rank``)."""
+    ranked = [cls for cls in Backend.builtin.values() if cls.auto_rank is not None]
+    return [cls.kind for cls in sorted(ranked, key=lambda cls: cls.auto_rank)]
 
 
 def resolve_dtype(device: torch.device, name: Optional[str] = None) -> torch.dtype:
@@ -471,13 +510,12 @@ def chunk_batch_size(device: torch.device, chunks: int, gb_per_sample: float, ma
     return min(size, max_batch) if max_batch > 0 else size
 
 
-ONNX_PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider", "npu": "CANNExecutionProvider",
-                  "cann": "CANNExecutionProvider"}
-
+# Device kind (and "cann", onnxruntime's name for the NPU provider) -> execution provider, from the backends.
+ONNX_PROVIDERS = {kind: cls.onnx_provider for kind, cls in Backend.builtin.items() if cls.onnx_provider}
+ONNX_PROVIDERS["cann"] = NpuBackend.onnx_provider
 
 # The onnxruntime wheel that carries each execution provider, for the fix in error messages.
-ONNX_PROVIDER_WHEELS = {"CPUExecutionProvider": "onnxruntime", "CUDAExecutionProvider": "onnxruntime-gpu",
-                        "CANNExecutionProvider": "onnxruntime-cann"}
+ONNX_PROVIDER_WHEELS = {cls.onnx_provider: cls.onnx_wheel for cls in Backend.builtin.values() if cls.onnx_provider}
 
 
 def onnx_provider_wheel(provider: str) -> str:

@@ -2,14 +2,15 @@
 
 ``python -m moss_npu.goldens FIXTURE_DIR`` reads ``FIXTURE_DIR/cases.json``, runs each case through the
 handler registered for its kind, prints one line per case (``id  kind  PASS/FAIL/SKIP  metric``) and a
-summary line ``N passed, M failed, K skipped``. It exits 1 if a case fails or a kind is unknown. Handlers
+summary line ``N passed, M failed, K skipped``. It exits 1 if a case fails or a kind is unknown. A case whose
+optional package (llama-cpp-python for the Delay cases) is not installed is a SKIP that names the install
+command. Handlers
 live beside the code they check (``nano/cases.py``, ``codec/cases.py``, ``tts/cases.py``,
 ``delay/cases.py``); this file only dispatches. Tolerances come from each fixture's README.
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import json
 import os
@@ -17,6 +18,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
+
+from moss_npu.cli import ArgumentParser, run_cli
+from moss_npu.errors import InputError, MissingDependency
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -95,6 +99,7 @@ class Outcome:
     kind: str
     status: str  # PASS, FAIL or SKIP
     detail: str
+    missing_dependency: bool = False  # a SKIP because an optional package is not installed
 
 
 def fixtures_root() -> Path:
@@ -160,6 +165,8 @@ def run_case(case: dict, fx: Fixture) -> Outcome:
         if handler is None:
             return Outcome(case_id, kind, "SKIP", "(not implemented)")
         result = handler(case, fx)
+    except MissingDependency as exc:
+        return Outcome(case_id, kind, "SKIP", f"(optional package missing) {exc}", missing_dependency=True)
     except Exception as exc:  # a crashing case is a failed case; the runner goes on with the others
         return Outcome(case_id, kind, "FAIL", f"{type(exc).__name__}: {exc}")
     return Outcome(case_id, kind, "PASS" if result.passed else "FAIL", result.detail)
@@ -172,8 +179,13 @@ def iter_outcomes(fx: Fixture) -> Iterator[Outcome]:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """Run the cases of FIXTURE_DIR and print the report; exit 1 if any case fails."""
-    parser = argparse.ArgumentParser(
+    """Run the cases of FIXTURE_DIR and print the report; exit 1 if any case fails (moss_npu.cli policy)."""
+    return run_cli(lambda: run(argv))
+
+
+def run(argv: Optional[list[str]] = None) -> int:
+    """Parse flags, run the selected cases, print one line each and the summary; return 1 if any failed."""
+    parser = ArgumentParser(
         prog="python -m moss_npu.goldens",
         description="Check moss-npu against golden outputs of the official code. Exit codes: 0 all checked "
         "cases pass, 1 a case failed or has an unknown kind, 2 bad usage.",
@@ -183,8 +195,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parser.parse_args(argv)
     root = Path(args.fixture_dir)
     if not (root / "cases.json").is_file():
-        print(f"error: {root}/cases.json not found; pass a fixture folder", file=sys.stderr)
-        return 2
+        raise InputError(f"{root}/cases.json not found; pass a fixture folder")
     fx = load_fixture(root)
     counts = {"PASS": 0, "FAIL": 0, "SKIP": 0}
     width = max((len(str(c.get("id", ""))) for c in fx.cases), default=10)

@@ -161,6 +161,7 @@ def sample_token(
     The repetition penalty reads ``history`` (B, T), or ``seen`` (B, V) bool presence when given.
 
     Greedy (``params.do_sample`` False) is ``argmax`` after the repetition penalty (first index on ties).
+    Sampling never fails on non-finite logits (see the comment below): checking them is the caller's job.
     ``generator`` is used for the draw: a generator on the logits' device for the default mode, a CPU generator
     with ``host_rng=True``; None means torch's default generator of that device.
     """
@@ -168,7 +169,10 @@ def sample_token(
     if not params.do_sample:
         return scores.argmax(dim=-1)
     scores = filter_scores(scores, params.temperature, params.top_k, params.top_p)
-    probs = torch.softmax(scores, dim=-1)
+    # A row with a non-finite logit softmaxes to all NaN, which makes torch.multinomial raise (or fault the device).
+    # Such a row draws uniformly instead; the caller owns the finiteness check (the frame loop raises
+    # NumericalError at its next host sync), so no token drawn from it is ever used.
+    probs = torch.softmax(scores, dim=-1).nan_to_num(nan=1.0)
     if host_rng:
         return draw_host(probs, generator)
     return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)

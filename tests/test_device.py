@@ -1,8 +1,9 @@
 """The device layer, every branch on CPU.
 
-NPU dispatch is tested through a stand-in backend injected with ``device.register_backend``: real NPU
-runs (torch_npu + CANN on an Ascend machine) are out of CI, which has no accelerator. CUDA answers are
-checked only for what this machine can say (unavailable → clear error).
+NPU code runs for real against a fake ``torch.npu`` namespace and a fake ``torch_npu`` module (what importing
+torch_npu registers), so ``NpuBackend``'s own method bodies are what is tested; real NPU runs (torch_npu + CANN
+on an Ascend machine) are out of CI, which has no accelerator. CUDA answers are checked only for what this
+machine can say (unavailable → clear error).
 """
 
 import sys
@@ -13,59 +14,14 @@ import torch
 from moss_npu import device
 from moss_npu.errors import DeviceError
 
-GIB = 1 << 30
-
-
-class StandInNpu(device.NpuBackend):
-    """Answers like torch_npu on a two-card Ascend 910B box, without importing torch_npu."""
-
-    def __init__(self, free_bytes=40 * GIB, count=2, bf16=True):
-        super().__init__()
-        self.free_bytes, self.count, self.bf16 = free_bytes, count, bf16
-        self.calls = []
-
-    def _npu(self):
-        return self
-
-    # the subset of torch.npu that the backend calls
-    def is_available(self):
-        return True
-
-    def device_count(self):
-        return self.count
-
-    def torch_device(self, index):
-        torch.utils.rename_privateuse1_backend("npu")  # what importing torch_npu does
-        return super().torch_device(index)
-
-    def mem_get_info(self, index=0):
-        self.calls.append(("mem_get_info", index))
-        return self.free_bytes, 64 * GIB
-
-    def synchronize(self, index=None):
-        self.calls.append(("synchronize", index))
-
-    def empty_cache(self):
-        self.calls.append(("empty_cache",))
-
-    def manual_seed_all(self, seed):
-        self.calls.append(("manual_seed_all", seed))
-
-    def get_device_name(self, index=0):
-        return "Ascend910B4"
-
-    def is_bf16_supported(self):
-        return self.bf16
-
-    def version(self):
-        return "2.1.0.post13"
+from .fake_npu import GIB, FakeTorchNpu, install_fake_torch_npu
 
 
 @pytest.fixture
-def npu():
-    stand_in = StandInNpu()
-    device.register_backend("npu", stand_in)
-    yield stand_in
+def npu(monkeypatch):
+    fake = FakeTorchNpu()
+    install_fake_torch_npu(monkeypatch, fake)
+    yield fake
     device.register_backend("npu", None)
 
 
@@ -126,15 +82,52 @@ def test_cuda_unavailable_is_a_clear_error():
         device.resolve_device("cuda:0")
 
 
-def test_backend_dispatch_goes_to_the_stand_in(npu):
+def test_npu_backend_calls_torch_npu(npu):
+    """NpuBackend's own bodies, run against the fake torch.npu: each call reaches it with the device's index."""
     dev = device.resolve_device("npu:1")
+    assert isinstance(device.backend(dev), device.NpuBackend)
     device.synchronize(dev)
     device.empty_cache(dev)
     device.seed_everything(7, dev)
-    assert npu.calls == [("synchronize", 1), ("empty_cache",), ("manual_seed_all", 7)]
+    b = device.backend(dev)
+    assert b.max_memory_allocated(1) == 3 * GIB and b.mem_get_info(1) == (40 * GIB, 64 * GIB)
+    b.reset_peak_memory_stats(1)
+    # torch.manual_seed reaches the NPU module itself, then the backend seeds it explicitly
+    assert npu.calls == [("synchronize", 1), ("empty_cache",), ("manual_seed_all", 7), ("manual_seed_all", 7),
+                         ("max_memory_allocated", 1), ("mem_get_info", 1), ("reset_peak_memory_stats", 1)]
     info = device.describe(dev)
     assert info["name"] == "Ascend910B4" and info["torch_npu"] == "2.1.0.post13"
     assert info["torch"] == torch.__version__
+
+
+def test_npu_bf16_is_refused_when_it_cannot_be_confirmed(monkeypatch):
+    """An old torch_npu without is_bf16_supported: a bf16 probe that cannot run means no, not yes."""
+    install_fake_torch_npu(monkeypatch, FakeTorchNpu(bf16=None))
+    try:
+        dev = device.resolve_device("npu:0")
+        monkeypatch.setattr(device, "_probe_matmul", lambda kind, dtype: False)  # no NPU kernels here
+        with pytest.raises(DeviceError, match="--dtype bfloat16: not supported on npu:0"):
+            device.resolve_dtype(dev, "bfloat16")
+        assert device.resolve_dtype(dev, "float16") == torch.float16
+    finally:
+        device.register_backend("npu", None)
+
+
+def test_kind_facts_are_backend_attributes():
+    """resolve_device reads indexing, the visible-devices variable and the auto order from the classes, so a new
+    backend is one subclass (defining it in device.py registers it)."""
+    assert device.auto_order() == ["npu", "cuda", "mps", "cpu"]
+    assert device.NpuBackend.visible_devices_env == "ASCEND_RT_VISIBLE_DEVICES"
+    assert device.CudaBackend.visible_devices_env == "CUDA_VISIBLE_DEVICES"
+    assert device.NpuBackend.indexed and device.CudaBackend.indexed and not device.CpuBackend.indexed
+    assert set(device.Backend.builtin) == {"cpu", "cuda", "mps", "npu"}
+
+
+def test_visible_devices_message_comes_from_the_backend(npu, monkeypatch):
+    monkeypatch.setattr(device.NpuBackend, "visible_devices_env", "MY_VISIBLE")
+    monkeypatch.setenv("MY_VISIBLE", "4,5")
+    with pytest.raises(DeviceError, match=r"only 2 NPUs visible \(MY_VISIBLE=4,5\)"):
+        device.resolve_device("npu:2")
 
 
 def test_cpu_backend_reports_memory_and_name():
@@ -155,7 +148,7 @@ def test_dtype_policy(npu):
         device.resolve_dtype(cpu, "float8")
     dev = device.resolve_device("npu:0")
     assert device.resolve_dtype(dev, "bfloat16") == torch.bfloat16
-    npu.bf16 = False
+    npu.is_bf16_supported = lambda: False
     with pytest.raises(DeviceError, match="not supported on npu:0 \\(Ascend910B4\\); use float32"):
         device.resolve_dtype(dev, "bfloat16")
 

@@ -40,8 +40,36 @@ def test_golden_case(fixture_dir, case_id):
     fx = _fixture(fixture_dir)
     outcome = goldens.run_case(fx.case(case_id), fx)
     if outcome.status == "SKIP":
+        if outcome.missing_dependency and os.environ.get("CI"):
+            pytest.fail(f"{case_id}: CI installs every optional part (see README): {outcome.detail}")
         pytest.skip(f"{case_id}: {outcome.detail}")
     assert outcome.status == "PASS", f"{case_id} ({outcome.kind}): {outcome.detail}"
+
+
+def test_text_fixture_needs_no_model(tmp_path):
+    """A fixture whose cases.json declares ``"family": "text"`` holds no model folder and still loads."""
+    (tmp_path / "cases.json").write_text('{"family": "text", "cases": [{"id": "t", "kind": "normalize_robust"}]}')
+    assert goldens.load_fixture(tmp_path).family == "text"
+
+
+def test_unknown_family_is_refused(tmp_path):
+    (tmp_path / "cases.json").write_text('{"family": "speech", "cases": []}')
+    with pytest.raises(ValueError, match="unknown fixture family 'speech'"):
+        goldens.load_fixture(tmp_path)
+
+
+def test_missing_optional_package_is_a_named_skip(tmp_path, monkeypatch):
+    """A handler whose optional package is absent SKIPs with the install command instead of failing."""
+    from moss_npu.errors import MissingDependency
+
+    def handler(case, fx):
+        raise MissingDependency('needs llama-cpp-python; install it with `pip install -e ".[llama]"`')
+
+    monkeypatch.setattr(goldens, "_handler", lambda target: handler)
+    fx = goldens.Fixture(root=tmp_path, family="delay", meta={}, cases=[])
+    outcome = goldens.run_case({"id": "x", "kind": "prompt"}, fx)
+    assert (outcome.status, outcome.missing_dependency) == ("SKIP", True)
+    assert 'pip install -e ".[llama]"' in outcome.detail
 
 
 def test_unknown_kind_fails(tmp_path):

@@ -1,7 +1,7 @@
 """``inference.py`` end to end on the fixture checkpoints, and its answers to bad input.
 
 Each bad input must give one ``error:`` line naming the problem and the fix, exit code 2, and leave no
-output file. The fixture-based runs skip (with a message) in a clone without ../shared/fixtures.
+output file; a run that produces nothing exits 1. The fixture-based runs skip (with a message) in a clone without ../shared/fixtures.
 """
 
 import subprocess
@@ -14,6 +14,7 @@ import soundfile as sf
 
 import inference
 from moss_npu import goldens
+from tests.optional import require
 
 NANO = goldens.fixtures_root() / "nano-tiny"
 AUDIO = goldens.fixtures_root() / "audio"
@@ -48,9 +49,11 @@ def test_readme_command_as_a_new_user(tmp_path):
            "--text", "Hello", "--output", str(out), "--max-new-frames", "8"]
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith(f"wrote {out}: 0.64 s of audio")  # 8 frames × 80 ms
-    assert "RTF" in done.stdout
-    assert_valid_wav(out, 0.64)
+    assert done.stdout.startswith(f"wrote {out}: ") and "RTF" in done.stdout
+    seconds = float(done.stdout.split(": ")[1].split(" s of audio")[0])
+    # sampled: up to 8 frames × 80 ms (the normalized "Hello。" may end earlier)
+    assert 0 < seconds <= 0.64 and round(seconds / 0.08, 6).is_integer()
+    assert_valid_wav(out, seconds)
 
 
 @needs_fixtures
@@ -84,7 +87,7 @@ def test_config_preset_and_cli_precedence(tmp_path, capsys):
     preset = tmp_path / "p.yaml"
     preset.write_text("device: cpu\nmax_new_frames: 3\n")
     out = tmp_path / "p.wav"
-    code, _, err = run(model_args(tmp_path, "--text", "Hi", "--output", out, "--config", preset,
+    code, _, err = run(model_args(tmp_path, "--text", "Hi", "--output", out, "--config", preset, "--greedy",
                                   "--max-new-frames", "5"), capsys)
     assert code == 0, err
     assert sf.info(str(out)).frames == 5 * 3840  # the flag beat the preset's 3 frames
@@ -103,6 +106,27 @@ BAD_INPUTS = [
     pytest.param(["--text", "hi", "--top-k", "-1"], "top_k", id="top-k-negative"),
     pytest.param(["--text", "hi", "--repetition-penalty", "0"], "repetition_penalty", id="penalty-zero"),
     pytest.param(["--text", "hi", "--config", "/nonexistent.yaml"], "--config", id="missing-config"),
+    pytest.param(["--text", "hi", "--text-file", "/etc/hostname"], "not allowed with argument", id="text-and-file"),
+    pytest.param(["--text", "hi", "--seed", "-1"], "--seed -1", id="seed-negative"),
+    pytest.param(["--text", "hi", "--seed", str(2**63)], "--seed 9223372036854775808", id="seed-too-big"),
+    pytest.param(["--text", "hi", "--max-new-frames", "0"], "--max-new-frames 0", id="frames-zero"),
+    pytest.param(["--text", "hi", "--max-new-frames", "1000000000"], "1 .. 7500", id="frames-giant"),
+    pytest.param(["--text", "hi", "--device", "npu:-1"], "must be >= 0", id="device-index-negative"),
+    pytest.param(["--text", "hi", "--top-p", "nan"], "not a finite number", id="top-p-nan"),
+    pytest.param(["--text", "hi", "--output", "out.txt"], "unknown audio extension .txt", id="output-extension"),
+    pytest.param(["--text", "hi", "--output", "/dev/null"], "is a device file", id="output-dev-null"),
+    pytest.param(["--text", "hi", "--output", "x.flac", "--wav-subtype", "PCM_16"], "only applies to .wav",
+                 id="wav-subtype-on-flac"),
+    pytest.param(["--text", "hi", "--impl", "upstream", "--stream", "--host-rng", "--speed", "reference"],
+                 "--stream, --host-rng, --speed: not used by --impl upstream", id="upstream-unused-flags"),
+    pytest.param(["--text", "hi", "--weights", "w"], "--weights: not used by --backend nano", id="weights-on-nano"),
+    pytest.param(["--text", "hi", "--upstream-code", "c"], "--upstream-code: not used", id="code-on-native"),
+    pytest.param(["--text", "hi", "--backend", "llama-cpp", "--stream", "--dtype", "bfloat16", "--nq", "4"],
+                 "--stream, --dtype, --nq, --model, --codec: not used by --backend llama-cpp",
+                 id="llama-cpp-unused-flags"),
+    pytest.param(["--text", "hi", "--backend", "llama-cpp", "--prompt-text", "x", "--mode", "continuation"],
+                 "--mode, --prompt-text, --model, --codec: not used by --backend llama-cpp",
+                 id="llama-cpp-continuation"),
 ]
 
 
@@ -156,7 +180,9 @@ def test_output_folder_missing(tmp_path, capsys):
 
 def test_output_folder_not_writable(tmp_path, capsys, monkeypatch):
     """Checked before any model loads (root may write anywhere, so the permission answer is simulated)."""
-    monkeypatch.setattr(inference.os, "access", lambda path, mode: False)
+    from moss_npu import output
+
+    monkeypatch.setattr(output.os, "access", lambda path, mode: False)
     code, _, err = run(["--text", "hi", "--output", tmp_path / "x.wav", "--model", tmp_path / "never-loaded"], capsys)
     assert code == 2 and "is not writable" in err and not (tmp_path / "x.wav").exists()
 
@@ -180,7 +206,7 @@ DELAY = goldens.fixtures_root() / "delay-tiny"
 @pytest.mark.skipif(not DELAY.is_dir(), reason=f"fixtures not found at {DELAY} (set MOSS_NPU_FIXTURES)")
 def test_llama_cpp_backend_end_to_end(tmp_path, capsys):
     """The README's Delay command with the tiny GGUF fixture and the package's noise-making test codec."""
-    pytest.importorskip("llama_cpp", reason="llama-cpp-python is an optional extra (CI installs it)")
+    require("llama_cpp", 'pip install -e ".[llama]"')
     from moss_npu.delay.make_test_codec import main as make_test_codec
 
     codec = tmp_path / "codec"
@@ -216,3 +242,105 @@ def test_impl_upstream_without_transformers_says_what_to_install(tmp_path, capsy
     code, _, err = run(model_args(tmp_path, "--impl", "upstream", "--text", "hi", "--output", tmp_path / "u.wav"), capsys)
     assert code == 2 and 'pip install -e ".[upstream]"' in err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "u.wav").exists()
+
+
+def _one_error_line(err):
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    return lines[0]
+
+
+@pytest.mark.parametrize("content,fragment", [
+    (b"caf\xe9 au lait", "not UTF-8 (byte 0xe9 at offset 3)"),
+    (b"\xff\xfeh\x00i\x00", "not UTF-8"),  # UTF-16
+    (b"RIFF\x00\x00\x00\x00WAVE", "NUL bytes"),
+], ids=["latin-1", "utf-16", "binary"])
+def test_text_file_that_is_not_utf8(tmp_path, capsys, content, fragment):
+    text = tmp_path / "t.txt"
+    text.write_bytes(content)
+    code, _, err = run(["--text-file", text, "--output", tmp_path / "o.wav", "--model", tmp_path / "never"], capsys)
+    assert code == 2 and fragment in _one_error_line(err) and not (tmp_path / "o.wav").exists()
+
+
+@pytest.mark.parametrize("yaml_text,fragment", [
+    (b"max_new_frames: '20'\n", "max_new_frames must be an integer, got string '20'"),
+    (b"do_sample: 1\n", "do_sample must be a boolean (true/false), got integer 1"),
+    (b"text_temperature: [1]\n", "text_temperature must be a number, got list [1]"),
+    (b"stream_budgets: 4\n", "stream_budgets must be a list of integers, got integer 4"),
+    (b"- device\n- cpu\n", "expected a mapping of setting names to values, got a list"),
+    (b"\x89PNG\r\n\x1a\n\x00\xff", "not a UTF-8 text file"),
+    (b"max_new_frames: 100000000\n", "--max-new-frames 100000000: use 1 .. 7500"),
+    (b"seed: -5\n", "--seed -5: use 0 .. 2**63-1"),
+], ids=["string-for-int", "int-for-bool", "list-for-float", "int-for-list", "list-file", "binary", "giant-frames",
+        "negative-seed"])
+def test_preset_values_are_type_checked(tmp_path, capsys, yaml_text, fragment):
+    if not NANO.is_dir():
+        pytest.skip(f"fixtures not found at {NANO}")
+    preset = tmp_path / "p.yaml"
+    preset.write_bytes(yaml_text)
+    code, _, err = run(model_args(tmp_path, "--text", "hi", "--output", tmp_path / "o.wav", "--config", preset), capsys)
+    assert code == 2 and fragment in _one_error_line(err)
+    assert not (tmp_path / "o.wav").exists()
+
+
+def test_output_that_is_a_folder_or_fifo_or_an_input(tmp_path, capsys):
+    import os
+
+    os.mkfifo(tmp_path / "fifo.wav")
+    (tmp_path / "dir.wav").mkdir()
+    text = tmp_path / "t.txt"
+    text.write_text("hi")
+    for output, fragment in [(tmp_path / "dir.wav", "is a folder"), (tmp_path / "fifo.wav", "is a FIFO"),
+                             (tmp_path / "missing" / "o.wav", "does not exist")]:
+        code, _, err = run(["--text", "hi", "--output", output, "--model", tmp_path / "never"], capsys)
+        assert code == 2 and fragment in _one_error_line(err)
+    code, _, err = run(["--text-file", text, "--output", tmp_path / "t.wav", "--prompt-audio-path", tmp_path / "t.wav",
+                        "--model", tmp_path / "never"], capsys)
+    assert code == 2 and "is the --prompt-audio-path file" in _one_error_line(err)
+    assert text.read_text() == "hi"
+
+
+@needs_fixtures
+@pytest.mark.parametrize("stream", [False, True], ids=["offline", "stream"])
+def test_zero_frames_is_a_failure_without_file(tmp_path, capsys, monkeypatch, stream):
+    """The model stopping before the first frame is exit 1 with one line, not an empty "success"."""
+    from moss_npu.tts.pipeline import MossTTSNano
+
+    monkeypatch.setattr(MossTTSNano, "_decode_frames", lambda self, *a, **k: iter(()))
+    out = tmp_path / "z.wav"
+    code, stdout, err = run(model_args(tmp_path, "--text", "hi", "--output", out, *(["--stream"] * stream)), capsys)
+    assert code == 1 and _one_error_line(err) == f"error: {inference.NO_AUDIO}" and stdout == ""
+    assert list(tmp_path.iterdir()) == []
+
+
+@needs_fixtures
+def test_frame_cap_and_unspeakable_text_warn(tmp_path, capsys):
+    out = tmp_path / "w.flac"
+    code, _, err = run(model_args(tmp_path, "--text", "!!! ... 🙂", "--output", out, "--greedy",
+                                  "--max-new-frames", "2"), capsys)
+    assert code == 0, err
+    warnings = [line for line in err.splitlines() if line.startswith("warning: ")]
+    assert len(warnings) == 2 and "no letters or digits" in warnings[0] and "--max-new-frames 2" in warnings[1]
+    assert sf.info(str(out)).format == "FLAC"
+
+
+def _parse(*argv):
+    return inference.build_parser().parse_args(["--backend", "llama-cpp", "--text", "x", *argv])
+
+
+def test_llama_cpp_flag_mapping():
+    """Flags that map onto llama.cpp act on it: greedy, sampling values, threads, device, frame cap."""
+    values = inference.llama_cpp_overrides(_parse("--greedy", "--top-k", "7", "--audio-top-p", "0.5",
+                                                  "--num-threads", "3", "--device", "cpu"))
+    assert values["text_temperature"] == values["audio_temperature"] == 0.0
+    assert values["text_top_k"] == values["audio_top_k"] == 7 and values["audio_top_p"] == 0.5
+    assert values["n_threads"] == 3 and values["n_gpu_layers"] == 0
+    assert values["heads_device"] == values["audio_provider"] == "cpu"
+    accel = inference.llama_cpp_overrides(_parse("--device", "npu:0"))
+    assert accel["n_gpu_layers"] == -1 and accel["heads_device"] == "npu:0" and accel["audio_provider"] == "npu"
+    assert inference.llama_cpp_max_new_tokens(_parse("--max-new-frames", "10"), 32) == 42
+    assert inference.llama_cpp_max_new_tokens(_parse(), 32) is None
+    with pytest.raises(inference.InputError, match="first visible device"):
+        inference.llama_cpp_overrides(_parse("--device", "npu:1"))
+    with pytest.raises(inference.InputError, match="--audio-temperature 0.0: must be > 0"):
+        inference.llama_cpp_overrides(_parse("--audio-temperature", "0"))

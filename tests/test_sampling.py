@@ -159,3 +159,13 @@ def test_noise_fed_sampler_never_picks_a_filtered_id():
     params = SlotSampling.allocate(1, torch.device("cpu"))
     params.set(0, TokenParams(True, 1.0, 2, 1.0))
     assert int(sample_with_noise(logits, params, torch.tensor([1.0 - 2 ** -24]))) == 1
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_rows_draw_instead_of_raising(bad):
+    """torch.multinomial raises on NaN probabilities (and may fault a device): such a row draws a valid id;
+    reporting non-finite logits is the frame loop's job."""
+    logits = torch.tensor([[0.0, 1.0, 2.0, 3.0], [0.0, bad, 0.0, 0.0]])
+    params = TokenParams(do_sample=True, temperature=1.0, top_k=0, top_p=1.0)
+    ids = sample_token(logits, params, generator=torch.Generator().manual_seed(0))
+    assert ids.shape == (2,) and bool(((ids >= 0) & (ids < 4)).all())

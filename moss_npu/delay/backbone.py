@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from moss_npu.errors import CheckpointError, DeviceError, InputError
+from moss_npu.errors import CheckpointError, DeviceError, InputError, MissingDependency
 
 log = logging.getLogger(__name__)
 
@@ -25,9 +25,12 @@ FLASH_ATTN = {"auto": -1, "disabled": 0, "enabled": 1}
 
 
 def import_llama_cpp():
-    """Import llama-cpp-python, or raise ``DeviceError`` naming the install command."""
+    """Import llama-cpp-python, or raise ``MissingDependency``/``DeviceError`` naming the install command."""
     try:
         import llama_cpp
+    except ImportError as exc:
+        raise MissingDependency(f"the llama-cpp backend needs llama-cpp-python>=0.3.17, which is not installed; "
+                                f"install it with `{INSTALL_HINT}` (see README for CUDA / CANN builds)") from exc
     except Exception as exc:  # a broken native build raises more than ImportError
         raise DeviceError(f"the llama-cpp backend needs llama-cpp-python>=0.3.17 (import failed: {exc}); "
                           f"install it with `{INSTALL_HINT}` (see README for CUDA / CANN builds)") from exc

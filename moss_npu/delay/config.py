@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from moss_npu.errors import CheckpointError, ConfigError
+from moss_npu.hub import download_command
+from moss_npu.presets import check_types, read_yaml_mapping
 
 SPECIAL_ID_KEYS = (
     "pad_token_id",
@@ -98,7 +100,7 @@ class DelayModelConfig:
                 return cls.from_dict(meta["moss_config"], f"{meta_path} (moss_config)")
         raise CheckpointError(
             f"{weights_dir}: no config.json with the special token ids; copy config.json of the MOSS-TTS "
-            "checkpoint into it (e.g. `huggingface-cli download OpenMOSS-Team/MOSS-TTS config.json --local-dir DIR`)"
+            f"checkpoint into it (e.g. `{download_command('OpenMOSS-Team/MOSS-TTS', str(weights_dir), ['config.json'])}`)"
         )
 
 
@@ -188,21 +190,11 @@ def load_run_config(path: Optional[Path | str] = None, overrides: Optional[Mappi
     Raises:
         ConfigError: the file is unreadable, not a mapping, or either source has unknown keys.
     """
-    import yaml
-
     values: dict[str, Any] = {}
     if path is not None:
-        path = Path(path)
-        try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except (OSError, yaml.YAMLError) as exc:
-            raise ConfigError(f"{path}: cannot read YAML ({exc}); pass an existing preset such as "
-                              "configs/llama_cpp/default.yaml") from exc
-        if data is None:
-            data = {}
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: expected a mapping of keys, got {type(data).__name__}")
+        data = read_yaml_mapping(path)
         _reject_unknown(data, str(path))
+        check_types(data, DelayRunConfig, f"--config {path}")
         values.update(data)
     if overrides:
         given = {k: v for k, v in overrides.items() if v is not None}

@@ -10,7 +10,6 @@ next, and backbone shards are streamed, so peak memory stays about one tensor.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import re
@@ -25,7 +24,9 @@ from typing import Iterator, Optional
 import numpy as np
 
 from moss_npu.delay.config import DelayModelConfig
-from moss_npu.errors import CheckpointError, MossNpuError
+from moss_npu.cli import ArgumentParser, run_cli
+from moss_npu.errors import CheckpointError
+from moss_npu.hub import download_command
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ def read_index(model_dir: Path) -> dict[str, Tensor]:
         files = [model_dir / "model.safetensors"]
     else:
         raise CheckpointError(f"{model_dir}: no model.safetensors or model.safetensors.index.json; pass the folder of "
-                              "the official MOSS-TTS checkpoint (e.g. huggingface-cli download OpenMOSS-Team/MOSS-TTS)")
+                              f"the official MOSS-TTS checkpoint (e.g. {download_command('OpenMOSS-Team/MOSS-TTS')})")
     tensors: dict[str, Tensor] = {}
     for path in files:
         with safe_open(str(path), framework="pt") as handle:
@@ -242,8 +243,13 @@ def _write_json(path: Path, data: dict) -> None:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """CLI. Exit codes: 0 converted, 1 conversion failed, 2 bad usage or input."""
-    parser = argparse.ArgumentParser(
+    """CLI under the moss_npu.cli policy. Exit codes: 0 converted, 1 conversion failed, 2 bad usage or input."""
+    return run_cli(lambda: run(argv))
+
+
+def run(argv: Optional[list[str]] = None) -> int:
+    """Parse flags and convert; print the output folder and the next step."""
+    parser = ArgumentParser(
         prog="python -m moss_npu.delay.convert",
         description="Convert an official MOSS-TTS checkpoint into embeddings/, lm_heads/, tokenizer/ and a "
         "qwen3_backbone/ for llama.cpp's convert_hf_to_gguf.py. Exit codes: 0 ok, 1 failed, 2 bad usage/input.")
@@ -252,11 +258,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s", stream=sys.stderr)
-    try:
-        out = convert(args.model, args.output)
-    except MossNpuError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    out = convert(args.model, args.output)
     print(out)
     print(f"next: python convert_hf_to_gguf.py {out / 'qwen3_backbone'} --outtype f16 "
           f"--outfile {out / 'MOSS_TTS_F16.gguf'}  (llama.cpp checkout)", file=sys.stderr)

@@ -49,7 +49,10 @@ DEFAULT_INPUTS = (
 
 @dataclass(frozen=True)
 class SideSpec:
-    """Which implementation to load where: ``role`` is ``reference`` or ``target``, ``impl`` native or upstream."""
+    """Which implementation to load where: ``role`` is ``reference`` or ``target``, ``impl`` native or upstream.
+
+    ``code_dir``: where the official ``*.py`` code lives for an upstream side (None: the model folders).
+    """
 
     role: str
     impl: str
@@ -57,6 +60,7 @@ class SideSpec:
     dtype: torch.dtype
     model: str
     codec: str
+    code_dir: Optional[str] = None
 
     def __post_init__(self) -> None:
         if self.impl not in ("native", "upstream"):
@@ -272,11 +276,12 @@ class UpstreamSide:
         self.tts, self.dtype = tts, dtype
 
     @classmethod
-    def load(cls, model: str, codec: str, device: torch.device, dtype: torch.dtype) -> "UpstreamSide":
+    def load(cls, model: str, codec: str, device: torch.device, dtype: torch.dtype,
+             code_dir: Optional[str] = None) -> "UpstreamSide":
         """Load the official TTS and codec code with the patch set (raises ConfigError without transformers)."""
         from moss_npu.upstream import load_upstream
 
-        return cls(load_upstream(model, codec, device=device, dtype=dtype), dtype)
+        return cls(load_upstream(model, codec, device=device, dtype=dtype, code_dir=code_dir), dtype)
 
     def describe(self) -> dict[str, Any]:
         """Implementation, dtypes, the official code's revision and the device's name and versions."""
@@ -347,9 +352,8 @@ def _same(a: Optional[torch.Tensor], b: Optional[torch.Tensor]) -> bool:
     return a is not None and b is not None and a.shape == b.shape and bool(torch.equal(a, b))
 
 
-IMPLEMENTATIONS = {"native": NativeSide, "upstream": UpstreamSide}
-
-
 def load_side(spec: SideSpec) -> Any:
     """Load the ``NativeSide`` or ``UpstreamSide`` that ``spec`` describes."""
-    return IMPLEMENTATIONS[spec.impl].load(spec.model, spec.codec, spec.device, spec.dtype)
+    if spec.impl == "upstream":
+        return UpstreamSide.load(spec.model, spec.codec, spec.device, spec.dtype, code_dir=spec.code_dir)
+    return NativeSide.load(spec.model, spec.codec, spec.device, spec.dtype)

@@ -120,5 +120,12 @@ def check_budget(nq: Optional[int], max_new_frames: int, config: NanoConfig) -> 
 
 
 def non_finite_error(what: str, step: int, dtype: torch.dtype) -> NumericalError:
-    """Return the error upstream raises (its message starts "Non-finite", which its fp32 fallback looks for)."""
-    return NumericalError(f"Non-finite {what} by frame {step} (dtype {dtype}); rerun the model in float32")
+    """Return the error upstream raises (its message starts "Non-finite", which its fp32 fallback looks for).
+
+    The fix depends on the dtype: float32 for low precision; in float32 precision is not the cause.
+    """
+    if dtype == torch.float32:
+        return NumericalError(f"Non-finite {what} by frame {step} in float32, so precision is not the cause: the "
+                              "model weights are likely damaged (NaN/inf); download the model folder again")
+    return NumericalError(f"Non-finite {what} by frame {step} (dtype {dtype}); run the model in float32 "
+                          "(--dtype float32)")

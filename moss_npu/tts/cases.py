@@ -16,7 +16,8 @@ from moss_npu.tts.settings import RunConfig
 
 MODEL_API_DEFAULTS = dict(do_sample=False, text_temperature=1.5, text_top_p=1.0, text_top_k=50,
                           audio_temperature=1.7, audio_top_p=0.8, audio_top_k=25, audio_repetition_penalty=1.0,
-                          max_new_frames=300, voice_clone_max_text_tokens=50)
+                          max_new_frames=300, voice_clone_max_text_tokens=50,
+                          text_normalization=False, wetext=False)  # model.inference reads the text as given
 MIN_SNR_DB = 60.0
 # Official inference arguments that cannot change a CPU run's output, so the pipeline has no setting for them.
 NO_EFFECT_ON_CPU = {
@@ -34,7 +35,7 @@ def _pipeline(fx: Fixture) -> MossTTSNano:
 
 def _request(case: dict, fx: Fixture) -> tuple[dict, RunConfig]:
     params = {k: v for k, v in case.get("params", {}).items() if k not in NO_EFFECT_ON_CPU}
-    settings = RunConfig(**{**MODEL_API_DEFAULTS, "device": "cpu", "mode": case["mode"], **params})
+    settings = RunConfig(**{**MODEL_API_DEFAULTS, "mode": case["mode"], **params})
     audio = case.get("prompt_audio_path")
     kwargs = dict(text=case["text"], prompt_audio=fx.path(audio) if audio else None,
                   prompt_text=case.get("prompt_text"), settings=settings)

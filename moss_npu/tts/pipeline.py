@@ -9,21 +9,20 @@ streaming path generates one chunk at a time so the first audio comes as early a
 from __future__ import annotations
 
 import contextlib
-import hashlib
+import copy
 import logging
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Optional, Union
+from typing import Callable, Iterator, Optional
 
 import torch
 
 from moss_npu import device as devices
-from moss_npu.audio import load_reference_audio, prepare_reference
+from moss_npu.audio import AudioSource, audio_source_key, load_reference_audio
 from moss_npu.codec.checkpoint import load_codec
 from moss_npu.codec.model import NanoCodec
-from moss_npu.errors import InputError, NumericalError
+from moss_npu.errors import ConfigError, InputError, NumericalError
 from moss_npu.hub import DEFAULT_CODEC, DEFAULT_MODEL, resolve_model_dir
 from moss_npu.nano.checkpoint import load_model
 from moss_npu.nano.decoder import FrameDecoder, RequestParams
@@ -34,12 +33,14 @@ from moss_npu.nano.reference import reference_generate
 from moss_npu.nano.reuse import PrefixCache
 from moss_npu.nano.text import pause_samples, voice_clone_chunks
 from moss_npu.nano.tokenizer import TextTokenizer
-from moss_npu.tts.settings import RunConfig
+from moss_npu.output import save_audio
+from moss_npu.tts.settings import LoadConfig, RunConfig
+from moss_npu.text import TextNormalizer
 
 log = logging.getLogger(__name__)
 
-# A voice prompt: a file path, the file's bytes, or a decoded (waveform (C, S), sample rate).
-PromptAudio = Union[str, Path, bytes, tuple]
+# A voice prompt: a file path, the bytes of a wav/flac/mp3 file, or (waveform (C, S) or (S,), sample_rate).
+PromptAudio = AudioSource
 # (chunk index, frame index) after every generated frame: drives progress bars.
 FrameCallback = Callable[[int, int], None]
 
@@ -54,6 +55,15 @@ class SynthesisResult:
     text_chunks: list[str]
     mode: str
     batch_size: int
+
+    def save(self, path: str | Path, *, wav_subtype: Optional[str] = None) -> Path:
+        """Write the waveform to ``path`` atomically, in the format its extension names (see ``moss_npu.output``).
+
+        Raises:
+            InputError: unknown extension, or a path that is not a regular file in a writable folder.
+            OutputError: the write failed (e.g. no space left); no partial file remains.
+        """
+        return save_audio(path, self.waveform, self.sample_rate, wav_subtype=wav_subtype)
 
 
 @dataclass(frozen=True)
@@ -84,20 +94,29 @@ class MossTTSNano:
         self.model, self.tokenizer, self.codec = model, tokenizer, codec
         self.config = model.config
         self._reference_cache: dict[str, torch.Tensor] = {}
+        self.normalizer = TextNormalizer()  # the official infer.py text preparation, as settings enable it
         self._decoder: Optional[FrameDecoder] = None
 
     @classmethod
     def from_pretrained(cls, model: str = DEFAULT_MODEL, codec: str = DEFAULT_CODEC, *, device: str = "auto",
-                        dtype: Optional[str] = None, attn_implementation: Optional[str] = None) -> "MossTTSNano":
+                        dtype: Optional[str] = None, attn_implementation: Optional[str] = None,
+                        num_threads: int = 0) -> "MossTTSNano":
         """Load the LM and codec from local folders or hub ids onto ``device`` (``auto``, ``cpu``, ``npu:0``, …).
 
-        The LM computes in ``dtype`` (default fp32); the codec stays fp32 as in the official code.
+        These are the load-time settings (``LoadConfig``'s fields: ``from_pretrained(m, c, **asdict(load))``);
+        every call's own settings are a ``RunConfig``. The LM computes in ``dtype`` (default fp32); the codec
+        stays fp32 as in the official code. ``num_threads`` > 0 sets torch's intra-op threads, which are
+        process-wide.
         """
-        dev = devices.resolve_device(device)
-        dt = devices.resolve_dtype(dev, dtype)
-        attn = devices.attention_impl(dev, dt, attn_implementation)
-        model_dir = resolve_model_dir(model, required=("config.json", "tokenizer.model"))
-        codec_dir = resolve_model_dir(codec, required=("config.json",))
+        load = LoadConfig(device=device or "auto", dtype=dtype or "auto",
+                          attn_implementation=attn_implementation or "sdpa", num_threads=num_threads)
+        dev = devices.resolve_device(load.device)
+        dt = devices.resolve_dtype(dev, load.dtype)
+        attn = devices.attention_impl(dev, dt, load.attn_implementation)
+        if load.num_threads > 0:
+            torch.set_num_threads(load.num_threads)
+        model_dir = resolve_model_dir(model, required=("config.json", "tokenizer.model"), role="TTS model")
+        codec_dir = resolve_model_dir(codec, required=("config.json",), role="codec", example=DEFAULT_CODEC)
         lm = load_model(model_dir, device=dev, dtype=dt, attn_impl=attn)
         return cls(lm, TextTokenizer.from_dir(model_dir), load_codec(codec_dir, device=dev, attention=attn))
 
@@ -112,47 +131,35 @@ class MossTTSNano:
     def reference_codes(self, source: PromptAudio) -> torch.Tensor:
         """Encode a reference recording into codes (F, Q) on the CPU; cached by content.
 
-        ``source``: a file path, the file's bytes (wav/flac/mp3), or a decoded ``(waveform (C, S), sample_rate)``.
+        ``source`` is a file path, the bytes of a wav/flac/mp3 file, or a (waveform (C, S) or (S,), sample_rate)
+        pair; a file and its bytes share one cache entry.
         """
-        if isinstance(source, (bytes, bytearray)):
-            key = hashlib.sha256(source).hexdigest()
-            if key not in self._reference_cache:
-                with tempfile.TemporaryDirectory() as tmp:
-                    path = Path(tmp) / "reference"
-                    path.write_bytes(source)
-                    self._reference_cache[key] = self._encode(self._load_reference(path))
-            return self._reference_cache[key]
-        if isinstance(source, tuple):
-            wave, rate = source
-            wave = torch.as_tensor(wave, dtype=torch.float32)
-            key = hashlib.sha256(wave.numpy().tobytes() + str(int(rate)).encode()).hexdigest()
-            if key not in self._reference_cache:
-                self._reference_cache[key] = self._encode(prepare_reference(
-                    wave, int(rate), self.codec.sample_rate, self.codec.channels, min_samples=self.codec.frame_size))
-            return self._reference_cache[key]
-        path = Path(source)
-        if not path.is_file():
-            raise InputError(f"--prompt-audio-path {path}: file not found; pass a wav/flac/mp3 recording")
-        key = hashlib.sha256(path.read_bytes()).hexdigest()
+        if isinstance(source, (str, Path)) and not Path(source).is_file():
+            raise InputError(f"--prompt-audio-path {source}: file not found; pass a wav/flac/mp3 recording")
+        key = audio_source_key(source)
         if key not in self._reference_cache:
-            self._reference_cache[key] = self._encode(self._load_reference(path))
+            wave = load_reference_audio(source, self.codec.sample_rate, self.codec.channels,
+                                        min_samples=self.codec.frame_size)
+            codes, lengths = self.codec.encode(wave[None])
+            self._reference_cache[key] = codes[:, 0, : int(lengths[0])].T.cpu()
         return self._reference_cache[key]
-
-    def _load_reference(self, path: Path) -> torch.Tensor:
-        return load_reference_audio(path, self.codec.sample_rate, self.codec.channels, min_samples=self.codec.frame_size)
-
-    def _encode(self, wave: torch.Tensor) -> torch.Tensor:
-        codes, lengths = self.codec.encode(wave[None])
-        return codes[:, 0, : int(lengths[0])].T.cpu()
 
     def plan(self, text: str, settings: RunConfig, prompt_audio: Optional[PromptAudio] = None,
              prompt_text: Optional[str] = None, prompt_codes: Optional[torch.Tensor] = None) -> Plan:
-        """Validate a request and decide its mode, chunks and prompt codes.
+        """Validate a request, normalize its texts as the settings say, and decide its mode, chunks, prompt codes.
 
         ``prompt_codes`` (F, Q) are a voice's codes encoded before (a stored voice): used instead of audio.
         """
+        if not isinstance(settings, RunConfig):
+            raise ConfigError(f"settings: a {type(settings).__name__} is not a RunConfig; pass "
+                              "settings=RunConfig(...) (device, dtype, attention, threads are from_pretrained's)")
         if not isinstance(text, str) or not text.strip():
             raise InputError("the text is empty; pass the words to speak with --text or --text-file")
+        prepared = self.normalizer.prepare(text, prompt_text or "", robust=settings.text_normalization,
+                                           wetext=settings.wetext)
+        if not prepared.text.strip():
+            raise InputError("the text holds nothing to speak once normalized; pass words to speak")
+        text, prompt_text = prepared.text, None if prompt_text is None else prepared.prompt_text
         nq = self.config.n_vq if settings.nq is None else settings.nq
         if not 1 <= nq <= self.config.n_vq:
             raise InputError(f"--nq {nq}: out of range; use 1..{self.config.n_vq}")
@@ -194,6 +201,18 @@ class MossTTSNano:
                                          prefix_cache=cache if cache is not None else PrefixCache())
         return self._decoder
 
+    def _fallback(self, exc: NumericalError, settings: RunConfig, lm: NanoTTSModel) -> NanoTTSModel:
+        """Return a float32 copy of ``lm`` to generate again with (the official stability fallback), or re-raise.
+
+        The copy serves the rest of this call only: the loaded model keeps its dtype, so a later call (or one
+        running at the same time) is not changed by this one. Re-raises ``exc`` when the fallback is off or
+        ``lm`` already is float32 (the error then says what to do instead).
+        """
+        if not settings.stability_fallback or lm.dtype == torch.float32:
+            raise exc
+        log.warning("%s: generating again with a float32 copy of the language model", exc)
+        return copy.deepcopy(lm).float()
+
     def _generator(self, settings: RunConfig, generator: Optional[torch.Generator]) -> Optional[torch.Generator]:
         """Return the caller's generator, else one seeded from ``settings.seed`` (host or device), else None.
 
@@ -205,37 +224,45 @@ class MossTTSNano:
         place = torch.device("cpu") if settings.host_rng else self.device
         return torch.Generator(device=place).manual_seed(settings.seed)
 
-    def _generate_batch(self, prompts: list[torch.Tensor], first_chunk: int, plan: Plan, settings: RunConfig,
-                        generator: Optional[torch.Generator], on_frame: Optional[FrameCallback],
+    def _generate_batch(self, lm: NanoTTSModel, prompts: list[torch.Tensor], first_chunk: int, plan: Plan,
+                        settings: RunConfig, generator: Optional[torch.Generator], on_frame: Optional[FrameCallback],
                         timer: Optional[PhaseTimer]) -> list[torch.Tensor]:
-        """Generate a batch of prompts in the decoder's slots; return each one's trimmed codes (F, Q) on the CPU."""
+        """Generate a batch of prompts with ``lm`` (decoder slots, or the oracle's left-padded batch); return each
+        one's trimmed codes (F, Q) on the CPU."""
         if settings.speed == "reference":
             rows, mask = (prompts[0], None) if len(prompts) == 1 else left_pad(prompts, self.config)
-            result = reference_generate(self.model, rows.to(self.device), mask, sampling=settings.sampling(),
-                                        nq=plan.nq, max_new_frames=settings.max_new_frames, generator=generator,
+            result = reference_generate(lm, rows.to(self.device), mask, sampling=settings.sampling(), nq=plan.nq,
+                                        max_new_frames=settings.max_new_frames, generator=generator,
                                         host_rng=settings.host_rng, timer=timer)
             return [c.cpu() for c in result.codes]
         frames: list[list[torch.Tensor]] = [[] for _ in prompts]
-        for index, codes in self._decode_frames(prompts, plan, settings, generator, timer):
+        for index, codes in self._decode_frames(lm, prompts, settings.max_new_frames, plan, settings, generator,
+                                                timer):
             frames[index].append(codes)
             if on_frame is not None:
                 on_frame(first_chunk + index, len(frames[index]) - 1)
         empty = torch.empty(0, self.config.n_vq, dtype=torch.long)
         return [trim_codes(torch.stack(f) if f else empty, plan.nq, self.config) for f in frames]
 
-    def _decode_frames(self, prompts: list[torch.Tensor], plan: Plan, settings: RunConfig,
-                       generator: Optional[torch.Generator], timer: Optional[PhaseTimer]
+    def _decode_frames(self, lm: NanoTTSModel, prompts: list[torch.Tensor], max_frames: int, plan: Plan,
+                       settings: RunConfig, generator: Optional[torch.Generator], timer: Optional[PhaseTimer]
                        ) -> Iterator[tuple[int, torch.Tensor]]:
-        """Yield (prompt index, codes (Q,) on the CPU) for every frame of every prompt, run as one batch."""
+        """Yield (prompt index, codes (Q,) on the CPU) for every frame of every prompt, run as one batch.
+
+        Raises NumericalError (before yielding it) for a frame whose logits were not finite.
+        """
         sampler = "noise" if settings.host_rng else "official"
-        decoder = self.decoder(len(prompts), max(int(p.shape[0]) for p in prompts) + settings.max_new_frames,
-                               sampler, settings.graph)
+        length = max(int(p.shape[0]) for p in prompts) + max_frames
+        if lm is self.model:
+            decoder = self.decoder(len(prompts), length, sampler, settings.graph)
+        else:  # the float32 copy of a stability fallback: for this call only
+            decoder = FrameDecoder(lm, slots=len(prompts), max_len=length, sampler=sampler, graph=settings.graph)
         decoder.generator, decoder.timer = (None if settings.host_rng else generator), timer
-        params = RequestParams(settings.sampling(), plan.nq, settings.max_new_frames,
-                               generator if settings.host_rng else None)
-        slots = []
+        params = RequestParams(settings.sampling(), plan.nq, max_frames, generator if settings.host_rng else None)
+        slots: list[int] = []
         try:
-            slots = [decoder.admit(rows, params) for rows in prompts]
+            for rows in prompts:
+                slots.append(decoder.admit(rows, params))
             while any(not decoder.is_done(s) for s in slots):
                 batch = decoder.step()
                 for index, slot in enumerate(slots):
@@ -271,17 +298,15 @@ class MossTTSNano:
             batch = devices.chunk_batch_size(self.device, len(plan.chunks),
                                              settings.voice_clone_max_memory_per_sample_gb, settings.tts_max_batch_size)
         chunk_codes: list[torch.Tensor] = []
+        lm = self.model
         for start in range(0, len(plan.chunks), batch):
             prompts = [self.prompt_rows(plan, c) for c in plan.chunks[start:start + batch]]
             try:
-                codes = self._generate_batch(prompts, start, plan, settings, generator, on_frame, timer)
+                codes = self._generate_batch(lm, prompts, start, plan, settings, generator, on_frame, timer)
             except NumericalError as exc:
-                if not settings.stability_fallback or self.model.dtype == torch.float32:
-                    raise
-                # The official inference does the same: cast to float32 and generate this batch again.
-                log.warning("%s: casting the language model to float32 and generating again", exc)
-                self.model.float()
-                codes = self._generate_batch(prompts, start, plan, settings, generator, on_frame, timer)
+                # As the official inference: generate this batch again in float32 (and the later ones too).
+                lm = self._fallback(exc, settings, lm)
+                codes = self._generate_batch(lm, prompts, start, plan, settings, generator, on_frame, timer)
             chunk_codes.extend(codes)
 
         if plan.mode == "continuation" and plan.prompt_codes is not None:
@@ -307,20 +332,43 @@ class MossTTSNano:
         The codec keeps its transformer state between calls, so each call decodes only the new frames; the
         concatenated chunks equal ``synthesize``'s waveform up to float rounding. The first call decodes as
         soon as one frame exists (budget 1), which sets the time to first audio.
+
+        Every frame is checked finite before the codec sees it. Audio already yielded cannot be taken back, so
+        the stability fallback continues the text chunk in float32 from the frames generated so far (their
+        repetition-penalty history starts again there) instead of generating the chunk again.
         """
         plan = self.plan(text, settings, prompt_audio, prompt_text)
         generator = self._generator(settings, generator)
         audio = AudioStreamer(self, plan, settings, clock, timer)
+        lm = self.model
         for index, chunk in enumerate(plan.chunks):
             audio.start_chunk(index)
-            if settings.speed == "reference":
-                codes = self._generate_batch([self.prompt_rows(plan, chunk)], index, plan, settings, generator, None, timer)
-                frames = ((0, c) for c in codes[0])
-            else:
-                frames = self._decode_frames([self.prompt_rows(plan, chunk)], plan, settings, generator, timer)
-            for _, codes in frames:
-                yield from audio.push(codes)
+            prompt, done = self.prompt_rows(plan, chunk), []
+            while True:
+                try:
+                    for codes in self._chunk_frames(lm, prompt, done, plan, settings, generator, timer):
+                        done.append(codes)
+                        yield from audio.push(codes)
+                    break
+                except NumericalError as exc:
+                    lm = self._fallback(exc, settings, lm)
             yield from audio.end_chunk(chunk)
+
+    def _chunk_frames(self, lm: NanoTTSModel, prompt: torch.Tensor, done: list[torch.Tensor], plan: Plan,
+                      settings: RunConfig, generator: Optional[torch.Generator], timer: Optional[PhaseTimer]
+                      ) -> Iterator[torch.Tensor]:
+        """Yield the codes (Q,) of one text chunk's frames after the ``done`` ones (their rows extend the prompt)."""
+        rows = prompt
+        if done:
+            generated = torch.stack(done)
+            slot = generated.new_full((generated.shape[0], 1), self.config.audio_assistant_slot_token_id)
+            rows = torch.cat([prompt, torch.cat([slot, generated], dim=1)])  # the rows those frames fed back
+        if settings.speed == "reference":
+            yield from self._generate_batch(lm, [rows], 0, plan, settings, generator, None, timer)[0]
+            return
+        for _, codes in self._decode_frames(lm, [rows], settings.max_new_frames - len(done), plan, settings,
+                                            generator, timer):
+            yield codes
 
 
 class AudioStreamer:
@@ -393,5 +441,3 @@ def _check_codes(codes: torch.Tensor, config) -> torch.Tensor:
 
 def _phase(timer: Optional[PhaseTimer], name: str):
     return timer.phase(name) if timer is not None else contextlib.nullcontext()
-
-

@@ -1,7 +1,11 @@
-"""Run settings of the TTS pipeline: one frozen dataclass, YAML presets, and the merge of the two with CLI flags.
+"""Settings of the TTS pipeline: load-time and per-call frozen dataclasses, YAML presets, and their merge with flags.
 
-Precedence: dataclass default < preset (``configs/*.yaml``, run values only) < explicit CLI flag. Defaults are
-the official runtime's (infer.py: sampled, 375 frames, 75-token voice-clone chunks), spec §9.
+``LoadConfig`` (device, dtype, attention, threads) is fixed when a pipeline loads (``MossTTSNano.from_pretrained``);
+``RunConfig`` is what each call may change. A load-time name given to ``RunConfig`` is refused, so a per-call
+setting can never claim a device or dtype the loaded pipeline does not run on.
+
+Precedence: dataclass default < preset (``configs/*.yaml``, both kinds of values) < explicit CLI flag. Run
+defaults are the official runtime's (infer.py: sampled, 375 frames, 75-token voice-clone chunks), spec §9.
 """
 
 from __future__ import annotations
@@ -9,27 +13,39 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Optional
-
-import yaml
+from typing import Any, Mapping, NamedTuple, Optional
 
 from moss_npu.codec.streaming import OFFICIAL_SCHEDULE, DecodeSchedule
 from moss_npu.errors import ConfigError, InputError
 from moss_npu.nano.graphs import GRAPH_MODES
+from moss_npu.presets import check_types, read_yaml_mapping
 from moss_npu.sampling import SamplingParams
 
 MODES = ("auto", "continuation", "voice_clone")
 # "optimized": the frame decoder; "reference": the official algorithm (nano.reference, the oracle), same codes.
 SPEEDS = ("optimized", "reference")
+MAX_NEW_FRAMES = 7500  # 10 minutes per text chunk at 12.5 frames/s; bounds the caches allocated up front
+MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed takes at most a signed 64-bit value
+
+
+@dataclass(frozen=True)
+class LoadConfig:
+    """How a pipeline is loaded; fixed for its lifetime (the keywords of ``MossTTSNano.from_pretrained``)."""
+
+    device: str = "auto"  # auto, cpu, cuda[:N], npu[:N], mps
+    dtype: str = "auto"  # auto (float32), float32, bfloat16, float16: the LM's compute dtype
+    attn_implementation: str = "sdpa"  # sdpa or eager
+    num_threads: int = 0  # intra-op CPU threads (0: torch's default); process-wide, as torch has one pool
+
+    def __post_init__(self) -> None:
+        if self.num_threads < 0:
+            raise InputError(f"--num-threads {self.num_threads}: use 0 (torch's default) or a thread count")
 
 
 @dataclass(frozen=True)
 class RunConfig:
-    """Everything a synthesis run can set besides the text and the model folders."""
+    """Everything one synthesis call can set besides the text and the voice prompt (per call, never the device)."""
 
-    device: str = "auto"
-    dtype: str = "auto"
-    attn_implementation: str = "sdpa"
     mode: str = "auto"  # auto: voice_clone with a reference and no prompt text, else continuation
     max_new_frames: int = 375
     do_sample: bool = True
@@ -48,21 +64,35 @@ class RunConfig:
     tts_max_batch_size: int = 0
     speed: str = "optimized"  # "optimized" (the frame decoder) or "reference" (the official algorithm, the oracle)
     graph: str = "auto"  # device graphs of the frame step: auto (on for CUDA/NPU with host_rng), on, off
-    stability_fallback: bool = True  # non-finite bf16/fp16 logits: cast to float32 and retry (official behaviour)
-    num_threads: int = 0  # intra-op CPU threads (0: torch's default); a process setting, applied by the CLIs
+    stability_fallback: bool = True  # non-finite bf16/fp16 logits: retry with a float32 copy (official behaviour)
+    # Official infer.py text preparation (moss_npu.text): the robust cleanup, and WeTextProcessing's reading of
+    # numbers and symbols; the model API (model.inference) runs neither.
+    text_normalization: bool = True
+    wetext: bool = True
     stream_lead_thresholds_s: tuple[float, ...] = OFFICIAL_SCHEDULE.lead_thresholds_s
     stream_budgets: tuple[int, ...] = OFFICIAL_SCHEDULE.budgets
     stream_head_lead_s: float = OFFICIAL_SCHEDULE.head_lead_s
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> "RunConfig":
+        # A load-time name gets the fix instead of a bare "unexpected keyword" TypeError.
+        misplaced = sorted(set(kwargs) & {f.name for f in dataclasses.fields(LoadConfig)})
+        if misplaced:
+            raise ConfigError(f"{', '.join(misplaced)}: set when the pipeline loads, not per call; pass "
+                              f"MossTTSNano.from_pretrained(..., {misplaced[0]}=...) or load another pipeline")
+        return super().__new__(cls)
+
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise InputError(f"--mode {self.mode}: unknown; use {', '.join(MODES)}")
-        if self.max_new_frames < 1:
-            raise InputError(f"--max-new-frames {self.max_new_frames}: use at least 1 (12.5 frames per second)")
+        if not 1 <= self.max_new_frames <= MAX_NEW_FRAMES:
+            raise InputError(f"--max-new-frames {self.max_new_frames}: use 1 .. {MAX_NEW_FRAMES} "
+                             "(12.5 frames per second)")
+        if self.seed is not None and not 0 <= self.seed <= MAX_SEED:
+            raise InputError(f"--seed {self.seed}: use 0 .. 2**63-1")
         if self.voice_clone_max_text_tokens < 0 or self.tts_max_batch_size < 0:
             raise InputError("voice_clone_max_text_tokens and tts_max_batch_size must be >= 0 (0 = no limit)")
-        if self.num_threads < 0:
-            raise InputError(f"--num-threads {self.num_threads}: use 0 (torch's default) or a thread count")
+        if not isinstance(self.text_normalization, bool) or not isinstance(self.wetext, bool):
+            raise InputError("text_normalization and wetext must be true or false")
         if self.speed not in SPEEDS:
             raise InputError(f"--speed {self.speed}: unknown; use one of {', '.join(SPEEDS)}")
         if self.graph not in GRAPH_MODES:
@@ -85,28 +115,32 @@ class RunConfig:
                               tuple(int(x) for x in self.stream_budgets), float(self.stream_head_lead_s))
 
 
-FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
+LOAD_FIELDS = {f.name: f for f in dataclasses.fields(LoadConfig)}
+RUN_FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
+FIELDS = {**LOAD_FIELDS, **RUN_FIELDS}
+
+
+class Settings(NamedTuple):
+    """A preset merged with flags: how to load the pipeline and how to run each call."""
+
+    load: LoadConfig
+    run: RunConfig
 
 
 def load_preset(path: Path | str) -> dict[str, Any]:
-    """Read a YAML preset of run values; unknown keys raise ConfigError listing them."""
-    path = Path(path)
-    if not path.is_file():
+    """Read a YAML preset of run values; unknown keys or values of the wrong type raise ConfigError."""
+    if not Path(path).exists():
         raise ConfigError(f"--config {path}: file not found; use one of configs/cpu.yaml, configs/cuda.yaml, configs/npu.yaml")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"--config {path}: not valid YAML ({exc.__class__.__name__}); fix the syntax") from exc
-    if not isinstance(data, dict):
-        raise ConfigError(f"--config {path}: expected a mapping of run settings, got {type(data).__name__}")
+    data = read_yaml_mapping(path)
     unknown = sorted(set(data) - set(FIELDS))
     if unknown:
         raise ConfigError(f"--config {path}: unknown keys {', '.join(unknown)}; known keys: {', '.join(FIELDS)}")
+    check_types(data, RunConfig, f"--config {path}")
     return data
 
 
-def merge(preset: Optional[Mapping[str, Any]] = None, overrides: Optional[Mapping[str, Any]] = None) -> RunConfig:
-    """Build a RunConfig from defaults, then the preset, then explicit overrides (None values are ignored)."""
+def merge(preset: Optional[Mapping[str, Any]] = None, overrides: Optional[Mapping[str, Any]] = None) -> Settings:
+    """Build the load and run settings from defaults, then the preset, then explicit overrides (None = unset)."""
     values: dict[str, Any] = {}
     for source in (preset or {}, overrides or {}):
         values.update({k: v for k, v in source.items() if v is not None})
@@ -117,6 +151,7 @@ def merge(preset: Optional[Mapping[str, Any]] = None, overrides: Optional[Mappin
         if name in values:
             values[name] = tuple(values[name])
     try:
-        return RunConfig(**values)
+        return Settings(LoadConfig(**{k: v for k, v in values.items() if k in LOAD_FIELDS}),
+                        RunConfig(**{k: v for k, v in values.items() if k in RUN_FIELDS}))
     except TypeError as exc:  # a preset value of the wrong type
         raise ConfigError(f"invalid run settings: {exc}") from exc

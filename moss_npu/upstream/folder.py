@@ -16,13 +16,14 @@ from pathlib import Path
 from typing import Optional
 
 from moss_npu.errors import CheckpointError
+from moss_npu.hub import DEFAULT_CODEC, DEFAULT_MODEL, download_command
 from moss_npu.upstream.manifest import PatchEntry, PatchSet
 
 # How deep to look below a code folder for the official files (e.g. models/llm/repo/ in a clone).
 _CODE_SEARCH_DEPTH = 4
 _DOWNLOAD_HINT = {
-    "tts": "huggingface-cli download OpenMOSS-Team/MOSS-TTS-Nano --local-dir DIR",
-    "codec": "huggingface-cli download OpenMOSS-Team/MOSS-Audio-Tokenizer-Nano --local-dir DIR",
+    "tts": download_command(DEFAULT_MODEL),
+    "codec": download_command(DEFAULT_CODEC),
 }
 
 

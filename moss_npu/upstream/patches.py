@@ -56,7 +56,7 @@ def _audio_load(path: Any, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, int
 
 def _audio_save(path: Any, src: torch.Tensor, sample_rate: int, *args: Any, **kwargs: Any) -> None:
     """``torchaudio.save`` stand-in: float32 WAV, written atomically, values kept as they are (no clipping)."""
-    from moss_npu.audio import write_wav
+    from moss_npu.output import write_wav
 
     write_wav(str(path), src.detach().to(device="cpu", dtype=torch.float32), int(sample_rate))
 

@@ -50,8 +50,8 @@ def test_batch_mode_end_to_end(tmp_path, capsys):
     assert report["batch_speedup"]["batch"] == 3 and rows[3]["graph"] == "off"
 
 
-def test_graph_on_without_capture_is_a_runtime_error(tmp_path, capsys):
+def test_graph_on_without_capture_is_a_usage_error(tmp_path, capsys):
     code = run.main(["--size", "tiny", "--cache-dir", str(tmp_path / "cache"), "--batch", "1", "--graph", "on",
                      "--frames", "1", "--runs", "1", "--warmup", "0", "--cases", "short-en", "--quiet",
                      "--out", str(tmp_path / "x")])
-    assert code == 1 and "no device-graph capture" in capsys.readouterr().err
+    assert code == 2 and "no device-graph capture" in capsys.readouterr().err

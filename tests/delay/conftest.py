@@ -9,6 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.optional import require
+
+LLAMA_INSTALL = 'pip install -e ".[llama]"'
+
 SPECIAL_TOKENS = {
     "pad_token_id": "<|endoftext|>",
     "im_start_token_id": "<|im_start|>",
@@ -80,8 +84,4 @@ def delay_fixture() -> Path:
 @pytest.fixture(scope="session")
 def llama_cpp():
     """llama-cpp-python: required in CI (it installs it), skipped elsewhere when missing."""
-    if os.environ.get("CI"):
-        import llama_cpp
-
-        return llama_cpp
-    return pytest.importorskip("llama_cpp", reason="llama-cpp-python not installed (pip install -e \".[llama]\")")
+    return require("llama_cpp", LLAMA_INSTALL)

@@ -10,7 +10,7 @@ DELAY = fixtures_root() / "delay-tiny"
 
 
 @pytest.mark.skipif(not DELAY.is_dir(), reason=f"delay fixture not found at {DELAY} (set MOSS_NPU_FIXTURES)")
-def test_handlers_use_the_gguf_named_in_cases_json(tmp_path):
+def test_handlers_use_the_gguf_named_in_cases_json(tmp_path, llama_cpp):
     """A weights folder may hold several quantisations; the goldens name the one they were made with."""
     copy = tmp_path / "delay"
     shutil.copytree(DELAY, copy)

@@ -4,7 +4,7 @@ slot lifecycle, prompt-prefix reuse. The tiny model is steered so that greedy ru
 import pytest
 import torch
 
-from moss_npu.errors import InputError
+from moss_npu.errors import InputError, NumericalError
 from moss_npu.nano import decoder as dec_mod
 from moss_npu.nano.checkpoint import load_model, read_state_dict, write_random_checkpoint
 from moss_npu.nano.decoder import FrameDecoder, RequestParams, generate
@@ -280,17 +280,22 @@ def test_random_checkpoint_round_trip(tmp_path, tiny_tokenizer):
     assert codes[0].shape == (3, 4) and torch.equal(codes[0], codes[1])
 
 
+@pytest.mark.parametrize("host_rng", [False, True], ids=["official-sampler", "noise-sampler"])
+@pytest.mark.parametrize("sampling", [SamplingParams(), SAMPLED], ids=["greedy", "sampled"])
 @pytest.mark.parametrize("where", ["text", "audio"])
-def test_non_finite_logits_raise(tiny_ckpt, prompts, where):
-    """Like upstream: non-finite logits raise a RuntimeError starting "Non-finite" (its fp32 fallback's cue)."""
+def test_non_finite_logits_raise(tiny_ckpt, prompts, where, sampling, host_rng):
+    """Like upstream: non-finite logits raise a RuntimeError starting "Non-finite" (its fp32 fallback's cue), also
+    when sampling (the sampler never fails on them); in float32 the message does not advise float32."""
     broken = steer(load_model(tiny_ckpt, device="cpu"))
     with torch.no_grad():
         if where == "text":
             broken.local_transformer.ln_f.weight[1] = float("nan")
         else:
             broken.audio_lm_heads[3].weight[5, 0] = float("nan")
-    with pytest.raises(RuntimeError, match=f"^Non-finite {where} logits"):
-        generate(broken, prompts[0], max_new_frames=1)
+    with pytest.raises(NumericalError, match=f"^Non-finite {where} logits.*precision is not the cause"):
+        generate(broken, prompts[0], max_new_frames=2, sampling=sampling, host_rng=host_rng)
+    with pytest.raises(NumericalError, match=r"bfloat16\); run the model in float32"):
+        generate(broken.to(torch.bfloat16), prompts[0], max_new_frames=2, sampling=sampling, host_rng=host_rng)
 
 
 def test_phase_timer_counts_phases(model, prompts):

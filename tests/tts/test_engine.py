@@ -12,7 +12,7 @@ from moss_npu.tts.engine import Engine, SpeechRequest
 
 NANO = goldens.fixtures_root() / "nano-tiny"
 REFERENCE = NANO / "goldens" / "reference.wav"
-SETTINGS = RunConfig(device="cpu", seed=7, max_new_frames=6, voice_clone_max_text_tokens=8)
+SETTINGS = RunConfig(seed=7, max_new_frames=6, voice_clone_max_text_tokens=8)
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +30,8 @@ def collect(stream):
 REQUESTS = [
     SpeechRequest("Hello there, my friend.", settings=SETTINGS),
     SpeechRequest("A second voice clone request that splits into chunks.", prompt_audio=REFERENCE,
-                  settings=RunConfig(device="cpu", seed=3, max_new_frames=5, voice_clone_max_text_tokens=8)),
-    SpeechRequest("Short.", settings=RunConfig(device="cpu", do_sample=False, max_new_frames=4)),
+                  settings=RunConfig(seed=3, max_new_frames=5, voice_clone_max_text_tokens=8)),
+    SpeechRequest("Short.", settings=RunConfig(do_sample=False, max_new_frames=4)),
 ]
 
 
@@ -51,7 +51,7 @@ def test_requests_in_a_batch_equal_alone(tts):
 
 def test_stream_audio_matches_synthesize_stream(tts):
     """The engine's audio for one request = the pipeline's own streamed audio with the same host RNG seed."""
-    settings = RunConfig(device="cpu", seed=5, host_rng=True, max_new_frames=5)
+    settings = RunConfig(seed=5, host_rng=True, max_new_frames=5)
     with Engine(tts, max_batch=2) as engine:
         wave, _ = collect(engine.submit(SpeechRequest("Hello there, my friend.", settings=settings)))
     want = torch.cat([c.waveform for c in tts.synthesize_stream("Hello there, my friend.", settings=settings)], dim=1)
@@ -59,7 +59,7 @@ def test_stream_audio_matches_synthesize_stream(tts):
 
 
 def test_cancel_frees_the_slot(tts):
-    long = RunConfig(device="cpu", do_sample=False, max_new_frames=200)
+    long = RunConfig(do_sample=False, max_new_frames=200)
     with Engine(tts, max_batch=1) as engine:
         first = engine.submit(SpeechRequest("A long request that will be cancelled.", settings=long))
         second = engine.submit(SpeechRequest("Next in line.", settings=SETTINGS))
@@ -80,7 +80,7 @@ def test_a_bad_request_fails_alone(tts):
     with Engine(tts, max_batch=2) as engine:
         bad = engine.submit(SpeechRequest("   ", settings=SETTINGS))
         good = engine.submit(SpeechRequest("Hello.", settings=SETTINGS))
-        too_long = engine.submit(SpeechRequest("Hello.", settings=RunConfig(device="cpu", max_new_frames=5000)))
+        too_long = engine.submit(SpeechRequest("Hello.", settings=RunConfig(max_new_frames=5000)))
         with pytest.raises(InputError, match="empty"):
             next(bad)
         with pytest.raises(InputError, match="max_len"):

@@ -1,17 +1,21 @@
 """The pipeline's own behaviour beyond the goldens: reference cache, chunk batching, streaming cost, settings."""
 
+import contextlib
+import dataclasses
+
 import pytest
+import soundfile as sf
 import torch
 
 from moss_npu import goldens
-from moss_npu.errors import ConfigError, InputError
-from moss_npu.tts import MossTTSNano, RunConfig
+from moss_npu.errors import ConfigError, InputError, NumericalError
+from moss_npu.tts import LoadConfig, MossTTSNano, RunConfig
 from moss_npu.tts.settings import load_preset, merge
 
 NANO = goldens.fixtures_root() / "nano-tiny"
 REFERENCE = NANO / "goldens" / "reference.wav"
 needs_fixtures = pytest.mark.skipif(not NANO.is_dir(), reason=f"fixtures not found at {NANO} (set MOSS_NPU_FIXTURES)")
-GREEDY = dict(device="cpu", do_sample=False, audio_repetition_penalty=1.0)
+GREEDY = dict(do_sample=False, audio_repetition_penalty=1.0)
 
 
 @pytest.fixture(scope="module")
@@ -34,14 +38,43 @@ def count_calls(monkeypatch, obj, name):
 
 
 @needs_fixtures
-def test_reference_is_encoded_once_per_file_content(tts, monkeypatch, tmp_path):
+def test_reference_is_encoded_once_per_content(tts, monkeypatch, tmp_path):
+    """A path, another file with the same bytes, and the bytes themselves share one encode; a waveform pair is
+    encoded once more (another kind of content) and then cached too; every form gives the same codes."""
+    tts._reference_cache.clear()  # earlier tests may have cached this reference
     calls = count_calls(monkeypatch, tts.codec, "encode")
     settings = RunConfig(**GREEDY, max_new_frames=2)
     tts.synthesize("One.", prompt_audio=REFERENCE, settings=settings)
     copy = tmp_path / "same_voice.flac"
     copy.write_bytes(REFERENCE.read_bytes())  # another name, same content: still cached
     tts.synthesize("Two.", prompt_audio=copy, settings=settings)
-    assert len(calls) <= 1  # 0 when an earlier test already cached it
+    tts.synthesize("Three.", prompt_audio=REFERENCE.read_bytes(), settings=settings)
+    assert len(calls) == 1
+    data, rate = sf.read(str(REFERENCE), dtype="float32", always_2d=True)
+    pair = (torch.from_numpy(data.T.copy()), rate)
+    from_pair = tts.reference_codes(pair)
+    assert tts.reference_codes((data.T.copy(), rate)) is from_pair  # equal content, another array: cached
+    assert len(calls) == 2
+    assert torch.equal(from_pair, tts.reference_codes(REFERENCE))
+    mono = (torch.from_numpy(data[:, 0].copy()), rate)  # (samples,) is one channel
+    assert torch.equal(tts.reference_codes(mono), from_pair)
+
+
+@pytest.mark.parametrize("source,pattern", [
+    (123, "int 123 is not a recording"),
+    (b"not audio at all", "<16 bytes>: cannot decode"),
+    ((torch.zeros(2, 10, dtype=torch.long), 48000), "must be a float tensor"),
+    ((torch.zeros(2, 2, 10), 48000), r"waveform \(2, 2, 10\) must be"),
+    ((torch.zeros(2, 10), 0), "sample_rate 0 must be a positive int"),
+    ((torch.zeros(2, 10), 44.1), "sample_rate 44.1 must be a positive int"),
+])
+def test_bad_prompt_audio_is_one_clear_error(source, pattern):
+    from moss_npu.audio import load_reference_audio
+    from moss_npu.errors import AudioError
+
+    with pytest.raises(AudioError, match=pattern) as info:
+        load_reference_audio(source)
+    assert "\n" not in str(info.value)
 
 
 @needs_fixtures
@@ -87,7 +120,7 @@ def test_presets_reject_unknown_keys(tmp_path):
 def test_precedence_default_preset_flag(tmp_path):
     preset = tmp_path / "p.yaml"
     preset.write_text("max_new_frames: 100\naudio_top_k: 10\nstream_budgets: [2, 4, 8, 12]\n")
-    settings = merge(load_preset(preset), {"max_new_frames": 50, "audio_top_k": None})
+    settings = merge(load_preset(preset), {"max_new_frames": 50, "audio_top_k": None}).run
     assert settings.max_new_frames == 50  # flag beats preset
     assert settings.audio_top_k == 10  # an unset flag leaves the preset value
     assert settings.text_top_k == 50  # default where neither sets it
@@ -99,8 +132,48 @@ def test_shipped_presets_load(preset):
     from pathlib import Path
 
     path = Path(__file__).resolve().parents[2] / "configs" / f"{preset}.yaml"
-    settings = merge(load_preset(path))
-    assert settings.device.startswith(preset)
+    load, run = merge(load_preset(path))
+    assert load.device.startswith(preset) and isinstance(run, RunConfig)
+
+
+def test_load_time_settings_are_refused_per_call():
+    """A per-call device/dtype/attention/threads would be silently ignored by a loaded pipeline: refused, with the fix."""
+    for name, value in (("device", "npu"), ("dtype", "bfloat16"), ("attn_implementation", "eager"),
+                        ("num_threads", 2)):
+        with pytest.raises(ConfigError, match=f"^{name}: set when the pipeline loads.*from_pretrained"):
+            RunConfig(**{name: value})
+    with pytest.raises(ConfigError, match="device: set when the pipeline loads"):
+        dataclasses.replace(RunConfig(), device="cpu")
+    with pytest.raises(TypeError):
+        RunConfig(temprature=0.5)  # any other unknown name stays a plain TypeError
+
+
+def test_merge_splits_load_and_run_settings(tmp_path):
+    preset = tmp_path / "p.yaml"
+    preset.write_text("device: cpu\ndtype: bfloat16\nmax_new_frames: 100\n")
+    load, run = merge(load_preset(preset), {"num_threads": 3, "seed": 5, "dtype": None})
+    assert load == LoadConfig(device="cpu", dtype="bfloat16", num_threads=3)
+    assert (run.max_new_frames, run.seed) == (100, 5)
+    with pytest.raises(InputError, match="--num-threads -1"):
+        merge(None, {"num_threads": -1})
+
+
+@needs_fixtures
+def test_synthesize_refuses_settings_that_are_not_a_run_config(tts):
+    with pytest.raises(ConfigError, match="a LoadConfig is not a RunConfig"):
+        tts.synthesize("Hi.", settings=LoadConfig(device="cpu"))
+    with pytest.raises(ConfigError, match="a dict is not a RunConfig"):
+        next(tts.synthesize_stream("Hi.", settings={"max_new_frames": 2}))
+
+
+@needs_fixtures
+def test_from_pretrained_applies_its_thread_count():
+    before = torch.get_num_threads()
+    try:
+        MossTTSNano.from_pretrained(str(NANO / "tts"), str(NANO / "codec"), device="cpu", num_threads=1)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_bad_settings():
@@ -115,35 +188,107 @@ def test_bad_settings():
 @needs_fixtures
 def test_settings_seed_makes_sampled_runs_repeatable_without_global_state(tts):
     """RunConfig.seed seeds a generator of the pipeline's own (as torch.manual_seed(seed) would draw)."""
-    settings = RunConfig(device="cpu", max_new_frames=4, seed=1)
+    settings = RunConfig(max_new_frames=4, seed=1)
     torch.manual_seed(123)
     a = tts.synthesize("Seeded.", settings=settings)
     torch.manual_seed(456)
     b = tts.synthesize("Seeded.", settings=settings)
     assert torch.equal(a.codes, b.codes)
     torch.manual_seed(1)
-    c = tts.synthesize("Seeded.", settings=RunConfig(device="cpu", max_new_frames=4))
+    c = tts.synthesize("Seeded.", settings=RunConfig(max_new_frames=4))
     assert torch.equal(a.codes, c.codes)  # same draws as the official global seeding
 
 
+@pytest.fixture(scope="module")
+def bf16_tts():
+    if not NANO.is_dir():
+        pytest.skip(f"fixtures not found at {NANO} (set MOSS_NPU_FIXTURES)")
+    return MossTTSNano.from_pretrained(str(NANO / "tts"), str(NANO / "codec"), device="cpu", dtype="bfloat16")
+
+
+@contextlib.contextmanager
+def overflow_below_float32(module, after_calls=0):
+    """Make ``module`` output NaN when it computes in less than float32 (after ``after_calls`` clean calls), as an
+    overflow in bf16/fp16 would; the hook travels with a copy of the model, where float32 computes cleanly."""
+    calls = []
+
+    def hook(mod, args, output):
+        calls.append(output.dtype)
+        if output.dtype != torch.float32 and len(calls) > after_calls:
+            return output * float("nan")
+        return None
+
+    handle = module.register_forward_hook(hook)
+    try:
+        yield calls
+    finally:
+        handle.remove()
+
+
+SAMPLED_FALLBACK = dict(max_new_frames=4, seed=3)  # sampled decoding: the official runtime defaults
+
+
 @needs_fixtures
-def test_non_finite_low_precision_falls_back_to_float32(monkeypatch):
-    """Like the official inference: a NumericalError in bf16 recasts the LM to float32 and generates again."""
-    from moss_npu.errors import NumericalError
-    from moss_npu.tts import pipeline as module
+@pytest.mark.parametrize("where", ["text", "audio"])
+def test_fallback_in_sampled_decoding_leaves_the_model_as_loaded(bf16_tts, where, caplog):
+    """Non-finite logits never reach torch.multinomial: the batch is generated again with a float32 copy, and
+    the loaded bf16 model stays bf16 for later calls (which fall back again)."""
+    lm = bf16_tts.model
+    module = lm.local_transformer.ln_f if where == "text" else lm.audio_lm_heads[2]
+    weights = {k: v.clone() for k, v in lm.state_dict().items()}
+    with overflow_below_float32(module) as calls:
+        for _ in range(2):
+            result = bf16_tts.synthesize("Fallback.", settings=RunConfig(**SAMPLED_FALLBACK))
+            assert result.codes.shape[0] > 0 and bool(torch.isfinite(result.waveform).all())
+            assert lm.dtype == torch.bfloat16
+    assert torch.float32 in calls and torch.bfloat16 in calls
+    assert all(torch.equal(v, lm.state_dict()[k]) for k, v in weights.items())
+    assert sum("float32 copy" in r.getMessage() for r in caplog.records) == 2
 
-    tts = MossTTSNano.from_pretrained(str(NANO / "tts"), str(NANO / "codec"), device="cpu", dtype="bfloat16")
-    original, calls = module.MossTTSNano._generate_batch, []
 
-    def flaky(self, *args, **kwargs):
-        calls.append(self.model.dtype)
-        if self.model.dtype != torch.float32:
-            raise NumericalError("Non-finite text logits by frame 0 (dtype torch.bfloat16); rerun the model in float32")
-        return original(self, *args, **kwargs)
+@needs_fixtures
+def test_fallback_in_a_stream_before_any_audio(bf16_tts):
+    """A stream whose first frame is non-finite in bf16 gives the float32 copy's audio, nothing non-finite."""
+    with overflow_below_float32(bf16_tts.model.audio_lm_heads[0]):
+        chunks = list(bf16_tts.synthesize_stream("Streamed.", settings=RunConfig(**GREEDY, max_new_frames=6)))
+    wave = torch.cat([c.waveform for c in chunks], dim=1)
+    assert wave.shape[-1] == 6 * bf16_tts.codec.frame_size and bool(torch.isfinite(wave).all())
+    assert bf16_tts.model.dtype == torch.bfloat16
 
-    monkeypatch.setattr(module.MossTTSNano, "_generate_batch", flaky)
-    result = tts.synthesize("Fallback.", settings=RunConfig(**GREEDY, max_new_frames=2))
-    assert calls == [torch.bfloat16, torch.float32] and result.codes.shape[0] == 2
-    with pytest.raises(NumericalError):
-        tts.model.to(torch.bfloat16)
-        tts.synthesize("No fallback.", settings=RunConfig(**GREEDY, max_new_frames=2, stability_fallback=False))
+
+@needs_fixtures
+def test_fallback_in_a_stream_continues_after_the_audio_already_played(bf16_tts):
+    """Frames 0-3 are fine in bf16, frame 4 is not: the audio already yielded stays as it was and the float32
+    copy continues from there, so the stream keeps its full length and every sample is finite."""
+    settings = RunConfig(**GREEDY, max_new_frames=8)
+    clean = torch.cat([c.waveform for c in bf16_tts.synthesize_stream("Streamed on.", settings=settings)], dim=1)
+    frame = bf16_tts.codec.frame_size
+    with overflow_below_float32(bf16_tts.model.audio_lm_heads[1], after_calls=4):
+        stream = bf16_tts.synthesize_stream("Streamed on.", settings=settings)
+        first = next(stream)  # decoded before the bad frame exists
+        rest = list(stream)
+    wave = torch.cat([first.waveform] + [c.waveform for c in rest], dim=1)
+    assert first.waveform.shape[-1] >= frame and torch.equal(first.waveform, clean[:, :first.waveform.shape[-1]])
+    assert wave.shape == clean.shape and bool(torch.isfinite(wave).all())
+    assert not torch.equal(wave, clean)  # the tail really comes from the float32 continuation
+    assert bf16_tts.model.dtype == torch.bfloat16
+
+
+@needs_fixtures
+def test_non_finite_in_float32_says_precision_is_not_the_cause(bf16_tts):
+    """A NaN weight stays NaN in float32: the fallback fails too and says what to do instead (sampled and streamed)."""
+    lm = bf16_tts.model
+    saved = lm.audio_lm_heads[3].weight[5, 0].clone()
+    with torch.no_grad():
+        lm.audio_lm_heads[3].weight[5, 0] = float("nan")
+    try:
+        with pytest.raises(NumericalError, match="in float32, so precision is not the cause.*download"):
+            bf16_tts.synthesize("Broken.", settings=RunConfig(**SAMPLED_FALLBACK))
+        with pytest.raises(NumericalError, match="in float32, so precision is not the cause"):
+            list(bf16_tts.synthesize_stream("Broken.", settings=RunConfig(**SAMPLED_FALLBACK)))
+        with pytest.raises(NumericalError, match=r"bfloat16\); run the model in float32 \(--dtype float32\)"):
+            bf16_tts.synthesize("Broken.", settings=RunConfig(**SAMPLED_FALLBACK, stability_fallback=False))
+    finally:
+        with torch.no_grad():
+            lm.audio_lm_heads[3].weight[5, 0] = saved
+    assert lm.dtype == torch.bfloat16

@@ -1,5 +1,5 @@
-"""Builders for the upstream-patch tests: fresh copies of the stand-in remote code, a stand-in NPU backend,
-and official-format folders (config + weights + tokenizer + code) in a temp dir."""
+"""Builders for the upstream-patch tests: fresh copies of the stand-in remote code, a fake NPU (the real
+NpuBackend over a fake ``torch.npu``), and official-format folders (config + weights + tokenizer + code) in a temp dir."""
 
 import hashlib
 import itertools
@@ -15,8 +15,9 @@ import torch
 from moss_npu import device
 from moss_npu.upstream import patches
 
+from ..fake_npu import GIB, FakeTorchNpu, install_fake_torch_npu
+
 STANDIN = Path(__file__).resolve().parent / "standin"
-GIB = 1 << 30
 _copies = itertools.count()
 
 
@@ -38,40 +39,12 @@ def load_standin(file_name, replace=()):
     return module
 
 
-class StandInNpuBackend(device.Backend):
-    """An Ascend NPU as the device layer sees it, with an injected memory answer; records calls."""
-
-    kind = "npu"
-    batches_by_default = True
-
-    def __init__(self, free_bytes):
-        self.free_bytes = free_bytes
-        self.calls = []
-
-    def is_available(self):
-        return True
-
-    def device_count(self):
-        return 1
-
-    def mem_get_info(self, index=0):
-        self.calls.append(("mem_get_info", index))
-        return self.free_bytes, 64 * GIB
-
-    def empty_cache(self):
-        self.calls.append(("empty_cache",))
-
-    def manual_seed(self, seed):
-        self.calls.append(("manual_seed", seed))
-
-
 @pytest.fixture
-def npu():
-    """Install a stand-in NPU backend (2.5 GiB free) and return (torch.device('npu:0'), backend)."""
-    torch.utils.rename_privateuse1_backend("npu")  # what importing torch_npu does
-    stand_in = StandInNpuBackend(int(2.5 * GIB))
-    device.register_backend("npu", stand_in)
-    yield torch.device("npu", 0), stand_in
+def npu(monkeypatch):
+    """A fake one-card NPU (2.5 GiB free) behind the real NpuBackend; return (torch.device('npu:0'), fake torch.npu)."""
+    fake = FakeTorchNpu(free_bytes=int(2.5 * GIB), count=1)
+    install_fake_torch_npu(monkeypatch, fake)
+    yield torch.device("npu", 0), fake
     device.register_backend("npu", None)
 
 

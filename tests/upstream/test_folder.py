@@ -77,7 +77,7 @@ def test_copy_name_follows_the_code_so_one_revision_loads_once(tmp_path):
 
 def test_missing_code_names_the_download(tmp_path):
     tts, _, _ = official_folders(tmp_path / "user", tts_code=False)
-    with pytest.raises(CheckpointError, match="huggingface-cli download OpenMOSS-Team/MOSS-TTS-Nano"):
+    with pytest.raises(CheckpointError, match="python -m moss_npu.hub download OpenMOSS-Team/MOSS-TTS-Nano"):
         mirror("tts", tts, tmp_path / "work")
 
 

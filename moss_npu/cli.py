@@ -1,0 +1,175 @@
+"""What every command-line tool shares: one-line usage errors, the exit-code policy, signals and log lines.
+
+Policy (``moss_npu.errors``): 0 success; 2 bad usage or input; 1 a run that failed on valid input (including
+errors nobody foresaw); 130 interrupted (Ctrl-C, SIGTERM, SIGHUP). Whatever goes wrong, stderr gets exactly one
+``error: ...`` line and no traceback; ``MOSS_NPU_DEBUG=1`` adds the traceback for bug reports. Temp files are
+removed because signals arrive as ``KeyboardInterrupt``, which unwinds every ``with`` block and ``finally``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import logging
+import math
+import os
+import signal
+import sys
+import traceback
+from typing import Callable, Iterator, Optional
+
+from moss_npu.errors import RUNTIME_FAILURE, Interrupted, MossNpuError
+
+DEBUG_ENV = "MOSS_NPU_DEBUG"
+_SIGNAL_NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
+if hasattr(signal, "SIGHUP"):
+    _SIGNAL_NAMES[signal.SIGHUP] = "SIGHUP (terminal closed)"
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """``argparse`` that reports a usage error as one ``error:`` line (exit 2) instead of usage + message."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        if message.startswith("argument "):  # "argument --seed: -1 is out of range" -> "--seed -1 is out of range"
+            flag, _, rest = message[len("argument "):].partition(": ")
+            message = f"{flag.split('/')[0]} {rest}"
+        self.exit(2, f"error: {message}; see {self.prog} --help\n")
+
+
+def int_in(low: int, high: int) -> Callable[[str], int]:
+    """Return an argparse type: an integer in ``low..high`` (a bound, so no value asks for a giant allocation)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text} is not an integer") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is out of range; use {low} .. {high}")
+        return value
+
+    return parse
+
+
+def finite_float(text: str) -> float:
+    """argparse type: a finite float (``nan`` and ``inf`` are refused)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text} is not a finite number")
+    return value
+
+
+def device_spec(text: str) -> str:
+    """argparse type: ``kind`` or ``kind:N`` with N an integer >= 0 (the kinds are checked by moss_npu.device)."""
+    kind, sep, index = text.strip().partition(":")
+    if not kind or (sep and not index.lstrip("-").isdigit()):
+        raise argparse.ArgumentTypeError(f"{text}: use auto, cpu or a device kind with an optional index >= 0")
+    if sep and int(index) < 0:
+        raise argparse.ArgumentTypeError(f"{text}: the device index must be >= 0, e.g. {kind}:0")
+    return text.strip()
+
+
+class _SignalState:
+    """Which signal interrupted the run (the handler only records it and raises)."""
+
+    def __init__(self) -> None:
+        self.name: Optional[str] = None
+
+    def handle(self, signum: int, frame) -> None:
+        if self.name is not None:
+            return  # a second signal while cleaning up: let the cleanup finish
+        self.name = _SIGNAL_NAMES.get(signum, f"signal {signum}")
+        raise KeyboardInterrupt(self.name)
+
+
+@contextlib.contextmanager
+def _signals_interrupt(state: _SignalState) -> Iterator[None]:
+    """Turn SIGINT, SIGTERM and SIGHUP into KeyboardInterrupt for the duration of the block (main thread only)."""
+    previous = {}
+    try:
+        for signum in _SIGNAL_NAMES:
+            previous[signum] = signal.signal(signum, state.handle)
+    except ValueError:  # not the main thread (an embedding application): keep its handlers
+        pass
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def one_line(text: str) -> str:
+    """Join a possibly multi-line message into one line."""
+    return "; ".join(part.strip() for part in str(text).splitlines() if part.strip())
+
+
+def describe_failure(exc: BaseException) -> tuple[str, int]:
+    """Return the ``error:`` message and exit code for any exception a CLI body let escape."""
+    if isinstance(exc, MossNpuError):
+        return one_line(str(exc)), exc.exit_code
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        where = f" writing {exc.filename}" if exc.filename else ""
+        return f"no space left on the device{where}; free some space or choose another --output folder", RUNTIME_FAILURE
+    if isinstance(exc, MemoryError):
+        return ("out of memory; use a smaller --max-new-frames or --tts-max-batch-size, or shorter text",
+                RUNTIME_FAILURE)
+    detail = one_line(str(exc)) or "no message"
+    return (f"unexpected {type(exc).__name__}: {detail} (a bug: rerun with {DEBUG_ENV}=1 for the traceback "
+            "and report it)", RUNTIME_FAILURE)
+
+
+def run_cli(body: Callable[[], int]) -> int:
+    """Run a CLI body under the exit-code policy and return its exit code; never lets a traceback out.
+
+    ``body`` returns the code of a run that finished (0, or 1 when e.g. a threshold failed).
+    """
+    state = _SignalState()
+    debug = os.environ.get(DEBUG_ENV, "") not in ("", "0")
+    try:
+        with _signals_interrupt(state):
+            return body()
+    except SystemExit as done:  # argparse: --help (0) or a usage error it already printed (2)
+        return done.code if isinstance(done.code, int) else (0 if done.code is None else 2)
+    except KeyboardInterrupt:
+        exc: BaseException = Interrupted(f"interrupted by {state.name or 'Ctrl-C'}; nothing was written")
+    except BrokenPipeError:
+        _silence_stdout()  # stdout went to a closed pipe (e.g. `| head`): nothing left to say
+        return RUNTIME_FAILURE
+    except BaseException as caught:  # noqa: BLE001 - the policy: one line for every failure
+        exc = caught
+        if debug:
+            traceback.print_exc()
+    message, code = describe_failure(exc)
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    return code
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush does not fail again."""
+    with contextlib.suppress(OSError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+class _LineFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        label = "warning" if record.levelno >= logging.WARNING else "info"
+        return f"{label}: {one_line(record.getMessage())}"
+
+
+def configure_logging(verbose: bool = False) -> None:
+    """Show library warnings as ``warning: ...`` lines on stderr (info lines too when ``verbose``)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_LineFormatter())
+    root = logging.getLogger("moss_npu")
+    root.handlers = [handler]
+    root.setLevel(logging.INFO if verbose else logging.WARNING)
+    root.propagate = False
+
+
+def warn(message: str) -> None:
+    """Print one ``warning:`` line on stderr (a run that succeeded but deserves a look)."""
+    print(f"warning: {one_line(message)}", file=sys.stderr, flush=True)

@@ -1,0 +1,12 @@
+"""Text normalization before synthesis, as the official command line does it (nano_spec §16).
+
+``TextNormalizer().prepare(text, prompt_text)`` returns what the model will read: the robust cleanup
+(``robust``), WeTextProcessing's reading of numbers, dates, units and symbols in Chinese or English
+(``wetext``), and the robust cleanup again.
+"""
+
+from moss_npu.text.language import choose_language, guard_chinese_hyphens
+from moss_npu.text.normalize import NormalizedText, TextNormalizer
+from moss_npu.text.robust import clean_for_speech
+
+__all__ = ["NormalizedText", "TextNormalizer", "choose_language", "clean_for_speech", "guard_chinese_hyphens"]

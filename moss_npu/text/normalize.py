@@ -1,0 +1,91 @@
+"""The official text preparation of ``infer.py``: robust cleanup → WeTextProcessing → robust cleanup again.
+
+Both the text and the prompt text go through the same stages, in the language chosen from the text
+(``prepare_tts_request_texts`` of the official ``text_normalization_pipeline.py``, nano_spec §16). When
+WeTextProcessing cannot be loaded, one warning line says why and how to install it, and the robust cleanup
+alone runs (method ``robust``): never a crash, never a silent skip.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Optional
+
+from moss_npu.text.language import LANGUAGES, choose_language, guard_chinese_hyphens
+from moss_npu.text.robust import clean_for_speech
+from moss_npu.text.wetext import OFFICIAL_VERSION, Grammar, Grammars, NoReading, WeTextUnavailable
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class NormalizedText:
+    """What the model will read: the text, the prompt text, the WeTextProcessing language (``""`` when that
+    stage did not run) and the stages run (``robust_pre+wetext:zh+robust_post``, ``robust``, ``none``…)."""
+
+    text: str
+    prompt_text: str
+    language: str
+    method: str
+
+
+class TextNormalizer:
+    """Prepares texts as the official command line does; owns the loaded grammars (read once, on first use)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._grammars: dict[str, Grammar] = {}
+        self._unavailable: Optional[str] = None
+
+    def prepare(self, text: str, prompt_text: str = "", *, voice: str = "", robust: bool = True,
+                wetext: bool = True) -> NormalizedText:
+        """Run the enabled stages on ``text`` and ``prompt_text`` (an empty prompt text stays empty)."""
+        stages: list[str] = []
+        language = ""
+        if robust and wetext:
+            text, prompt_text = self._clean(text, prompt_text)
+            stages.append("robust_pre")
+        grammar = self.grammar(choose_language(text, voice)) if wetext else None
+        if grammar is not None:
+            language = grammar.language
+            text, prompt_text = self._read_out(grammar, text), self._read_out(grammar, prompt_text)
+            stages.append(f"wetext:{language}")
+        if stages == ["robust_pre"]:
+            stages = ["robust"]  # WeTextProcessing is missing: that one pass was the robust stage alone
+        elif robust:
+            text, prompt_text = self._clean(text, prompt_text)
+            stages.append("robust_post" if grammar is not None else "robust")
+        return NormalizedText(text, prompt_text, language, "+".join(stages) or "none")
+
+    def grammar(self, language: str) -> Optional[Grammar]:
+        """Return ``language``'s grammar (all are read on first use); None, after one warning, if unavailable."""
+        with self._lock:
+            if not self._grammars and self._unavailable is None:
+                try:
+                    found = Grammars.locate()
+                    self._grammars = {lang: Grammar.load(lang, found) for lang in LANGUAGES}
+                except WeTextUnavailable as exc:
+                    self._unavailable = str(exc)
+                    log.warning("text normalization: %s; numbers and symbols are read as written "
+                                "(robust cleanup only)", exc)
+                else:
+                    if found.version != OFFICIAL_VERSION:
+                        log.warning("text normalization: WeTextProcessing %s is installed; the official outputs "
+                                    "come from %s, so some readings may differ", found.version, OFFICIAL_VERSION)
+            return self._grammars.get(language)
+
+    @staticmethod
+    def _clean(text: str, prompt_text: str) -> tuple[str, str]:
+        return clean_for_speech(text), clean_for_speech(prompt_text) if prompt_text else ""
+
+    @staticmethod
+    def _read_out(grammar: Grammar, text: str) -> str:
+        if grammar.language == "zh":
+            text = guard_chinese_hyphens(text)
+        try:
+            return grammar.normalize(text)
+        except NoReading as exc:
+            log.warning("text normalization: %s; that text is read as written", exc)
+            return text

@@ -1,0 +1,148 @@
+"""WeTextProcessing's compiled grammars, run without pynini: numbers, dates, units, money… to words.
+
+The official pipeline runs WeTextProcessing 1.2.0 (pynini): English with its default grammar, Chinese with a
+custom build (``remove_interjections=False, remove_erhua=False, full_to_half=False``). Those options change
+only the Chinese *verbalizer*: the custom build's tagger is byte-identical to the ``zh_tn_tagger.fst`` that
+the WeTextProcessing wheel ships, and the custom verbalizer only concatenates the tagged values (keeping
+儿, interjections and full-width marks), which ``verbalize_chinese`` does directly. So this module needs
+no grammar compiler and no cache: kaldifst (wheels for x86-64 and aarch64) runs the wheel's tagger FSTs and
+its English verbalizer, and pynini (no aarch64 wheel) is never imported.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from moss_npu.text.tokens import Token, parse_tokens, reorder, serialize
+
+DISTRIBUTION = "WeTextProcessing"
+OFFICIAL_VERSION = "1.2.0"  # the version the official outputs were produced with
+INSTALL_HINT = f"pip install kaldifst && pip install --no-deps {DISTRIBUTION}=={OFFICIAL_VERSION}"
+# The grammar files each language reads from the WeTextProcessing wheel (tagger, verbalizer or None).
+GRAMMAR_FILES: dict[str, tuple[str, Optional[str]]] = {
+    "zh": ("tn/zh_tn_tagger.fst", None),
+    "en": ("tn/en_tn_tagger.fst", "tn/en_tn_verbalizer.fst"),
+}
+
+
+class WeTextUnavailable(RuntimeError):
+    """kaldifst or WeTextProcessing's grammar files are missing or unreadable; the message says how to fix it."""
+
+
+class NoReading(ValueError):
+    """The grammar has no reading of a text (the official runtime raises on such a text too)."""
+
+
+@dataclass(frozen=True)
+class Grammars:
+    """Where the installed WeTextProcessing grammar files are, and which version they belong to."""
+
+    root: Path
+    version: str
+
+    @classmethod
+    def locate(cls) -> "Grammars":
+        """Find the installed WeTextProcessing wheel; raise ``WeTextUnavailable`` if it or a file is missing."""
+        try:
+            dist = importlib.metadata.distribution(DISTRIBUTION)
+        except importlib.metadata.PackageNotFoundError:
+            raise WeTextUnavailable(f"{DISTRIBUTION} is not installed ({INSTALL_HINT})") from None
+        root = Path(str(dist.locate_file("")))
+        for tagger, verbalizer in GRAMMAR_FILES.values():
+            for rel in filter(None, (tagger, verbalizer)):
+                if not (root / rel).is_file():
+                    raise WeTextUnavailable(f"{DISTRIBUTION} {dist.version} lacks {rel} ({INSTALL_HINT})")
+        return cls(root, dist.version)
+
+
+class Grammar:
+    """One language's text normalization: tag with the FST, order the fields, verbalize."""
+
+    def __init__(self, language: str, tagger: Any, verbalizer: Optional[Any]) -> None:
+        self.language, self._tagger, self._verbalizer = language, tagger, verbalizer
+        self._lock = threading.Lock()  # OpenFst caches properties on the FSTs while composing
+
+    @classmethod
+    def load(cls, language: str, grammars: Grammars) -> "Grammar":
+        """Read ``language``'s FSTs with kaldifst; raise ``WeTextUnavailable`` when that cannot be done."""
+        try:
+            import kaldifst
+        except ImportError:
+            raise WeTextUnavailable(f"kaldifst is not installed ({INSTALL_HINT})") from None
+        tagger_rel, verbalizer_rel = GRAMMAR_FILES[language]
+        verbalizer = None if verbalizer_rel is None else _read_fst(kaldifst, grammars.root / verbalizer_rel)
+        return cls(language, _read_fst(kaldifst, grammars.root / tagger_rel), verbalizer)
+
+    def normalize(self, text: str) -> str:
+        """Return ``text`` read out in words (the official ``Normalizer.normalize``); ``""`` stays ``""``."""
+        if not text:
+            return ""
+        with self._lock:
+            tokens = reorder(parse_tokens(_best_output(text, self._tagger)), self.language)
+            if self._verbalizer is None:
+                return verbalize_chinese(tokens)
+            return _best_output(serialize(tokens), self._verbalizer)
+
+
+def _read_fst(kaldifst: Any, path: Path) -> Any:
+    """Read one FST file; a missing or damaged file (kaldifst returns None) is ``WeTextUnavailable``."""
+    try:
+        fst = kaldifst.StdVectorFst.read(str(path))
+    except Exception as exc:
+        fst, why = None, str(exc)
+    else:
+        why = "not a readable FST"
+    if fst is None:
+        raise WeTextUnavailable(f"cannot read {path} ({why}); reinstall it: {INSTALL_HINT}")
+    return fst
+
+
+def verbalize_chinese(tokens: list[Token]) -> str:
+    """Say Chinese tokens as the official custom verbalizer does: each token's values in field order, with
+    分之 between a fraction's denominator and numerator and 每 before a measure's denominator."""
+    out = []
+    for token in tokens:
+        fields = dict(token.fields())
+        if token.name == "measure" and "denominator" in fields:
+            out.append("每")
+        for key, value in token.fields():
+            out.append(_unescape(value))
+            if token.name == "fraction" and key == "denominator":
+                out.append("分之")
+    return "".join(out)
+
+
+def _unescape(value: str) -> str:
+    """Undo the tagger's escapes: a backslash before a backslash or a double quote stands for that character."""
+    if "\\" not in value:
+        return value
+    out, i = [], 0
+    while i < len(value):
+        if value[i] == "\\" and value[i + 1:i + 2] in ("\\", '"'):
+            i += 1
+        out.append(value[i])
+        i += 1
+    return "".join(out)
+
+
+def _best_output(text: str, fst: Any) -> str:
+    """Return the output of the lightest path of ``fst`` over ``text``'s UTF-8 bytes (pynini's shortestpath)."""
+    import kaldifst
+
+    data = text.encode("utf-8")
+    chain = kaldifst.StdVectorFst()
+    for _ in range(len(data) + 1):
+        chain.add_state()
+    chain.start = 0
+    for i, byte in enumerate(data):
+        chain.add_arc(i, kaldifst.StdArc(byte, byte, 0.0, i + 1))
+    chain.set_final(len(data), 0.0)
+    best = kaldifst.shortest_path(kaldifst.compose(chain, fst), n=1)
+    found, _, output, _ = kaldifst.get_linear_symbol_sequence(best)
+    if not found or best.num_states == 0:
+        raise NoReading(f"the grammar has no reading of {text[:40]!r}")
+    return bytes(output).decode("utf-8")

@@ -1,0 +1,33 @@
+"""Shared fixtures of the text-normalization tests.
+
+The WeTextProcessing grammar files are installed with ``pip install --no-deps WeTextProcessing==1.2.0``.
+Tests that need them skip (saying so) in a clone without them, and fail in CI, where .ci/run installs them.
+"""
+
+import os
+
+import pytest
+
+from moss_npu.text.wetext import Grammars, WeTextUnavailable
+
+
+def _missing() -> str:
+    try:
+        import kaldifst  # noqa: F401
+
+        Grammars.locate()
+    except (ImportError, WeTextUnavailable) as exc:
+        return str(exc)
+    return ""
+
+
+MISSING = _missing()
+
+
+@pytest.fixture
+def needs_wetext():
+    """Skip (fail in CI) when kaldifst or the WeTextProcessing grammar files are not installed."""
+    if MISSING:
+        if os.environ.get("CI"):
+            pytest.fail(f"text normalization grammars missing in CI: {MISSING}")
+        pytest.skip(f"text normalization grammars missing: {MISSING}")
