@@ -214,8 +214,8 @@ class FrameDecoder:
             if self.graphs is not None:
                 self.graphs.run(n)
             else:
-                held = [s for s in range(n) if self._held[s]]
-                self._frame(n, max(self._lengths[:n]) + 1, max(self._nq[s] for s in held), exact=n == 1)
+                nq = [self._nq[s] for s in range(n) if self._held[s]]
+                self._frame(n, max(self._lengths[:n]) + 1, max(nq), exact=n == 1, masked=min(nq) < max(nq))
             st = self.state
             flags = torch.cat([st.produced[:n, None], st.active[:n, None], st.finite[:n]], dim=1)
             packed = torch.cat([st.codes[:n], flags.long()], dim=1).cpu()  # the one host sync of the frame
@@ -235,32 +235,30 @@ class FrameDecoder:
         self.state.noise[:n].copy_(torch.stack(rows), non_blocking=True)
 
     def _bookkeep(self, packed: torch.Tensor, n: int) -> FrameBatch:
-        """Update the host's view of the slots from the frame's packed codes and flags (n, Q + 4)."""
+        """Update the host's view of the slots from the frame's packed codes and flags (n, Q + 4) on the CPU."""
         q = self.model.config.n_vq
-        produced, active, finite = packed[:, q].bool(), packed[:, q + 1].bool(), packed[:, q + 2:].bool().all(-1)
         codes = torch.full((self.slots, q), self.pad, dtype=torch.long)
         codes[:n] = packed[:, :q]
-        full = torch.zeros(self.slots, dtype=torch.bool)
-        finished, bad, made = full.clone(), full.clone(), full.clone()
-        for s in range(n):
-            if produced[s]:
-                self._lengths[s] += 1
-            if self._held[s] and not self._done[s] and not active[s]:
-                self._done[s] = finished[s] = True
-                bad[s] = not finite[s]
-        made[:n] = produced
+        flags = torch.zeros(4, self.slots, dtype=torch.bool)  # produced, finished, non-finite, unused
+        for s, (produced, active, text_ok, audio_ok) in enumerate(packed[:, q:].tolist()):
+            flags[0, s] = bool(produced)
+            self._lengths[s] += int(produced)
+            if self._held[s] and not self._done[s] and not active:
+                self._done[s] = True
+                flags[1, s], flags[2, s] = True, not (text_ok and audio_ok)
         self.frame_index += 1
-        return FrameBatch(self.frame_index - 1, codes, made, finished, bad)
+        return FrameBatch(self.frame_index - 1, codes, flags[0], flags[1], flags[2])
 
     def _static_frame(self, n: int) -> None:
         """The frame as captured: fixed shapes (all M keys under a mask, all Q channels)."""
-        self._frame(n, self.state.max_len, self.model.config.n_vq, exact=False)
+        self._frame(n, self.state.max_len, self.model.config.n_vq, exact=False, masked=True)
 
-    def _frame(self, n: int, keys: int, channels: int, exact: bool) -> None:
+    def _frame(self, n: int, keys: int, channels: int, exact: bool, masked: bool) -> None:
         """Advance slots [0, n) by one frame on the device, reading and writing only ``self.state``.
 
         ``keys``: global key rows attended (every slot's length < keys); ``channels``: audio channels computed
-        (>= every slot's nq); ``exact``: one slot whose keys are exactly its rows (no key mask needed).
+        (>= every slot's nq); ``exact``: one slot whose keys are exactly its rows (no key mask needed);
+        ``masked``: some slot's nq is below ``channels`` (its upper channels are forced to pad).
         """
         st, t = self.state, self.tables
         local = KVCache([st.local_kv[i, 0, :n] for i in range(st.local_kv.shape[0])],
@@ -270,30 +268,35 @@ class FrameDecoder:
         text_finite = torch.isfinite(u).all(-1) & torch.isfinite(candidates).all(-1)
         self._hook("text", self.frame_index, candidates)
         pick = self._sample(candidates, st.text, n, 0, None)  # 0 = continue, 1 = stop
-        frame, embed, audio_finite = self._audio(local, pick, n, channels)
+        frame, embed, audio_finite = self._audio(local, pick, n, channels, masked)
         self._commit(n, pick == 0, frame, torch.stack([text_finite, audio_finite], dim=1))
         self._global_step(embed, n, keys, exact)
 
-    def _audio(self, local: KVCache, pick: torch.Tensor, n: int, channels: int):
+    def _audio(self, local: KVCache, pick: torch.Tensor, n: int, channels: int, masked: bool):
         """Decide the audio channels; return the frame (n, Q), the next global row's embedding (n, E), finiteness.
 
         The next row [slot, code_0 … code_{nq-1}, pad …] embeds to wte[slot] + Σ emb_c[code_c] (pad adds exact
         zeros), summed here in ``embed_rows``' order: the same values, no re-embedding.
         """
         st, t, model = self.state, self.tables, self.model
-        within = self._channel_range[None, :channels] < st.nq[:n, None]  # (n, channels)
+        within = self._channel_range[None, :channels] < st.nq[:n, None] if masked else None  # (n, channels)
         prev = t.text_embed.index_select(0, pick)
         qkv, embed = t.text_qkv.index_select(0, pick), prev
         finite = torch.ones(n, dtype=torch.bool, device=self.device)
         frame = torch.full((n, model.config.n_vq), self.pad, dtype=torch.long, device=self.device)
         for c in range(channels):
             logits = model.audio_lm_heads[c](self._local_step(local, prev, qkv))
-            finite = finite & (torch.isfinite(logits).all(-1) | ~within[:, c])
+            ok = torch.isfinite(logits).all(-1)
+            finite = finite & (ok if within is None else ok | ~within[:, c])
             self._hook("audio", c, logits)
             code = self._sample(logits, st.audio, n, c + 1, st.seen[:n, c, :logits.shape[-1]])
-            frame[:, c] = torch.where(within[:, c], code, self.pad)
             prev = model.audio_embeddings[c](code).to(model.dtype)
-            embed = embed + prev * within[:, c, None].to(model.dtype)
+            if within is None:
+                frame[:, c] = code
+                embed = embed + prev
+            else:
+                frame[:, c] = torch.where(within[:, c], code, self.pad)
+                embed = embed + prev * within[:, c, None].to(model.dtype)
             if c + 1 < channels:
                 qkv = t.audio_qkv[c].index_select(0, code)
         return frame, embed, finite
