@@ -360,7 +360,7 @@ class NpuBackend(Backend):
         return getattr(torch_npu, "__version__", None)
 
     def graph_capture(self) -> Optional[GraphCapture]:
-        # NPUGraph arrived in torch_npu 2.1 builds of 2024 (Atlas A2/A3 with CANN 8); older builds lack it.
+        # torch_npu builds with aclgraph capture (2.5.1+ on CANN 8.1+, Atlas A2/A3) have NPUGraph; others run eagerly.
         npu = self._npu()
         if self._graphs is None and hasattr(npu, "NPUGraph") and hasattr(npu, "graph"):
             self._graphs = GraphCapture(npu.NPUGraph, npu.graph)
