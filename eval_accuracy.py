@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from moss_npu.cli import ArgumentParser, device_spec, finite_float, int_in, run_cli
+from moss_npu.cli import ArgumentParser, check_utf8_text, device_spec, finite_float, int_in, read_utf8, run_cli
 from moss_npu.errors import InputError
 from moss_npu.hub import DEFAULT_CODEC, DEFAULT_MODEL
 from moss_npu.output import writable_file
@@ -73,16 +73,13 @@ def read_inputs(args: argparse.Namespace):
         path = Path(args.text_file)
         if not path.is_file():
             raise InputError(f"--text-file {path}: file not found; pass a UTF-8 file with one sentence per line")
-        try:
-            lines = path.read_bytes().decode("utf-8-sig").splitlines()
-        except UnicodeDecodeError as exc:
-            raise InputError(f"--text-file {path}: not UTF-8 (byte 0x{exc.object[exc.start]:02x} at offset "
-                             f"{exc.start}); save it as UTF-8") from None
-        texts += [line.strip() for line in lines if line.strip()]
+        texts += [line.strip() for line in read_utf8(path, "--text-file").splitlines() if line.strip()]
         if not texts:
             raise InputError(f"--text-file {path}: holds no text; put one sentence per line")
     if any(not t.strip() for t in texts):
         raise InputError("--text is empty; pass the words to speak")
+    for text in texts:
+        check_utf8_text(text, "--text")
     audio = None
     if args.prompt_audio_path:
         audio = Path(args.prompt_audio_path)

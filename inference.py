@@ -2,6 +2,7 @@
 
     python inference.py --device npu:0 --text "Hello" --output out.wav
     python inference.py --prompt-audio-path voice.wav --text-file story.txt --output story.flac --stream
+    python inference.py --backend llama-cpp --weights DIR --codec-onnx-dir DIR --text "Hello"   # Delay, no torch
 
 The output format follows the extension: .wav (float32; --wav-subtype PCM_16 for old players), .flac, .ogg,
 .opus, .mp3. Only regular files are written, atomically: nothing appears unless the run succeeds.
@@ -22,14 +23,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from moss_npu.cli import ArgumentParser, configure_logging, device_spec, finite_float, int_in, run_cli, warn
-from moss_npu.errors import GenerationError, InputError
+from moss_npu.cli import (ArgumentParser, check_utf8_text, configure_logging, device_problem, device_spec,
+                          finite_float, int_in, read_utf8, run_cli, warn)
+from moss_npu.errors import DeviceError, GenerationError, InputError
 from moss_npu.hub import DEFAULT_CODEC, DEFAULT_MODEL
-from moss_npu.output import WAV_SUBTYPES, AudioTarget, AtomicAudioWriter, audio_target
-from moss_npu.tts.settings import MAX_NEW_FRAMES, MAX_SEED, load_preset, merge
+from moss_npu.limits import MAX_NEW_FRAMES, MAX_SEED
+from moss_npu.output import WAV_SUBTYPES, AtomicAudioWriter, AudioTarget, audio_target
 
 SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "repetition_penalty")
 NO_AUDIO = "the model stopped before any audio; try another --seed"
+BACKENDS = ("auto", "nano", "llama-cpp")
+NANO_INSTALL = 'pip install -e ".[nano]"'  # after the torch build for the machine (README, "Installing")
+DELAY_INSTALL = 'pip install -e ".[llama]"'
+DELAY_ONLY_FLAGS = ("weights", "codec_onnx_dir")
+DELAY_STEPS_PER_S = 12.5  # MOSS-Audio-Tokenizer: 24 kHz / 1920 samples per frame
+BACKEND_NAMES = {"nano": "nano (MOSS-TTS-Nano)", "llama-cpp": "llama-cpp (MOSS-TTS Delay)"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     text = p.add_argument_group("input and output")
     source = text.add_mutually_exclusive_group()
     source.add_argument("--text", help="text to speak")
-    source.add_argument("--text-file", help="UTF-8 file holding the text to speak")
+    source.add_argument("--text-file", help="UTF-8 file holding the text to speak (- reads stdin)")
     text.add_argument("--output", default="output.wav",
                       help="audio file to write atomically: .wav (default output.wav), .flac, .ogg, .opus, .mp3")
     text.add_argument("--wav-subtype", choices=WAV_SUBTYPES,
@@ -55,7 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     text.add_argument("--print-normalized", action="store_true", help="print the text the model will read (stderr)")
 
     model = p.add_argument_group("model and device")
-    model.add_argument("--backend", choices=("nano", "llama-cpp"), default="nano")
+    model.add_argument("--backend", choices=BACKENDS, default="auto",
+                       help="auto (default): nano when torch imports, else llama-cpp (MOSS-TTS Delay) when --weights "
+                       "is given; the result line names the backend that ran")
     model.add_argument("--impl", choices=("native", "upstream"), default="native",
                        help="upstream: run the official remote code with the NPU patch set")
     model.add_argument("--upstream-code", help="--impl upstream: folder holding the official *.py remote code "
@@ -101,15 +111,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 # --- flags that act on one backend or implementation only -------------------------------------------------
 
-# flag -> argparse dest, for flags that only the native Nano pipeline reads
-NANO_ONLY = {"--stream": "stream", "--dtype": "dtype", "--attn-implementation": "attn_implementation",
-             "--mode": "mode", "--prompt-text": "prompt_text", "--host-rng": "host_rng", "--nq": "nq",
-             "--voice-clone-max-text-tokens": "voice_clone_max_text_tokens",
-             "--tts-max-batch-size": "tts_max_batch_size", "--speed": "speed",
-             "--graph": "graph", "--impl": "impl", "--upstream-code": "upstream_code",
-             "--model": "model", "--codec": "codec"}
+# flag -> argparse dest (the llama-cpp backend refuses its own set: moss_npu.delay.flags)
 NOT_UPSTREAM = {"--stream": "stream", "--host-rng": "host_rng", "--speed": "speed", "--graph": "graph"}
 LLAMA_CPP_ONLY = {"--weights": "weights", "--codec-onnx-dir": "codec_onnx_dir"}
+# argparse dests of the values that only shape a random draw (the repetition penalty acts on greedy runs too)
+SAMPLING_ONLY = tuple(f"{kind}_{name}" for kind in ("text", "audio") for name in ("temperature", "top_p", "top_k")) + (
+    "temperature", "top_p", "top_k")
 
 
 def _given(args: argparse.Namespace, dest: str) -> bool:
@@ -118,10 +125,8 @@ def _given(args: argparse.Namespace, dest: str) -> bool:
 
 
 def refuse_unused_flags(args: argparse.Namespace) -> None:
-    """Refuse, in one line, any flag the chosen backend or implementation would silently ignore."""
-    if args.backend == "llama-cpp":
-        unused, where = NANO_ONLY, "--backend llama-cpp"
-    elif args.impl == "upstream":
+    """Refuse, in one line, any flag the Nano implementation chosen would silently ignore."""
+    if args.impl == "upstream":
         unused, where = {**NOT_UPSTREAM, **LLAMA_CPP_ONLY}, "--impl upstream"
     else:
         unused, where = {**LLAMA_CPP_ONLY, "--upstream-code": "upstream_code"}, "--backend nano --impl native"
@@ -129,70 +134,39 @@ def refuse_unused_flags(args: argparse.Namespace) -> None:
     if given:
         raise InputError(f"{', '.join(given)}: not used by {where}; drop {'it' if len(given) == 1 else 'them'} "
                          "(see python inference.py --help)")
-
-
-def llama_cpp_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    """Map the generic flags onto the llama-cpp backend's preset keys (None = keep the preset's value).
-
-    ``--greedy`` is temperature 0 on both heads; ``--device cpu`` keeps every layer, the audio heads and the
-    ONNX codec on the CPU, another kind offloads all layers and runs the heads and codec there;
-    ``--num-threads`` sets llama.cpp's threads. ``--max-new-frames`` is applied per call (see
-    ``llama_cpp_max_new_tokens``). Flags with no counterpart are refused by ``refuse_unused_flags``.
-    """
-    values = run_overrides(args)
-    keys = ("text_temperature", "text_top_p", "text_top_k", "audio_temperature", "audio_top_p", "audio_top_k",
-            "audio_repetition_penalty")
-    out: dict[str, Any] = {key: values[key] for key in keys}
-    for key in ("text_temperature", "audio_temperature"):
-        if out[key] is not None and out[key] <= 0:
-            raise InputError(f"--{key.replace('_', '-')} {out[key]}: must be > 0; use --greedy for argmax decoding")
-    if args.greedy:
-        out.update(text_temperature=0.0, audio_temperature=0.0)
-    if args.num_threads:
-        out["n_threads"] = args.num_threads
-    if args.device and args.device != "auto":
-        kind, _, index = args.device.partition(":")
-        if index not in ("", "0"):
-            raise InputError(f"--device {args.device}: --backend llama-cpp offloads to the first visible device; "
-                             f"pass --device {kind} and choose the device with its visible-devices variable")
-        if kind == "cpu":
-            out.update(n_gpu_layers=0, heads_device="cpu", audio_provider="cpu")
-        else:
-            out.update(n_gpu_layers=-1, heads_device=args.device, audio_provider=kind)
-    out["verbose"] = True if args.verbose else None
-    return out
-
-
-def llama_cpp_max_new_tokens(args: argparse.Namespace, n_vq: int) -> Optional[int]:
-    """``--max-new-frames N`` as Delay steps: N frames plus the ``n_vq``-step delay tail (None = the preset's)."""
-    return None if args.max_new_frames is None else args.max_new_frames + n_vq
+    drawn = [f"--{dest.replace('_', '-')}" for dest in SAMPLING_ONLY if getattr(args, dest) is not None]
+    if args.greedy and drawn:
+        raise InputError(f"{', '.join(drawn)}: not used with --greedy (argmax decoding); drop "
+                         f"{'it' if len(drawn) == 1 else 'them'} or --greedy")
 
 
 # --- inputs ------------------------------------------------------------------------------------------------
 
 def read_text(args: argparse.Namespace) -> str:
-    """Return the text to speak from --text or --text-file (UTF-8, a byte-order mark allowed)."""
+    """Return the text to speak from --text or --text-file (UTF-8, a byte-order mark allowed; ``-`` is stdin)."""
     if args.text_file:
         path = Path(args.text_file)
-        if not path.is_file():
-            what = "is a folder" if path.is_dir() else "file not found"
-            raise InputError(f"--text-file {path}: {what}; pass an existing UTF-8 text file")
-        try:
-            text = path.read_bytes().decode("utf-8-sig")
-        except UnicodeDecodeError as exc:
-            raise InputError(f"--text-file {path}: not UTF-8 (byte 0x{exc.object[exc.start]:02x} at offset "
-                             f"{exc.start}); save it as UTF-8") from None
-        except OSError as exc:
-            raise InputError(f"--text-file {path}: cannot read ({exc.strerror}); check the file") from None
-        if "\x00" in text:
-            raise InputError(f"--text-file {path}: holds NUL bytes (a binary file?); pass a UTF-8 text file")
+        if args.text_file != "-" and not path.is_file():
+            what = ("is a folder" if path.is_dir() else "is not a regular file" if path.exists()
+                    else "file not found")
+            raise InputError(f"--text-file {path}: {what}; pass an existing UTF-8 text file, or - for stdin")
+        text = read_utf8(path, "--text-file")
     elif args.text is not None:
         text = args.text
     else:
         raise InputError("no text given; pass --text \"...\" or --text-file FILE")
     if not text.strip():
         raise InputError("the text is empty or whitespace; pass the words to speak")
+    check_utf8_text(text, "--text-file" if args.text_file else "--text")
     return text
+
+
+def check_reference(path: Optional[str]) -> None:
+    """Refuse a --prompt-audio-path that is not an existing regular file (before any model loads)."""
+    if path and not Path(path).is_file():
+        what = ("is a folder" if Path(path).is_dir() else "is not a regular file" if Path(path).exists()
+                else "file not found")
+        raise InputError(f"--prompt-audio-path {path}: {what}; pass a wav/flac/mp3 recording")
 
 
 def warn_if_unspeakable(text: str) -> None:
@@ -246,6 +220,40 @@ class Outcome:
     first_audio_s: Optional[float] = None
 
 
+def torch_imports() -> bool:
+    """Return whether torch can be imported here (a broken build counts as absent)."""
+    try:
+        import torch  # noqa: F401
+    except Exception:  # a torch built for another CUDA can fail with OSError at import
+        return False
+    return True
+
+
+def choose_backend(args: argparse.Namespace) -> str:
+    """Resolve ``--backend``: ``auto`` is nano when torch imports, else llama-cpp when ``--weights`` is given.
+
+    Raises:
+        DeviceError: the chosen backend cannot run here; the message names the install command.
+        InputError: ``auto`` picked nano while Delay-only flags were given (never switch models silently).
+    """
+    if args.backend == "llama-cpp":
+        return "llama-cpp"
+    has_torch = torch_imports()
+    if args.backend == "nano" and not has_torch:
+        raise DeviceError(f"--backend nano needs torch, which is not importable here; install it with "
+                          f"`{NANO_INSTALL}` (install the torch build for your machine first, see README)")
+    delay_flags = [f"--{name.replace('_', '-')}" for name in DELAY_ONLY_FLAGS if getattr(args, name)]
+    if has_torch:
+        if delay_flags:
+            raise InputError(f"{' and '.join(delay_flags)} belong to the llama-cpp backend, but --backend "
+                             f"{args.backend} runs nano (torch is installed); pass --backend llama-cpp for the Delay model")
+        return "nano"
+    if delay_flags:
+        return "llama-cpp"
+    raise DeviceError(f"no backend can run: torch is not importable (nano: `{NANO_INSTALL}`) and no --weights was "
+                      f"given for the llama.cpp Delay fallback (`{DELAY_INSTALL}`, then --weights DIR --codec-onnx-dir DIR)")
+
+
 def synthesize_nano(args: argparse.Namespace, text: str, target: AudioTarget) -> Outcome:
     """Run the native (or upstream) Nano pipeline and write ``target``."""
     import torch
@@ -254,13 +262,16 @@ def synthesize_nano(args: argparse.Namespace, text: str, target: AudioTarget) ->
     from moss_npu.output import save_audio
     from moss_npu.text import TextNormalizer
     from moss_npu.tts import MossTTSNano
+    from moss_npu.tts.settings import load_preset, merge
 
     load, settings = merge(load_preset(args.config) if args.config else None, run_overrides(args))
+    problem = device_problem(load.device)
+    if problem:
+        raise InputError(f"--config {args.config} device {problem}")
     dev = devices.resolve_device(load.device)
     if load.num_threads > 0:
         torch.set_num_threads(load.num_threads)  # a process-wide setting: the CLI's to make, not the library's
-    if args.prompt_audio_path and not Path(args.prompt_audio_path).is_file():
-        raise InputError(f"--prompt-audio-path {args.prompt_audio_path}: file not found; pass a wav/flac/mp3 recording")
+    check_reference(args.prompt_audio_path)
     model, codec = args.model or DEFAULT_MODEL, args.codec or DEFAULT_CODEC
     if args.impl == "upstream":  # infer.py prepares the texts before the official model code sees them
         prepared = _print_normalized(args, TextNormalizer(), text, settings)
@@ -354,25 +365,19 @@ def _synthesize_upstream(args, load, settings, dev, text: str, target: AudioTarg
 
 
 def synthesize_delay(args: argparse.Namespace, text: str, target: AudioTarget) -> Outcome:
-    """Run the MOSS-TTS Delay fallback through llama.cpp and write ``target``."""
-    import torch
-
+    """Run the MOSS-TTS Delay fallback through llama.cpp and write ``target`` (24 kHz mono); no torch needed."""
+    from moss_npu.delay.flags import delay_request
     from moss_npu.delay.pipeline import DelayPipeline
     from moss_npu.output import save_audio
 
-    if args.no_text_normalization or args.no_wetext or args.print_normalized:
-        raise InputError("--no-text-normalization, --no-wetext and --print-normalized apply to --backend nano only")
-    if not args.weights:
-        raise InputError("--backend llama-cpp needs --weights DIR (the MOSS-TTS-GGUF folder)")
-    if not args.codec_onnx_dir:
-        raise InputError("--backend llama-cpp needs --codec-onnx-dir DIR (encoder.onnx + decoder.onnx)")
-    overrides = llama_cpp_overrides(args)
-    with DelayPipeline.from_config(args.config, args.weights, args.codec_onnx_dir, overrides) as pipe:
+    request = delay_request(args, vars(build_parser().parse_args([])))
+    progress = _progress(args, DELAY_STEPS_PER_S)  # one Delay step is one 80 ms frame of the delayed grid
+    with DelayPipeline.open(request.run, args.weights, args.codec_onnx_dir) as pipe, progress:
         start = time.perf_counter()
-        wave, rate = pipe.synthesize(text, args.prompt_audio_path, seed=args.seed,
-                                     max_new_tokens=llama_cpp_max_new_tokens(args, pipe.config.n_vq))
+        wave, rate = pipe.synthesize(text, request.reference, seed=request.seed, max_new_frames=request.max_new_frames,
+                                     on_step=lambda steps: progress.on_frame(0, steps - 1))
         elapsed = time.perf_counter() - start
-    save_audio(target.path, torch.from_numpy(wave), rate, target=target)
+    save_audio(target.path, wave, rate, target=target)
     return Outcome(wave.shape[-1] / rate, elapsed)
 
 
@@ -382,12 +387,19 @@ def run(argv: Optional[list[str]] = None) -> int:
     """Parse flags, check every input and the output path, synthesize, write, print one result line."""
     args = build_parser().parse_args(argv)
     configure_logging(args.verbose)
-    refuse_unused_flags(args)
+    backend = choose_backend(args)
+    if backend == "llama-cpp":
+        from moss_npu.delay.flags import delay_request
+
+        delay_request(args, vars(build_parser().parse_args([])))  # refuses what the Delay model cannot honour
+    else:
+        refuse_unused_flags(args)
     text = read_text(args)
     target = audio_target(args.output, args.wav_subtype)
     refuse_output_over_input(args, target)
+    check_reference(args.prompt_audio_path)
     warn_if_unspeakable(text)
-    if args.backend == "llama-cpp":
+    if backend == "llama-cpp":
         outcome = synthesize_delay(args, text, target)
     else:
         outcome = synthesize_nano(args, text, target)
@@ -395,7 +407,7 @@ def run(argv: Optional[list[str]] = None) -> int:
     line = f"wrote {target.path}: {outcome.audio_s:.2f} s of audio in {outcome.elapsed_s:.2f} s (RTF {rtf:.2f})"
     if outcome.first_audio_s is not None:
         line += f", first audio after {outcome.first_audio_s * 1000:.0f} ms"
-    print(line, flush=True)
+    print(f"{line}, backend {BACKEND_NAMES[backend]}", flush=True)
     return 0
 
 

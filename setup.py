@@ -1,6 +1,14 @@
-"""Packaging for moss-npu. torch, torch_npu and CANN must be a matching trio on Ascend machines."""
+"""Packaging for moss-npu. torch, torch_npu and CANN must be a matching trio on Ascend machines.
+
+torch is not a core requirement: the Delay fallback (extra "llama") exists for machines where torch cannot run.
+"""
 
 from setuptools import find_packages, setup
+
+# The Nano backend. Text normalization (moss_npu.text) runs WeTextProcessing's grammars with kaldifst (x86-64 and
+# aarch64 wheels); the grammars come from WeTextProcessing==1.2.0, installed with --no-deps (README): its pynini
+# requirement has no aarch64 wheel and is not needed here.
+NANO = ["torch>=2.1", "sentencepiece", "safetensors", "psutil", "kaldifst>=1.7"]
 
 setup(
     name="moss-npu",
@@ -10,29 +18,26 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["moss_npu", "moss_npu.*"]),
+    # Torch-free core: the llama.cpp Delay fallback runs on exactly this plus the "llama" extra.
     install_requires=[
-        "torch>=2.1",
         "numpy",
-        "sentencepiece",
-        "safetensors",
         "soundfile>=0.12.1",  # MP3 reading needs libsndfile >= 1.1
-        "scipy",
+        "soxr",  # librosa's default resampler (soxr HQ), for Delay reference audio
         "pyyaml",
         "huggingface_hub>=0.23",  # snapshot_download(local_dir=...) without symlinks; python -m moss_npu.hub wraps it
         "tqdm",
-        "psutil",
-        # Text normalization (moss_npu.text) runs WeTextProcessing's grammars with kaldifst (x86-64 and aarch64
-        # wheels). The grammars come from WeTextProcessing==1.2.0, installed with --no-deps (README): its pynini
-        # requirement has no aarch64 wheel and is not needed here.
-        "kaldifst>=1.7",
     ],
     extras_require={
+        # The Nano backend. Install the torch build for the machine first (CPU, CUDA or the one torch_npu names).
+        "nano": NANO,
         # torch_npu must match the installed torch exactly, and CANN must be installed and sourced.
-        "npu": ["torch-npu"],
+        "npu": NANO + ["torch-npu"],
+        # The MOSS-TTS Delay fallback: no torch (GPU builds of llama-cpp-python: see README).
         "llama": ["llama-cpp-python>=0.3.17", "tokenizers", "onnxruntime"],
         "onnx": ["onnx", "onnxruntime"],
-        "upstream": ["transformers==4.57.1"],  # torchaudio not needed: audio goes through moss_npu.audio
-        # Everything the README's test line needs except llama-cpp-python (a ~6 min source build: its own line).
-        "dev": ["pytest", "onnx", "onnxruntime", "tokenizers"],
+        "upstream": NANO + ["transformers==4.57.1"],  # torchaudio not needed: audio goes through moss_npu.audio
+        # The README's install line: everything Nano needs and the test runner; everything the README's test line
+        # needs except llama-cpp-python (a ~6 min source build: the README's optional line).
+        "dev": NANO + ["pytest", "onnx", "onnxruntime", "tokenizers"],
     },
 )

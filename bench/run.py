@@ -14,7 +14,7 @@ Per-frame time = the frame phase (local decisions, sampling, global step; prefil
 With ``--batch B1,B2,...`` each case runs as batches of those sizes instead (``bench/batch.py``), per
 ``--graph`` mode; the last stdout line is then ``batch speedup B/1: X.XX`` (aggregate frames/s of the largest
 batch over batch 1, median over cases, first graph mode).
-Results go to ``bench/results/`` as JSON + Markdown. Exit codes: 0 done; 1 runtime failure; 2 bad usage.
+Results go to ``bench/results/`` as JSON + Markdown. Exit codes: 0 done; 1 runtime failure; 2 bad usage; 130 interrupted.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""Audio in: read reference recordings and resample like torchaudio (spec §10 step 4); ``moss_npu.output`` writes.
+"""Audio in for the Nano backend: reference recordings as tensors, resampled like torchaudio (spec §10 step 4).
 
-Reading goes through soundfile (libsndfile >= 1.1 reads WAV, FLAC, OGG and MP3 by content, whatever the file
-is called). ``resample`` is the windowed-sinc algorithm of ``torchaudio.functional.resample`` with its
+Files are read by ``moss_npu.wavfile`` (torch-free, shared with the Delay fallback) and written by
+``moss_npu.output``. ``resample`` is the windowed-sinc algorithm of ``torchaudio.functional.resample`` with its
 defaults, written out so torchaudio is never needed.
 
 Shapes: C channels, S samples.
@@ -21,29 +21,20 @@ import torch
 import torch.nn.functional as F
 
 from moss_npu.errors import AudioError
+from moss_npu.wavfile import PathLike, decode_hint_bytes, read_wav
 
-PathLike = Union[str, Path]
 # A recording as a file path, the bytes of such a file, or a (waveform (C, S) or (S,), sample_rate) pair.
 AudioSource = Union[str, Path, bytes, tuple]
 
 
 def read_audio(path: PathLike) -> tuple[torch.Tensor, int]:
-    """Read any soundfile-readable file as float32 ``(C, S)`` in [-1, 1] plus its sample rate.
-
-    Integer PCM is scaled by 1/32768 (16-bit) etc., as torchaudio does. The format is detected from the
-    content, so FLAC or MP3 files named ``.wav`` read correctly.
+    """Read any soundfile-readable file as a float32 ``(C, S)`` tensor plus its sample rate (see ``read_wav``).
 
     Raises:
         AudioError: the file is missing or not decodable.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise AudioError(f"reference audio {path}: file not found; pass an existing wav/flac/mp3 file")
-    try:
-        data, rate = soundfile.read(str(path), dtype="float32", always_2d=True)
-    except Exception as exc:  # libsndfile reports every decode failure as a generic error
-        raise AudioError(f"reference audio {path}: cannot decode ({_decode_hint(path, exc)})") from exc
-    return torch.from_numpy(np.ascontiguousarray(data.T)), int(rate)
+    wave, rate = read_wav(path)
+    return torch.from_numpy(wave), rate
 
 
 def read_audio_source(source: AudioSource) -> tuple[torch.Tensor, int, str]:
@@ -62,7 +53,7 @@ def read_audio_source(source: AudioSource) -> tuple[torch.Tensor, int, str]:
         try:
             wave, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
         except Exception as exc:  # libsndfile reports every decode failure as a generic error
-            raise AudioError(f"reference audio {name}: cannot decode ({_decode_hint_bytes(data[:4], exc)})") from exc
+            raise AudioError(f"reference audio {name}: cannot decode ({decode_hint_bytes(data[:4], exc)})") from exc
         return torch.from_numpy(np.ascontiguousarray(wave.T)), int(rate), name
     if isinstance(source, tuple) and len(source) == 2:
         return (*_waveform_pair(*source), "(waveform, sample_rate)")
@@ -94,21 +85,6 @@ def audio_source_key(source: AudioSource) -> str:
     digest = hashlib.sha256(f"waveform {rate} {tuple(wave.shape)}".encode())
     digest.update(wave.contiguous().numpy().tobytes())
     return digest.hexdigest()
-
-
-def _decode_hint(path: Path, exc: Exception) -> str:
-    """Explain a decode failure, naming the MP3 case (libsndfile < 1.1 has no MP3 decoder)."""
-    with open(path, "rb") as fh:
-        return _decode_hint_bytes(fh.read(4), exc)
-
-
-def _decode_hint_bytes(head: bytes, exc: Exception) -> str:
-    """Explain a decode failure from the first bytes of the file."""
-    is_mp3 = head[:3] == b"ID3" or (len(head) > 1 and head[0] == 0xFF and head[1] & 0xE0 == 0xE0)
-    if is_mp3 and "MP3" not in soundfile.available_formats():
-        return (f"it is MP3 and libsndfile {soundfile.__libsndfile_version__} cannot read MP3; "
-                "run `pip install -U 'soundfile>=0.12.1'` (bundles libsndfile >= 1.1 with MP3) or convert it to WAV")
-    return f"{exc}; convert it to 16-bit WAV or FLAC"
 
 
 def _sinc_kernel(orig: int, new: int, lowpass_filter_width: int, rolloff: float,

@@ -17,9 +17,10 @@ import os
 import signal
 import sys
 import traceback
+from pathlib import Path
 from typing import Callable, Iterator, Optional
 
-from moss_npu.errors import RUNTIME_FAILURE, Interrupted, MossNpuError
+from moss_npu.errors import RUNTIME_FAILURE, InputError, Interrupted, MossNpuError, OutputError
 
 DEBUG_ENV = "MOSS_NPU_DEBUG"
 _SIGNAL_NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
@@ -63,14 +64,49 @@ def finite_float(text: str) -> float:
     return value
 
 
-def device_spec(text: str) -> str:
-    """argparse type: ``kind`` or ``kind:N`` with N an integer >= 0 (the kinds are checked by moss_npu.device)."""
+def device_problem(text: str) -> Optional[str]:
+    """Return what is wrong with the syntax of a device string (``kind`` or ``kind:N``, N >= 0), or None.
+
+    The kinds themselves are checked by moss_npu.device; this catches ``npu:-1`` and ``npu:x`` early.
+    """
     kind, sep, index = text.strip().partition(":")
     if not kind or (sep and not index.lstrip("-").isdigit()):
-        raise argparse.ArgumentTypeError(f"{text}: use auto, cpu or a device kind with an optional index >= 0")
+        return f"{text}: use auto, cpu or a device kind with an optional index >= 0"
     if sep and int(index) < 0:
-        raise argparse.ArgumentTypeError(f"{text}: the device index must be >= 0, e.g. {kind}:0")
+        return f"{text}: the device index must be >= 0, e.g. {kind}:0"
+    return None
+
+
+def device_spec(text: str) -> str:
+    """argparse type: a device string that passes ``device_problem``."""
+    problem = device_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
     return text.strip()
+
+
+def read_utf8(path: Path, flag: str) -> str:
+    """Read a UTF-8 text file (a byte-order mark allowed; ``-`` is stdin) or raise InputError naming the problem."""
+    try:
+        data = sys.stdin.buffer.read() if str(path) == "-" else Path(path).read_bytes()
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{flag} {path}: not UTF-8 (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); "
+                         "save it as UTF-8") from None
+    except OSError as exc:
+        raise InputError(f"{flag} {path}: cannot read ({exc.strerror}); check the file") from None
+    if "\x00" in text:
+        raise InputError(f"{flag} {path}: holds NUL bytes (a binary file?); pass a UTF-8 text file")
+    return text
+
+
+def check_utf8_text(text: str, flag: str) -> None:
+    """Refuse text holding undecodable bytes (a shell in a non-UTF-8 locale passes them as lone surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InputError(f"{flag}: character {exc.start} is an undecodable byte, not UTF-8 text; set a UTF-8 "
+                         "locale (e.g. LANG=C.UTF-8) or pass --text-file FILE in UTF-8") from None
 
 
 class _SignalState:
@@ -114,7 +150,7 @@ def describe_failure(exc: BaseException) -> tuple[str, int]:
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
         where = f" writing {exc.filename}" if exc.filename else ""
         return f"no space left on the device{where}; free some space or choose another --output folder", RUNTIME_FAILURE
-    if isinstance(exc, MemoryError):
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError" or "out of memory" in str(exc):
         return ("out of memory; use a smaller --max-new-frames or --tts-max-batch-size, or shorter text",
                 RUNTIME_FAILURE)
     detail = one_line(str(exc)) or "no message"
@@ -127,6 +163,7 @@ def run_cli(body: Callable[[], int]) -> int:
 
     ``body`` returns the code of a run that finished (0, or 1 when e.g. a threshold failed).
     """
+    _fill_closed_std_fds()
     state = _SignalState()
     debug = os.environ.get(DEBUG_ENV, "") not in ("", "0")
     try:
@@ -137,15 +174,33 @@ def run_cli(body: Callable[[], int]) -> int:
     except KeyboardInterrupt:
         exc: BaseException = Interrupted(f"interrupted by {state.name or 'Ctrl-C'}; nothing was written")
     except BrokenPipeError:
-        _silence_stdout()  # stdout went to a closed pipe (e.g. `| head`): nothing left to say
-        return RUNTIME_FAILURE
+        _silence_stdout()  # stdout went to a closed pipe (e.g. `| head`); the interpreter must not retry it
+        exc = OutputError("stdout was closed before the result was printed (files already written are complete)")
     except BaseException as caught:  # noqa: BLE001 - the policy: one line for every failure
         exc = caught
         if debug:
             traceback.print_exc()
     message, code = describe_failure(exc)
-    print(f"error: {message}", file=sys.stderr, flush=True)
+    _to_stderr(f"error: {message}")
     return code
+
+
+def _fill_closed_std_fds() -> None:
+    """Open /dev/null on a closed fd 0, 1 or 2 (``2>&-``), so no file we open becomes "stderr" by accident."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            opened = os.open(os.devnull, os.O_RDWR)
+            if opened != fd:  # a lower fd was free as well; it is filled on its own turn
+                os.dup2(opened, fd)
+                os.close(opened)
+
+
+def _to_stderr(text: str) -> None:
+    """Print one line on stderr, or nowhere when the process has none (print(file=None) would use stdout)."""
+    if sys.stderr is not None:
+        print(text, file=sys.stderr, flush=True)
 
 
 def _silence_stdout() -> None:
@@ -172,4 +227,4 @@ def configure_logging(verbose: bool = False) -> None:
 
 def warn(message: str) -> None:
     """Print one ``warning:`` line on stderr (a run that succeeded but deserves a look)."""
-    print(f"warning: {one_line(message)}", file=sys.stderr, flush=True)
+    _to_stderr(f"warning: {one_line(message)}")

@@ -5,7 +5,9 @@ no other module names a device type (design.md, "Device layer"). ``torch_npu`` i
 inside the NPU backend, because it cannot even import without Ascend CANN. Memory is in bytes, ``None``
 when unknown. Every fact about one kind of device lives on its ``Backend`` subclass (class attributes and
 methods), so adding a device is one subclass: defining it registers it. Real NPU runs are out of CI: the
-tests run ``NpuBackend``'s own code against a fake ``torch.npu`` namespace and ``torch_npu`` module.
+tests run ``NpuBackend``'s own code against a fake ``torch.npu`` namespace and ``torch_npu`` module. torch
+itself is imported on first use, so the device names for llama.cpp and ONNX Runtime (``parse_device``,
+``onnx_provider``) also serve the torch-free Delay fallback.
 """
 
 from __future__ import annotations
@@ -16,16 +18,23 @@ import os
 import platform
 from typing import Optional
 
-import torch
-
 from moss_npu.errors import DeviceError
 
+
+class _TorchOnFirstUse:
+    """Stands in for the torch module until an attribute is read, then imports torch and takes its place."""
+
+    def __getattr__(self, name: str):
+        import torch as module
+
+        globals()["torch"] = module
+        return getattr(module, name)
+
+
+torch = _TorchOnFirstUse()
 ATTENTION_IMPLS = ("sdpa", "eager")
-DTYPES = {
-    "float32": torch.float32, "fp32": torch.float32,
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-    "float16": torch.float16, "fp16": torch.float16,
-}
+DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+          "float16": "float16", "fp16": "float16"}  # names of torch dtypes
 _GIB = 1 << 30
 
 
@@ -420,28 +429,46 @@ def backend(device: torch.device | str) -> Backend:
     return get_backend(torch.device(device).type if not isinstance(device, torch.device) else device.type)
 
 
+def parse_device(spec: Optional[str] = "auto") -> tuple[str, Optional[int]]:
+    """Split a user's device string into (kind, index) without importing torch; None/"" mean ``auto``.
+
+    Raises:
+        DeviceError: the kind is unknown or the index is not a number.
+    """
+    text = (spec or "auto").strip().lower()
+    if text == "auto":
+        return "auto", None
+    kind, _, index_text = text.partition(":")
+    if kind not in Backend.builtin:
+        raise DeviceError(f"--device {spec}: unknown device; use auto, cpu, cuda[:N], npu[:N] or mps")
+    if index_text.startswith("-") and index_text[1:].isdigit():
+        raise DeviceError(f"--device {spec}: the index must be >= 0, e.g. {kind}:0")
+    if index_text and not index_text.isdigit():
+        raise DeviceError(f"--device {spec}: the index must be a number, e.g. {kind}:0")
+    return kind, int(index_text) if index_text else None
+
+
+def is_accelerator(kind: str) -> bool:
+    """Return whether a device kind from ``parse_device`` is an accelerator (not ``cpu``, not ``auto``)."""
+    return kind in Backend.builtin and kind != "cpu"
+
+
 def resolve_device(spec: Optional[str] = "auto") -> torch.device:
     """Turn a user's device string into a usable torch.device, or raise DeviceError with the fix.
 
     Accepts ``auto`` (npu > cuda > mps > cpu), ``cpu``, ``cuda``, ``cuda:1``, ``npu``, ``npu:0``, ``mps``.
     """
-    text = (spec or "auto").strip().lower()
-    if text == "auto":
+    kind, index = parse_device(spec)
+    if kind == "auto":
         for kind in auto_order():
             b = get_backend(kind)
             if b.is_available() and b.device_count() > 0:
                 b.apply_process_settings()
                 return b.torch_device(0 if b.indexed else None)
         return torch.device("cpu")
-    kind, _, index_text = text.partition(":")
-    if kind not in Backend.builtin:
-        raise DeviceError(f"--device {spec}: unknown device; use auto, cpu, cuda[:N], npu[:N] or mps")
-    if index_text and not index_text.isdigit():
-        raise DeviceError(f"--device {spec}: the index must be a number, e.g. {kind}:0")
     b = get_backend(kind)
     if not b.is_available():
         raise DeviceError(f"--device {spec}: {b.unavailable_reason()}")
-    index = int(index_text) if index_text else None
     count = b.device_count()
     if index is not None and index >= count:
         visible = os.environ.get(b.visible_devices_env) if b.visible_devices_env else None
@@ -466,7 +493,7 @@ def resolve_dtype(device: torch.device, name: Optional[str] = None) -> torch.dty
         return default_dtype(device)
     if name not in DTYPES:
         raise DeviceError(f"--dtype {name}: unknown dtype; use float32, bfloat16 or float16")
-    dtype = DTYPES[name]
+    dtype = getattr(torch, DTYPES[name])
     b = backend(device)
     if not b.supports_dtype(dtype):
         raise DeviceError(f"--dtype {name}: not supported on {device} ({b.name(_index(device))}); use float32")

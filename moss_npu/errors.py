@@ -53,6 +53,12 @@ class InputError(MossNpuError):
     exit_code = BAD_INPUT
 
 
+class DownloadError(CheckpointError):
+    """A hub download failed on the way (network, mirror, disk) for an id that may well be right."""
+
+    exit_code = RUNTIME_FAILURE
+
+
 class NumericalError(MossNpuError, RuntimeError):
     """Logits became non-finite (usually bf16/fp16 overflow); running in float32 fixes it."""
 

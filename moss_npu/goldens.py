@@ -188,7 +188,7 @@ def run(argv: Optional[list[str]] = None) -> int:
     parser = ArgumentParser(
         prog="python -m moss_npu.goldens",
         description="Check moss-npu against golden outputs of the official code. Exit codes: 0 all checked "
-        "cases pass, 1 a case failed or has an unknown kind, 2 bad usage.",
+        "cases pass, 1 a case failed or has an unknown kind, 2 bad usage, 130 interrupted.",
     )
     parser.add_argument("fixture_dir", help="folder holding cases.json (e.g. ../shared/fixtures/nano-tiny)")
     parser.add_argument("--only", action="append", default=[], help="run only cases with this id or kind")

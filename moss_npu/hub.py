@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from moss_npu.errors import CheckpointError
+from moss_npu.errors import CheckpointError, DownloadError
 
 DEFAULT_MODEL = "OpenMOSS-Team/MOSS-TTS-Nano"
 DEFAULT_CODEC = "OpenMOSS-Team/MOSS-Audio-Tokenizer-Nano"
@@ -60,8 +60,9 @@ def snapshot(repo_id: str, local_dir: Optional[Path] = None, include: Optional[S
     """Fetch ``repo_id`` (into the hub cache, or ``local_dir``) and return its folder.
 
     Raises:
-        CheckpointError: huggingface_hub is missing, the id is unknown or gated, the network or mirror is
-            unreachable, or ``HF_HUB_OFFLINE`` is set and the files are not cached.
+        CheckpointError: huggingface_hub is missing, the id is unknown or gated, or ``HF_HUB_OFFLINE`` is
+            set and the files are not cached.
+        DownloadError: the network or mirror failed on the way (exit code 1: a runtime failure).
     """
     try:
         from huggingface_hub import snapshot_download
@@ -71,16 +72,19 @@ def snapshot(repo_id: str, local_dir: Optional[Path] = None, include: Optional[S
         return Path(snapshot_download(repo_id=repo_id, local_dir=local_dir, allow_patterns=include or None,
                                       revision=revision))
     except Exception as exc:  # offline, unknown id, gated repo, network: all mean "not available here"
-        raise CheckpointError(f"{repo_id}: {_failure_reason(exc)}; {_fix(repo_id, local_dir)}") from exc
+        reason, transient = _failure_reason(exc)
+        error = DownloadError if transient else CheckpointError
+        raise error(f"{repo_id}: {reason}; {_fix(repo_id, local_dir)}") from exc
 
 
-def _failure_reason(exc: Exception) -> str:
+def _failure_reason(exc: Exception) -> tuple[str, bool]:
+    """Say why a download failed, and whether the cause is on the way (network) rather than in the request."""
     if os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0", "false", "False"):
-        return "HF_HUB_OFFLINE is set and the files are not in the local cache"
+        return "HF_HUB_OFFLINE is set and the files are not in the local cache", False
     name = type(exc).__name__
     if name in ("RepositoryNotFoundError", "GatedRepoError", "RevisionNotFoundError"):
-        return f"not found or not accessible on {os.environ.get('HF_ENDPOINT', 'huggingface.co')} ({name})"
-    return f"download failed ({name})"
+        return f"not found or not accessible on {os.environ.get('HF_ENDPOINT', 'huggingface.co')} ({name})", False
+    return f"download failed ({name})", True
 
 
 def _fix(repo_id: str, local_dir: Optional[Path]) -> str:

@@ -18,15 +18,17 @@ import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Union
-
-import numpy as np
-import soundfile
-import torch
+from typing import TYPE_CHECKING, Optional, Union
 
 from moss_npu.errors import InputError, OutputError
 
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
 PathLike = Union[str, Path]
+# numpy, soundfile and torch are imported on use, so the CLIs that import this module start (and answer
+# Ctrl-C with one line) before any heavy library loads.
 
 # extension -> (libsndfile format, subtype, sample rates it allows (None: any))
 FORMATS: dict[str, tuple[str, str, Optional[tuple[int, ...]]]] = {
@@ -39,6 +41,7 @@ FORMATS: dict[str, tuple[str, str, Optional[tuple[int, ...]]]] = {
 WAV_SUBTYPES = ("FLOAT", "PCM_16", "PCM_24", "PCM_32")
 _FILE_MODE = 0o644  # mkstemp creates 0600; a written audio file is an ordinary, readable file
 _LOW_SPACE_BYTES = 1 << 20
+_MAX_NAME_BYTES = 255 - 16  # the temp file beside it adds a dot, 8 random characters and ".tmp"
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,8 @@ def audio_target(path: PathLike, wav_subtype: Optional[str] = None, *, flag: str
         if wav_subtype not in WAV_SUBTYPES:
             raise InputError(f"--wav-subtype {wav_subtype}: use one of {', '.join(WAV_SUBTYPES)}")
         subtype = wav_subtype
+    import soundfile
+
     if subtype not in soundfile.available_subtypes(fmt):
         raise InputError(f"{flag} {path}: libsndfile {soundfile.__libsndfile_version__} cannot write {suffix}; "
                          "run `pip install -U 'soundfile>=0.12.1'` (libsndfile >= 1.1) or write .wav")
@@ -96,6 +101,9 @@ def writable_file(path: PathLike, flag: str = "--output") -> Path:
         InputError: a folder, device, FIFO or socket; a missing or read-only folder; a read-only file.
     """
     path = Path(path)
+    if len(path.name.encode()) > _MAX_NAME_BYTES:
+        raise InputError(f"{flag} {path.name[:40]}…: file name too long ({len(path.name.encode())} bytes, at most "
+                         f"{_MAX_NAME_BYTES}); choose a shorter name")
     real = Path(os.path.realpath(path))
     shown = f"{path}" if real == path.absolute() else f"{path} (-> {real})"
     if real.exists():
@@ -113,7 +121,22 @@ def writable_file(path: PathLike, flag: str = "--output") -> Path:
         raise InputError(f"{flag} {shown}: folder {folder} does not exist; create it or choose another path")
     if not os.access(folder, os.W_OK | os.X_OK):
         raise InputError(f"{flag} {shown}: folder {folder} is not writable; choose a writable path")
+    _probe(folder, shown, flag)
     return real
+
+
+def _probe(folder: Path, shown: str, flag: str) -> None:
+    """Create and remove a temp file in ``folder``: what permissions alone cannot tell (read-only mounts,
+    /proc, a full disk) shows up now, before any model loads."""
+    try:
+        fd, tmp = tempfile.mkstemp(dir=str(folder), prefix=".moss-npu-probe.", suffix=".tmp")
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            raise OutputError(f"no space left writing {shown}; free some space or choose another {flag} folder") from None
+        raise InputError(f"{flag} {shown}: cannot create files in {folder} ({exc.strerror}); choose another "
+                         "path") from None
+    os.close(fd)
+    os.unlink(tmp)
 
 
 class AtomicAudioWriter:
@@ -124,6 +147,8 @@ class AtomicAudioWriter:
     """
 
     def __init__(self, target: AudioTarget, sample_rate: int, channels: int) -> None:
+        import soundfile
+
         target.check_rate(sample_rate)
         self.target, self.channels = target, int(channels)
         self.samples_written = 0
@@ -133,14 +158,14 @@ class AtomicAudioWriter:
             fd, tmp = tempfile.mkstemp(dir=str(folder), prefix=f".{target.real_path.name}.", suffix=".tmp")
             os.close(fd)
             self._tmp = Path(tmp)
-            self._file: Optional[soundfile.SoundFile] = soundfile.SoundFile(
+            self._file: "Optional[soundfile.SoundFile]" = soundfile.SoundFile(
                 tmp, mode="w", samplerate=int(sample_rate), channels=self.channels, format=target.format,
                 subtype=target.subtype)
         except BaseException as exc:
             self._remove_tmp()
             raise self._failure(exc) if isinstance(exc, (OSError, RuntimeError)) else exc
 
-    def write(self, chunk: torch.Tensor) -> None:
+    def write(self, chunk: "torch.Tensor") -> None:
         """Append ``(C, n)`` samples (float formats store them as they are; others clip to [-1, 1])."""
         if self._file is None:
             raise OutputError(f"output {self.target.path}: writer already closed")
@@ -149,7 +174,7 @@ class AtomicAudioWriter:
             raise InputError(f"output {self.target.path}: chunk has {frames.shape[1]} channels, writer has "
                              f"{self.channels}")
         if self.target.clips:
-            frames = np.clip(frames, -1.0, 1.0)
+            frames = frames.clip(-1.0, 1.0)
         try:
             self._file.write(frames)
         except (OSError, RuntimeError) as exc:
@@ -210,31 +235,34 @@ class AtomicAudioWriter:
             self.abort()
 
 
-def as_frames(wave: torch.Tensor) -> np.ndarray:
+def as_frames(wave: "torch.Tensor | np.ndarray") -> np.ndarray:
     """Return ``(C, S)`` (or ``(S,)``) audio as a contiguous float32 ``(S, C)`` array for soundfile."""
-    if isinstance(wave, np.ndarray):
-        wave = torch.from_numpy(wave)
-    if wave.dim() == 1:
+    import numpy as np
+
+    if hasattr(wave, "detach"):  # a torch tensor, on any device
+        wave = wave.detach().cpu().float().numpy()
+    wave = np.asarray(wave, dtype=np.float32)
+    if wave.ndim == 1:
         wave = wave[None]
-    if wave.dim() != 2:
+    if wave.ndim != 2:
         raise InputError(f"audio output: expected a (channels, samples) waveform, got shape {tuple(wave.shape)}")
-    return np.ascontiguousarray(wave.detach().to("cpu", torch.float32).numpy().T)
+    return np.ascontiguousarray(wave.T)
 
 
-def save_audio(path: PathLike, wave: torch.Tensor, sample_rate: int, *, wav_subtype: Optional[str] = None,
+def save_audio(path: PathLike, wave: "torch.Tensor", sample_rate: int, *, wav_subtype: Optional[str] = None,
                target: Optional[AudioTarget] = None) -> Path:
     """Write ``(C, S)`` float audio to ``path`` in the format its extension names, atomically.
 
     ``target`` (from ``audio_target``, checked earlier) skips the path checks being repeated.
     """
     target = target or audio_target(path, wav_subtype)
-    channels = 1 if wave.dim() == 1 else wave.shape[0]
+    channels = 1 if len(wave.shape) == 1 else wave.shape[0]
     with AtomicAudioWriter(target, sample_rate, channels) as writer:
         writer.write(wave)
     return target.path
 
 
-def write_wav(path: PathLike, wave: torch.Tensor, sample_rate: int) -> Path:
+def write_wav(path: PathLike, wave: "torch.Tensor", sample_rate: int) -> Path:
     """Write float32 WAV at ``path`` whatever its name (the official ``torchaudio.save`` stand-in), atomically."""
     target = AudioTarget(Path(path), writable_file(path, "audio file"), "WAV", "FLOAT")
     return save_audio(path, wave, sample_rate, target=target)

@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Callable, TextIO
+from typing import Callable, Optional, TextIO
 
 DISPLAYS = ("bar", "lines", "off")
 
 
-def pick_display(quiet: bool, stream: TextIO = sys.stderr) -> str:
-    """Return ``off`` when quiet, ``bar`` on a terminal, else ``lines``."""
-    if quiet:
+def pick_display(quiet: bool, stream: Optional[TextIO] = None) -> str:
+    """Return ``off`` when quiet or stderr is closed, ``bar`` on a terminal, else ``lines``."""
+    stream = sys.stderr if stream is None else stream
+    if quiet or stream is None:
         return "off"
+    stream = sys.stderr if stream is None else stream
     isatty = getattr(stream, "isatty", None)
     return "bar" if isatty is not None and isatty() else "lines"
 
@@ -26,11 +28,12 @@ def pick_display(quiet: bool, stream: TextIO = sys.stderr) -> str:
 class Progress:
     """Counts generated frames per text chunk and shows them as the chosen display."""
 
-    def __init__(self, display: str, frame_rate_hz: float, *, stream: TextIO = sys.stderr,
+    def __init__(self, display: str, frame_rate_hz: float, *, stream: Optional[TextIO] = None,
                  heartbeat_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
         if display not in DISPLAYS:
             raise ValueError(f"display {display!r}: use one of {DISPLAYS}")
-        self.display, self.frame_rate_hz, self.stream = display, float(frame_rate_hz), stream
+        self.display, self.frame_rate_hz = display, float(frame_rate_hz)
+        self.stream = sys.stderr if stream is None else stream  # looked up now: tests and callers may swap it
         self.heartbeat_s, self.clock = heartbeat_s, clock
         self.frames: dict[int, int] = {}  # chunk index -> frames generated
         self._open: dict[int, tuple[float, int]] = {}  # chunk -> (start time, last step seen)

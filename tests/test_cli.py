@@ -13,8 +13,9 @@ from moss_npu import cli, errors, goldens, hub
 from moss_npu.errors import MossNpuError
 
 EXPECTED = {
-    "MossNpuError": 2, "DeviceError": 2, "MissingDependency": 2, "CheckpointError": 2, "ConfigError": 2, "AudioError": 2,
-    "InputError": 2, "NumericalError": 1, "GenerationError": 1, "OutputError": 1, "Interrupted": 130,
+    "MossNpuError": 2, "DeviceError": 2, "MissingDependency": 2, "CheckpointError": 2, "ConfigError": 2,
+    "AudioError": 2, "InputError": 2, "DownloadError": 1, "NumericalError": 1, "GenerationError": 1, "OutputError": 1,
+    "Interrupted": 130,
 }
 CLASSES = [c for _, c in inspect.getmembers(errors, inspect.isclass) if issubclass(c, MossNpuError)]
 
@@ -112,3 +113,13 @@ def test_numeric_flag_types():
         with pytest.raises(Exception):
             cli.finite_float(bad)
     assert cli.finite_float("0.5") == 0.5
+
+
+@pytest.mark.parametrize("exc", [MemoryError(), RuntimeError("NPU out of memory. Tried to allocate 2.00 GiB")],
+                         ids=["host", "device"])
+def test_out_of_memory_is_one_line_with_what_to_lower(exc, capsys):
+    def body():
+        raise exc
+
+    assert cli.run_cli(body) == 1
+    assert capsys.readouterr().err.startswith("error: out of memory; use a smaller --max-new-frames")

@@ -277,3 +277,20 @@ def test_against_upstream_uses_only_the_official_api(fixture_dir):
     codes = report.tiers[2].items[0]
     assert codes.metrics["agreement"] == 1.0 and codes.metrics["frames"] == 3
     assert report.passed and report.target["impl"] == "upstream" and stand_ins[0].closed
+
+
+def test_upstream_code_reaches_the_upstream_side(monkeypatch, tmp_path):
+    """--upstream-code is passed to the official-code side, as inference.py does."""
+    import moss_npu.upstream
+
+    monkeypatch.setattr(moss_npu.upstream, "import_transformers", lambda: None)
+    args = eval_accuracy.build_parser().parse_args(["--device", "cpu", "--against", "upstream", "--greedy",
+                                                    "--upstream-code", str(tmp_path)])
+    request = eval_accuracy.build_request(args)
+    assert request.target.impl == "upstream" and request.target.code_dir == str(tmp_path)
+    assert request.reference.code_dir is None
+
+
+def test_upstream_code_without_an_upstream_side_is_refused(capsys):
+    assert eval_accuracy.main(["--device", "cpu", "--upstream-code", "x", "--quiet"]) == 2
+    assert "--upstream-code: only used with" in capsys.readouterr().err

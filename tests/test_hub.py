@@ -65,6 +65,16 @@ def test_offline_failure_names_the_variable_and_our_command(monkeypatch):
     assert "`python -m moss_npu.hub download OpenMOSS-Team/MOSS-TTS-Nano DIR`" in str(info.value)
 
 
+def test_network_failure_is_a_runtime_failure(monkeypatch, capsys):
+    def unreachable(**kwargs):
+        raise ConnectionError("no route to host")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", unreachable)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    assert hub.main(["download", "a/b", "dir"]) == 1
+    assert "download failed (ConnectionError)" in capsys.readouterr().err
+
+
 def test_missing_codec_folder_names_the_codec(tmp_path):
     with pytest.raises(CheckpointError, match=f"codec folder {tmp_path / 'c'} does not exist.*{hub.DEFAULT_CODEC}"):
         hub.resolve_model_dir(tmp_path / "c", role="codec", example=hub.DEFAULT_CODEC)

@@ -153,3 +153,16 @@ def test_write_wav_ignores_the_name(tmp_path):
     """The official code's torchaudio.save stand-in writes float WAV whatever the file is called."""
     path = write_wav(tmp_path / "odd.name", torch.zeros(1, 10), 16000)
     assert soundfile.info(str(path)).format == "WAV"
+
+
+def test_a_folder_that_refuses_new_files_is_found_before_any_work(tmp_path, monkeypatch):
+    """Read-only mounts and /proc pass the permission check; creating a file there is the real test."""
+    import errno
+
+    def refuse(**kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(output.tempfile, "mkstemp", refuse)
+    with pytest.raises(InputError, match="cannot create files in .*Read-only file system"):
+        audio_target(tmp_path / "o.wav")
+    assert list(tmp_path.iterdir()) == []

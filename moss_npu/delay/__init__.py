@@ -1,6 +1,8 @@
 """MOSS-TTS "Delay" fallback backend: GGUF backbone through llama-cpp-python, NumPy heads, ONNX codec.
 
-Entry point: ``DelayPipeline.from_config(config_path, weights_dir, codec_onnx_dir, overrides)`` in
-``moss_npu.delay.pipeline``. Importing this package loads neither llama.cpp nor onnxruntime.
+Entry points in ``moss_npu.delay.pipeline``: ``DelayPipeline.from_config(config_path, weights_dir,
+codec_onnx_dir, overrides)`` or ``DelayPipeline.open(run_config, weights_dir, codec_onnx_dir)``; the CLI's
+flags become a run in ``moss_npu.delay.flags``. Importing this package loads neither llama.cpp nor
+onnxruntime, and nothing here needs torch (it only accelerates the audio heads when present).
 Spec: shared/docs/delay_spec.md.
 """

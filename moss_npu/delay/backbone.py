@@ -12,6 +12,7 @@ import ctypes
 import logging
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -62,7 +63,8 @@ class LlamaBackbone:
     """One GGUF model + context; feeds embedding rows and reads hidden states and text logits."""
 
     def __init__(self, gguf: Path, *, n_ctx: int, n_batch: int, n_threads: int, n_gpu_layers: int,
-                 kv_cache_type_k: str, kv_cache_type_v: str, flash_attn: str, verbose: bool = False) -> None:
+                 kv_cache_type_k: str, kv_cache_type_v: str, flash_attn: str, verbose: bool = False,
+                 device_index: Optional[int] = None) -> None:
         global _native_log
         self._lib = lib = import_llama_cpp()
         if _native_log is None:
@@ -75,6 +77,9 @@ class LlamaBackbone:
         lib.llama_backend_init()
         model_params = lib.llama_model_default_params()
         model_params.n_gpu_layers = n_gpu_layers
+        if device_index is not None:  # one given accelerator holds the whole model
+            model_params.split_mode = lib.LLAMA_SPLIT_MODE_NONE
+            model_params.main_gpu = device_index
         self._model = lib.llama_model_load_from_file(str(gguf).encode("utf-8"), model_params)
         if not self._model:
             raise CheckpointError(f"llama.cpp could not load {gguf} (not a GGUF, an unsupported quantisation for "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -61,9 +62,9 @@ def resolve_provider(kind: str) -> str:
 
 
 class OnnxSession:
-    """One ONNX graph on one execution provider, checked to really run there."""
+    """One ONNX graph on one execution provider (device ``device_id`` of it, if given), checked to run there."""
 
-    def __init__(self, path: Path, provider: str) -> None:
+    def __init__(self, path: Path, provider: str, device_id: Optional[int] = None) -> None:
         ort = import_onnxruntime()
         if not Path(path).is_file():
             raise CheckpointError(f"codec graph {path} does not exist; download OpenMOSS-Team/MOSS-Audio-Tokenizer-ONNX "
@@ -71,7 +72,9 @@ class OnnxSession:
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         # CPU stays as the per-node fallback ORT uses for ops a device provider lacks.
-        providers = list(dict.fromkeys([provider, "CPUExecutionProvider"]))
+        providers: list = list(dict.fromkeys([provider, "CPUExecutionProvider"]))
+        if device_id is not None and provider != "CPUExecutionProvider":
+            providers[0] = (provider, {"device_id": str(device_id)})
         try:
             self.session = ort.InferenceSession(str(path), sess_options=options, providers=providers)
         except Exception as exc:  # onnxruntime raises its own (Fail, InvalidGraph, ...) exception types
@@ -99,16 +102,16 @@ class OnnxCodec:
     frame_samples = FRAME_SAMPLES
     n_quantizers = N_QUANTIZERS
 
-    def __init__(self, encoder: Path, decoder: Path, provider: str = "auto") -> None:
+    def __init__(self, encoder: Path, decoder: Path, provider: str = "auto", device_id: Optional[int] = None) -> None:
         self.provider = resolve_provider(provider)
-        self.encoder = OnnxSession(encoder, self.provider)
-        self.decoder = OnnxSession(decoder, self.provider)
+        self.encoder = OnnxSession(encoder, self.provider, device_id)
+        self.decoder = OnnxSession(decoder, self.provider, device_id)
 
     @classmethod
-    def from_dir(cls, folder: Path | str, provider: str = "auto") -> "OnnxCodec":
-        """Open ``encoder.onnx`` and ``decoder.onnx`` in ``folder``."""
+    def from_dir(cls, folder: Path | str, provider: str = "auto", device_id: Optional[int] = None) -> "OnnxCodec":
+        """Open ``encoder.onnx`` and ``decoder.onnx`` in ``folder`` (on accelerator ``device_id`` if given)."""
         folder = Path(folder)
-        return cls(folder / "encoder.onnx", folder / "decoder.onnx", provider)
+        return cls(folder / "encoder.onnx", folder / "decoder.onnx", provider, device_id)
 
     def encode(self, wave: np.ndarray) -> np.ndarray:
         """Encode a mono 24 kHz waveform.

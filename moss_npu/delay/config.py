@@ -133,6 +133,7 @@ class DelayRunConfig:
 
     backbone_gguf: Optional[str] = None  # file name inside the weights folder; None = its only .gguf
     n_gpu_layers: int = -1
+    device_index: Optional[int] = None  # accelerator number for llama.cpp (main_gpu) and ONNX (device_id); None = theirs
     n_ctx: int = 4096
     n_batch: int = 512
     n_threads: int = 4
@@ -167,6 +168,8 @@ class DelayRunConfig:
         for key in ("n_ctx", "n_batch", "n_threads", "max_new_tokens"):
             if not isinstance(getattr(self, key), int) or getattr(self, key) < 1:
                 raise ConfigError(f"{key}={getattr(self, key)!r}: must be an integer >= 1")
+        if self.device_index is not None and (not isinstance(self.device_index, int) or self.device_index < 0):
+            raise ConfigError(f"device_index={self.device_index!r}: use null (the runtimes' default) or a number >= 0")
         if not isinstance(self.n_gpu_layers, int) or self.n_gpu_layers < -1:
             raise ConfigError(f"n_gpu_layers={self.n_gpu_layers!r}: use -1 (all), 0 (CPU) or a layer count")
         for key in ("text_top_k", "audio_top_k"):

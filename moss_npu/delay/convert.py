@@ -25,7 +25,7 @@ import numpy as np
 
 from moss_npu.delay.config import DelayModelConfig
 from moss_npu.cli import ArgumentParser, run_cli
-from moss_npu.errors import CheckpointError
+from moss_npu.errors import CheckpointError, DeviceError
 from moss_npu.hub import download_command
 
 log = logging.getLogger(__name__)
@@ -194,7 +194,14 @@ def convert(model_dir: Path | str, output_dir: Path | str, max_shard_bytes: int 
 
     Raises:
         CheckpointError: files missing, tensors unknown or missing, special ids absent from config.json.
+        DeviceError: torch or safetensors is not installed.
     """
+    try:
+        import safetensors  # noqa: F401
+        import torch  # noqa: F401  (bf16 tensors are cast through torch)
+    except Exception as exc:
+        raise DeviceError(f"the converter reads the bf16 checkpoint with torch and safetensors ({exc}); install "
+                          "them with `pip install -e \".[nano]\"` (a one-off: the converted weights need no torch)") from exc
     model_dir, out = Path(model_dir), Path(output_dir)
     config_path = model_dir / "config.json"
     if not config_path.is_file():

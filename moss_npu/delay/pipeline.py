@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Callable, Mapping, Optional, Union
 
 import numpy as np
 
@@ -22,6 +22,7 @@ from moss_npu.delay.config import DelayRunConfig, DelaySampling, load_run_config
 from moss_npu.delay.embeddings import DelayEmbeddings
 from moss_npu.delay.heads import build_audio_heads
 from moss_npu.delay.prompt import DelayTokenizer, build_prompt, parse_text
+from moss_npu.delay.reference import load_reference, loudness_normalize
 from moss_npu.delay.state import frames_from_rows, init_state, step
 from moss_npu.delay.weights import DelayWeights
 from moss_npu.errors import CheckpointError, ConfigError, InputError
@@ -48,16 +49,6 @@ class Generation:
     text_logits: Optional[np.ndarray] = None
 
 
-def loudness_normalize(wave: np.ndarray, target_dbfs: float = -20.0, max_gain_db: float = 3.0) -> np.ndarray:
-    """Move the RMS level towards ``target_dbfs`` by at most ``max_gain_db`` either way (upstream §10.4)."""
-    wave = np.asarray(wave, dtype=np.float32)
-    if wave.size == 0:
-        return wave
-    rms = np.sqrt(np.mean(wave ** 2) + 1e-9)
-    gain_db = float(np.clip(target_dbfs - 20.0 * np.log10(rms), -max_gain_db, max_gain_db))
-    return wave * np.float32(10.0 ** (gain_db / 20.0))
-
-
 class DelayPipeline:
     """MOSS-TTS Delay on llama.cpp: tokenizer, embeddings, backbone, audio heads and (optionally) the codec."""
 
@@ -73,7 +64,7 @@ class DelayPipeline:
         self.backbone = LlamaBackbone(weights.gguf, n_ctx=run.n_ctx, n_batch=run.n_batch, n_threads=run.n_threads,
                                       n_gpu_layers=run.n_gpu_layers, kv_cache_type_k=run.kv_cache_type_k,
                                       kv_cache_type_v=run.kv_cache_type_v, flash_attn=run.flash_attn,
-                                      verbose=run.verbose)
+                                      verbose=run.verbose, device_index=run.device_index)
         if self.backbone.n_embd != weights.hidden_size:
             self.backbone.close()
             raise CheckpointError(f"{weights.gguf}: hidden size {self.backbone.n_embd} but the embedding tables have "
@@ -87,9 +78,15 @@ class DelayPipeline:
 
         ``overrides`` holds preset keys set on the command line; None values are ignored.
         """
-        run = load_run_config(config_path, overrides)
+        return cls.open(load_run_config(config_path, overrides), weights_dir, codec_onnx_dir)
+
+    @classmethod
+    def open(cls, run: DelayRunConfig, weights_dir: Union[str, Path],
+             codec_onnx_dir: Optional[Union[str, Path]] = None) -> "DelayPipeline":
+        """Build from a finished run config, a weights folder and an optional codec folder."""
         weights = DelayWeights.open(weights_dir, run.backbone_gguf)
-        codec = OnnxCodec.from_dir(codec_onnx_dir, run.audio_provider) if codec_onnx_dir is not None else None
+        codec = (OnnxCodec.from_dir(codec_onnx_dir, run.audio_provider, run.device_index)
+                 if codec_onnx_dir is not None else None)
         return cls(weights, run, codec)
 
     def close(self) -> None:
@@ -106,7 +103,7 @@ class DelayPipeline:
                  tokens: Optional[int] = None, quality: Optional[str] = None, language: Optional[str] = None,
                  max_new_tokens: Optional[int] = None, seed: Optional[int] = None,
                  rng: Optional[np.random.RandomState] = None, sampling: Optional[DelaySampling] = None,
-                 record: bool = False) -> Generation:
+                 record: bool = False, on_step: Optional[Callable[[int], None]] = None) -> Generation:
         """Generate the codes of one utterance (no codec involved).
 
         Args:
@@ -114,6 +111,7 @@ class DelayPipeline:
             seed: seeds a fresh ``RandomState`` (same stream as upstream's ``np.random.seed``); ignored if ``rng``.
             sampling: overrides the run config's sampling parameters for this call.
             record: also return the hidden states and text logits of every step.
+            on_step: called with the number of steps taken after each step (progress display).
 
         Raises:
             InputError: the prompt alone does not fit ``n_ctx``.
@@ -135,6 +133,8 @@ class DelayPipeline:
                 logits_seen.append(logits)
             row = step(state, logits, self.heads(hidden), sampling, self.config, rng)
             rows.append(row)
+            if on_step is not None:
+                on_step(index + 1)
             if state.is_stopping or index == limit - 1:
                 break  # nothing reads the outputs of the last row, so it is not fed
             self.backbone.step(self.embeddings(row), prompt.shape[0] + index)
@@ -148,8 +148,13 @@ class DelayPipeline:
     def synthesize(self, text: str, reference_audio: Optional[Union[str, Path, np.ndarray]] = None, *,
                    instruction: Optional[str] = None, tokens: Optional[int] = None, quality: Optional[str] = None,
                    language: Optional[str] = None, max_new_tokens: Optional[int] = None,
-                   seed: Optional[int] = None) -> tuple[np.ndarray, int]:
+                   max_new_frames: Optional[int] = None, seed: Optional[int] = None,
+                   on_step: Optional[Callable[[int], None]] = None) -> tuple[np.ndarray, int]:
         """Speak ``text``, optionally in the voice of ``reference_audio`` (a file, or 24 kHz mono samples).
+
+        ``max_new_frames`` caps the audio at that many frames (12.5 per second): frame ``t`` is complete
+        once the delay staircase has produced its last codebook, so it allows ``frames + Q - 1`` steps
+        (the smaller of that and ``max_new_tokens`` when both are given).
 
         Returns:
             ``(waveform, sample_rate)``: ``(1, S)`` float32 at 24 kHz, loudness-normalised like upstream.
@@ -160,8 +165,11 @@ class DelayPipeline:
         """
         codec = self._need_codec()
         codes = None if reference_audio is None else codec.encode(self._reference_wave(reference_audio))
+        if max_new_frames is not None:
+            frame_steps = int(max_new_frames) + self.config.n_vq - 1
+            max_new_tokens = frame_steps if max_new_tokens is None else min(int(max_new_tokens), frame_steps)
         result = self.generate(text, codes, instruction=instruction, tokens=tokens, quality=quality,
-                               language=language, max_new_tokens=max_new_tokens, seed=seed)
+                               language=language, max_new_tokens=max_new_tokens, seed=seed, on_step=on_step)
         if result.codes.shape[0] == 0:
             raise InputError(f"no audio frame after {result.rows.shape[0]} steps (max_new_tokens="
                              f"{result.max_new_tokens}); allow at least {self.config.n_vq + 1} steps")
@@ -192,7 +200,5 @@ class DelayPipeline:
             if wave.ndim != 1:
                 raise InputError(f"reference audio array of shape {reference.shape}; pass mono (samples,) at 24 kHz")
         else:
-            from moss_npu.audio import load_reference_audio
-
-            wave = load_reference_audio(reference, self._need_codec().sample_rate_hz, 1)[0].cpu().numpy()
+            wave = load_reference(reference, self._need_codec().sample_rate_hz)
         return loudness_normalize(wave)

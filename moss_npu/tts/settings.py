@@ -17,6 +17,7 @@ from typing import Any, Mapping, NamedTuple, Optional
 
 from moss_npu.codec.streaming import OFFICIAL_SCHEDULE, DecodeSchedule
 from moss_npu.errors import ConfigError, InputError
+from moss_npu.limits import MAX_NEW_FRAMES, MAX_SEED
 from moss_npu.nano.graphs import GRAPH_MODES
 from moss_npu.presets import check_types, read_yaml_mapping
 from moss_npu.sampling import SamplingParams
@@ -24,8 +25,6 @@ from moss_npu.sampling import SamplingParams
 MODES = ("auto", "continuation", "voice_clone")
 # "optimized": the frame decoder; "reference": the official algorithm (nano.reference, the oracle), same codes.
 SPEEDS = ("optimized", "reference")
-MAX_NEW_FRAMES = 7500  # 10 minutes per text chunk at 12.5 frames/s; bounds the caches allocated up front
-MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed takes at most a signed 64-bit value
 
 
 @dataclass(frozen=True)

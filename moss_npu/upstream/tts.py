@@ -279,8 +279,8 @@ def load_upstream(model_dir_or_id: str, codec_dir_or_id: Optional[str] = None, *
     """
     patches = load_manifest() if patches is None else patches
     transformers = import_transformers()
-    model_dir = resolve_model_dir(model_dir_or_id)
-    codec_dir = resolve_model_dir(codec_dir_or_id or DEFAULT_CODEC)
+    model_dir = resolve_model_dir(model_dir_or_id, role="TTS model")
+    codec_dir = resolve_model_dir(codec_dir_or_id or DEFAULT_CODEC, role="codec", example=DEFAULT_CODEC)
     code = None if code_dir is None else Path(code_dir)
     impl = attention_impl(device, dtype, attn_implementation)
     with tempfile.TemporaryDirectory(prefix="moss_npu_upstream_") as work, _torchaudio_stand_in():

@@ -124,3 +124,11 @@ def test_a_failed_write_leaves_no_temp_file(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="disk full"):
         convert(tmp_path / "ckpt", tmp_path / "out")
     assert not [p for p in (tmp_path / "out").rglob("*") if p.name.endswith(".tmp")]
+
+
+def test_without_torch_the_converter_names_its_install(tmp_path, monkeypatch, capsys):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torch", None)
+    assert main(["--model", str(tmp_path), "--output", str(tmp_path / "out"), "--quiet"]) == 2
+    assert 'pip install -e ".[nano]"' in capsys.readouterr().err

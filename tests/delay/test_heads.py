@@ -39,6 +39,17 @@ def test_auto_heads_on_a_cpu_only_machine_are_numpy(weights):
     assert isinstance(build_audio_heads(weights, "torch", "cpu"), TorchAudioHeads)
 
 
+def test_without_torch_auto_heads_are_numpy_and_torch_heads_an_error(weights, monkeypatch):
+    import sys
+
+    from moss_npu.errors import ConfigError
+
+    monkeypatch.setitem(sys.modules, "torch", None)
+    assert isinstance(build_audio_heads(weights, "auto", "auto"), NumpyAudioHeads)
+    with pytest.raises(ConfigError, match="heads_backend: numpy"):
+        build_audio_heads(weights, "torch", "auto")
+
+
 def test_embeddings_sum_text_and_every_channel_including_the_pad_row(weights):
     embed = DelayEmbeddings(weights)
     row = np.array([3] + [1024] * 31 + [5])

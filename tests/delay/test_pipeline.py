@@ -96,3 +96,9 @@ def test_synthesize_from_a_reference_file(pipeline, tmp_path):
     sf.write(tmp_path / "ref.wav", stereo.astype(np.float32), 16000)
     wave, rate = pipeline.synthesize("Hello", tmp_path / "ref.wav", seed=4, max_new_tokens=40)
     assert rate == 24000 and wave.shape[0] == 1 and wave.shape[1] > 0
+
+
+def test_on_step_reports_every_step(pipeline):
+    seen = []
+    result = pipeline.generate("Hello world!", seed=3, max_new_tokens=40, on_step=seen.append)
+    assert seen == list(range(1, result.rows.shape[0] + 1))

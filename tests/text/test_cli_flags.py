@@ -35,6 +35,7 @@ def test_print_normalized_shows_what_the_model_reads(capsys, needs_wetext, tmp_p
 
 
 def test_normalization_flags_are_refused_for_the_delay_backend(capsys):
-    code = inference.main(["--backend", "llama-cpp", "--text", "Hi", "--no-wetext"])
+    code = inference.main(["--backend", "llama-cpp", "--weights", "W", "--codec-onnx-dir", "C", "--text", "Hi",
+                           "--no-wetext"])
     assert code == 2
-    assert "apply to --backend nano only" in capsys.readouterr().err
+    assert "--no-wetext is not available with the llama-cpp (Delay) backend" in capsys.readouterr().err
