@@ -66,10 +66,10 @@ def setup(tiny_ckpt):
     return model, [build_prompt_rows(tok, model.config, t) for t in TEXTS]
 
 
-def decode(decoder, prompts, frames=6, join_at=None):
+def decode(decoder, prompts, frames=6, join_at=None, sampling=SAMPLED):
     """Run prompts (the last one joining at frame ``join_at``); return every request's codes."""
     def params(i):
-        return RequestParams(SAMPLED, max_new_frames=frames, generator=torch.Generator().manual_seed(i))
+        return RequestParams(sampling, max_new_frames=frames, generator=torch.Generator().manual_seed(i))
 
     first = prompts if join_at is None else prompts[:-1]
     slots = {decoder.admit(p, params(i)): i for i, p in enumerate(first)}
@@ -145,3 +145,35 @@ def test_graph_modes_refuse_what_cannot_be_captured(setup, standin):
     with pytest.raises(InputError, match="unknown"):
         FrameDecoder(model, graph="sometimes")
     assert FrameDecoder(model, sampler="official", graph="auto").graphs is None
+
+
+def accelerator():
+    """The first CUDA or NPU device with a real capture API, or None (CI has none)."""
+    for kind in ("cuda", "npu"):
+        try:
+            backend = devices.get_backend(kind)
+            if backend.is_available() and backend.device_count() > 0 and backend.graph_capture() is not None:
+                return backend.torch_device(0)
+        except devices.DeviceError:
+            continue
+    return None
+
+
+@pytest.mark.skipif(accelerator() is None, reason="needs a CUDA or NPU device with graph capture (not in CI)")
+@pytest.mark.parametrize("sampling", [SamplingParams(), SAMPLED], ids=["greedy", "noise-fed"])
+def test_real_graphs_match_eager_frame_by_frame(tiny_ckpt, sampling):
+    """On real hardware: captured frames give the same codes as eager ones, frame by frame, with requests joining."""
+    dev = accelerator()
+    model = steer(load_model(tiny_ckpt, device=dev))
+    tok = TextTokenizer.from_dir(tiny_ckpt)
+    prompts = [build_prompt_rows(tok, model.config, t).to(dev) for t in TEXTS]
+
+    def run(graph):
+        decoder = FrameDecoder(model, slots=4, max_len=256, sampler="noise", graph=graph)
+        return decode(decoder, prompts, frames=8, join_at=3, sampling=sampling), decoder.graphs_active
+
+    eager, _ = run("off")
+    graphed, active = run("on")
+    assert active
+    for a, b in zip(eager, graphed):
+        assert torch.equal(a, b)
