@@ -87,10 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--voice-clone-max-text-tokens", type=int, help="token budget of one long-text chunk")
     gen.add_argument("--tts-max-batch-size", type=int, help="most chunks generated at once (0 = memory-sized)")
     gen.add_argument("--speed", choices=("optimized", "reference"),
-                     help="optimized (default) or reference: the official algorithm, same codes up to rounding")
+                     help="optimized (default: the frame decoder) or reference: the official algorithm, same codes up to rounding")
     gen.add_argument("--num-threads", type=int_in(0, 4096),
                      help="intra-op CPU threads (on a busy 2-core machine, 1 is fastest)")
-    gen.add_argument("--no-local-kv-cache", action="store_true", help="recompute the local transformer (official algorithm)")
+    gen.add_argument("--graph", choices=("auto", "on", "off"),
+                     help="device graphs of the frame step (auto: on for CUDA/NPU with --host-rng, off on CPU)")
     for kind in ("text", "audio"):
         gen.add_argument(f"--{kind}-temperature", type=finite_float)
         gen.add_argument(f"--{kind}-top-p", type=finite_float)
@@ -111,8 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
 # --- flags that act on one backend or implementation only -------------------------------------------------
 
 # flag -> argparse dest (the llama-cpp backend refuses its own set: moss_npu.delay.flags)
-NOT_UPSTREAM = {"--stream": "stream", "--host-rng": "host_rng", "--speed": "speed",
-                "--no-local-kv-cache": "no_local_kv_cache"}
+NOT_UPSTREAM = {"--stream": "stream", "--host-rng": "host_rng", "--speed": "speed", "--graph": "graph"}
 LLAMA_CPP_ONLY = {"--weights": "weights", "--codec-onnx-dir": "codec_onnx_dir"}
 # argparse dests of the values that only shape a random draw (the repetition penalty acts on greedy runs too)
 SAMPLING_ONLY = tuple(f"{kind}_{name}" for kind in ("text", "audio") for name in ("temperature", "top_p", "top_k")) + (
@@ -192,8 +192,7 @@ def run_overrides(args: argparse.Namespace) -> dict:
         "voice_clone_max_text_tokens": args.voice_clone_max_text_tokens,
         "tts_max_batch_size": args.tts_max_batch_size,
         "do_sample": False if args.greedy else None, "host_rng": True if args.host_rng else None,
-        "local_kv_cache": False if args.no_local_kv_cache else None,
-        "speed": args.speed, "num_threads": args.num_threads,
+        "graph": args.graph, "speed": args.speed, "num_threads": args.num_threads,
         "text_normalization": False if args.no_text_normalization else None,
         "wetext": False if args.no_text_normalization or args.no_wetext else None,
         "audio_repetition_penalty": args.audio_repetition_penalty,

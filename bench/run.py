@@ -3,12 +3,17 @@
     python -m bench.run --device cpu                              # real-size random checkpoint (cached)
     python -m bench.run --compare reference,optimized --cases short-en
     python -m bench.run --compare optimized@1,optimized@2         # intra-op threads 1 vs 2
+    python -m bench.run --batch 1,4,8,16 --cases short-en         # batched decoding (see bench/batch.py)
+    python -m bench.run --device cuda --batch 1,8,32 --graph on,off
 
 Every run is greedy with a fixed frame count per text chunk (``--frames``), so runs compare like with like.
-A configuration is ``SPEED[@THREADS]`` (``moss_npu.nano.generate.SPEED_PRESETS``); with ``--compare`` the
+A configuration is ``SPEED[@THREADS]`` (``moss_npu.tts.settings.SPEEDS``); with ``--compare`` the
 configurations run alternately in one process, and the last stdout line is ``speedup B/A: X.XX``: the median
 over cases of (median per-frame time of A) / (median per-frame time of B), so > 1 means B is faster.
-Per-frame time = decode-step global + local decoder + sampling (the steady-state frame loop, prefill excluded).
+Per-frame time = the frame phase (local decisions, sampling, global step; prefill and codec excluded).
+With ``--batch B1,B2,...`` each case runs as batches of those sizes instead (``bench/batch.py``), per
+``--graph`` mode; the last stdout line is then ``batch speedup B/1: X.XX`` (aggregate frames/s of the largest
+batch over batch 1, median over cases, first graph mode).
 Results go to ``bench/results/`` as JSON + Markdown. Exit codes: 0 done; 1 runtime failure; 2 bad usage; 130 interrupted.
 """
 
@@ -29,11 +34,12 @@ import torch
 from bench.checkpoints import SIZES, ensure_checkpoints, steer_to_continue
 from moss_npu import device as devices
 from moss_npu import goldens
+from bench.batch import batch_markdown, batch_speedup, run_batch, summarize_batches
 from moss_npu.cli import ArgumentParser, run_cli
 from moss_npu.errors import InputError
-from moss_npu.nano.generate import SPEED_PRESETS, PhaseTimer
+from moss_npu.nano.frames import PhaseTimer
 from moss_npu.tts.pipeline import MossTTSNano
-from moss_npu.tts.settings import RunConfig
+from moss_npu.tts.settings import SPEEDS, RunConfig
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 SHORT = {"en": "Hello there, my friend.", "zh": "今天天气很好，我们去公园散步吧。"}
@@ -50,7 +56,7 @@ LONG = {
 }
 REFERENCES = {"en": "en_3.wav", "zh": "zh_1.wav"}
 CASES = [f"{length}-{lang}{ref}" for ref in ("", "+ref") for length in ("short", "long") for lang in ("en", "zh")]
-PHASES = ("prefill", "global", "local", "sample", "codec")
+PHASES = ("prefill", "frame", "codec")
 
 
 @dataclass(frozen=True)
@@ -67,8 +73,8 @@ class BenchConfig:
     @classmethod
     def parse(cls, text: str) -> "BenchConfig":
         speed, _, threads = text.strip().partition("@")
-        if speed not in SPEED_PRESETS or (threads and not threads.isdigit()):
-            raise ValueError(f"configuration {text!r}; use SPEED[@THREADS] with SPEED one of {SPEED_PRESETS}")
+        if speed not in SPEEDS or (threads and not threads.isdigit()):
+            raise ValueError(f"configuration {text!r}; use SPEED[@THREADS] with SPEED one of {SPEEDS}")
         return cls(speed, int(threads or 0))
 
 
@@ -85,9 +91,6 @@ class RunRecord:
     rtf: float
     ttfa_ms: Optional[float]
     frame_ms: float
-    global_ms: float
-    local_ms: float
-    sample_ms: float
     codec_ms: float
     prefill_ms: float
     peak_memory_bytes: Optional[int]
@@ -132,14 +135,11 @@ def run_once(tts: MossTTSNano, case: str, config: BenchConfig, frames: int, stre
     n_frames = int(result.codes.shape[0])
     n_chunks = len(result.text_chunks)
     sec = dict(timer.seconds)
-    per_frame = {k: sec.get(k, 0.0) * 1e3 / max(n_frames, 1) for k in ("local", "sample", "codec")}
-    steps = timer.calls.get("global", 0)
-    global_ms = sec.get("global", 0.0) * 1e3 / steps if steps else 0.0
+    per_frame = {k: sec.get(k, 0.0) * 1e3 / max(n_frames, 1) for k in ("frame", "codec")}
     return RunRecord(
         case=case, config=config.label, threads=torch.get_num_threads(), chunks=n_chunks, frames=n_frames,
         wall_s=wall, rtf=wall / max(n_frames / tts.codec.frame_rate_hz, 1e-9), ttfa_ms=ttfa,
-        frame_ms=global_ms + per_frame["local"] + per_frame["sample"], global_ms=global_ms,
-        local_ms=per_frame["local"], sample_ms=per_frame["sample"], codec_ms=per_frame["codec"],
+        frame_ms=per_frame["frame"], codec_ms=per_frame["codec"],
         prefill_ms=sec.get("prefill", 0.0) * 1e3 / max(timer.calls.get("prefill", 0), 1),
         peak_memory_bytes=back.max_memory_allocated(), load_avg=load, phases_s=sec)
 
@@ -153,8 +153,7 @@ def summarize(records: list[RunRecord]) -> list[dict]:
     for (case, config), runs in groups.items():
         row = {"case": case, "config": config, "runs": len(runs), "threads": runs[0].threads,
                "chunks": runs[0].chunks, "frames": runs[0].frames}
-        for key in ("rtf", "ttfa_ms", "frame_ms", "global_ms", "local_ms", "sample_ms", "codec_ms", "prefill_ms",
-                    "wall_s"):
+        for key in ("rtf", "ttfa_ms", "frame_ms", "codec_ms", "prefill_ms", "wall_s"):
             values = [getattr(r, key) for r in runs if getattr(r, key) is not None]
             row[key] = statistics.median(values) if values else None
         row["peak_memory_mib"] = max((r.peak_memory_bytes or 0) for r in runs) / 2**20 or None
@@ -175,13 +174,12 @@ def markdown(rows: list[dict], ratios: dict[str, float], base: Optional[str], ot
     def num(value, digits=1):
         return "–" if value is None else f"{value:.{digits}f}"
 
-    lines = ["| case | config | threads | chunks | frames | RTF | TTFA ms | frame ms | global ms | local ms/frame "
-             "| sampling ms/frame | codec ms/frame | prefill ms | peak MiB | load |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| case | config | threads | chunks | frames | RTF | TTFA ms | frame ms | codec ms/frame | prefill ms "
+             "| peak MiB | load |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['case']} | {r['config']} | {r['threads']} | {r['chunks']} | {r['frames']} | "
-                     f"{num(r['rtf'], 2)} | {num(r['ttfa_ms'], 0)} | {num(r['frame_ms'])} | {num(r['global_ms'])} | "
-                     f"{num(r['local_ms'])} | {num(r['sample_ms'], 2)} | {num(r['codec_ms'])} | "
+                     f"{num(r['rtf'], 2)} | {num(r['ttfa_ms'], 0)} | {num(r['frame_ms'])} | {num(r['codec_ms'])} | "
                      f"{num(r['prefill_ms'], 0)} | {num(r['peak_memory_mib'], 0)} | {num(r['load_avg'], 2)} |")
     if ratios:
         lines += ["", f"| case | speedup {other}/{base} |", "|---|---:|"]
@@ -216,9 +214,61 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compare", help="two configurations A,B run alternately; prints 'speedup B/A: X.XX'")
     p.add_argument("--threads", type=int, default=0, help="default intra-op threads for configs without @N")
     p.add_argument("--no-stream", action="store_true", help="skip the streamed start (time to first audio)")
+    p.add_argument("--batch", help="batch sizes B1,B2,... decoded together (prints 'batch speedup B/1: X.XX')")
+    p.add_argument("--graph", default="off", help="with --batch: graph modes to run, e.g. on,off (default off)")
     p.add_argument("--out", type=Path, help="output file stem (default bench/results/bench-<time>)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     return p
+
+
+def parse_sizes(text: Optional[str]) -> list[int]:
+    """Parse ``--batch 1,4,8`` into sizes (ValueError on anything but positive integers)."""
+    sizes = [int(x) for x in text.split(",")] if text else []
+    if any(b < 1 for b in sizes):
+        raise ValueError(f"--batch {text}: use positive sizes, e.g. 1,4,8,16")
+    return sizes
+
+
+def load_pipeline(args) -> tuple[MossTTSNano, str, str]:
+    """Load the model under test (a generated random checkpoint unless --model/--codec are given)."""
+    model_dir, codec_dir = args.model, args.codec
+    if model_dir is None or codec_dir is None:
+        made = ensure_checkpoints(args.size, args.cache_dir)
+        model_dir, codec_dir = model_dir or made[0], codec_dir or made[1]
+    tts = MossTTSNano.from_pretrained(str(model_dir), str(codec_dir), device=args.device, dtype=args.dtype)
+    if args.force_frames:
+        steer_to_continue(tts.model)
+    return tts, str(model_dir), str(codec_dir)
+
+
+def measure(tts: MossTTSNano, args, cases: list[str], configs: list[BenchConfig], sizes: list[int],
+            graphs: list[str], log) -> list:
+    """Run warm-up and measured rounds, alternating configurations (drifting load hits each alike)."""
+    records: list = []
+    serial = 0
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    for round_index in range(args.warmup + args.runs):
+        measured = round_index >= args.warmup
+        for case in cases:
+            if sizes:
+                for size in sizes:
+                    for graph in graphs:
+                        serial += size
+                        record = run_batch(tts, case, size, graph, args.frames, serial, case_request(case))
+                        log(f"bench: {'run' if measured else 'warm-up'} {case} batch {size} graph {graph}: "
+                            f"{record.slot_ms_per_frame:.1f} ms/frame, {record.aggregate_fps:.1f} frames/s")
+                        if measured:
+                            records.append(record)
+                continue
+            for config in configs:
+                serial += 2
+                record = run_once(tts, case, config, args.frames, not args.no_stream, serial)
+                log(f"bench: {'run' if measured else 'warm-up'} {case} {config.label}: "
+                    f"{record.frame_ms:.1f} ms/frame, RTF {record.rtf:.2f}, load {record.load_avg:.2f}")
+                if measured:
+                    records.append(record)
+    return records
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -231,52 +281,48 @@ def run(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         configs = [BenchConfig.parse(c) for c in (args.compare or args.speed).split(",")]
+        sizes = parse_sizes(args.batch)
     except ValueError as exc:
         raise InputError(str(exc)) from None
     configs = [c if c.threads or not args.threads else BenchConfig(c.speed, args.threads) for c in configs]
+    graphs = [g.strip() for g in args.graph.split(",") if g.strip()]
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     unknown = [c for c in cases if c not in CASES]
-    if unknown or (args.compare and len(configs) != 2) or args.frames < 1 or args.runs < 1 or args.warmup < 0:
-        raise InputError(f"check --cases (unknown: {unknown}), --compare (two configurations), --frames/--runs >= 1")
+    if (unknown or (args.compare and len(configs) != 2) or args.frames < 1 or args.runs < 1 or args.warmup < 0
+            or any(g not in ("auto", "on", "off") for g in graphs) or (sizes and args.compare)):
+        raise InputError(f"check --cases (unknown: {unknown}), --compare (two configurations, not with --batch), "
+                         "--graph (auto/on/off), --frames/--runs >= 1")
     if any(c.endswith("+ref") for c in cases) and not (goldens.fixtures_root() / "audio").is_dir():
         print(f"bench: no reference audio under {goldens.fixtures_root()}; skipping the +ref cases", file=sys.stderr)
         cases = [c for c in cases if not c.endswith("+ref")]
     log = (lambda *a: None) if args.quiet else (lambda *a: print(*a, file=sys.stderr, flush=True))
-    model_dir, codec_dir = args.model, args.codec
-    if model_dir is None or codec_dir is None:
-        made = ensure_checkpoints(args.size, args.cache_dir)
-        model_dir, codec_dir = model_dir or made[0], codec_dir or made[1]
-    tts = MossTTSNano.from_pretrained(str(model_dir), str(codec_dir), device=args.device, dtype=args.dtype)
-    if args.force_frames:
-        steer_to_continue(tts.model)
+    tts, model_dir, codec_dir = load_pipeline(args)
+    records = measure(tts, args, cases, configs, sizes, graphs, log)
     info = devices.describe(tts.device)
-    records: list[RunRecord] = []
-    serial = 0
-    for round_index in range(args.warmup + args.runs):
-        measured = round_index >= args.warmup
-        for case in cases:
-            for config in configs:  # alternate, so drifting machine load hits every configuration alike
-                serial += 2
-                record = run_once(tts, case, config, args.frames, not args.no_stream, serial)
-                log(f"bench: {'run' if measured else 'warm-up'} {case} {config.label}: "
-                    f"{record.frame_ms:.1f} ms/frame, RTF {record.rtf:.2f}, load {record.load_avg:.2f}")
-                if measured:
-                    records.append(record)
-    rows = summarize(records)
-    base, other = (configs[0].label, configs[1].label) if args.compare else (None, None)
-    ratios = speedups(rows, base, other) if args.compare else {}
-    stem = args.out or RESULTS_DIR / time.strftime("bench-%Y%m%d-%H%M%S")
     report = {"device": info, "frames_per_chunk": args.frames, "runs": args.runs, "warmup": args.warmup,
-              "model": str(model_dir), "codec": str(codec_dir), "summary": rows, "speedups": ratios,
+              "threads": torch.get_num_threads(), "model": model_dir, "codec": codec_dir,
               "records": [asdict(r) for r in records]}
-    table = markdown(rows, ratios, base, other)
+    if sizes:
+        rows = summarize_batches(records)
+        table, speedup = batch_markdown(rows), batch_speedup(rows, graphs[0])
+        report.update(summary=rows, batch_speedup=None if speedup is None else {"batch": speedup[0],
+                                                                                 "ratio": speedup[1]})
+        last = None if speedup is None else f"batch speedup {speedup[0]}/1: {speedup[1]:.2f}"
+    else:
+        rows = summarize(records)
+        base, other = (configs[0].label, configs[1].label) if args.compare else (None, None)
+        ratios = speedups(rows, base, other) if args.compare else {}
+        table = markdown(rows, ratios, base, other)
+        report.update(summary=rows, speedups=ratios)
+        last = f"speedup {other}/{base}: {statistics.median(ratios.values()):.2f}" if args.compare else None
+    stem = args.out or RESULTS_DIR / time.strftime("bench-%Y%m%d-%H%M%S")
     write_atomic(stem.with_suffix(".json"), json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     write_atomic(stem.with_suffix(".md"), f"Device: {info['name']} ({info['device']}), torch {info['torch']}\n\n"
                  + table + "\n")
     print(f"device: {info['name']} ({info['device']}), torch {info['torch']}; results: {stem}.json, {stem}.md")
     print(table)
-    if args.compare:
-        print(f"speedup {other}/{base}: {statistics.median(ratios.values()):.2f}")
+    if last is not None:
+        print(last)
     return 0
 
 

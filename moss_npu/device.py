@@ -38,6 +38,30 @@ DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16
 _GIB = 1 << 30
 
 
+class GraphCapture:
+    """A backend's device-graph API: ``capture(fn)`` records the kernels ``fn`` launches and returns a replay.
+
+    ``graph_type`` is ``torch.cuda.CUDAGraph`` or ``torch.npu.NPUGraph``, ``graph_context`` the matching
+    ``torch.cuda.graph`` / ``torch.npu.graph``. ``broken`` holds why a capture failed in this process (then
+    callers stop trying). Tests pass a stand-in with the same two members.
+    """
+
+    def __init__(self, graph_type, graph_context) -> None:
+        self.graph_type, self.graph_context = graph_type, graph_context
+        self.broken: Optional[str] = None
+
+    def capture(self, fn):
+        """Record ``fn`` (not run: its kernels run on each replay); return the graph's ``replay``."""
+        graph = self.graph_type()
+        with self.graph_context(graph):
+            fn()
+        return graph.replay
+
+    def disable(self, reason: str) -> None:
+        """Turn capture off for this process, remembering why."""
+        self.broken = reason
+
+
 class Backend:
     """One kind of device. Defaults are the conservative answers; subclasses override what they can do.
 
@@ -106,6 +130,18 @@ class Backend:
     def version(self) -> Optional[str]:
         """Return the version of the extension that provides this backend, if any."""
         return None
+
+    def graph_capture(self) -> Optional[GraphCapture]:
+        """Return the device-graph capture API (one per process), or None where frames run eagerly."""
+        return None
+
+    def apply_process_settings(self) -> dict:
+        """Apply once the process-wide settings this backend needs when a device is resolved; return them."""
+        return {}
+
+    def process_settings(self) -> dict:
+        """Return the process-wide settings this backend applied (reported in bench and eval JSON)."""
+        return {}
 
 
 class CpuBackend(Backend):
@@ -207,6 +243,11 @@ class CudaBackend(Backend):
     def version(self) -> Optional[str]:
         return torch.version.cuda
 
+    def graph_capture(self) -> Optional[GraphCapture]:
+        if getattr(self, "_graphs", None) is None:
+            self._graphs = GraphCapture(torch.cuda.CUDAGraph, torch.cuda.graph)
+        return self._graphs
+
 
 class MpsBackend(Backend):
     """Apple GPUs through torch.mps (no memory query, so chunk batching stays at 1)."""
@@ -258,6 +299,8 @@ class NpuBackend(Backend):
     def __init__(self) -> None:
         self._module = None
         self._import_error: Optional[BaseException] = None
+        self._graphs: Optional[GraphCapture] = None
+        self._settings: Optional[dict] = None
 
     def _npu(self):
         """Import torch_npu once and return ``torch.npu``; raise DeviceError with the fix when it cannot load."""
@@ -325,6 +368,35 @@ class NpuBackend(Backend):
 
         return getattr(torch_npu, "__version__", None)
 
+    def graph_capture(self) -> Optional[GraphCapture]:
+        # torch_npu builds with aclgraph capture (2.5.1+ on CANN 8.1+, Atlas A2/A3) have NPUGraph; others run eagerly.
+        npu = self._npu()
+        if self._graphs is None and hasattr(npu, "NPUGraph") and hasattr(npu, "graph"):
+            self._graphs = GraphCapture(npu.NPUGraph, npu.graph)
+        return self._graphs
+
+    def apply_process_settings(self) -> dict:
+        """Apply the eager-NPU process settings once; return them.
+
+        ``jit_compile=False`` runs prebuilt binary kernels instead of compiling an operator for every new shape
+        (the growing KV length would otherwise compile each frame); internal formats off keeps tensors in ND
+        layout. ``MOSS_NPU_JIT_COMPILE=1`` / ``MOSS_NPU_ALLOW_INTERNAL_FORMAT=1`` override them.
+        """
+        if self._settings is None:
+            npu = self._npu()
+            settings = {}
+            if hasattr(npu, "set_compile_mode"):  # every torch_npu for torch >= 2.1 has both; report what was set
+                settings["jit_compile"] = os.environ.get("MOSS_NPU_JIT_COMPILE", "0") == "1"
+                npu.set_compile_mode(jit_compile=settings["jit_compile"])
+            if hasattr(getattr(npu, "config", None), "allow_internal_format"):
+                settings["allow_internal_format"] = os.environ.get("MOSS_NPU_ALLOW_INTERNAL_FORMAT", "0") == "1"
+                npu.config.allow_internal_format = settings["allow_internal_format"]
+            self._settings = settings
+        return self._settings
+
+    def process_settings(self) -> dict:
+        return dict(self._settings or {})
+
 
 _BACKENDS: dict[str, Backend] = {}
 _PROBED: dict[tuple[str, torch.dtype], bool] = {}
@@ -391,6 +463,7 @@ def resolve_device(spec: Optional[str] = "auto") -> torch.device:
         for kind in auto_order():
             b = get_backend(kind)
             if b.is_available() and b.device_count() > 0:
+                b.apply_process_settings()
                 return b.torch_device(0 if b.indexed else None)
         return torch.device("cpu")
     b = get_backend(kind)
@@ -404,6 +477,7 @@ def resolve_device(spec: Optional[str] = "auto") -> torch.device:
         raise DeviceError(f"--device {spec}: only {count} {kind.upper()}s visible{where}; use {choices}")
     if index is None and b.indexed:
         index = 0
+    b.apply_process_settings()
     return b.torch_device(index)
 
 
@@ -506,6 +580,9 @@ def describe(device: torch.device) -> dict:
     version = b.version()
     if b.extension is not None and version is not None:
         info[b.extension] = version
+    settings = b.process_settings()
+    if settings:
+        info["process_settings"] = settings
     return info
 
 

@@ -117,14 +117,18 @@ def apply_repetition_penalty(scores: torch.Tensor, history: Optional[torch.Tenso
 
 
 def filter_scores(scores: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
-    """Apply temperature, top-k (ties at the k-th value kept) and top-p (crossing token kept); return scores."""
+    """Apply temperature, top-k (ties at the k-th value kept) and top-p (crossing token kept, ties by id); return
+    scores."""
     scores = scores / temperature
     if top_k > 0:
         k = min(top_k, scores.shape[-1])
         threshold = torch.topk(scores, k, dim=-1).values[..., -1:]
         scores = scores.masked_fill(scores < threshold, float("-inf"))
     if 0.0 < top_p < 1.0:
-        sorted_scores, order = torch.sort(scores, descending=True, dim=-1)
+        # Stable: among equal scores the lower id comes first. Upstream's default sort leaves the order of ties
+        # to the implementation (it differs with the row length and the device), which only matters for exact
+        # ties at the top-p boundary; a fixed rule lets every device and the noise-fed sampler agree.
+        sorted_scores, order = torch.sort(scores, descending=True, dim=-1, stable=True)
         mass = torch.softmax(sorted_scores, dim=-1).cumsum(dim=-1)
         remove = mass > top_p
         # Shift right by one so the token that crosses top_p stays in.
@@ -172,3 +176,72 @@ def sample_token(
     if host_rng:
         return draw_host(probs, generator)
     return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+
+
+@dataclass
+class SlotSampling:
+    """Per-slot parameters of one kind of decision as (S,) tensors: what ``sample_with_noise`` reads.
+
+    Kept on the decoder's device so a captured frame step reads them in place; ``set`` writes one slot.
+    A greedy slot stores temperature 1.0 so that its unused sampled branch stays finite.
+    """
+
+    do_sample: torch.Tensor  # (S,) bool
+    temperature: torch.Tensor  # (S,) float32
+    top_k: torch.Tensor  # (S,) int64, 0 = off
+    top_p: torch.Tensor  # (S,) float32, 1.0 = off
+    repetition_penalty: torch.Tensor  # (S,) float32, 1.0 = off
+
+    @classmethod
+    def allocate(cls, slots: int, device: torch.device, dtype: torch.dtype = torch.float32) -> "SlotSampling":
+        """Return greedy parameters for ``slots`` slots."""
+        ones = torch.ones(slots, dtype=dtype, device=device)
+        return cls(torch.zeros(slots, dtype=torch.bool, device=device), ones.clone(),
+                   torch.zeros(slots, dtype=torch.long, device=device), ones.clone(), ones.clone())
+
+    def set(self, slot: int, params: TokenParams) -> None:
+        """Write ``params`` into ``slot``."""
+        self.do_sample[slot] = params.do_sample
+        self.temperature[slot] = params.temperature if params.do_sample else 1.0
+        self.top_k[slot] = params.top_k
+        self.top_p[slot] = params.top_p
+        self.repetition_penalty[slot] = params.repetition_penalty
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in vars(self).values())
+
+
+def sample_with_noise(logits: torch.Tensor, params: SlotSampling, uniforms: torch.Tensor,
+                      seen: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Choose one id per row from (B, V) logits with per-row parameters and a given uniform per row; (B,) int64.
+
+    The official filter chain (repetition penalty, greedy argmax or temperature → top-k with ties kept → top-p
+    keeping the crossing token → softmax) then the inverse-CDF pick of ``uniforms`` (B,) in [0, 1) over the ids in
+    index order, as the host-RNG mode of ``sample_token`` does. Tensor ops only (no host sync, no data-dependent
+    shapes), so it runs inside a captured device graph. Computes in float32 at least (float64 stays float64).
+    ``params`` rows [0, B) are read; ``seen`` (B, V) bool is the repetition presence mask.
+    """
+    b, vocab = logits.shape
+    dtype = torch.promote_types(logits.dtype, torch.float32)
+    scores = logits.to(dtype)
+    penalty = params.repetition_penalty[:b, None].to(dtype)
+    if seen is not None:
+        scores = torch.where(seen, torch.where(scores < 0, scores * penalty, scores / penalty), scores)
+    greedy = scores.argmax(dim=-1)
+    scores = scores / params.temperature[:b, None].to(dtype)
+    ordered, order = torch.sort(scores, dim=-1, descending=True, stable=True)
+    top_k = params.top_k[:b]
+    kth = torch.where((top_k > 0) & (top_k < vocab), top_k - 1, torch.full_like(top_k, vocab - 1))
+    ordered = ordered.masked_fill(ordered < ordered.gather(1, kth[:, None]), float("-inf"))
+    mass = torch.softmax(ordered, dim=-1).cumsum(dim=-1)
+    top_p = params.top_p[:b, None].to(dtype)
+    remove = (mass > top_p) & (top_p < 1.0)
+    remove = torch.cat([torch.zeros_like(remove[:, :1]), remove[:, :-1]], dim=-1)  # keep the crossing token
+    ordered = ordered.masked_fill(remove, float("-inf"))
+    probs = torch.softmax(torch.full_like(scores, float("-inf")).scatter(1, order, ordered), dim=-1)
+    cdf = probs.cumsum(dim=-1)
+    target = uniforms[:b, None].to(dtype) * cdf[:, -1:]
+    # Rounding can put the target on the total mass: never pick past the last id with probability.
+    last = torch.where(probs > 0, torch.arange(vocab, device=probs.device), 0).amax(dim=-1)
+    picked = torch.minimum((cdf <= target).sum(dim=-1), last)
+    return torch.where(params.do_sample[:b], picked, greedy)

@@ -307,7 +307,7 @@ def test_zero_frames_is_a_failure_without_file(tmp_path, capsys, monkeypatch, st
     """The model stopping before the first frame is exit 1 with one line, not an empty "success"."""
     from moss_npu.tts.pipeline import MossTTSNano
 
-    monkeypatch.setattr(MossTTSNano, "_frames", lambda self, *a, **k: iter(()))
+    monkeypatch.setattr(MossTTSNano, "_decode_frames", lambda self, *a, **k: iter(()))
     out = tmp_path / "z.wav"
     code, stdout, err = run(model_args(tmp_path, "--text", "hi", "--output", out, *(["--stream"] * stream)), capsys)
     assert code == 1 and _one_error_line(err) == f"error: {inference.NO_AUDIO}" and stdout == ""

@@ -3,8 +3,8 @@ import pytest
 import torch
 
 from moss_npu.errors import InputError
-from moss_npu.sampling import (SamplingParams, TokenParams, apply_repetition_penalty, draw_host, filter_scores,
-                               sample_token)
+from moss_npu.sampling import (SamplingParams, SlotSampling, TokenParams, apply_repetition_penalty, draw_host,
+                               filter_scores, sample_token, sample_with_noise)
 
 NEG = float("-inf")
 
@@ -113,6 +113,52 @@ def test_none_filters_mean_disabled_as_in_the_official_api():
     params = TokenParams(do_sample=True, temperature=1.0, top_k=None, top_p=None)
     assert params.top_k == 0 and params.top_p == 1.0
     assert SamplingParams(audio_top_k=None, text_top_p=None).audio().top_k == 0
+
+
+def official_pick(logits, seen, penalty, temperature, top_k, top_p, u):
+    """The official filter chain on one row in float64, then the inverse-CDF pick of ``u`` (as ``draw_host``)."""
+    scores = apply_repetition_penalty(logits[None], None, penalty, seen[None])
+    probs = torch.softmax(filter_scores(scores, temperature, top_k, top_p), dim=-1)[0]
+    cdf = probs.cumsum(dim=-1)
+    return int(torch.searchsorted(cdf, u * cdf[-1:], right=True).clamp(max=logits.shape[-1] - 1))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_noise_fed_sampler_equals_the_official_chain(seed):
+    """Same uniforms, same tokens as the official chain in float64: per-row parameters, ties, k >= V, greedy rows."""
+    g = torch.Generator().manual_seed(seed)
+    rows, vocab = 64, [2, 7, 50][seed % 3]
+    logits = torch.randn(rows, vocab, generator=g, dtype=torch.float64) * 2
+    logits[::2] = torch.round(logits[::2])  # many exact ties, also at the top-k and top-p boundaries
+    seen = torch.rand(rows, vocab, generator=g) < 0.3
+    params = SlotSampling.allocate(rows, torch.device("cpu"), torch.float64)
+    choices = dict(temperature=[0.5, 0.8, 1.0, 1.7], top_k=[0, 1, 3, vocab, vocab + 4], top_p=[1.0, 0.95, 0.8, 0.3],
+                   repetition_penalty=[1.0, 1.2, 0.7])
+    picked = {}
+    for name, values in choices.items():
+        picked[name] = [values[int(i)] for i in torch.randint(0, len(values), (rows,), generator=g)]
+    sample = [bool(x) for x in torch.rand(rows, generator=g) < 0.8]
+    for r in range(rows):
+        params.set(r, TokenParams(sample[r], picked["temperature"][r], picked["top_k"][r], picked["top_p"][r],
+                                  picked["repetition_penalty"][r]))
+    u = torch.rand(rows, generator=g, dtype=torch.float64)
+    got = sample_with_noise(logits, params, u, seen)
+    for r in range(rows):
+        pen = picked["repetition_penalty"][r]
+        if sample[r]:
+            want = official_pick(logits[r], seen[r], pen, picked["temperature"][r], picked["top_k"][r],
+                                 picked["top_p"][r], u[r])
+        else:
+            want = int(apply_repetition_penalty(logits[r:r + 1], None, pen, seen[r:r + 1]).argmax())
+        assert int(got[r]) == want, f"row {r}"
+
+
+def test_noise_fed_sampler_never_picks_a_filtered_id():
+    """A uniform just below 1 (float32 rounding puts the target on the total mass) stays inside the kept set."""
+    logits = torch.tensor([[3.0, 2.0, -50.0, -60.0]])
+    params = SlotSampling.allocate(1, torch.device("cpu"))
+    params.set(0, TokenParams(True, 1.0, 2, 1.0))
+    assert int(sample_with_noise(logits, params, torch.tensor([1.0 - 2 ** -24]))) == 1
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])

@@ -34,7 +34,7 @@ REFUSED = {
     "voice_clone_max_text_tokens": "the Delay backend speaks the whole text in one pass (no chunks)",
     "tts_max_batch_size": "the Delay backend speaks the whole text in one pass (no chunks)",
     "speed": "--speed picks a Nano algorithm; the Delay backend has one",
-    "no_local_kv_cache": "the Delay model has no local transformer",
+    "graph": "--graph captures the Nano frame decoder; llama.cpp runs the Delay backbone itself",
     "no_text_normalization": "text normalization is the Nano pipeline's (official infer.py); the Delay model "
                              "reads the text as given",
     "no_wetext": "text normalization is the Nano pipeline's (official infer.py); the Delay model reads the text "

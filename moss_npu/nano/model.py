@@ -3,7 +3,7 @@
 Implements spec §2-§4: pre-norm GPT-2 blocks with plain ``nn.Linear`` weights ([out, in]), interleaved RoPE with
 positions ``cumsum(mask) - 1``, attention through a name → function table with explicit boolean masks, tied
 heads. Parameter names equal the official checkpoint keys. The KV cache is a preallocated ``KVCache`` owned by
-the caller (``generate.py``), not by the layers.
+the caller (``decoder.py``), not by the layers.
 Shapes: B batch, L query rows, T key rows (cache + new), H heads, D head dim, E hidden, Q = n_vq channels.
 """
 
@@ -43,14 +43,16 @@ def sdpa_attention(q, k, v, mask, query_valid, scale):
 
     A fully padded query row would give NaN, so upstream lets it see the key at its own absolute index and zeroes
     its output afterwards; that is done here without asking the host whether any row is padded. ``mask`` None
-    means every key is visible, ``query_valid`` None that every query is real.
+    means every key is visible, ``query_valid`` None that every query is real. ``scale`` is the config's
+    (``scale_attn_weights``, ``scale_attn_by_inverse_layer_idx``), as in eager attention; for the official config
+    it equals sdpa's default 1/sqrt(D).
     """
     if query_valid is None:  # every query is real: nothing to patch (decode steps of a full batch)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # upstream's sdpa ignores `scale`
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     lq, lk = q.shape[-2], k.shape[-2]
     own = torch.arange(lk, device=q.device)[None, :] == (torch.arange(lq, device=q.device) + (lk - lq))[:, None]
     mask = mask | (own[None, None] & ~query_valid[:, None, :, None])
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     return out * query_valid[:, None, :, None].to(out.dtype)
 
 

@@ -1,92 +1,91 @@
-"""What the frame loop reuses across generations on one model (speed options of ``nano.generate``).
+"""What the frame decoder computes once and reuses: tables derived from the weights, and recent prompt prefixes.
 
-* the local decoder's first-layer q|k|v of every embedding row it can be fed (``local_qkv_tables``);
-* the global keys/values of the previous prompt, whose longest shared prefix (the prompt template, a voice-clone
-  reference over the chunks of one text) a new prefill starts from (``reuse_prompt_prefix``).
-Both are keyed by the weights they were computed from (storage and in-place version of every tensor involved),
-so an edited or reloaded model never sees stale values. Each holds one entry per model, dropped with the model.
-Shapes: L prompt rows, Q channels, V codebook size, E hidden, H heads, D head dim.
+* ``LocalTables``: the 2 candidate rows of the text head, their embeddings, and the local decoder's first-layer
+  q|k|v of every embedding row it can be fed (all but the first input): a row lookup instead of a 3E x E
+  projection per channel; (Q - 1)·V·3E values (~140 MB fp32 for the real model).
+* ``PrefixCache``: the global keys/values of recent prompts; a new prefill starts after the longest prefix it
+  shares with one of them (the prompt template, a voice-clone reference across the chunks of a text).
+Both belong to one ``FrameDecoder`` and are built from the weights at that time: after editing the weights call
+``FrameDecoder.refresh()`` (or build a new decoder). Shapes: L prompt rows, Q channels, V codebook size, E hidden,
+N layers, H heads, D head dim.
 """
 
 from __future__ import annotations
 
-import weakref
+from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Optional
 
 import torch
 
-from moss_npu.nano.model import KVCache, NanoTTSModel
+from moss_npu.nano.model import NanoTTSModel
 
 # Below this many shared rows a copy saves too little to be worth a host sync.
 MIN_SHARED_ROWS = 8
 
 
-def _weights_key(tensors: Iterable[torch.Tensor]) -> tuple:
-    return tuple((t.data_ptr(), t._version, t.dtype, t.device) for t in tensors)
+@dataclass(frozen=True)
+class LocalTables:
+    """Weight-derived tables of one decoder (see the module docstring)."""
 
+    candidates: torch.Tensor  # (2,) [audio_assistant_slot, audio_end] ids: index 0 = continue
+    text_rows: torch.Tensor  # (2, E) their text-head rows
+    text_embed: torch.Tensor  # (2, E) their wte rows (the local decoder's second input)
+    text_qkv: torch.Tensor  # (2, 3E) first_qkv of text_embed
+    audio_qkv: tuple[torch.Tensor, ...]  # Q - 1 tables (V_c, 3E): first_qkv of audio embedding c's rows
+    global_rope: tuple[torch.Tensor, torch.Tensor]  # cos, sin (M, D) of global positions
+    local_rope: tuple[torch.Tensor, torch.Tensor]  # cos, sin (Q + 1, D) of local positions
 
-_QKV_TABLES: "weakref.WeakKeyDictionary[NanoTTSModel, tuple]" = weakref.WeakKeyDictionary()
-
-
-def local_qkv_tables(model: NanoTTSModel) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """Return ``model.first_qkv`` of the text candidates' wte rows (2, 3E) and of audio embedding c's rows (V, 3E)
-    for c < Q - 1: every input the local decoder gets after the global hidden state.
-
-    Built once per model (about half a second for the real one) and rebuilt whenever a weight involved changes
-    (in-place edits bump a tensor's version), so a stale table cannot be used.
-    """
-    cfg = model.config
-    block = model.local_transformer.h[0]
-    sources = [model.transformer.wte.weight, *(e.weight for e in model.audio_embeddings[:-1]),
-               *block.ln_1.parameters(), *block.attn.c_attn.parameters()]
-    key = _weights_key(sources)
-    cached = _QKV_TABLES.get(model)
-    if cached is None or cached[0] != key:
+    @classmethod
+    @torch.inference_mode()
+    def build(cls, model: NanoTTSModel, max_len: int) -> "LocalTables":
+        """Compute every table from the model's current weights (about half a second for the real model)."""
+        cfg = model.config
         ids = torch.tensor([cfg.audio_assistant_slot_token_id, cfg.audio_end_token_id], device=model.device)
-        text = model.first_qkv(model.transformer.wte(ids))
-        audio = [model.first_qkv(e.weight) for e in model.audio_embeddings[:-1]]
-        cached = _QKV_TABLES[model] = (key, text, audio)
-    return cached[1], cached[2]
+        embed = model.transformer.wte(ids).to(model.dtype)
+        return cls(ids, model.text_lm_head.weight.index_select(0, ids), embed, model.first_qkv(embed),
+                   tuple(model.first_qkv(e.weight) for e in model.audio_embeddings[:-1]),
+                   model.transformer.rope_table(max_len), model.local_transformer.rope_table(cfg.n_vq + 1))
 
 
-@dataclass
-class PromptEntry:
-    """The last prompt run on a model: its rows (L, Q + 1) and the global keys/values per layer (1, H, L, D)."""
+class PrefixCache:
+    """Global keys/values of the last ``capacity`` prompts, looked up by their rows (least recently used out)."""
 
-    key: tuple
-    rows: torch.Tensor
-    keys: list[torch.Tensor]
-    values: list[torch.Tensor]
+    def __init__(self, capacity: int = 4, min_rows: int = MIN_SHARED_ROWS) -> None:
+        self.capacity, self.min_rows = capacity, min_rows
+        self._entries: "OrderedDict[int, tuple[torch.Tensor, torch.Tensor]]" = OrderedDict()
+        self._serial = 0
 
+    def __len__(self) -> int:
+        return len(self._entries)
 
-_PROMPTS: "weakref.WeakKeyDictionary[NanoTTSModel, PromptEntry]" = weakref.WeakKeyDictionary()
+    def clear(self) -> None:
+        """Forget every prompt (the weights changed)."""
+        self._entries.clear()
 
+    def lookup(self, rows: torch.Tensor) -> tuple[int, Optional[torch.Tensor]]:
+        """Return (shared rows, keys/values (N, 2, H, >= shared, D)) of the entry sharing the longest prefix.
 
-def reuse_prompt_prefix(model: NanoTTSModel, input_ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
-    """Prefill the empty ``cache`` with one prompt (1, L, Q + 1); return the hidden states of the rows computed.
+        At most ``len(rows) - 1`` rows are shared: the last row's hidden state must be computed. One host sync.
+        """
+        best, best_kv, best_key = 0, None, None
+        for key, (prev, kv) in self._entries.items():
+            n = min(prev.shape[0], rows.shape[0] - 1)
+            if n < self.min_rows:
+                continue
+            shared = int((prev[:n] == rows[:n]).all(dim=-1).long().cumprod(dim=0).sum())
+            if shared > best:
+                best, best_kv, best_key = shared, kv, key
+        if best < self.min_rows:
+            return 0, None
+        self._entries.move_to_end(best_key)
+        return best, best_kv
 
-    Rows shared with the start of the previous prompt are copied from it instead of computed (the last row is
-    always computed: its hidden state starts the first frame). Same values as a full prefill up to float rounding.
-    """
-    transformer = model.transformer
-    key = (transformer.attn_impl,) + _weights_key([*transformer.parameters(), *transformer.buffers(),
-                                                    *model.audio_embeddings.parameters()])
-    length = input_ids.shape[1]
-    entry = _PROMPTS.get(model)
-    shared = 0
-    if entry is not None and entry.key == key:
-        n = min(entry.rows.shape[0], length - 1)
-        if n >= MIN_SHARED_ROWS:
-            same = (entry.rows[:n] == input_ids[0, :n]).all(dim=-1)
-            shared = int(same.long().cumprod(dim=0).sum())  # one host sync per prompt
-    mask = torch.ones(1, length, dtype=torch.bool, device=input_ids.device)
-    if shared >= MIN_SHARED_ROWS:
-        for layer in range(len(cache.keys)):
-            cache.keys[layer][:, :, :shared] = entry.keys[layer][:, :, :shared]
-            cache.values[layer][:, :, :shared] = entry.values[layer][:, :, :shared]
-        cache.advance(shared)
-    hidden = model(input_ids[:, shared:], mask, cache)
-    _PROMPTS[model] = PromptEntry(key, input_ids[0].clone(), [k[:, :, :length].clone() for k in cache.keys],
-                                  [v[:, :, :length].clone() for v in cache.values])
-    return hidden
+    def store(self, rows: torch.Tensor, kv: torch.Tensor) -> None:
+        """Remember a prompt's rows (L, Q + 1) and its keys/values (N, 2, H, L, D) (copies both)."""
+        if self.capacity <= 0:
+            return
+        self._serial += 1
+        self._entries[self._serial] = (rows.clone(), kv.clone())
+        while len(self._entries) > self.capacity:
+            self._entries.popitem(last=False)

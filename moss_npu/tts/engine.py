@@ -1,34 +1,39 @@
-"""SERIAL STAND-IN for the batching engine: the same contract, one request at a time.
+"""The engine: many speech requests at once on one pipeline, for the server (design.md, "Serving").
 
-The frame-decoder work replaces this module with an engine that batches every active request per frame
-(continuous batching over ``max_batch`` slots). Until then this stand-in keeps the contract so callers (the
-server) can be written against it: ``Engine.submit`` queues a ``SpeechRequest`` and returns a
-``RequestStream``; one background thread takes requests in order and runs each through
-``MossTTSNano.synthesize_stream``. It holds no server logic.
+``Engine.submit`` queues a ``SpeechRequest`` and returns its ``RequestStream`` at once. One background thread owns
+the ``FrameDecoder``: at every frame boundary it admits queued text chunks into free slots, steps all active
+slots together (continuous batching), and turns each request's new codes into audio with its own streaming
+codec state. The chunks of one request run one after another (its audio comes in order); different requests
+share the batch. Every request samples with the noise-fed sampler from its own host generator (seeded by
+``settings.seed``), so its audio does not depend on what else is in the batch.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import queue
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterator, Optional
+from typing import Optional
 
 import torch
 
 from moss_npu.errors import MossNpuError
-from moss_npu.tts.pipeline import AudioChunk, MossTTSNano, PromptAudio
+from moss_npu.nano.decoder import FrameDecoder, RequestParams
+from moss_npu.nano.reuse import PrefixCache
+from moss_npu.tts.pipeline import AudioChunk, AudioStreamer, MossTTSNano, Plan, PromptAudio
 from moss_npu.tts.settings import RunConfig
 
-
-class Cancelled(MossNpuError):
-    """The request was cancelled before it finished."""
+log = logging.getLogger(__name__)
+_END = object()
 
 
 @dataclass
 class SpeechRequest:
-    """One utterance to speak: text, an optional voice (recording or stored codes), and run settings."""
+    """What to say and in whose voice: prompt audio (path, bytes or (waveform, rate)) or stored prompt codes."""
 
     text: str
     prompt_audio: Optional[PromptAudio] = None
@@ -37,145 +42,217 @@ class SpeechRequest:
     settings: RunConfig = field(default_factory=RunConfig)
 
 
-_END = object()
-
-
 class RequestStream:
-    """The audio of one request as it is decoded: iterate for ``AudioChunk`` s; ``cancel()`` to stop early."""
+    """The audio of one request as it is produced: iterate for ``AudioChunk``s (blocking).
 
-    def __init__(self, request: SpeechRequest) -> None:
-        self.request = request
-        self.codes: Optional[torch.Tensor] = None
-        self.first_audio_s: Optional[float] = None
-        self._items: queue.Queue = queue.Queue()
+    Iteration raises the request's ``MossNpuError`` if it failed. ``cancel()`` frees its slot within one frame and
+    ends the iteration. After the end, ``codes`` holds the generated (ΣF, Q) codes.
+    """
+
+    def __init__(self, engine: "Engine") -> None:
+        self._engine = engine
+        self._items: "queue.Queue[object]" = queue.Queue()
         self._cancelled = threading.Event()
         self._submitted = time.perf_counter()
+        self.codes: Optional[torch.Tensor] = None
+        self.first_audio_s: Optional[float] = None  # seconds from submit to the first audio chunk
+
+    def __iter__(self) -> "RequestStream":
+        return self
+
+    def __next__(self) -> AudioChunk:
+        item = self._items.get()
+        if item is _END or isinstance(item, BaseException):
+            self._items.put(item)  # later calls end (or fail) the same way
+            if item is _END:
+                raise StopIteration
+            raise item
+        return item
+
+    def cancel(self) -> None:
+        """Stop generating this request; its slot is freed at the next frame boundary."""
+        self._cancelled.set()
+        self._engine._wake()
 
     @property
     def cancelled(self) -> bool:
         return self._cancelled.is_set()
 
-    def cancel(self) -> None:
-        """Stop generating; the slot is free after the frame in progress."""
-        self._cancelled.set()
-
-    def __iter__(self) -> Iterator[AudioChunk]:
-        return self
-
-    def __next__(self) -> AudioChunk:
-        item = self._items.get()
-        if item is _END:
-            self._items.put(_END)
-            raise StopIteration
-        if isinstance(item, BaseException):
-            self._items.put(item)
-            raise item
-        return item
-
-    def _emit(self, chunk: AudioChunk) -> None:
-        if self.first_audio_s is None:
+    def _put(self, chunk: AudioChunk) -> None:
+        if self.first_audio_s is None and not chunk.is_pause:
             self.first_audio_s = time.perf_counter() - self._submitted
         self._items.put(chunk)
 
-    def _finish(self, error: Optional[BaseException] = None) -> None:
+    def _end(self, error: Optional[BaseException] = None) -> None:
         self._items.put(_END if error is None else error)
 
 
-class _RequestView:
-    """The pipeline seen by one request: stored voice codes stand for the reference, and every frame is
-    recorded (for ``RequestStream.codes``) and checked for cancellation."""
+@dataclass
+class _Job:
+    """The engine's bookkeeping of one request."""
 
-    plan = MossTTSNano.plan
-    synthesize_stream = MossTTSNano.synthesize_stream
-    _stream_chunk = MossTTSNano._stream_chunk
-
-    def __init__(self, tts: MossTTSNano, stream: RequestStream) -> None:
-        self._tts, self._stream = tts, stream
-        self.frames: list[torch.Tensor] = []
-
-    def __getattr__(self, name: str):
-        return getattr(self._tts, name)
-
-    def reference_codes(self, path) -> torch.Tensor:
-        codes = self._stream.request.prompt_codes
-        return codes if codes is not None else self._tts.reference_codes(path)
-
-    def _frames(self, *args, **kwargs):
-        for event in self._tts._frames(*args, **kwargs):
-            if self._stream.cancelled:
-                raise Cancelled("request cancelled")
-            # A non-finite frame is never kept: the pipeline's float32 fallback generates it again.
-            if bool(event.active[0]) and (event.finite is None or bool(event.finite)):
-                self.frames.append(event.codes[0].cpu())
-            yield event
+    request: SpeechRequest
+    stream: RequestStream
+    plan: Optional[Plan] = None
+    audio: Optional[AudioStreamer] = None
+    generator: Optional[torch.Generator] = None
+    chunk: int = 0
+    slot: Optional[int] = None
+    codes: list = field(default_factory=list)
 
 
 class Engine:
-    """Runs submitted requests one after another on a background thread (serial stand-in)."""
+    """Drive one ``FrameDecoder`` of ``max_batch`` slots over ``tts`` from a background thread."""
 
-    def __init__(self, tts: MossTTSNano, max_batch: int = 8) -> None:
-        if max_batch < 1:
-            raise ValueError(f"max_batch {max_batch}: use at least 1")
-        self.tts, self.max_batch = tts, max_batch
-        self._pending: queue.Queue = queue.Queue()
-        self._active = 0
-        self._closed = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="moss-npu-engine", daemon=True)
+    def __init__(self, tts: MossTTSNano, max_batch: int = 8, *, max_len: int = 1024, graph: str = "auto") -> None:
+        self.tts = tts
+        self.decoder = FrameDecoder(tts.model, slots=max_batch, max_len=max_len, sampler="noise", graph=graph,
+                                    prefix_cache=PrefixCache())
+        self._waiting: deque[_Job] = deque()  # jobs whose next chunk waits for a slot
+        self._running: dict[int, _Job] = {}  # slot -> job
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="moss-npu-engine", daemon=True)
         self._thread.start()
 
     @property
     def active_slots(self) -> int:
-        return self._active
+        """Requests decoding right now."""
+        return len(self._running)
 
     @property
     def queued(self) -> int:
-        return self._pending.qsize()
+        """Requests waiting for a slot."""
+        return len(self._waiting)
 
     def submit(self, request: SpeechRequest) -> RequestStream:
-        """Queue ``request``; its audio arrives on the returned stream."""
-        if self._closed.is_set():
-            raise MossNpuError("the engine is closed")
-        stream = RequestStream(request)
-        self._pending.put(stream)
+        """Queue ``request``; return its stream at once (thread-safe)."""
+        stream = RequestStream(self)
+        with self._cond:
+            if self._closed:
+                raise MossNpuError("the engine is closed; create a new one to submit requests")
+            self._waiting.append(_Job(request, stream))
+            self._cond.notify()
         return stream
 
     def close(self) -> None:
-        """Stop the background thread; requests still queued fail."""
-        self._closed.set()
-        self._pending.put(None)
-        self._thread.join(timeout=10)
-        while not self._pending.empty():
-            stream = self._pending.get_nowait()
-            if stream is not None:
-                stream._finish(MossNpuError("the engine was closed"))
+        """Stop the engine thread; requests not finished end with an error."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._thread.join()
+        for job in list(self._running.values()) + list(self._waiting):
+            job.stream._end(MossNpuError("the engine was closed before the request finished"))
+        self._running.clear()
+        self._waiting.clear()
 
-    def _run(self) -> None:
-        while not self._closed.is_set():
-            stream = self._pending.get()
-            if stream is None:
-                return
-            if stream.cancelled:
-                stream._finish(Cancelled("request cancelled"))
-                continue
-            self._active = 1
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and not self._running and not self._waiting:
+                    self._cond.wait()
+                if self._closed:
+                    return
+            self._drop_cancelled()
+            self._admit_waiting()
+            if self._running:
+                self._frame()
+
+    def _drop_cancelled(self) -> None:
+        for slot, job in list(self._running.items()):
+            if job.stream.cancelled:
+                self._finish(job, release=True)
+        with self._cond:
+            kept = [job for job in self._waiting if not job.stream.cancelled]
+            for job in self._waiting:
+                if job.stream.cancelled:
+                    job.stream._end()
+            self._waiting = deque(kept)
+
+    def _admit_waiting(self) -> None:
+        """Admit waiting chunks into free slots (a frame boundary: no slot is mid-frame)."""
+        while self.decoder.free_slots:
+            with self._cond:
+                if not self._waiting:
+                    return
+                job = self._waiting.popleft()
             try:
-                self._serve(stream)
-            finally:
-                self._active = 0
+                self._admit(job)
+            except Exception as exc:  # bad input (MossNpuError) or a bug: this request fails, the engine serves on
+                if not isinstance(exc, MossNpuError):
+                    log.exception("admitting a request failed")
+                self._finish(job, error=exc, release=True)
 
-    def _serve(self, stream: RequestStream) -> None:
-        request, view = stream.request, _RequestView(self.tts, stream)
-        audio = "<stored voice>" if request.prompt_codes is not None else request.prompt_audio
+    def _admit(self, job: _Job) -> None:
+        request, settings = job.request, job.request.settings
+        if job.plan is None:
+            job.plan = self.tts.plan(request.text, settings, request.prompt_audio, request.prompt_text,
+                                     request.prompt_codes)
+            job.audio = AudioStreamer(self.tts, job.plan, settings)
+            seed = settings.seed if settings.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
+            job.generator = torch.Generator().manual_seed(seed)
+        rows = self.tts.prompt_rows(job.plan, job.plan.chunks[job.chunk])
+        params = RequestParams(settings.sampling(), job.plan.nq, settings.max_new_frames, job.generator)
+        job.slot = self.decoder.admit(rows, params)
+        self._running[job.slot] = job
+        job.audio.start_chunk(job.chunk)
+
+    def _frame(self) -> None:
         try:
-            for chunk in view.synthesize_stream(request.text, prompt_audio=audio, prompt_text=request.prompt_text,
-                                                settings=request.settings):
-                if stream.cancelled:
-                    raise Cancelled("request cancelled")
-                stream._emit(chunk)
-            stream.codes = torch.stack(view.frames) if view.frames else torch.empty(0, self.tts.config.n_vq,
-                                                                                    dtype=torch.long)
-            stream._finish()
-        except MossNpuError as exc:
-            stream._finish(exc)
-        except Exception as exc:  # noqa: BLE001 - the caller gets the failure, the engine keeps running
-            stream._finish(MossNpuError(f"synthesis failed: {exc.__class__.__name__}: {exc}"))
+            batch = self.decoder.step()
+        except Exception as exc:  # a bug or a device failure: fail every running request, keep serving
+            log.exception("frame step failed")
+            for job in list(self._running.values()):
+                self._finish(job, error=MossNpuError(f"generation failed: {type(exc).__name__}: {exc}"), release=True)
+            return
+        for slot, job in list(self._running.items()):
+            try:
+                self._take(job, batch, slot)
+            except Exception as exc:  # e.g. the codec failed on this request: it fails, the others go on
+                log.exception("decoding audio failed")
+                self._finish(job, error=exc, release=True)
+
+    def _take(self, job: _Job, batch, slot: int) -> None:
+        """Hand a frame's codes of ``slot`` to its request: audio when the schedule says, end of chunk."""
+        if bool(batch.non_finite[slot]):
+            self._finish(job, error=self.decoder.non_finite_error(slot, batch.step_index), release=True)
+            return
+        if bool(batch.active[slot]):
+            job.codes.append(batch.codes[slot])
+            for chunk in job.audio.push(batch.codes[slot]):
+                job.stream._put(chunk)
+        if bool(batch.finished[slot]):
+            self._end_chunk(job)
+
+    def _end_chunk(self, job: _Job) -> None:
+        """Flush a finished chunk's audio; queue the next chunk first in line, or finish the request."""
+        for chunk in job.audio.end_chunk(job.plan.chunks[job.chunk]):
+            job.stream._put(chunk)
+        self.decoder.release(job.slot)
+        del self._running[job.slot]
+        job.slot = None
+        job.chunk += 1
+        if job.chunk < len(job.plan.chunks):
+            with self._cond:
+                self._waiting.appendleft(job)
+        else:
+            self._finish(job)
+
+    def _finish(self, job: _Job, error: Optional[BaseException] = None, release: bool = False) -> None:
+        if release and job.slot is not None:
+            self.decoder.release(job.slot)
+            self._running.pop(job.slot, None)
+            job.slot = None
+        q = self.tts.config.n_vq
+        job.stream.codes = torch.stack(job.codes) if job.codes else torch.empty(0, q, dtype=torch.long)
+        job.stream._end(error)

@@ -12,7 +12,7 @@ import contextlib
 import copy
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
@@ -25,9 +25,12 @@ from moss_npu.codec.model import NanoCodec
 from moss_npu.errors import ConfigError, InputError, NumericalError
 from moss_npu.hub import DEFAULT_CODEC, DEFAULT_MODEL, resolve_model_dir
 from moss_npu.nano.checkpoint import load_model
-from moss_npu.nano.generate import PhaseTimer, iter_frames, left_pad, non_finite_message, trim_codes
+from moss_npu.nano.decoder import FrameDecoder, RequestParams
+from moss_npu.nano.frames import PhaseTimer, left_pad, trim_codes
 from moss_npu.nano.model import NanoTTSModel
 from moss_npu.nano.prompt import build_prompt_rows, mask_unused_channels, resolve_mode
+from moss_npu.nano.reference import reference_generate
+from moss_npu.nano.reuse import PrefixCache
 from moss_npu.nano.text import pause_samples, voice_clone_chunks
 from moss_npu.nano.tokenizer import TextTokenizer
 from moss_npu.output import save_audio
@@ -92,6 +95,7 @@ class MossTTSNano:
         self.config = model.config
         self._reference_cache: dict[str, torch.Tensor] = {}
         self.normalizer = TextNormalizer()  # the official infer.py text preparation, as settings enable it
+        self._decoder: Optional[FrameDecoder] = None
 
     @classmethod
     def from_pretrained(cls, model: str = DEFAULT_MODEL, codec: str = DEFAULT_CODEC, *, device: str = "auto",
@@ -141,8 +145,11 @@ class MossTTSNano:
         return self._reference_cache[key]
 
     def plan(self, text: str, settings: RunConfig, prompt_audio: Optional[PromptAudio] = None,
-             prompt_text: Optional[str] = None) -> Plan:
-        """Validate a request, normalize its texts as the settings say, and decide its mode, chunks, prompt codes."""
+             prompt_text: Optional[str] = None, prompt_codes: Optional[torch.Tensor] = None) -> Plan:
+        """Validate a request, normalize its texts as the settings say, and decide its mode, chunks, prompt codes.
+
+        ``prompt_codes`` (F, Q) are a voice's codes encoded before (a stored voice): used instead of audio.
+        """
         if not isinstance(settings, RunConfig):
             raise ConfigError(f"settings: a {type(settings).__name__} is not a RunConfig; pass "
                               "settings=RunConfig(...) (device, dtype, attention, threads are from_pretrained's)")
@@ -156,27 +163,43 @@ class MossTTSNano:
         nq = self.config.n_vq if settings.nq is None else settings.nq
         if not 1 <= nq <= self.config.n_vq:
             raise InputError(f"--nq {nq}: out of range; use 1..{self.config.n_vq}")
+        if prompt_audio is not None and prompt_codes is not None:
+            raise InputError("pass a voice as prompt audio or as prompt codes, not both")
+        has_voice = prompt_audio is not None or prompt_codes is not None
         mode = settings.mode
         if mode == "auto":
-            mode = "voice_clone" if prompt_audio is not None and prompt_text is None else "continuation"
-        mode = resolve_mode(mode, prompt_text is not None, prompt_audio is not None)
+            mode = "voice_clone" if has_voice and prompt_text is None else "continuation"
+        mode = resolve_mode(mode, prompt_text is not None, has_voice)
         codes = None
-        if prompt_audio is not None:
-            codes = mask_unused_channels(self.reference_codes(prompt_audio), nq, self.config)
+        if has_voice:
+            raw = self.reference_codes(prompt_audio) if prompt_audio is not None else _check_codes(prompt_codes,
+                                                                                                   self.config)
+            codes = mask_unused_channels(raw, nq, self.config)
         chunks = [text]
         if mode == "voice_clone":
             chunks = voice_clone_chunks(self.tokenizer, text, settings.voice_clone_max_text_tokens)
         return Plan(mode, chunks, codes, prompt_text, nq)
 
-    def _prompt(self, plan: Plan, chunk: str) -> torch.Tensor:
+    def prompt_rows(self, plan: Plan, chunk: str) -> torch.Tensor:
+        """Return the prompt rows (L, Q + 1) of one text chunk of ``plan``."""
         return build_prompt_rows(self.tokenizer, self.config, chunk, plan.mode, plan.prompt_text, plan.prompt_codes)
 
-    def _frames(self, lm: NanoTTSModel, rows: torch.Tensor, mask: Optional[torch.Tensor], plan: Plan,
-                settings: RunConfig, generator: Optional[torch.Generator], timer: Optional[PhaseTimer],
-                done_frames: int = 0):
-        return iter_frames(lm, rows, mask, sampling=settings.sampling(), nq=plan.nq,
-                           max_new_frames=settings.max_new_frames - done_frames, speed=settings.speed_options(),
-                           generator=generator, host_rng=settings.host_rng, timer=timer)
+    def decoder(self, slots: int, max_len: int, sampler: str = "official", graph: str = "auto") -> FrameDecoder:
+        """Return this pipeline's frame decoder, rebuilt when it is too small or computes another way.
+
+        The decoder keeps its prompt-prefix cache across calls (the template; a voice reference across the
+        chunks of a text), handed on to a rebuilt one. Sizes grow in steps so that few rebuilds happen.
+        """
+        current = self._decoder
+        if (current is None or current.slots < slots or current.state.max_len < max_len
+                or current.sampler != sampler or current.graph_mode != graph or current.dtype != self.model.dtype):
+            cache = current.prefix_cache if current is not None and current.dtype == self.model.dtype else None
+            size = max(slots, current.slots if current is not None else 1)
+            length = -(-max(max_len, current.state.max_len if current is not None else 0) // 256) * 256
+            self._decoder = None  # free the old state before allocating the new one
+            self._decoder = FrameDecoder(self.model, slots=size, max_len=length, sampler=sampler, graph=graph,
+                                         prefix_cache=cache if cache is not None else PrefixCache())
+        return self._decoder
 
     def _fallback(self, exc: NumericalError, settings: RunConfig, lm: NanoTTSModel) -> NanoTTSModel:
         """Return a float32 copy of ``lm`` to generate again with (the official stability fallback), or re-raise.
@@ -204,18 +227,53 @@ class MossTTSNano:
     def _generate_batch(self, lm: NanoTTSModel, prompts: list[torch.Tensor], first_chunk: int, plan: Plan,
                         settings: RunConfig, generator: Optional[torch.Generator], on_frame: Optional[FrameCallback],
                         timer: Optional[PhaseTimer]) -> list[torch.Tensor]:
-        """Generate a batch of prompts (left-padded when several) with ``lm``; return each one's trimmed codes
-        (F, Q) on the CPU."""
-        rows, mask = (prompts[0], None) if len(prompts) == 1 else left_pad(prompts, self.config)
-        frames = []
-        for event in self._frames(lm, rows.to(self.device), mask, plan, settings, generator, timer):
-            frames.append(event.codes)
+        """Generate a batch of prompts with ``lm`` (decoder slots, or the oracle's left-padded batch); return each
+        one's trimmed codes (F, Q) on the CPU."""
+        if settings.speed == "reference":
+            rows, mask = (prompts[0], None) if len(prompts) == 1 else left_pad(prompts, self.config)
+            result = reference_generate(lm, rows.to(self.device), mask, sampling=settings.sampling(), nq=plan.nq,
+                                        max_new_frames=settings.max_new_frames, generator=generator,
+                                        host_rng=settings.host_rng, timer=timer)
+            return [c.cpu() for c in result.codes]
+        frames: list[list[torch.Tensor]] = [[] for _ in prompts]
+        for index, codes in self._decode_frames(lm, prompts, settings.max_new_frames, plan, settings, generator,
+                                                timer):
+            frames[index].append(codes)
             if on_frame is not None:
-                for b in event.active.nonzero().flatten().tolist():
-                    on_frame(first_chunk + b, event.step_index)
-        stacked = (torch.stack(frames, dim=1) if frames
-                   else torch.empty(len(prompts), 0, self.config.n_vq, dtype=torch.long, device=self.device))
-        return [trim_codes(stacked[b], plan.nq, self.config).cpu() for b in range(len(prompts))]
+                on_frame(first_chunk + index, len(frames[index]) - 1)
+        empty = torch.empty(0, self.config.n_vq, dtype=torch.long)
+        return [trim_codes(torch.stack(f) if f else empty, plan.nq, self.config) for f in frames]
+
+    def _decode_frames(self, lm: NanoTTSModel, prompts: list[torch.Tensor], max_frames: int, plan: Plan,
+                       settings: RunConfig, generator: Optional[torch.Generator], timer: Optional[PhaseTimer]
+                       ) -> Iterator[tuple[int, torch.Tensor]]:
+        """Yield (prompt index, codes (Q,) on the CPU) for every frame of every prompt, run as one batch.
+
+        Raises NumericalError (before yielding it) for a frame whose logits were not finite.
+        """
+        sampler = "noise" if settings.host_rng else "official"
+        length = max(int(p.shape[0]) for p in prompts) + max_frames
+        if lm is self.model:
+            decoder = self.decoder(len(prompts), length, sampler, settings.graph)
+        else:  # the float32 copy of a stability fallback: for this call only
+            decoder = FrameDecoder(lm, slots=len(prompts), max_len=length, sampler=sampler, graph=settings.graph)
+        decoder.generator, decoder.timer = (None if settings.host_rng else generator), timer
+        params = RequestParams(settings.sampling(), plan.nq, max_frames, generator if settings.host_rng else None)
+        slots: list[int] = []
+        try:
+            for rows in prompts:
+                slots.append(decoder.admit(rows, params))
+            while any(not decoder.is_done(s) for s in slots):
+                batch = decoder.step()
+                for index, slot in enumerate(slots):
+                    if bool(batch.non_finite[slot]):
+                        raise decoder.non_finite_error(slot, batch.step_index)
+                    if bool(batch.active[slot]):
+                        yield index, batch.codes[slot]
+        finally:
+            for slot in slots:
+                decoder.release(slot)
+            decoder.timer = None
 
     def _decode(self, codes: torch.Tensor, nq: int, skip_frames: int = 0,
                 timer: Optional[PhaseTimer] = None) -> torch.Tensor:
@@ -242,7 +300,7 @@ class MossTTSNano:
         chunk_codes: list[torch.Tensor] = []
         lm = self.model
         for start in range(0, len(plan.chunks), batch):
-            prompts = [self._prompt(plan, c) for c in plan.chunks[start:start + batch]]
+            prompts = [self.prompt_rows(plan, c) for c in plan.chunks[start:start + batch]]
             try:
                 codes = self._generate_batch(lm, prompts, start, plan, settings, generator, on_frame, timer)
             except NumericalError as exc:
@@ -281,99 +339,105 @@ class MossTTSNano:
         """
         plan = self.plan(text, settings, prompt_audio, prompt_text)
         generator = self._generator(settings, generator)
-        schedule = settings.schedule()
-        state = self.codec.init_decode_state(1, max(schedule.budgets))
-        playback = _Playback(clock)
+        audio = AudioStreamer(self, plan, settings, clock, timer)
         lm = self.model
         for index, chunk in enumerate(plan.chunks):
-            state.reset()
-            if plan.mode == "continuation" and plan.prompt_codes is not None and plan.prompt_codes.shape[0]:
-                with _phase(timer, "codec"):
-                    self.codec.decode_step(plan.prompt_codes[:, :plan.nq].T[:, None, :], state)  # prime; discard
-            prompt = self._prompt(plan, chunk).to(self.device)
-            progress = _ChunkProgress()
+            audio.start_chunk(index)
+            prompt, done = self.prompt_rows(plan, chunk), []
             while True:
                 try:
-                    for wave in self._stream_chunk(lm, prompt, progress, plan, settings, generator, timer, state,
-                                                   schedule, playback):
-                        yield AudioChunk(wave, self.sample_rate, index, False)
+                    for codes in self._chunk_frames(lm, prompt, done, plan, settings, generator, timer):
+                        done.append(codes)
+                        yield from audio.push(codes)
                     break
                 except NumericalError as exc:
                     lm = self._fallback(exc, settings, lm)
-            if index < len(plan.chunks) - 1:
-                pause = torch.zeros(self.codec.channels, pause_samples(chunk, self.sample_rate))
-                playback.emitted_s += pause.shape[-1] / self.sample_rate
-                yield AudioChunk(pause, self.sample_rate, index, True)
+            yield from audio.end_chunk(chunk)
 
-    def _stream_chunk(self, lm: NanoTTSModel, prompt: torch.Tensor, progress: "_ChunkProgress", plan: Plan,
-                      settings: RunConfig, generator: Optional[torch.Generator], timer: Optional[PhaseTimer],
-                      state, schedule, playback: "_Playback") -> Iterator[torch.Tensor]:
-        """Generate one text chunk with ``lm`` after the frames in ``progress``; yield waveforms (C, n) on the CPU.
-
-        Raises NumericalError before a non-finite frame reaches ``progress`` or the codec.
-        """
+    def _chunk_frames(self, lm: NanoTTSModel, prompt: torch.Tensor, done: list[torch.Tensor], plan: Plan,
+                      settings: RunConfig, generator: Optional[torch.Generator], timer: Optional[PhaseTimer]
+                      ) -> Iterator[torch.Tensor]:
+        """Yield the codes (Q,) of one text chunk's frames after the ``done`` ones (their rows extend the prompt)."""
         rows = prompt
-        if progress.frames:
-            generated = torch.stack(progress.frames)
+        if done:
+            generated = torch.stack(done)
             slot = generated.new_full((generated.shape[0], 1), self.config.audio_assistant_slot_token_id)
             rows = torch.cat([prompt, torch.cat([slot, generated], dim=1)])  # the rows those frames fed back
-        events = self._frames(lm, rows, None, plan, settings, generator, timer, done_frames=len(progress.frames))
-        for final, event in _with_end(events):
-            if event is not None:
-                # The stream syncs here anyway (is row 0 still speaking?); the finiteness flag rides along.
-                active, finite = torch.stack([event.active[0], event.finite]).tolist()
-                if not finite:
-                    raise NumericalError(non_finite_message("audio logits", len(progress.frames), lm.dtype))
-                if active:
-                    progress.frames.append(event.codes[0])
-            pending = len(progress.frames) - progress.decoded
-            count = schedule.frames_to_decode(emitted_s=playback.emitted_s, lead_s=playback.lead_s(schedule),
-                                              head_pending=pending, max_pending=pending, final=final)
-            while count and pending:
-                take = progress.frames[progress.decoded:progress.decoded + count]
-                codes = torch.stack(take)[:, :plan.nq].T[:, None, :]
-                with _phase(timer, "codec"):
-                    wave = self.codec.decode_step(codes, state)[0].cpu()
-                progress.decoded += len(take)
-                pending -= len(take)
-                playback.emitted(wave.shape[-1] / self.sample_rate)
-                yield wave
-                count = pending if final else 0
+        if settings.speed == "reference":
+            yield from self._generate_batch(lm, [rows], 0, plan, settings, generator, None, timer)[0]
+            return
+        for _, codes in self._decode_frames(lm, [rows], settings.max_new_frames - len(done), plan, settings,
+                                            generator, timer):
+            yield codes
 
 
-@dataclass
-class _ChunkProgress:
-    """The frames (Q,) of one text chunk checked finite so far, and how many of them the codec has decoded."""
+class AudioStreamer:
+    """One request's audio as its codes come: the streaming codec on the official playback-lead schedule.
 
-    frames: list = field(default_factory=list)
-    decoded: int = 0
+    The codec keeps its transformer state between calls, so each call decodes only the new frames. The first
+    call decodes as soon as one frame exists (budget 1), which sets the time to first audio. Pauses between
+    text chunks are zeros.
+    """
 
+    def __init__(self, tts: MossTTSNano, plan: Plan, settings: RunConfig,
+                 clock: Callable[[], float] = time.perf_counter, timer: Optional[PhaseTimer] = None) -> None:
+        self.tts, self.plan, self.clock, self.timer = tts, plan, clock, timer
+        self.schedule = settings.schedule()
+        self.state = tts.codec.init_decode_state(1, max(self.schedule.budgets))
+        self.emitted_s, self.first_emit = 0.0, None
+        self.pending: list[torch.Tensor] = []
+        self.index = 0
 
-@dataclass
-class _Playback:
-    """How far a stream has got: seconds of audio emitted and when the first of it left (for the schedule)."""
+    def start_chunk(self, index: int) -> None:
+        """Begin text chunk ``index`` (a continuation first primes the codec with the prompt audio's codes)."""
+        self.index, self.pending = index, []
+        self.state.reset()
+        codes = self.plan.prompt_codes
+        if self.plan.mode == "continuation" and codes is not None and codes.shape[0]:
+            with _phase(self.timer, "codec"):
+                self.tts.codec.decode_step(codes[:, :self.plan.nq].T[:, None, :], self.state)  # prime; discard
 
-    clock: Callable[[], float]
-    emitted_s: float = 0.0
-    first_emit: Optional[float] = None
+    def push(self, codes: torch.Tensor) -> Iterator[AudioChunk]:
+        """Add one frame's codes (Q,); yield the audio the schedule says to decode now."""
+        self.pending.append(codes)
+        return self._emit(final=False)
 
-    def lead_s(self, schedule) -> float:
-        """Return the playback lead the schedule sees now."""
+    def end_chunk(self, chunk: str) -> Iterator[AudioChunk]:
+        """Decode what is left of the chunk, then its pause when more chunks follow."""
+        yield from self._emit(final=True)
+        if self.index < len(self.plan.chunks) - 1:
+            pause = torch.zeros(self.tts.codec.channels, pause_samples(chunk, self.tts.sample_rate))
+            self.emitted_s += pause.shape[-1] / self.tts.sample_rate
+            yield AudioChunk(pause, self.tts.sample_rate, self.index, True)
+
+    def _emit(self, final: bool) -> Iterator[AudioChunk]:
         since = None if self.first_emit is None else self.clock() - self.first_emit
-        return schedule.lead_s(self.emitted_s, since)
+        count = self.schedule.frames_to_decode(emitted_s=self.emitted_s,
+                                               lead_s=self.schedule.lead_s(self.emitted_s, since),
+                                               head_pending=len(self.pending), max_pending=len(self.pending),
+                                               final=final)
+        while count and self.pending:
+            take, self.pending = self.pending[:count], self.pending[count:]
+            codes = torch.stack(take)[:, :self.plan.nq].T[:, None, :].to(self.tts.device)
+            with _phase(self.timer, "codec"):
+                wave = self.tts.codec.decode_step(codes, self.state)[0].cpu()
+            self.first_emit = self.clock() if self.first_emit is None else self.first_emit
+            self.emitted_s += wave.shape[-1] / self.tts.sample_rate
+            yield AudioChunk(wave, self.tts.sample_rate, self.index, False)
+            count = len(self.pending) if final else 0
 
-    def emitted(self, seconds: float) -> None:
-        """Record ``seconds`` of decoded audio leaving the stream."""
-        self.first_emit = self.clock() if self.first_emit is None else self.first_emit
-        self.emitted_s += seconds
+
+def _check_codes(codes: torch.Tensor, config) -> torch.Tensor:
+    """Return stored voice codes (F, Q) as int64 on the CPU, or raise InputError naming what is wrong."""
+    codes = torch.as_tensor(codes)
+    sizes = config.audio_codebook_sizes
+    if codes.dim() != 2 or codes.shape[1] != config.n_vq or codes.shape[0] == 0:
+        raise InputError(f"prompt codes have shape {tuple(codes.shape)}; expected (frames >= 1, {config.n_vq})")
+    valid = (codes >= 0) & (codes < torch.tensor(sizes)) | (codes == config.audio_pad_token_id)
+    if not bool(valid.all()):
+        raise InputError("prompt codes lie outside the codebooks; encode the voice with the matching codec")
+    return codes.long().cpu()
 
 
 def _phase(timer: Optional[PhaseTimer], name: str):
     return timer.phase(name) if timer is not None else contextlib.nullcontext()
-
-
-def _with_end(events) -> Iterator[tuple[bool, object]]:
-    """Yield (False, event) for each event, then (True, None) once the generator is exhausted."""
-    for event in events:
-        yield False, event
-    yield True, None

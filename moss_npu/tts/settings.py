@@ -18,11 +18,13 @@ from typing import Any, Mapping, NamedTuple, Optional
 from moss_npu.codec.streaming import OFFICIAL_SCHEDULE, DecodeSchedule
 from moss_npu.errors import ConfigError, InputError
 from moss_npu.limits import MAX_NEW_FRAMES, MAX_SEED
-from moss_npu.nano.generate import SpeedOptions
+from moss_npu.nano.graphs import GRAPH_MODES
 from moss_npu.presets import check_types, read_yaml_mapping
 from moss_npu.sampling import SamplingParams
 
 MODES = ("auto", "continuation", "voice_clone")
+# "optimized": the frame decoder; "reference": the official algorithm (nano.reference, the oracle), same codes.
+SPEEDS = ("optimized", "reference")
 
 
 @dataclass(frozen=True)
@@ -59,8 +61,8 @@ class RunConfig:
     voice_clone_max_text_tokens: int = 75
     voice_clone_max_memory_per_sample_gb: float = 1.0
     tts_max_batch_size: int = 0
-    speed: str = "optimized"  # "optimized" or "reference" (the official algorithm; same codes up to rounding)
-    local_kv_cache: Optional[bool] = None  # None: as ``speed`` says
+    speed: str = "optimized"  # "optimized" (the frame decoder) or "reference" (the official algorithm, the oracle)
+    graph: str = "auto"  # device graphs of the frame step: auto (on for CUDA/NPU with host_rng), on, off
     stability_fallback: bool = True  # non-finite bf16/fp16 logits: retry with a float32 copy (official behaviour)
     # Official infer.py text preparation (moss_npu.text): the robust cleanup, and WeTextProcessing's reading of
     # numbers and symbols; the model API (model.inference) runs neither.
@@ -90,9 +92,12 @@ class RunConfig:
             raise InputError("voice_clone_max_text_tokens and tts_max_batch_size must be >= 0 (0 = no limit)")
         if not isinstance(self.text_normalization, bool) or not isinstance(self.wetext, bool):
             raise InputError("text_normalization and wetext must be true or false")
+        if self.speed not in SPEEDS:
+            raise InputError(f"--speed {self.speed}: unknown; use one of {', '.join(SPEEDS)}")
+        if self.graph not in GRAPH_MODES:
+            raise InputError(f"--graph {self.graph}: unknown; use one of {', '.join(GRAPH_MODES)}")
         self.sampling()  # validates the sampling values
         self.schedule()
-        self.speed_options()
 
     def sampling(self) -> SamplingParams:
         """Return the sampling parameters of this run."""
@@ -102,13 +107,6 @@ class RunConfig:
             audio_temperature=self.audio_temperature, audio_top_p=self.audio_top_p, audio_top_k=self.audio_top_k,
             audio_repetition_penalty=self.audio_repetition_penalty,
         )
-
-    def speed_options(self) -> SpeedOptions:
-        """Return how the frame loop computes (``SpeedOptions.named(speed)``, then ``local_kv_cache`` if set)."""
-        options = SpeedOptions.named(self.speed)
-        if self.local_kv_cache is not None:
-            options = dataclasses.replace(options, local_kv_cache=self.local_kv_cache)
-        return options
 
     def schedule(self) -> DecodeSchedule:
         """Return the streaming decode schedule (how many frames to decode per codec call)."""

@@ -34,3 +34,24 @@ def test_checkpoints_are_cached(tmp_path):
 def test_bad_configuration_is_usage_error(tmp_path, capsys):
     assert run.main(["--compare", "reference,turbo", "--cache-dir", str(tmp_path)]) == 2
     assert "error:" in capsys.readouterr().err
+
+
+def test_batch_mode_end_to_end(tmp_path, capsys):
+    stem = tmp_path / "out" / "batch"
+    code = run.main(["--size", "tiny", "--cache-dir", str(tmp_path / "cache"), "--batch", "1,3", "--frames", "2",
+                     "--runs", "1", "--warmup", "0", "--cases", "short-en", "--out", str(stem), "--quiet"])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert code == 0
+    assert re.fullmatch(r"batch speedup 3/1: \d+\.\d\d", out[-1])
+    report = json.loads(stem.with_suffix(".json").read_text(encoding="utf-8"))
+    rows = {r["batch"]: r for r in report["summary"]}
+    assert set(rows) == {1, 3} and all(r["frames"] == 2 and r["aggregate_fps"] > 0 and r["rtf"] > 0
+                                       for r in rows.values())
+    assert report["batch_speedup"]["batch"] == 3 and rows[3]["graph"] == "off"
+
+
+def test_graph_on_without_capture_is_a_usage_error(tmp_path, capsys):
+    code = run.main(["--size", "tiny", "--cache-dir", str(tmp_path / "cache"), "--batch", "1", "--graph", "on",
+                     "--frames", "1", "--runs", "1", "--warmup", "0", "--cases", "short-en", "--quiet",
+                     "--out", str(tmp_path / "x")])
+    assert code == 2 and "no device-graph capture" in capsys.readouterr().err

@@ -46,6 +46,21 @@ def test_sdpa_equals_eager(models):
     assert torch.allclose(a, b, atol=1e-5)
 
 
+@pytest.mark.parametrize("flags", [{"scale_attn_weights": False}, {"scale_attn_by_inverse_layer_idx": True}],
+                         ids=["unscaled", "inverse-layer-idx"])
+def test_sdpa_honours_the_configs_attention_scaling(tmp_path, tiny_tokenizer, flags):
+    """sdpa uses the scale the config asks for, exactly as eager does (not sdpa's default 1/sqrt(D))."""
+    from moss_npu.nano.checkpoint import write_random_checkpoint
+
+    from .conftest import TINY
+
+    config = dict(TINY, gpt2_config=dict(TINY["gpt2_config"], **flags))
+    folder = write_random_checkpoint(tmp_path, config, seed=2, tokenizer_model=tiny_tokenizer)
+    sdpa, eager = (load_model(folder, device="cpu", attn_impl=impl) for impl in ("sdpa", "eager"))
+    rows = _rows(12)[None]
+    assert torch.allclose(sdpa(rows), eager(rows), atol=1e-5)
+
+
 def test_left_padding_matches_unpadded(models):
     """Positions come from the mask, so a left-padded row computes the same hidden states."""
     for model in models.values():

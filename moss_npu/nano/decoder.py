@@ -1,0 +1,398 @@
+"""The frame decoder: MOSS-TTS-Nano generation for S slots at once over a static ``DecodeState`` (spec §7).
+
+``admit`` prefills one request into a free slot, ``step`` produces one frame for every slot (requests join and
+leave at frame boundaries: continuous batching), ``release`` frees a slot. A frame, all on the device:
+local decisions from each slot's global hidden state (local KV cache, first-layer q|k|v from tables, the 2
+candidate rows of the text head) → sampling → the global step over the row just chosen, written into the static
+cache at each slot's own position. The only host sync per frame reads the codes and flags back once. With a
+graph-capable backend the whole frame is captured once per slot-count bucket and replayed (``nano.graphs``).
+``reference_generate`` (``nano.reference``) is the official algorithm this must match.
+S slots, L prompt rows, M max_len, Q channels, V codebook size, E hidden.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from moss_npu.errors import InputError
+from moss_npu.nano.frames import (FrameBatch, GenerationResult, LogitsHook, PhaseTimer, check_budget,
+                                  non_finite_error, phase, trim_codes, unpad)
+from moss_npu.nano.graphs import FrameGraphs, resolve_graph
+from moss_npu.nano.model import KVCache, NanoTTSModel
+from moss_npu.nano.reuse import LocalTables, PrefixCache
+from moss_npu.nano.state import DecodeState
+from moss_npu.sampling import SamplingParams, SlotSampling, TokenParams, sample_token, sample_with_noise
+
+SAMPLERS = ("official", "noise")
+
+
+@dataclass(frozen=True)
+class RequestParams:
+    """How one admitted request decodes."""
+
+    sampling: SamplingParams = SamplingParams()
+    nq: Optional[int] = None  # channels to generate (default Q); the others are pad
+    max_new_frames: int = 300
+    # Noise-fed sampler: the CPU generator of this request's uniforms (None: torch's default CPU generator), so
+    # a request draws the same numbers alone or in any batch.
+    generator: Optional[torch.Generator] = None
+
+
+class StaticKV:
+    """The ``KVCache`` contract over ``DecodeState.kv`` for slots [0, n): each slot's new row goes to its own
+    position (``index_copy_`` into the flattened cache, HF ``StaticCache`` style); reads see the first ``keys`` rows.
+    """
+
+    def __init__(self, kv: torch.Tensor, n: int, positions: torch.Tensor, keys: int) -> None:
+        _, _, _, heads, max_len, _ = kv.shape
+        self.kv, self.n, self.keys = kv, n, keys
+        base = torch.arange(n * heads, device=kv.device).view(n, heads) * max_len
+        self.index = (base + positions[:, None]).reshape(-1)  # (n·H,) flat row of each slot/head's new key
+
+    def update(self, layer: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        for j, new in enumerate((key, value)):
+            self.kv[layer, j, :self.n].view(-1, new.shape[-1]).index_copy_(0, self.index, new.reshape(-1, new.shape[-1]))
+        return self.kv[layer, 0, :self.n, :, :self.keys], self.kv[layer, 1, :self.n, :, :self.keys]
+
+    def advance(self, rows: int) -> None:
+        """Nothing to do: the decoder advances each slot's length on the device."""
+
+
+class FrameDecoder:
+    """Generate frames for up to ``slots`` requests at once on one model (see the module docstring).
+
+    Args:
+        slots / max_len: the state's size; a request needs prompt rows + max_new_frames <= max_len.
+        sampler: "official" (device RNG, ``torch.multinomial`` like upstream: the sampled goldens) or "noise"
+            (host-drawn uniforms per request, tensor ops only: the same on every device, capturable).
+        graph: "auto" | "on" | "off": capture the frame as a device graph (needs the noise sampler and a backend
+            with a capture API; auto = on where the backend has one).
+        generator: the device generator of the official sampler (None: torch's default one).
+        prefix_cache: a ``PrefixCache`` to start prefills from shared prompt prefixes; None for none.
+        logits_hook / timer: every logits row the sampler sees / wall time per phase (eager only).
+    The weights are read at construction: after editing them call ``refresh()``.
+    """
+
+    def __init__(self, model: NanoTTSModel, *, slots: int = 1, max_len: int = 1024, sampler: str = "official",
+                 graph: str = "off", generator: Optional[torch.Generator] = None,
+                 prefix_cache: Optional[PrefixCache] = None, logits_hook: Optional[LogitsHook] = None,
+                 timer: Optional[PhaseTimer] = None) -> None:
+        if sampler not in SAMPLERS:
+            raise InputError(f"sampler {sampler!r} is unknown; use one of {', '.join(SAMPLERS)}")
+        if slots < 1 or max_len < 2:
+            raise InputError(f"slots={slots}, max_len={max_len}: use at least 1 slot and 2 rows")
+        self.model, self.sampler, self.generator = model, sampler, generator
+        self.prefix_cache, self.logits_hook, self.timer = prefix_cache, logits_hook, timer
+        cfg = model.config
+        self.pad = cfg.audio_pad_token_id
+        with torch.inference_mode():
+            self.state = DecodeState.allocate(model, slots, max_len)
+            self.tables = LocalTables.build(model, max_len)
+            self._key_range = torch.arange(max_len, device=model.device)
+            self._channel_range = torch.arange(cfg.n_vq, device=model.device)
+        self._params: list[Optional[tuple[TokenParams, TokenParams]]] = [None] * slots
+        self._generators: list[Optional[torch.Generator]] = [None] * slots
+        self._lengths, self._nq = [0] * slots, [cfg.n_vq] * slots
+        self._held, self._done = [False] * slots, [False] * slots
+        self.frame_index = 0
+        self.graph_mode, self.dtype = graph, model.dtype
+        capture = resolve_graph(graph, model.device, sampler, logits_hook is not None)
+        self.graphs = None if capture is None else FrameGraphs(capture, self._static_frame, slots)
+
+    # ---- requests -------------------------------------------------------------------------------------------
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @property
+    def slots(self) -> int:
+        return self.state.slots
+
+    @property
+    def free_slots(self) -> int:
+        return self._held.count(False)
+
+    @property
+    def active_slots(self) -> list[int]:
+        """Slots whose request is still decoding."""
+        return [s for s in range(self.slots) if self._held[s] and not self._done[s]]
+
+    def is_done(self, slot: int) -> bool:
+        """Return whether ``slot``'s request has ended (stop token, frame budget or non-finite logits)."""
+        return self._done[slot]
+
+    @property
+    def graphs_active(self) -> bool:
+        """Whether frames are replayed from captured device graphs (False: eager, or capture failed)."""
+        return self.graphs is not None and self.graphs.capture.broken is None
+
+    def non_finite_error(self, slot: int, step: int):
+        """Return the NumericalError for ``slot`` whose logits were not finite by frame ``step``."""
+        text_ok = bool(self.state.finite[slot, 0])
+        return non_finite_error("audio logits" if text_ok else "text logits", step, self.model.dtype)
+
+    def memory_bytes(self) -> int:
+        """Return the bytes of the preallocated state (the global KV cache dominates)."""
+        return self.state.nbytes()
+
+    @torch.inference_mode()
+    def admit(self, prompt_rows: torch.Tensor, params: RequestParams = RequestParams()) -> int:
+        """Prefill one request's prompt rows (L, Q + 1) into the lowest free slot; return the slot.
+
+        Raises InputError when no slot is free or the prompt plus its frame budget exceeds ``max_len``.
+        """
+        cfg, st = self.model.config, self.state
+        nq = check_budget(params.nq, params.max_new_frames, cfg)
+        rows = prompt_rows.to(self.device)
+        if rows.ndim != 2 or rows.shape[-1] != cfg.row_width or rows.shape[0] < 1:
+            raise InputError(f"prompt rows have shape {tuple(rows.shape)}; expected (rows >= 1, {cfg.row_width})")
+        if rows.shape[0] + params.max_new_frames > st.max_len:
+            raise InputError(f"prompt of {rows.shape[0]} rows + {params.max_new_frames} frames exceeds the decoder's "
+                             f"max_len {st.max_len}; shorten the text or build the decoder with a larger max_len")
+        if self._held.count(False) == 0:
+            raise InputError(f"all {self.slots} decoder slots are busy; release one or build more slots")
+        slot = self._held.index(False)
+        st.reset_slot(slot, self.pad)
+        with phase(self.timer, "prefill"):
+            st.hidden[slot] = self._prefill(slot, rows)[0, -1]
+        text, audio = params.sampling.text(), params.sampling.audio()
+        st.text.set(slot, text)
+        st.audio.set(slot, audio)
+        st.lengths[slot], st.nq[slot], st.max_frames[slot] = rows.shape[0], nq, params.max_new_frames
+        st.active[slot] = params.max_new_frames > 0
+        self._params[slot], self._generators[slot] = (text, audio), params.generator
+        self._lengths[slot], self._nq[slot] = rows.shape[0], nq
+        self._held[slot], self._done[slot] = True, False
+        return slot
+
+    def release(self, slot: int) -> None:
+        """Free ``slot`` (its request finished or was cancelled); a new request can be admitted at once."""
+        if not 0 <= slot < self.slots or not self._held[slot]:
+            raise InputError(f"slot {slot} holds no request")
+        with torch.inference_mode():
+            self.state.reset_slot(slot, self.pad)
+        self._held[slot], self._done[slot], self._params[slot], self._generators[slot] = False, False, None, None
+        self._lengths[slot] = 0
+
+    def refresh(self) -> None:
+        """Rebuild the weight-derived tables and forget cached prompts (call after editing the weights)."""
+        with torch.inference_mode():
+            self.tables = LocalTables.build(self.model, self.state.max_len)
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()
+        if self.graphs is not None:
+            self.graphs.reset()
+
+    def _prefill(self, slot: int, rows: torch.Tensor) -> torch.Tensor:
+        """Run the prompt through the global decoder into ``slot``'s cache rows; return hidden states (1, L', E)."""
+        kv = self.state.kv[:, :, slot]  # (N, 2, H, M, D), a view
+        shared, cached = (0, None) if self.prefix_cache is None else self.prefix_cache.lookup(rows)
+        if shared:
+            kv[:, :, :, :shared] = cached[:, :, :, :shared]
+        cache = KVCache([k[None] for k in kv[:, 0]], [v[None] for v in kv[:, 1]], length=shared)
+        mask = torch.ones(1, rows.shape[0], dtype=torch.bool, device=self.device)
+        hidden = self.model(rows[None, shared:], mask, cache).to(self.model.dtype)
+        if self.prefix_cache is not None:
+            self.prefix_cache.store(rows, kv[:, :, :, :rows.shape[0]])
+        return hidden
+
+    # ---- frames ---------------------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def step(self) -> FrameBatch:
+        """Produce one frame for every slot; return the codes and which slots produced or finished."""
+        n = self._span()
+        if n == 0:
+            raise InputError("no request admitted; admit one before stepping")
+        with phase(self.timer, "frame"):
+            self._draw_noise(n)
+            if self.graphs is not None:
+                self.graphs.run(n)
+            else:
+                nq = [self._nq[s] for s in range(n) if self._held[s]]
+                self._frame(n, max(self._lengths[:n]) + 1, max(nq), exact=n == 1, masked=min(nq) < max(nq))
+            st = self.state
+            flags = torch.cat([st.produced[:n, None], st.active[:n, None], st.finite[:n]], dim=1)
+            packed = torch.cat([st.codes[:n], flags.long()], dim=1).cpu()  # the one host sync of the frame
+        return self._bookkeep(packed, n)
+
+    def _span(self) -> int:
+        """Return 1 + the highest held slot (frames run over slots [0, span))."""
+        return max((s + 1 for s in range(self.slots) if self._held[s]), default=0)
+
+    def _draw_noise(self, n: int) -> None:
+        """Copy one uniform per decision of each decoding slot, from its own CPU generator, into the state."""
+        if self.sampler != "noise":
+            return
+        width = self.state.noise.shape[1]
+        rows = [torch.rand(width, generator=self._generators[s]) if self._held[s] and not self._done[s]
+                else torch.zeros(width) for s in range(n)]
+        self.state.noise[:n].copy_(torch.stack(rows), non_blocking=True)
+
+    def _bookkeep(self, packed: torch.Tensor, n: int) -> FrameBatch:
+        """Update the host's view of the slots from the frame's packed codes and flags (n, Q + 4) on the CPU."""
+        q = self.model.config.n_vq
+        codes = torch.full((self.slots, q), self.pad, dtype=torch.long)
+        codes[:n] = packed[:, :q]
+        flags = torch.zeros(4, self.slots, dtype=torch.bool)  # produced, finished, non-finite, unused
+        for s, (produced, active, text_ok, audio_ok) in enumerate(packed[:, q:].tolist()):
+            flags[0, s] = bool(produced)
+            self._lengths[s] += int(produced)
+            if self._held[s] and not self._done[s] and not active:
+                self._done[s] = True
+                flags[1, s], flags[2, s] = True, not (text_ok and audio_ok)
+        self.frame_index += 1
+        return FrameBatch(self.frame_index - 1, codes, flags[0], flags[1], flags[2])
+
+    def _static_frame(self, n: int) -> None:
+        """The frame as captured: fixed shapes (all M keys under a mask, all Q channels)."""
+        self._frame(n, self.state.max_len, self.model.config.n_vq, exact=False, masked=True)
+
+    def _frame(self, n: int, keys: int, channels: int, exact: bool, masked: bool) -> None:
+        """Advance slots [0, n) by one frame on the device, reading and writing only ``self.state``.
+
+        ``keys``: global key rows attended (every slot's length < keys); ``channels``: audio channels computed
+        (>= every slot's nq); ``exact``: one slot whose keys are exactly its rows (no key mask needed);
+        ``masked``: some slot's nq is below ``channels`` (its upper channels are forced to pad).
+        """
+        st, t = self.state, self.tables
+        local = KVCache([st.local_kv[i, 0, :n] for i in range(st.local_kv.shape[0])],
+                        [st.local_kv[i, 1, :n] for i in range(st.local_kv.shape[0])])
+        u = self._local_step(local, st.hidden[:n], None)
+        candidates = F.linear(u, t.text_rows)  # only the 2 candidates are read; a non-finite u poisons the rest
+        text_finite = torch.isfinite(u).all(-1) & torch.isfinite(candidates).all(-1)
+        self._hook("text", self.frame_index, candidates)
+        pick = self._sample(candidates, st.text, n, 0, None)  # 0 = continue, 1 = stop
+        frame, embed, audio_finite = self._audio(local, pick, n, channels, masked)
+        self._commit(n, pick == 0, frame, torch.stack([text_finite, audio_finite], dim=1))
+        self._global_step(embed, n, keys, exact)
+
+    def _audio(self, local: KVCache, pick: torch.Tensor, n: int, channels: int, masked: bool):
+        """Decide the audio channels; return the frame (n, Q), the next global row's embedding (n, E), finiteness.
+
+        The next row [slot, code_0 … code_{nq-1}, pad …] embeds to wte[slot] + Σ emb_c[code_c] (pad adds exact
+        zeros), summed here in ``embed_rows``' order: the same values, no re-embedding.
+        """
+        st, t, model = self.state, self.tables, self.model
+        within = self._channel_range[None, :channels] < st.nq[:n, None] if masked else None  # (n, channels)
+        prev = t.text_embed.index_select(0, pick)
+        qkv, embed = t.text_qkv.index_select(0, pick), prev
+        finite = torch.ones(n, dtype=torch.bool, device=self.device)
+        frame = torch.full((n, model.config.n_vq), self.pad, dtype=torch.long, device=self.device)
+        for c in range(channels):
+            logits = model.audio_lm_heads[c](self._local_step(local, prev, qkv))
+            ok = torch.isfinite(logits).all(-1)
+            finite = finite & (ok if within is None else ok | ~within[:, c])
+            self._hook("audio", c, logits)
+            code = self._sample(logits, st.audio, n, c + 1, st.seen[:n, c, :logits.shape[-1]])
+            prev = model.audio_embeddings[c](code).to(model.dtype)
+            if within is None:
+                frame[:, c] = code
+                embed = embed + prev
+            else:
+                frame[:, c] = torch.where(within[:, c], code, self.pad)
+                embed = embed + prev * within[:, c, None].to(model.dtype)
+            if c + 1 < channels:
+                qkv = t.audio_qkv[c].index_select(0, code)
+        return frame, embed, finite
+
+    def _commit(self, n: int, cont: torch.Tensor, frame: torch.Tensor, finite: torch.Tensor) -> None:
+        """Record the frame's outcome per slot: codes, presence mask, step count, stop, finiteness, activity."""
+        st = self.state
+        active = st.active[:n]
+        ok = finite.all(-1)
+        produce = active & cont & ok
+        frame = frame.masked_fill(~produce[:, None], self.pad)
+        st.codes[:n] = frame
+        vocab = st.seen.shape[-1] - 1
+        st.seen[:n].scatter_(2, frame.masked_fill(frame == self.pad, vocab)[:, :, None], True)
+        st.stopped[:n] |= active & ~cont & ok
+        st.finite[:n] &= finite | ~active[:, None]
+        st.steps[:n] += active.long()
+        st.produced[:n] = produce
+        st.active[:n] = produce & (st.steps[:n] < st.max_frames[:n])
+
+    def _global_step(self, embed: torch.Tensor, n: int, keys: int, exact: bool) -> None:
+        """Run each slot's new row (n, E) through the global decoder at its own position; store the hidden state."""
+        st = self.state
+        positions = st.lengths[:n]
+        cos, sin = (table.index_select(0, positions) for table in self.tables.global_rope)
+        key_mask = None if exact else self._key_range[None, :keys] <= positions[:, None]
+        cache = StaticKV(st.kv, n, positions, keys)
+        st.hidden[:n] = self.model.transformer.step(embed[:, None], cos, sin, cache, key_mask)[:, -1]
+        st.lengths[:n] += st.produced[:n].long()
+
+    def _local_step(self, local: KVCache, x: torch.Tensor, qkv: Optional[torch.Tensor]) -> torch.Tensor:
+        """Append (n, E) ``x`` to the local sequence; return the local hidden state there (n, E)."""
+        p = local.length
+        cos, sin = self.tables.local_rope
+        return self.model.local_transformer.step(x[:, None], cos[p:p + 1], sin[p:p + 1], local,
+                                                 qkv=None if qkv is None else qkv[:, None])[:, -1]
+
+    def _sample(self, logits: torch.Tensor, params: SlotSampling, n: int, column: int,
+                seen: Optional[torch.Tensor]) -> torch.Tensor:
+        """Choose one id per slot: the noise-fed sampler, or the official one per group of equal parameters."""
+        if self.sampler == "noise":
+            return sample_with_noise(logits, params, self.state.noise[:n, column], seen)
+        which = 0 if column == 0 else 1
+        fallback = next(p for p in self._params if p is not None)
+        token = [(self._params[s] or fallback)[which] for s in range(n)]
+        if all(p == token[0] for p in token):
+            return sample_token(logits, token[0], seen=seen, generator=self.generator)
+        out = torch.empty(n, dtype=torch.long, device=logits.device)
+        for s in range(n):  # mixed parameters: one official draw per slot, in slot order
+            out[s:s + 1] = sample_token(logits[s:s + 1], token[s], seen=None if seen is None else seen[s:s + 1],
+                                        generator=self.generator)
+        return out
+
+    def _hook(self, kind: str, index: int, logits: torch.Tensor) -> None:
+        if self.logits_hook is not None:
+            self.logits_hook(kind, index, logits)
+
+
+def generate(
+    model: NanoTTSModel,
+    input_ids: torch.Tensor,
+    attention_mask: Optional[torch.Tensor] = None,
+    *,
+    sampling: SamplingParams = SamplingParams(),
+    nq: Optional[int] = None,
+    max_new_frames: int = 300,
+    generator: Optional[torch.Generator] = None,
+    host_rng: bool = False,
+    graph: str = "off",
+    logits_hook: Optional[LogitsHook] = None,
+    timer: Optional[PhaseTimer] = None,
+) -> GenerationResult:
+    """Generate every prompt of (B, L, Q + 1) / (L, Q + 1) rows (left-padded where ``attention_mask`` is False)
+    in one batch of a fresh ``FrameDecoder``; return the trimmed codes.
+
+    ``host_rng`` selects the noise-fed sampler with uniforms from ``generator`` (a CPU generator); otherwise the
+    official sampler draws from ``generator`` (a device generator). Non-finite logits raise NumericalError.
+    """
+    prompts = unpad(input_ids, attention_mask)
+    cfg = model.config
+    nq = check_budget(nq, max_new_frames, cfg)
+    decoder = FrameDecoder(model, slots=len(prompts), max_len=max(int(p.shape[0]) for p in prompts) + max_new_frames
+                           + 1, sampler="noise" if host_rng else "official", graph=graph,
+                           generator=None if host_rng else generator, logits_hook=logits_hook, timer=timer)
+    params = RequestParams(sampling, nq, max_new_frames, generator if host_rng else None)
+    for rows in prompts:
+        decoder.admit(rows, params)
+    frames = []
+    while decoder.active_slots:
+        batch = decoder.step()
+        for slot in batch.non_finite.nonzero().flatten().tolist():
+            raise decoder.non_finite_error(slot, batch.step_index)
+        if bool(batch.active.any()):
+            frames.append(batch.codes)
+    stacked = (torch.stack(frames, dim=1) if frames else torch.empty(len(prompts), 0, cfg.n_vq, dtype=torch.long))
+    stacked = stacked.to(model.device)
+    stopped = decoder.state.stopped.clone()
+    return GenerationResult([trim_codes(stacked[b], nq, cfg) for b in range(len(prompts))], stacked, stopped)
+

@@ -1,0 +1,112 @@
+"""The engine: several requests decoded together, each the same as alone; cancel; bad requests fail alone."""
+
+import time
+
+import pytest
+import torch
+
+from moss_npu import goldens
+from moss_npu.errors import InputError, MossNpuError
+from moss_npu.tts import MossTTSNano, RunConfig
+from moss_npu.tts.engine import Engine, SpeechRequest
+
+NANO = goldens.fixtures_root() / "nano-tiny"
+REFERENCE = NANO / "goldens" / "reference.wav"
+SETTINGS = RunConfig(seed=7, max_new_frames=6, voice_clone_max_text_tokens=8)
+
+
+@pytest.fixture(scope="module")
+def tts():
+    if not NANO.is_dir():
+        pytest.skip(f"fixtures not found at {NANO} (set MOSS_NPU_FIXTURES)")
+    return MossTTSNano.from_pretrained(str(NANO / "tts"), str(NANO / "codec"), device="cpu")
+
+
+def collect(stream):
+    chunks = list(stream)
+    return torch.cat([c.waveform for c in chunks], dim=1), chunks
+
+
+REQUESTS = [
+    SpeechRequest("Hello there, my friend.", settings=SETTINGS),
+    SpeechRequest("A second voice clone request that splits into chunks.", prompt_audio=REFERENCE,
+                  settings=RunConfig(seed=3, max_new_frames=5, voice_clone_max_text_tokens=8)),
+    SpeechRequest("Short.", settings=RunConfig(do_sample=False, max_new_frames=4)),
+]
+
+
+def test_requests_in_a_batch_equal_alone(tts):
+    with Engine(tts, max_batch=1) as engine:
+        alone = [collect(engine.submit(r)) for r in REQUESTS]
+    with Engine(tts, max_batch=4) as engine:
+        streams = [engine.submit(r) for r in REQUESTS]
+        together = [collect(s) for s in streams]
+    for (wave_a, chunks_a), (wave_b, chunks_b) in zip(alone, together):
+        assert wave_a.shape == wave_b.shape and torch.allclose(wave_a, wave_b, atol=1e-5)
+        # How audio is cut into pieces follows wall-clock playback lead; which text chunks and pauses do not.
+        assert [(c.chunk_index, c.is_pause) for c in chunks_a if c.is_pause] == \
+            [(c.chunk_index, c.is_pause) for c in chunks_b if c.is_pause]
+        assert chunks_a[-1].chunk_index == chunks_b[-1].chunk_index
+    assert all(s.codes is not None and s.codes.shape[1] == tts.config.n_vq for s in streams)
+    assert all(s.first_audio_s is not None and s.first_audio_s > 0 for s in streams)
+    assert max(c.chunk_index for c in together[1][1]) >= 1  # the voice clone really ran several chunks
+
+
+def test_stream_audio_matches_synthesize_stream(tts):
+    """The engine's audio for one request = the pipeline's own streamed audio with the same host RNG seed."""
+    settings = RunConfig(seed=5, host_rng=True, max_new_frames=5)
+    with Engine(tts, max_batch=2) as engine:
+        wave, _ = collect(engine.submit(SpeechRequest("Hello there, my friend.", settings=settings)))
+    want = torch.cat([c.waveform for c in tts.synthesize_stream("Hello there, my friend.", settings=settings)], dim=1)
+    assert wave.shape == want.shape and torch.allclose(wave, want, atol=1e-5)
+
+
+def test_cancel_frees_the_slot(tts):
+    long = RunConfig(do_sample=False, max_new_frames=200)
+    with Engine(tts, max_batch=1) as engine:
+        first = engine.submit(SpeechRequest("A long request that will be cancelled.", settings=long))
+        second = engine.submit(SpeechRequest("Next in line.", settings=SETTINGS))
+        next(first)  # decoding has started
+        assert engine.active_slots == 1 and engine.queued == 1
+        first.cancel()
+        wave, _ = collect(second)  # runs only once the cancelled request left its slot
+        rest = list(first)
+        assert wave.shape[1] > 0 and first.codes.shape[0] < 200
+        assert len(rest) < 50
+        deadline = time.time() + 5
+        while engine.active_slots and time.time() < deadline:
+            time.sleep(0.01)
+        assert engine.active_slots == 0 and engine.queued == 0
+
+
+def test_a_bad_request_fails_alone(tts):
+    with Engine(tts, max_batch=2) as engine:
+        bad = engine.submit(SpeechRequest("   ", settings=SETTINGS))
+        good = engine.submit(SpeechRequest("Hello.", settings=SETTINGS))
+        too_long = engine.submit(SpeechRequest("Hello.", settings=RunConfig(max_new_frames=5000)))
+        with pytest.raises(InputError, match="empty"):
+            next(bad)
+        with pytest.raises(InputError, match="max_len"):
+            list(too_long)
+        assert collect(good)[0].shape[1] > 0
+
+
+def test_stored_voice_codes(tts):
+    codes = tts.reference_codes(REFERENCE)
+    with Engine(tts, max_batch=2) as engine:
+        by_codes = collect(engine.submit(SpeechRequest("Hello.", prompt_codes=codes, settings=SETTINGS)))[0]
+        by_audio = collect(engine.submit(SpeechRequest("Hello.", prompt_audio=REFERENCE, settings=SETTINGS)))[0]
+        by_bytes = collect(engine.submit(SpeechRequest("Hello.", prompt_audio=REFERENCE.read_bytes(),
+                                                       settings=SETTINGS)))[0]
+        bad = engine.submit(SpeechRequest("Hello.", prompt_codes=torch.zeros(3, 2, dtype=torch.long),
+                                          settings=SETTINGS))
+        with pytest.raises(InputError, match="prompt codes"):
+            next(bad)
+    assert torch.equal(by_codes, by_audio) and torch.equal(by_codes, by_bytes)
+
+
+def test_closed_engine_refuses_and_ends_streams(tts):
+    engine = Engine(tts, max_batch=1)
+    engine.close()
+    with pytest.raises(MossNpuError, match="closed"):
+        engine.submit(SpeechRequest("Hello.", settings=SETTINGS))
