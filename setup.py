@@ -9,6 +9,8 @@ from setuptools import find_packages, setup
 # aarch64 wheels); the grammars come from WeTextProcessing==1.2.0, installed with --no-deps (README): its pynini
 # requirement has no aarch64 wheel and is not needed here.
 NANO = ["torch>=2.1", "sentencepiece", "safetensors", "psutil", "kaldifst>=1.7"]
+# The speech server (moss_npu.serve): its workers run the Nano backend.
+SERVE = ["fastapi", "uvicorn", "prometheus_client", "python-multipart"]
 
 setup(
     name="moss-npu",
@@ -36,8 +38,11 @@ setup(
         "llama": ["llama-cpp-python>=0.3.17", "tokenizers", "onnxruntime"],
         "onnx": ["onnx", "onnxruntime"],
         "upstream": NANO + ["transformers==4.57.1"],  # torchaudio not needed: audio goes through moss_npu.audio
+        "serve": NANO + SERVE,
         # The README's install line: everything Nano needs and the test runner; everything the README's test line
-        # needs except llama-cpp-python (a ~6 min source build: the README's optional line).
-        "dev": NANO + ["pytest", "onnx", "onnxruntime", "tokenizers"],
+        # needs except llama-cpp-python (a ~6 min source build: the README's optional line). The server tests
+        # call the server with the official openai client and httpx.
+        "dev": NANO + SERVE + ["pytest", "onnx", "onnxruntime", "tokenizers", "openai", "httpx"],
     },
+    entry_points={"console_scripts": ["moss-npu-serve=moss_npu.serve.cli:main"]},
 )

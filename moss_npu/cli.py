@@ -215,14 +215,32 @@ class _LineFormatter(logging.Formatter):
         return f"{label}: {one_line(record.getMessage())}"
 
 
+class _StderrHandler(logging.StreamHandler):
+    """A stream handler that writes to whatever ``sys.stderr`` is when a record is emitted.
+
+    Binding the stream once would keep writing to a stderr that was since replaced (and perhaps closed) by
+    whoever swapped it: an embedding program, or a test harness capturing output.
+    """
+
+    @property
+    def stream(self):  # type: ignore[override]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:  # StreamHandler.__init__ assigns it; the live sys.stderr wins
+        pass
+
+
 def configure_logging(verbose: bool = False) -> None:
-    """Show library warnings as ``warning: ...`` lines on stderr (info lines too when ``verbose``)."""
-    handler = logging.StreamHandler(sys.stderr)
+    """Show library warnings as ``warning: ...`` lines on stderr (info lines too when ``verbose``).
+
+    Records still propagate, so a program that configured the root logger (or a test's log capture) sees them.
+    """
+    handler = _StderrHandler()
     handler.setFormatter(_LineFormatter())
     root = logging.getLogger("moss_npu")
     root.handlers = [handler]
     root.setLevel(logging.INFO if verbose else logging.WARNING)
-    root.propagate = False
 
 
 def warn(message: str) -> None:

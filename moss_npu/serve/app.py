@@ -1,0 +1,363 @@
+"""The HTTP API: OpenAI's ``/v1/audio/speech`` plus voices, models, health and metrics.
+
+Handlers check a request completely before it takes a slot, then wait for the worker's first event before
+answering, so every failure that happens before audio exists still gets its proper status. After the first
+audio has left, a failure ends the stream (SSE: an ``error`` event; raw audio: the connection closes without
+the final chunk, so a client never mistakes a cut stream for a whole one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hmac
+import json
+import logging
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import AsyncIterator, Optional
+
+import torch
+from fastapi import Depends, FastAPI, File, Form, Request, UploadFile
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from moss_npu.serve.errors import ApiError, from_engine
+from moss_npu.serve.formats import MEDIA_TYPES, StreamConverter, encode_file, pcm16, wav_stream_header
+from moss_npu.serve.metrics import CONTENT_TYPE, Metrics
+from moss_npu.serve.pool import Ticket, WorkerPool
+from moss_npu.serve.recordings import probe_recording
+from moss_npu.serve.schema import DEFAULT_VOICE, SpeechBody, check_body, decode_ref_audio, run_config
+from moss_npu.serve.voices import VoiceStore
+
+log = logging.getLogger("moss_npu.serve")
+DISCONNECT_POLL_S = 0.1
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Limits and names of one server."""
+
+    voices_dir: Path
+    model_names: tuple[str, ...] = ("moss-tts-nano",)
+    api_key: Optional[str] = None
+    max_input_chars: int = 4096
+    max_new_frames: int = 375
+    request_timeout_s: float = 300.0
+    max_upload_bytes: int = 10 * 2**20
+    max_voice_seconds: float = 30.0
+
+    @property
+    def max_body_bytes(self) -> int:
+        """Largest request body: an upload in base64 plus room for the other fields."""
+        return self.max_upload_bytes * 4 // 3 + 2**16
+
+
+class Disconnected(Exception):
+    """The client went away while its request was waiting."""
+
+
+class _Edge:
+    """ASGI middleware: refuse oversized bodies with 413 before reading them, and count answers by status."""
+
+    ROUTES = ("/health", "/metrics", "/v1/models", "/v1/audio/speech", "/v1/audio/voices")
+
+    def __init__(self, app, config: ServerConfig, metrics: Metrics) -> None:
+        self.app, self.config, self.metrics = app, config, metrics
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope["path"]
+        route = next((r for r in self.ROUTES if path == r or path.startswith(r + "/")), "other")
+        status = [500]
+
+        async def counted(message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            length = dict(scope["headers"]).get(b"content-length", b"0")
+            if length.isdigit() and int(length) > self.config.max_body_bytes:
+                error = ApiError(413, f"request body is larger than {self.config.max_body_bytes} bytes",
+                                 code="request_too_large")
+                await _json(error.body(), 413)(scope, receive, counted)
+                return
+            await self.app(scope, receive, counted)
+        finally:
+            self.metrics.requests.labels(route=route, status=str(status[0])).inc()
+
+
+def _json(body: dict, status: int = 200, headers: Optional[dict] = None) -> JSONResponse:
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def create_app(config: ServerConfig, pool: WorkerPool, metrics: Metrics) -> FastAPI:
+    """Build the application around a worker pool (started and stopped with the app)."""
+    store = VoiceStore(config.voices_dir)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        pool.start()
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(pool.close)
+
+    app = FastAPI(title="moss-npu speech server", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    _install_error_handlers(app)
+
+    def authorize(request: Request) -> None:
+        if config.api_key is None:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), config.api_key.encode()):
+            raise ApiError(401, "invalid or missing API key; send the header 'Authorization: Bearer <key>'",
+                           code="invalid_api_key")
+
+    guarded = [Depends(authorize)]
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        ready = pool.ready
+        return _json({"status": "ready" if ready else "starting", "workers": [w.describe() for w in pool.workers]},
+                     200 if ready else 503)
+
+    @app.get("/v1/models", dependencies=guarded)
+    async def models() -> JSONResponse:
+        return _json({"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "moss-npu"}
+                                                 for name in config.model_names]})
+
+    @app.get("/metrics", dependencies=guarded)
+    async def prometheus() -> Response:
+        metrics.workers_ready.set(sum(w.state == "ready" for w in pool.workers))
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    @app.get("/v1/audio/voices", dependencies=guarded)
+    async def list_voices() -> JSONResponse:
+        return _json({"object": "list", "data": [v.public() for v in store.list()]})
+
+    @app.get("/v1/audio/voices/{voice_id}", dependencies=guarded)
+    async def get_voice(voice_id: str) -> JSONResponse:
+        return _json(store.find(voice_id)[0].public())
+
+    @app.delete("/v1/audio/voices/{voice_id}", dependencies=guarded)
+    async def delete_voice(voice_id: str) -> JSONResponse:
+        voice = store.delete(voice_id)
+        return _json({"id": voice.id, "name": voice.name, "object": "voice", "deleted": True})
+
+    @app.post("/v1/audio/voices", dependencies=guarded)
+    async def add_voice(name: str = Form(...), audio: UploadFile = File(...),
+                        transcript: Optional[str] = Form(None)) -> JSONResponse:
+        data = await audio.read(config.max_upload_bytes + 1)
+        if len(data) > config.max_upload_bytes:
+            raise ApiError(413, f"audio is larger than {config.max_upload_bytes // 2**20} MiB", param="audio",
+                           code="file_too_large")
+        duration = probe_recording(data, config.max_voice_seconds, param="audio")
+        codes = await pool.encode(data, config.request_timeout_s)
+        voice = store.add(name, torch.from_numpy(codes), duration, transcript)
+        return _json(voice.public())
+
+    @app.post("/v1/audio/speech", dependencies=guarded)
+    async def speech(body: SpeechBody, request: Request) -> Response:
+        arrived = time.perf_counter()
+        rate, channels = pool.audio_format()
+        check_body(body, model_names=config.model_names, max_chars=config.max_input_chars, sample_rate=rate,
+                   channels=channels)
+        job = _job(body, store, config)
+        ticket = pool.submit(job)
+        deadline = asyncio.get_running_loop().time() + config.request_timeout_s
+        try:
+            first = await _next(ticket, deadline, request)
+        except BaseException:
+            ticket.abandon()
+            raise
+        if first[0] == "error":
+            raise from_engine(first[1], first[2])
+        reply = _Reply(body, ticket, rate, channels, arrived, deadline, metrics)
+        headers = {"X-Sample-Rate": str(reply.out_rate), "X-Channels": str(reply.out_channels)}
+        if body.stream_format == "sse":
+            return StreamingResponse(reply.sse(first), media_type="text/event-stream",
+                                     headers={**headers, "Cache-Control": "no-cache"})
+        if body.streams():
+            return StreamingResponse(reply.audio(first), media_type=MEDIA_TYPES[body.response_format],
+                                     headers=headers)
+        try:
+            data, info = await reply.whole(first, request)
+        except BaseException:
+            ticket.abandon()
+            raise
+        headers.update({"X-Audio-Frames": str(info["frames"]), "X-Codes-SHA256": info["codes_sha256"]})
+        return Response(data, media_type=MEDIA_TYPES[body.response_format], headers=headers)
+
+    return _Edge(app, config, metrics)
+
+
+def _job(body: SpeechBody, store: VoiceStore, config: ServerConfig) -> dict:
+    """Turn a checked body into the worker's job: text, voice (stored codes or a recording) and settings."""
+    job: dict = {"text": body.input, "prompt_text": body.ref_text}
+    if body.voice_name != DEFAULT_VOICE:
+        voice, codes = store.find(body.voice_name)
+        job["prompt_codes"] = codes.numpy()
+        job["prompt_text"] = body.ref_text if body.ref_text is not None else voice.transcript
+    elif body.ref_audio is not None:
+        audio = decode_ref_audio(body.ref_audio, config.max_upload_bytes)
+        probe_recording(audio, config.max_voice_seconds, param="ref_audio")
+        job["prompt_audio"] = audio
+    has_voice = "prompt_codes" in job or "prompt_audio" in job
+    mode = "continuation" if job["prompt_text"] is not None or not has_voice else "voice_clone"
+    job["settings"] = run_config(body, mode=mode, max_new_frames=config.max_new_frames)
+    return job
+
+
+async def _next(ticket: Ticket, deadline: float, request: Optional[Request] = None) -> tuple:
+    """The ticket's next event before ``deadline``; with ``request``, notice a client that went away."""
+    loop = asyncio.get_running_loop()
+    while True:
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            raise ApiError(504, "the request took longer than the server's timeout; shorten the text or raise "
+                           "--request-timeout", code="timeout")
+        try:
+            return await ticket.next(min(remaining, DISCONNECT_POLL_S) if request is not None else remaining)
+        except asyncio.TimeoutError:
+            if request is not None and await request.is_disconnected():
+                raise Disconnected() from None
+
+
+class _Reply:
+    """The audio of one answered request, in the asked format, rate and channels."""
+
+    def __init__(self, body: SpeechBody, ticket: Ticket, rate: int, channels: int, arrived: float, deadline: float,
+                 metrics: Metrics) -> None:
+        self.body, self.ticket, self.rate, self.metrics = body, ticket, rate, metrics
+        self.out_rate = body.sample_rate or rate
+        self.out_channels = channels if body.channels is None else body.channels
+        self.converter = StreamConverter(rate, self.out_rate, self.out_channels)
+        self.arrived, self.deadline = arrived, deadline
+        self.samples = 0  # at the model's rate, for RTF
+
+    def _convert(self, samples) -> torch.Tensor:
+        wave = torch.from_numpy(samples)
+        if self.samples == 0:
+            self.metrics.ttfa.observe(time.perf_counter() - self.arrived)
+        self.samples += wave.shape[1]
+        return self.converter.push(wave)
+
+    def _finish(self, info: dict) -> None:
+        seconds = self.samples / self.rate
+        if seconds > 0:
+            self.metrics.rtf.observe((time.perf_counter() - self.arrived) / seconds)
+        self.metrics.frames.inc(info["frames"])
+        self.metrics.audio_seconds.inc(seconds)
+
+    async def _events(self, first: tuple) -> AsyncIterator[tuple]:
+        event = first
+        try:
+            while True:
+                yield event
+                if event[0] in ("done", "error"):
+                    return
+                event = await _next(self.ticket, self.deadline)
+        finally:
+            self.ticket.abandon()
+
+    async def audio(self, first: tuple) -> AsyncIterator[bytes]:
+        """Raw PCM chunks (after a streaming WAV header for ``wav``)."""
+        if self.body.response_format == "wav":
+            yield wav_stream_header(self.out_rate, self.out_channels)
+        async for event in self._events(first):
+            if event[0] == "chunk":
+                data = pcm16(self._convert(event[1]))
+                if data:
+                    yield data
+            elif event[0] == "done":
+                yield pcm16(self.converter.flush())
+                self._finish(event[1])
+            else:
+                log.warning("stream cut: %s", event[2])
+                raise ConnectionAbortedError(event[2])
+
+    async def sse(self, first: tuple) -> AsyncIterator[bytes]:
+        """``speech.audio.delta`` events (base64 audio), then ``speech.audio.done`` with usage."""
+        if self.body.response_format == "wav":
+            yield _sse({"type": "speech.audio.delta", "audio": _b64(wav_stream_header(self.out_rate,
+                                                                                      self.out_channels))})
+        try:
+            async for event in self._events(first):
+                if event[0] == "chunk":
+                    data = pcm16(self._convert(event[1]))
+                    if data:
+                        yield _sse({"type": "speech.audio.delta", "audio": _b64(data)})
+                elif event[0] == "done":
+                    tail = pcm16(self.converter.flush())
+                    if tail:
+                        yield _sse({"type": "speech.audio.delta", "audio": _b64(tail)})
+                    self._finish(event[1])
+                    tokens, frames = int(event[1]["input_tokens"]), int(event[1]["frames"])
+                    yield _sse({"type": "speech.audio.done", "usage": {
+                        "input_tokens": tokens, "output_tokens": frames, "total_tokens": tokens + frames}})
+                else:
+                    yield _sse({"type": "error", **from_engine(event[1], event[2]).body()})
+        except ApiError as exc:  # the timeout
+            yield _sse({"type": "error", **exc.body()})
+
+    async def whole(self, first: tuple, request: Request) -> tuple[bytes, dict]:
+        """Collect the whole utterance and encode it; return (file bytes, the worker's summary)."""
+        pieces, event = [], first
+        while event[0] == "chunk":
+            pieces.append(self._convert(event[1]))
+            event = await _next(self.ticket, self.deadline, request)
+        if event[0] == "error":
+            raise from_engine(event[1], event[2])
+        pieces.append(self.converter.flush())
+        self._finish(event[1])
+        wave = torch.cat(pieces, dim=1)
+        return await asyncio.to_thread(encode_file, wave, self.out_rate, self.body.response_format), event[1]
+
+
+def _sse(obj: dict) -> bytes:
+    return f"data: {json.dumps(obj)}\n\n".encode()
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    """Every failure answers in the OpenAI error shape; no traceback reaches a client."""
+
+    @app.exception_handler(ApiError)
+    async def api_error(_request: Request, exc: ApiError) -> JSONResponse:
+        return _json(exc.body(), exc.status, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = exc.errors()
+        first = problems[0] if problems else {"loc": (), "msg": "invalid request"}
+        if first.get("type") == "json_invalid":
+            return _json(ApiError(422, f"the body is not valid JSON ({first.get('ctx', {}).get('error', 'syntax')})",
+                                  code="invalid_json").body(), 422)
+        loc = [str(part) for part in first.get("loc", ()) if part not in ("body", "query", "path")]
+        param = ".".join(loc) or None
+        message = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
+        return _json(ApiError(422, message, param=param, code="invalid_request").body(), 422)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_request: Request, exc: HTTPException) -> JSONResponse:
+        return _json(ApiError(exc.status_code, str(exc.detail), code="not_found" if exc.status_code == 404
+                              else None).body(), exc.status_code, getattr(exc, "headers", None))
+
+    @app.exception_handler(Disconnected)
+    async def gone(_request: Request, _exc: Disconnected) -> Response:
+        return Response(status_code=499)  # nobody reads it; it marks the request in the metrics
+
+    @app.exception_handler(Exception)
+    async def internal(_request: Request, exc: Exception) -> JSONResponse:
+        log.exception("internal error")
+        return _json(ApiError(500, "internal server error; see the server log", code="internal_error").body(), 500)

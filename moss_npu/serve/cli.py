@@ -1,0 +1,169 @@
+"""Command line of the speech server (``python -m moss_npu.serve`` / ``moss-npu-serve``).
+
+    python -m moss_npu.serve --model DIR --codec DIR --device npu:0            # 127.0.0.1:8000
+    python -m moss_npu.serve --model DIR --codec DIR --device npu:0,npu:1 --host 0.0.0.0 --api-key KEY
+
+One worker process per listed device (``--device cpu,cpu`` runs two on the CPU, sharing its cores). The
+server listens at once; ``GET /health`` answers 200 once a worker has loaded and warmed up. Exit codes: 0
+stopped, 1 runtime failure (port taken, a worker crashed while loading), 2 bad input (folders, flags), 130
+Ctrl-C or SIGTERM (after a graceful stop). Every failure is one ``error:`` line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+from pathlib import Path
+from typing import Optional
+
+from moss_npu.cli import ArgumentParser, device_spec, run_cli
+from moss_npu.errors import BAD_INPUT, INTERRUPTED, RUNTIME_FAILURE, InputError, MissingDependency
+from moss_npu.hub import DEFAULT_CODEC, DEFAULT_MODEL, resolve_model_dir
+from moss_npu.serve.errors import ServerError
+
+
+def default_voices_dir() -> Path:
+    """``$XDG_DATA_HOME/moss-npu/voices`` (``~/.local/share/moss-npu/voices``)."""
+    base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return Path(base) / "moss-npu" / "voices"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = ArgumentParser(prog="python -m moss_npu.serve", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=DEFAULT_MODEL, help="MOSS-TTS-Nano folder or hub id")
+    p.add_argument("--codec", default=DEFAULT_CODEC, help="MOSS-Audio-Tokenizer-Nano folder or hub id")
+    p.add_argument("--device", default="auto", help="device, or a comma-separated list: one worker each")
+    p.add_argument("--dtype", help="LM compute dtype (default: the device's, fp32 on CPU)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=os.environ.get("MOSS_NPU_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on every route but /health (env MOSS_NPU_API_KEY)")
+    p.add_argument("--model-name", default="moss-tts-nano", help="the model id clients send and /v1/models lists")
+    p.add_argument("--voices-dir", type=Path, default=default_voices_dir(),
+                   help="where uploaded voices are stored (may be shared by several servers)")
+    p.add_argument("--max-batch", type=int, default=8, help="engine slots per worker")
+    p.add_argument("--max-queue", type=int, default=32, help="requests that may wait beyond the slots (then 429)")
+    p.add_argument("--request-timeout", type=float, default=300.0, help="seconds a request may take (then 504)")
+    p.add_argument("--max-input-chars", type=int, default=4096, help="longest input text (then 413)")
+    p.add_argument("--max-new-frames", type=int, default=375,
+                   help="default and upper limit of a request's frames per text chunk (12.5 per second)")
+    p.add_argument("--max-upload-mb", type=float, default=10.0, help="largest voice upload / ref_audio")
+    p.add_argument("--max-voice-seconds", type=float, default=30.0, help="longest voice recording")
+    p.add_argument("--num-threads", type=int, default=0,
+                   help="intra-op CPU threads per worker (0: the cores shared among CPU workers)")
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    return p
+
+
+def _check(args: argparse.Namespace) -> list[str]:
+    """Validate flags and folders before anything starts; return the device list."""
+    devices = [d.strip() for d in args.device.split(",") if d.strip()]
+    if not devices:
+        raise InputError(f"--device {args.device!r}: name at least one device, e.g. cpu or npu:0,npu:1")
+    for device in devices:
+        try:
+            device_spec(device)
+        except argparse.ArgumentTypeError as exc:
+            raise InputError(f"--device {exc}") from None
+    for name, value, low in (("--max-batch", args.max_batch, 1), ("--max-queue", args.max_queue, 0),
+                             ("--max-input-chars", args.max_input_chars, 1), ("--port", args.port, 0),
+                             ("--max-new-frames", args.max_new_frames, 1), ("--num-threads", args.num_threads, 0)):
+        if value < low:
+            raise InputError(f"{name} {value}: use at least {low}")
+    if args.request_timeout <= 0 or args.max_upload_mb <= 0 or args.max_voice_seconds <= 0:
+        raise InputError("--request-timeout, --max-upload-mb and --max-voice-seconds must be positive")
+    if args.api_key is not None and not args.api_key.strip():
+        raise InputError("--api-key is empty; pass a key or leave the flag out")
+    try:
+        args.voices_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"--voices-dir {args.voices_dir}: cannot create it ({exc.strerror})") from None
+    if not os.access(args.voices_dir, os.W_OK):
+        raise InputError(f"--voices-dir {args.voices_dir}: not writable; pass a folder you can write")
+    args.model = str(resolve_model_dir(args.model, required=("config.json", "tokenizer.model")))
+    args.codec = str(resolve_model_dir(args.codec, required=("config.json",)))
+    return devices
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Check the flags, then serve until Ctrl-C (the exit-code policy of ``moss_npu.cli``)."""
+    return run_cli(lambda: serve(build_parser().parse_args(argv)))
+
+
+def serve(args: argparse.Namespace) -> int:
+    """Start the workers and the HTTP server; return 130 once stopped by a signal, 0 otherwise."""
+    devices = _check(args)
+    try:
+        import uvicorn
+
+        from moss_npu.serve.app import ServerConfig, create_app
+        from moss_npu.serve.metrics import Metrics
+        from moss_npu.serve.pool import WorkerPool, specs_for
+        from moss_npu.serve.worker import WorkerSpec
+    except ImportError as exc:
+        raise MissingDependency(f"the server needs the serve extra ({exc.name} is missing); run "
+                                "pip install -e '.[serve]'") from None
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s: %(message)s")
+    fatal: list[tuple[str, bool]] = []
+    holder: dict = {}
+
+    def on_fatal(message: str, user_fault: bool) -> None:
+        fatal.append((message, user_fault))
+        if "server" in holder:
+            holder["server"].should_exit = True
+
+    metrics = Metrics()
+    base = WorkerSpec(model=args.model, codec=args.codec, device="", dtype=args.dtype, max_batch=args.max_batch,
+                      num_threads=args.num_threads)
+    pool = WorkerPool(specs_for(devices, base), max_queue=args.max_queue, metrics=metrics, on_fatal=on_fatal)
+    config = ServerConfig(voices_dir=args.voices_dir, model_names=(args.model_name,), api_key=args.api_key,
+                          max_input_chars=args.max_input_chars, max_new_frames=args.max_new_frames,
+                          request_timeout_s=args.request_timeout, max_upload_bytes=int(args.max_upload_mb * 2**20),
+                          max_voice_seconds=args.max_voice_seconds)
+    server = _server_class()(uvicorn.Config(create_app(config, pool, metrics), host=args.host, port=args.port,
+                                           log_level=args.log_level, timeout_graceful_shutdown=5))
+    holder["server"] = server
+    problem = _port_problem(args.host, args.port)
+    if problem:
+        raise ServerError(f"cannot listen on {args.host}:{args.port} ({problem}); pick another --port or --host")
+    try:
+        server.run()
+    except SystemExit:  # uvicorn exits this way when it cannot start
+        server.started = False
+    if fatal:
+        message, user_fault = fatal[0]
+        raise ServerError(message, exit_code=BAD_INPUT if user_fault else RUNTIME_FAILURE)
+    if not server.started:
+        raise ServerError(f"could not listen on {args.host}:{args.port} (see the log above); pick another --port")
+    return INTERRUPTED if getattr(server, "signals", []) else 0
+
+
+def _port_problem(host: str, port: int) -> Optional[str]:
+    """Why ``host:port`` cannot be listened on (taken, no such address), or None; checked before workers start."""
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
+
+
+def _server_class():
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, minus re-raising the stop signal after shutdown (that ends in a traceback)."""
+
+        signals: list
+
+        def handle_exit(self, sig, frame) -> None:
+            self.signals = [*getattr(self, "signals", []), sig]
+            super().handle_exit(sig, frame)
+            self._captured_signals.clear()
+
+    return Server

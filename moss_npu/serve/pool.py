@@ -1,0 +1,267 @@
+"""The server's side of the workers: one process per device, admission, least-loaded dispatch, restarts.
+
+Each request gets a ``Ticket``: an asyncio queue the worker's events land in (from the pipe's reader thread).
+Admission is bounded: ``workers × max_batch`` requests can hold a slot and ``max_queue`` more may wait; past
+that a request is refused with 429. A worker whose pipe closes (it died) fails its requests with 503 at once
+and is started again; one that fails to load is not (its error is fatal for the server).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import multiprocessing
+import os
+import threading
+import time
+from dataclasses import replace
+from typing import Any, Callable, Optional
+
+from moss_npu.serve import worker as worker_process
+from moss_npu.serve.errors import INTERNAL, WORKER_LOST, ApiError, from_engine
+from moss_npu.serve.metrics import Metrics
+from moss_npu.serve.worker import WorkerSpec
+
+log = logging.getLogger("moss_npu.serve")
+RESTART_DELAY_S = 0.5
+
+
+class Ticket:
+    """One request in flight on a worker: its events as they arrive, and a way to stop it."""
+
+    def __init__(self, pool: "WorkerPool", worker: "Worker", rid: int, loop: asyncio.AbstractEventLoop) -> None:
+        self.pool, self.worker, self.rid, self.loop = pool, worker, rid, loop
+        self.events: asyncio.Queue = asyncio.Queue()
+        self.finished = False
+        self._getter: Optional[asyncio.Future] = None
+
+    def deliver(self, event: tuple) -> None:
+        """Called from the reader thread."""
+        self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+
+    async def next(self, timeout: Optional[float]) -> tuple:
+        """The next event: ``("chunk", samples)``, ``("done", info)``, ``("error", kind, message)``, …
+
+        Raises ``asyncio.TimeoutError`` after ``timeout`` seconds; the event is not lost, the next call gets it.
+        """
+        if self._getter is None:
+            self._getter = asyncio.ensure_future(self.events.get())
+        done, _ = await asyncio.wait({self._getter}, timeout=timeout)
+        if not done:
+            raise asyncio.TimeoutError
+        event, self._getter = self._getter.result(), None
+        return event
+
+    def abandon(self) -> None:
+        """The client is gone or answered: stop the request if it still runs (its slot frees within a frame)."""
+        if self._getter is not None:
+            self._getter.cancel()
+            self._getter = None
+        if not self.finished:
+            self.worker.send("cancel", self.rid)
+
+
+class Worker:
+    """A worker process and what the server knows about it."""
+
+    def __init__(self, index: int, spec: WorkerSpec) -> None:
+        self.index, self.spec = index, spec
+        self.state = "stopped"  # starting, ready, dead, failed, stopped
+        self.info: dict[str, Any] = {}
+        self.tickets: dict[int, Ticket] = {}
+        self.active = self.queued = 0
+        self.restarts = 0
+        self.process: Optional[multiprocessing.process.BaseProcess] = None
+        self._conn = None
+        self._lock = threading.Lock()
+
+    @property
+    def load(self) -> int:
+        return len(self.tickets)
+
+    def describe(self) -> dict:
+        return {"index": self.index, "device": self.spec.device, "state": self.state, "in_flight": self.load,
+                "active_slots": self.active, "queued": self.queued, "restarts": self.restarts,
+                "pid": self.process.pid if self.process is not None else None}
+
+    def send(self, *message: Any) -> bool:
+        with self._lock:
+            if self._conn is None:
+                return False
+            try:
+                self._conn.send(message)
+                return True
+            except (OSError, EOFError, BrokenPipeError):
+                return False
+
+
+class WorkerPool:
+    """Starts one worker per device spec and routes requests to them."""
+
+    def __init__(self, specs: list[WorkerSpec], *, max_queue: int, metrics: Metrics,
+                 on_fatal: Callable[[str, bool], None] = lambda message, user_fault: None) -> None:
+        self.workers = [Worker(i, spec) for i, spec in enumerate(specs)]
+        self.max_queue, self.metrics, self.on_fatal = max_queue, metrics, on_fatal
+        self._ids = itertools.count(1)
+        self._closing = False
+        self._context = multiprocessing.get_context("spawn")
+
+    @property
+    def capacity(self) -> int:
+        return sum(w.spec.max_batch for w in self.workers) + self.max_queue
+
+    @property
+    def in_flight(self) -> int:
+        return sum(w.load for w in self.workers)
+
+    @property
+    def ready(self) -> bool:
+        return any(w.state == "ready" for w in self.workers)
+
+    def audio_format(self) -> tuple[int, int]:
+        """(sample rate, channels) the model speaks, from the first ready worker (48 kHz stereo before that)."""
+        for w in self.workers:
+            if w.info:
+                return int(w.info["sample_rate"]), int(w.info["channels"])
+        return 48000, 2
+
+    def start(self) -> None:
+        for w in self.workers:
+            self._spawn(w)
+
+    def _spawn(self, w: Worker) -> None:
+        parent, child = self._context.Pipe(duplex=True)
+        w.process = self._context.Process(target=worker_process.main, args=(child, w.spec), daemon=True,
+                                          name=f"moss-npu-worker-{w.index}")
+        w.state, w.active, w.queued = "starting", 0, 0
+        w.process.start()
+        child.close()  # the worker's death must close the pipe for the reader
+        w._conn = parent
+        threading.Thread(target=self._read, args=(w, parent), name=f"moss-npu-reader-{w.index}",
+                         daemon=True).start()
+
+    def _read(self, w: Worker, conn) -> None:
+        """Dispatch one worker's messages until its pipe closes."""
+        while True:
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):
+                break
+            self._on_message(w, message)
+        self._on_exit(w, conn)
+
+    def _on_message(self, w: Worker, message: tuple) -> None:
+        kind = message[0]
+        if kind == "ready":
+            w.info, w.state = message[1], "ready"
+            log.info("worker %d ready on %s (pid %s, loaded in %.1f s)", w.index, w.info["device"],
+                     w.info["pid"], w.info["load_s"])
+        elif kind == "failed":
+            w.state = "failed"
+            self.on_fatal(f"worker {w.index} ({w.spec.device}): {message[2]}", message[1] != INTERNAL)
+        elif kind == "stats":
+            w.active, w.queued = message[1], message[2]
+            self.metrics.set_load(sum(x.active for x in self.workers), sum(x.queued for x in self.workers))
+        else:
+            ticket = w.tickets.get(message[1])
+            if ticket is None:
+                return
+            if kind in ("done", "error", "encoded"):
+                self._release(w, ticket)
+            ticket.deliver((kind, *message[2:]))
+
+    def _release(self, w: Worker, ticket: Ticket) -> None:
+        ticket.finished = True
+        w.tickets.pop(ticket.rid, None)
+        self.metrics.set_in_flight(self.in_flight)
+
+    def _on_exit(self, w: Worker, conn) -> None:
+        """The pipe closed: fail every request of this worker with 503, then start it again if it had served."""
+        with w._lock:
+            w._conn = None
+        conn.close()
+        if w.process is not None:
+            w.process.join(timeout=5)
+        lost = list(w.tickets.values())
+        for ticket in lost:
+            self._release(w, ticket)
+            ticket.deliver(("error", WORKER_LOST, f"worker {w.index} ({w.spec.device}) stopped while serving "
+                                                   "this request; retry it"))
+        if self._closing or w.state == "failed":
+            w.state = "stopped" if self._closing else w.state
+            return
+        was_ready = w.state == "ready"
+        w.state = "dead"
+        code = w.process.exitcode if w.process is not None else None
+        log.warning("worker %d (%s) exited (code %s) with %d requests in flight", w.index, w.spec.device, code,
+                    len(lost))
+        if not was_ready:
+            self.on_fatal(f"worker {w.index} ({w.spec.device}) exited while loading (code {code})", False)
+            return
+        self.metrics.worker_restarts.inc()
+        w.restarts += 1
+        time.sleep(RESTART_DELAY_S)
+        if not self._closing:
+            self._spawn(w)
+
+    def _pick(self) -> Worker:
+        ready = [w for w in self.workers if w.state == "ready"]
+        if not ready:
+            raise ApiError(503, "no worker is ready (warming up or restarting); retry shortly",
+                           code="worker_unavailable", headers={"Retry-After": "1"})
+        if self.in_flight >= self.capacity:
+            raise ApiError(429, f"the server is at capacity ({self.capacity} requests in flight or queued); retry "
+                           "later", code="queue_full", headers={"Retry-After": "1"})
+        return min(ready, key=lambda w: (w.load / w.spec.max_batch, w.index))
+
+    def _open(self, *message_head: Any) -> Ticket:
+        w = self._pick()
+        rid = next(self._ids)
+        ticket = Ticket(self, w, rid, asyncio.get_running_loop())
+        w.tickets[rid] = ticket
+        self.metrics.set_in_flight(self.in_flight)
+        if not w.send(message_head[0], rid, *message_head[1:]):
+            self._release(w, ticket)
+            raise ApiError(503, f"worker {w.index} is not reachable; retry", code="worker_unavailable")
+        return ticket
+
+    def submit(self, job: dict) -> Ticket:
+        """Send a synthesis job to the least-loaded ready worker; 429 when full, 503 when none is ready."""
+        return self._open("submit", job)
+
+    async def encode(self, audio: bytes, timeout: float) -> Any:
+        """Encode a recording to codes (F, Q) numpy on a worker (it shares the queue with synthesis)."""
+        ticket = self._open("encode", audio)
+        try:
+            event = await ticket.next(timeout)
+        except asyncio.TimeoutError:
+            ticket.abandon()
+            raise ApiError(504, "encoding the voice took longer than the server's timeout", code="timeout") from None
+        if event[0] == "error":
+            raise from_engine(event[1], event[2])
+        return event[1]
+
+    def close(self) -> None:
+        """Stop every worker (they finish the frame in progress and exit)."""
+        self._closing = True
+        for w in self.workers:
+            if w.state == "starting" and w.process is not None:
+                w.process.terminate()  # still loading: it would read "stop" only once loaded
+            else:
+                w.send("stop")
+        for w in self.workers:
+            if w.process is not None:
+                w.process.join(timeout=10)
+                if w.process.is_alive():
+                    w.process.kill()
+                    w.process.join(timeout=5)
+            w.state = "stopped"
+
+
+def specs_for(devices: list[str], base: WorkerSpec) -> list[WorkerSpec]:
+    """One spec per device; CPU workers share the cores evenly unless a thread count was given."""
+    cpu = [d for d in devices if d.split(":")[0] == "cpu"]
+    threads = base.num_threads or (max(1, (os.cpu_count() or 1) // len(cpu)) if len(cpu) > 1 else 0)
+    return [replace(base, device=d, num_threads=threads if d.split(":")[0] == "cpu" else base.num_threads)
+            for d in devices]

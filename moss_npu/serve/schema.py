@@ -1,0 +1,139 @@
+"""The body of ``POST /v1/audio/speech``: the OpenAI fields plus moss-npu's extensions, and its checks.
+
+Every field either acts or is refused: ``speed`` other than 1.0 and ``instructions`` are answered with 400,
+unknown fields with 422, so a client never believes a setting took effect when it did not.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from typing import Optional, Union
+
+from pydantic import BaseModel, ConfigDict
+
+from moss_npu.errors import MossNpuError
+from moss_npu.serve.errors import ApiError
+from moss_npu.serve.formats import FORMATS, STREAMABLE, check_output
+from moss_npu.tts.settings import RunConfig
+
+DEFAULT_VOICE = "default"  # speaks without a reference (continuation mode)
+# Body fields handed to RunConfig under the same name when given.
+BODY_RUN_FIELDS = ("text_temperature", "text_top_p", "text_top_k", "audio_temperature", "audio_top_p", "audio_top_k",
+              "audio_repetition_penalty", "text_normalization", "wetext")
+_DATA_URI = re.compile(r"^data:[\w.+/-]*(;[\w=.+-]+)*;base64,", re.IGNORECASE)
+
+
+class VoiceRef(BaseModel):
+    """A voice given as an object, as the OpenAI client writes custom voices: ``{"id": "voice_…"}``."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: str
+
+
+class SpeechBody(BaseModel):
+    """``POST /v1/audio/speech`` JSON body."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    input: str
+    voice: Union[str, VoiceRef] = DEFAULT_VOICE
+    response_format: str = "wav"
+    speed: float = 1.0
+    stream_format: str = "audio"
+    stream: Optional[bool] = None  # None: pcm streams, the other formats arrive whole
+    instructions: Optional[str] = None
+    ref_audio: Optional[str] = None  # base64 or a data URI of a recording
+    ref_text: Optional[str] = None  # transcript of the reference: continuation mode
+    seed: Optional[int] = None
+    max_new_frames: Optional[int] = None
+    sample_rate: Optional[int] = None
+    channels: Optional[int] = None
+    greedy: bool = False
+    text_temperature: Optional[float] = None
+    text_top_p: Optional[float] = None
+    text_top_k: Optional[int] = None
+    audio_temperature: Optional[float] = None
+    audio_top_p: Optional[float] = None
+    audio_top_k: Optional[int] = None
+    audio_repetition_penalty: Optional[float] = None
+    text_normalization: Optional[bool] = None  # the official text preparation (default on); false: text as given
+    wetext: Optional[bool] = None  # WeTextProcessing's reading of numbers and symbols (default on)
+
+    @property
+    def voice_name(self) -> str:
+        return self.voice.id if isinstance(self.voice, VoiceRef) else self.voice
+
+    def streams(self) -> bool:
+        """Whether the audio leaves chunk by chunk (SSE always does)."""
+        if self.stream_format == "sse":
+            return True
+        return self.response_format == "pcm" if self.stream is None else self.stream
+
+
+def check_body(body: SpeechBody, *, model_names: tuple[str, ...], max_chars: int, sample_rate: int,
+               channels: int) -> None:
+    """Refuse what cannot be served as asked, naming the field (``param``) and the fix."""
+    if body.model not in model_names:
+        raise ApiError(404, f"model {body.model!r} not found; use {', '.join(model_names)} (GET /v1/models)",
+                       param="model", code="model_not_found")
+    if not body.input.strip():
+        raise ApiError(400, "input is empty; pass the text to speak", param="input", code="empty_input")
+    if len(body.input) > max_chars:
+        raise ApiError(413, f"input has {len(body.input)} characters; the limit is {max_chars}", param="input",
+                       code="input_too_long")
+    if body.speed != 1.0:
+        raise ApiError(400, f"speed {body.speed}: not supported, the model speaks at its own pace; use 1.0",
+                       param="speed", code="unsupported_value")
+    if body.instructions is not None:
+        raise ApiError(400, "instructions: not supported by MOSS-TTS-Nano; pass a voice or ref_audio instead",
+                       param="instructions", code="unsupported_value")
+    if body.stream_format not in ("audio", "sse"):
+        raise ApiError(400, f"stream_format {body.stream_format!r}: use audio or sse", param="stream_format",
+                       code="invalid_value")
+    if body.streams() and body.response_format not in STREAMABLE and body.response_format in FORMATS:
+        raise ApiError(400, f"response_format {body.response_format} cannot stream; use pcm or wav, or drop "
+                       "stream / stream_format sse", param="response_format", code="invalid_value")
+    problem = check_output(body.response_format, body.sample_rate or sample_rate,
+                           channels if body.channels is None else body.channels)
+    if problem:
+        param = problem.split(" ", 1)[0]
+        raise ApiError(400, problem, param=param, code="invalid_value")
+    if body.ref_text is not None and body.ref_audio is None and body.voice_name == DEFAULT_VOICE:
+        raise ApiError(400, "ref_text needs ref_audio (or a stored voice): it is the transcript of the reference",
+                       param="ref_text", code="invalid_value")
+    if body.ref_audio is not None and body.voice_name != DEFAULT_VOICE:
+        raise ApiError(400, "pass either voice or ref_audio, not both", param="ref_audio", code="invalid_value")
+
+
+def decode_ref_audio(text: str, max_bytes: int) -> bytes:
+    """Return the bytes of a base64 (or data URI) recording; 400 when it is not base64, 413 when too large."""
+    payload = _DATA_URI.sub("", text.strip(), count=1)
+    if len(payload) * 3 // 4 > max_bytes:
+        raise ApiError(413, f"ref_audio is larger than {max_bytes // 2**20} MiB", param="ref_audio",
+                       code="file_too_large")
+    try:
+        data = base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise ApiError(400, "ref_audio is not valid base64; send the recording's bytes base64-encoded (or a "
+                       "data: URI)", param="ref_audio", code="invalid_base64") from None
+    if not data:
+        raise ApiError(400, "ref_audio is empty", param="ref_audio", code="invalid_value")
+    return data
+
+
+def run_config(body: SpeechBody, *, mode: str, max_new_frames: int) -> RunConfig:
+    """Build the run settings of a request; out-of-range values are a 400 naming the setting."""
+    frames = max_new_frames if body.max_new_frames is None else body.max_new_frames
+    if not 1 <= frames <= max_new_frames:
+        raise ApiError(400, f"max_new_frames {frames}: use 1..{max_new_frames} (12.5 frames per second)",
+                       param="max_new_frames", code="invalid_value")
+    values = {name: getattr(body, name) for name in BODY_RUN_FIELDS if getattr(body, name) is not None}
+    if body.text_normalization is False and body.wetext is None:
+        values["wetext"] = False  # as the CLI's --no-text-normalization: the text goes in as given
+    try:
+        return RunConfig(mode=mode, max_new_frames=frames, do_sample=not body.greedy, seed=body.seed, **values)
+    except (MossNpuError, ValueError, TypeError) as exc:
+        raise ApiError(400, str(exc).replace("--", ""), code="invalid_value") from None

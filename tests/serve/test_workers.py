@@ -1,0 +1,110 @@
+"""Two CPU workers (``--device cpu,cpu``): least-loaded dispatch, a killed worker's request fails with 503
+at once, the other worker keeps serving, and the dead one is started again."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from tests.serve.conftest import REPO, ServerProcess, assert_error, serve_module, tiny_dirs
+
+serve_module("fastapi")
+httpx = serve_module("httpx")
+
+MODEL = "moss-tts-nano"
+LONG = {"model": MODEL, "input": "A long one.", "max_new_frames": 375, "greedy": True, "response_format": "pcm"}
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    proc = ServerProcess(tmp_path_factory.mktemp("pair"), "--device", "cpu,cpu", "--max-batch", "2")
+    proc.wait_ready(workers=2)
+    yield proc
+    proc.stop()
+
+
+def _busy_workers(server) -> list[dict]:
+    return [w for w in server.health()["workers"] if w["in_flight"]]
+
+
+def test_requests_spread_over_workers_and_a_killed_worker_restarts(pair):
+    assert len(pair.health()["workers"]) == 2
+    with pair.client() as a, pair.client() as b:
+        with a.stream("POST", "/v1/audio/speech", json=LONG) as first, \
+                b.stream("POST", "/v1/audio/speech", json=LONG) as second:
+            first_chunks, second_chunks = first.iter_bytes(), second.iter_bytes()
+            next(first_chunks), next(second_chunks)
+            busy = _busy_workers(pair)
+            assert sorted(w["index"] for w in busy) == [0, 1]  # least loaded: one each
+            victim = next(w for w in busy if w["index"] == 0)
+            os.kill(victim["pid"], signal.SIGKILL)
+            start = time.monotonic()
+            with pytest.raises(httpx.HTTPError):  # the stream is cut, not ended as if complete
+                for _ in first_chunks:
+                    pass
+            assert time.monotonic() - start < 5.0  # no hang
+            # The other worker's request is unaffected.
+            received = sum(len(c) for c in second_chunks)
+            assert received > 0
+    with pair.client() as http:
+        short = {"model": MODEL, "input": "Meanwhile.", "max_new_frames": 2, "greedy": True}
+        assert http.post("/v1/audio/speech", json=short).status_code == 200  # served by the live worker
+        state = pair.wait_ready(workers=2)
+        restarted = next(w for w in state["workers"] if w["index"] == 0)
+        assert restarted["restarts"] == 1 and restarted["pid"] != victim["pid"]
+        assert http.post("/v1/audio/speech", json=short).status_code == 200
+
+
+def test_killed_worker_fails_a_waiting_whole_file_request_with_503(pair):
+    pair.wait_ready(workers=2)
+    with pair.client() as http:
+        result = {}
+
+        def call():
+            result["r"] = http.post("/v1/audio/speech", json={**LONG, "response_format": "wav"})
+
+        thread = threading.Thread(target=call)
+        thread.start()
+        end = time.monotonic() + 10
+        while not _busy_workers(pair) and time.monotonic() < end:
+            time.sleep(0.05)
+        os.kill(_busy_workers(pair)[0]["pid"], signal.SIGKILL)
+        thread.join(timeout=10)
+        assert not thread.is_alive()
+    error = assert_error(result["r"], 503)
+    assert error["code"] == "worker_unavailable"
+    pair.wait_ready(workers=2)
+
+
+def test_bad_model_folder_is_refused_before_serving(tmp_path):
+    _, codec = tiny_dirs()
+    run = subprocess.run([sys.executable, "-m", "moss_npu.serve", "--model", str(tmp_path / "missing"),
+                          "--codec", str(codec), "--device", "cpu", "--voices-dir", str(tmp_path / "v")],
+                         cwd=REPO, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert run.returncode == 2
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "missing" in lines[0]
+
+
+def test_taken_port_is_refused_before_workers_start(tmp_path):
+    import socket
+
+    model, codec = tiny_dirs()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        run = subprocess.run([sys.executable, "-m", "moss_npu.serve", "--model", str(model), "--codec", str(codec),
+                              "--device", "cpu", "--port", str(taken.getsockname()[1]),
+                              "--voices-dir", str(tmp_path / "v")],
+                             cwd=REPO, capture_output=True, text=True, timeout=120,
+                             env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert run.returncode == 1
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: cannot listen")
