@@ -31,6 +31,10 @@ log = logging.getLogger(__name__)
 _END = object()
 
 
+class Cancelled(MossNpuError):
+    """The request was cancelled before it finished (what its stream raises after ``cancel()``)."""
+
+
 @dataclass
 class SpeechRequest:
     """What to say and in whose voice: prompt audio (path, bytes or (waveform, rate)) or stored prompt codes."""
@@ -45,8 +49,9 @@ class SpeechRequest:
 class RequestStream:
     """The audio of one request as it is produced: iterate for ``AudioChunk``s (blocking).
 
-    Iteration raises the request's ``MossNpuError`` if it failed. ``cancel()`` frees its slot within one frame and
-    ends the iteration. After the end, ``codes`` holds the generated (ΣF, Q) codes.
+    Iteration raises the request's ``MossNpuError`` if it failed. ``cancel()`` frees its slot within one frame;
+    the iteration then raises ``Cancelled``. After a normal end, ``codes`` holds the generated (ΣF, Q) codes
+    (None after a failure or a cancel).
     """
 
     def __init__(self, engine: "Engine") -> None:
@@ -171,12 +176,12 @@ class Engine:
     def _drop_cancelled(self) -> None:
         for slot, job in list(self._running.items()):
             if job.stream.cancelled:
-                self._finish(job, release=True)
+                self._finish(job, error=Cancelled("request cancelled"), release=True)
         with self._cond:
             kept = [job for job in self._waiting if not job.stream.cancelled]
             for job in self._waiting:
                 if job.stream.cancelled:
-                    job.stream._end()
+                    job.stream._end(Cancelled("request cancelled"))
             self._waiting = deque(kept)
 
     def _admit_waiting(self) -> None:
@@ -253,6 +258,7 @@ class Engine:
             self.decoder.release(job.slot)
             self._running.pop(job.slot, None)
             job.slot = None
-        q = self.tts.config.n_vq
-        job.stream.codes = torch.stack(job.codes) if job.codes else torch.empty(0, q, dtype=torch.long)
+        if error is None:
+            q = self.tts.config.n_vq
+            job.stream.codes = torch.stack(job.codes) if job.codes else torch.empty(0, q, dtype=torch.long)
         job.stream._end(error)
