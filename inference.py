@@ -265,8 +265,9 @@ def synthesize_nano(args: argparse.Namespace, text: str, target: AudioTarget) ->
     from moss_npu.tts import MossTTSNano
     from moss_npu.tts.settings import load_preset, merge
 
-    load, settings = merge(load_preset(args.config) if args.config else None, run_overrides(args))
-    problem = device_problem(load.device)
+    preset = load_preset(args.config) if args.config else {}
+    load, settings = merge(preset, run_overrides(args))
+    problem = device_problem(preset["device"]) if preset.get("device") else None  # checked even when --device wins
     if problem:
         raise InputError(f"--config {args.config} device {problem}")
     dev = devices.resolve_device(load.device)

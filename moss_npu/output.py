@@ -98,13 +98,16 @@ def writable_file(path: PathLike, flag: str = "--output") -> Path:
     """Return the regular file that writing ``path`` will replace (symlinks resolved); refuse anything else.
 
     Raises:
-        InputError: a folder, device, FIFO or socket; a missing or read-only folder; a read-only file.
+        InputError: a folder, device, FIFO or socket; a symlink loop; a missing or read-only folder; a
+            read-only file.
     """
     path = Path(path)
     if len(path.name.encode()) > _MAX_NAME_BYTES:
         raise InputError(f"{flag} {path.name[:40]}…: file name too long ({len(path.name.encode())} bytes, at most "
                          f"{_MAX_NAME_BYTES}); choose a shorter name")
     real = Path(os.path.realpath(path))
+    if real.is_symlink():  # realpath leaves a link it cannot resolve: a loop
+        raise InputError(f"{flag} {path}: is a symlink loop; remove the link or choose another path")
     shown = f"{path}" if real == path.absolute() else f"{path} (-> {real})"
     if real.exists():
         mode = real.stat().st_mode
