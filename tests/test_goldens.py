@@ -9,6 +9,7 @@ import os
 import pytest
 
 from moss_npu import goldens
+from moss_npu.errors import InputError
 
 ROOT = goldens.fixtures_root()
 DIRS = goldens.fixture_dirs(ROOT)
@@ -54,8 +55,23 @@ def test_text_fixture_needs_no_model(tmp_path):
 
 def test_unknown_family_is_refused(tmp_path):
     (tmp_path / "cases.json").write_text('{"family": "speech", "cases": []}')
-    with pytest.raises(ValueError, match="unknown fixture family 'speech'"):
+    with pytest.raises(InputError, match="unknown fixture family 'speech'"):
         goldens.load_fixture(tmp_path)
+
+
+@pytest.mark.parametrize("body", [b"{bad", b"[1, 2]", b'{"cases": 3}', b'{"cases": [1]}', b"\xff\xfe{}"],
+                         ids=["syntax", "list", "cases-not-list", "case-not-object", "not-utf8"])
+def test_a_damaged_cases_json_is_bad_input(tmp_path, body):
+    (tmp_path / "cases.json").write_bytes(body)
+    with pytest.raises(InputError, match="cases.json"):
+        goldens.load_fixture(tmp_path)
+
+
+def test_only_that_matches_nothing_is_refused(tmp_path, capsys):
+    """``--only`` selecting no case would report success having checked nothing."""
+    (tmp_path / "cases.json").write_text('{"family": "text", "cases": [{"id": "t", "kind": "normalize_robust"}]}')
+    assert goldens.main([str(tmp_path), "--only", "t", "--only", "nosuch"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"error: --only nosuch: no case of {tmp_path} has this id or kind"]
 
 
 def test_missing_optional_package_is_a_named_skip(tmp_path, monkeypatch):
