@@ -24,16 +24,19 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
-import torch
+from typing import TYPE_CHECKING
 
-from bench.checkpoints import SIZES, ensure_checkpoints, steer_to_continue
-from moss_npu import device as devices
 from moss_npu import goldens
 from moss_npu.cli import ArgumentParser, run_cli
-from moss_npu.errors import InputError
-from moss_npu.nano.generate import SPEED_PRESETS, PhaseTimer
-from moss_npu.tts.pipeline import MossTTSNano
-from moss_npu.tts.settings import RunConfig
+from moss_npu.errors import InputError, MissingDependency
+from moss_npu.output import writable_file
+
+if TYPE_CHECKING:
+    from moss_npu.tts.pipeline import MossTTSNano
+# torch and the pipeline are imported on use, so `python -m bench.run` answers --help, bad flags, Ctrl-C and a
+# machine without torch with one line under the exit-code policy.
+SIZES = ("real", "tiny")  # bench.checkpoints.SIZES, named here so the parser needs no torch
+NANO_INSTALL = 'pip install -e ".[nano]"'
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 SHORT = {"en": "Hello there, my friend.", "zh": "今天天气很好，我们去公园散步吧。"}
@@ -66,6 +69,8 @@ class BenchConfig:
 
     @classmethod
     def parse(cls, text: str) -> "BenchConfig":
+        from moss_npu.nano.generate import SPEED_PRESETS
+
         speed, _, threads = text.strip().partition("@")
         if speed not in SPEED_PRESETS or (threads and not threads.isdigit()):
             raise ValueError(f"configuration {text!r}; use SPEED[@THREADS] with SPEED one of {SPEED_PRESETS}")
@@ -110,6 +115,12 @@ def run_once(tts: MossTTSNano, case: str, config: BenchConfig, frames: int, stre
     The text gets the number ``serial`` (and ``serial + 1`` for the stream) in front, so no run meets a prompt
     it has seen: the prompt cache of the optimized path reuses only what a new request shares (the template).
     """
+    import torch
+
+    from moss_npu import device as devices
+    from moss_npu.nano.generate import PhaseTimer
+    from moss_npu.tts.settings import RunConfig
+
     if config.threads:
         torch.set_num_threads(config.threads)
     text, audio = case_request(case)
@@ -190,11 +201,14 @@ def markdown(rows: list[dict], ratios: dict[str, float], base: Optional[str], ot
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temp file in the same folder, then rename."""
+    """Write ``text`` to ``path`` through a temp file in the same folder, then rename (no partial file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -221,6 +235,15 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _require_torch() -> None:
+    """Raise MissingDependency naming the install command when torch does not import (a torch-free venv)."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise MissingDependency(f"python -m bench.run times the Nano pipeline, which needs torch; install it with "
+                                f"`{NANO_INSTALL}` (the torch build for your machine first, see README)") from None
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     """Run the benchmark under the CLI exit-code policy (moss_npu.cli)."""
     return run_cli(lambda: run(argv))
@@ -229,6 +252,11 @@ def main(argv: Optional[list[str]] = None) -> int:
 def run(argv: Optional[list[str]] = None) -> int:
     """Parse flags, time every case and configuration, write the reports, print the table."""
     args = build_parser().parse_args(argv)
+    _require_torch()
+    from bench.checkpoints import ensure_checkpoints, steer_to_continue
+    from moss_npu import device as devices
+    from moss_npu.tts.pipeline import MossTTSNano
+
     try:
         configs = [BenchConfig.parse(c) for c in (args.compare or args.speed).split(",")]
     except ValueError as exc:
@@ -241,6 +269,14 @@ def run(argv: Optional[list[str]] = None) -> int:
     if any(c.endswith("+ref") for c in cases) and not (goldens.fixtures_root() / "audio").is_dir():
         print(f"bench: no reference audio under {goldens.fixtures_root()}; skipping the +ref cases", file=sys.stderr)
         cases = [c for c in cases if not c.endswith("+ref")]
+    stem = args.out or RESULTS_DIR / time.strftime("bench-%Y%m%d-%H%M%S")
+    if args.out is not None:  # the reports are written after minutes of timing: check their paths first
+        try:
+            stem.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise InputError(f"--out {stem}: cannot create folder {stem.parent} ({exc.strerror})") from None
+        for suffix in (".json", ".md"):
+            writable_file(stem.with_suffix(suffix), "--out")
     log = (lambda *a: None) if args.quiet else (lambda *a: print(*a, file=sys.stderr, flush=True))
     model_dir, codec_dir = args.model, args.codec
     if model_dir is None or codec_dir is None:
@@ -265,7 +301,6 @@ def run(argv: Optional[list[str]] = None) -> int:
     rows = summarize(records)
     base, other = (configs[0].label, configs[1].label) if args.compare else (None, None)
     ratios = speedups(rows, base, other) if args.compare else {}
-    stem = args.out or RESULTS_DIR / time.strftime("bench-%Y%m%d-%H%M%S")
     report = {"device": info, "frames_per_chunk": args.frames, "runs": args.runs, "warmup": args.warmup,
               "model": str(model_dir), "codec": str(codec_dir), "summary": rows, "speedups": ratios,
               "records": [asdict(r) for r in records]}

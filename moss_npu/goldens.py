@@ -54,6 +54,13 @@ HANDLERS: dict[str, dict[str, str]] = {
     },
 }
 
+# Top-level modules of the optional parts (setup.py extras) -> the command that installs them.
+_NANO_INSTALL = 'pip install -e ".[nano]"'
+OPTIONAL_MODULES = {"torch": _NANO_INSTALL, "sentencepiece": _NANO_INSTALL, "safetensors": _NANO_INSTALL,
+                    "kaldifst": _NANO_INSTALL, "llama_cpp": 'pip install -e ".[llama]"',
+                    "tokenizers": 'pip install -e ".[llama]"', "onnxruntime": 'pip install -e ".[onnx]"',
+                    "onnx": 'pip install -e ".[onnx]"', "transformers": 'pip install -e ".[upstream]"'}
+
 
 @dataclass(frozen=True)
 class CaseResult:
@@ -166,8 +173,18 @@ def _handler(target: str) -> Optional[Callable[[dict, Fixture], CaseResult]]:
     except ModuleNotFoundError as exc:
         if exc.name and module_name.startswith(exc.name):
             return None  # the room itself is not written yet
-        raise  # a dependency of an existing handler is missing: that is a failure, not a skip
+        raise  # a dependency of an existing handler is missing: run_case tells optional parts from failures
     return getattr(module, function_name, None)
+
+
+def _missing_optional_part(exc: ModuleNotFoundError) -> Optional[MissingDependency]:
+    """Return a MissingDependency naming the install command when ``exc`` is a package of an optional part
+    (a setup.py extra, e.g. torch in a torch-free Delay install); None for anything else (a real failure)."""
+    top = (exc.name or "").split(".")[0]
+    command = OPTIONAL_MODULES.get(top)
+    if command is None:
+        return None
+    return MissingDependency(f"needs {top}, which is not installed; install it with `{command}`")
 
 
 def run_case(case: dict, fx: Fixture) -> Outcome:
@@ -183,6 +200,11 @@ def run_case(case: dict, fx: Fixture) -> Outcome:
         result = handler(case, fx)
     except MissingDependency as exc:
         return Outcome(case_id, kind, "SKIP", f"(optional package missing) {exc}", missing_dependency=True)
+    except ModuleNotFoundError as exc:
+        missing = _missing_optional_part(exc)
+        if missing is None:
+            return Outcome(case_id, kind, "FAIL", f"{type(exc).__name__}: {exc}")
+        return Outcome(case_id, kind, "SKIP", f"(optional package missing) {missing}", missing_dependency=True)
     except Exception as exc:  # a crashing case is a failed case; the runner goes on with the others
         return Outcome(case_id, kind, "FAIL", f"{type(exc).__name__}: {exc}")
     return Outcome(case_id, kind, "PASS" if result.passed else "FAIL", result.detail)

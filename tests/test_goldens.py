@@ -88,6 +88,21 @@ def test_missing_optional_package_is_a_named_skip(tmp_path, monkeypatch):
     assert 'pip install -e ".[llama]"' in outcome.detail
 
 
+@pytest.mark.parametrize("missing, status", [("torch", "SKIP"), ("torch.nn", "SKIP"), ("no_such_module", "FAIL")])
+def test_a_missing_optional_part_is_a_named_skip_and_anything_else_fails(tmp_path, monkeypatch, missing, status):
+    """torch absent (a torch-free Delay install) skips the Nano cases naming the install command; a module that
+    belongs to no optional part is a real failure."""
+    def handler(case, fx):
+        raise ModuleNotFoundError(f"No module named {missing!r}", name=missing)
+
+    monkeypatch.setattr(goldens, "_handler", lambda target: handler)
+    fx = goldens.Fixture(root=tmp_path, family="nano", meta={}, cases=[])
+    outcome = goldens.run_case({"id": "x", "kind": "forward"}, fx)
+    assert outcome.status == status
+    if status == "SKIP":
+        assert outcome.missing_dependency and 'pip install -e ".[nano]"' in outcome.detail
+
+
 def test_unknown_kind_fails(tmp_path):
     """A case kind the runner does not know is a failure, never a silent pass."""
     fx = goldens.Fixture(root=tmp_path, family="nano", meta={}, cases=[])
