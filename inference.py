@@ -26,6 +26,8 @@ from typing import Any, Optional
 from moss_npu.cli import (ArgumentParser, check_utf8_text, configure_logging, device_problem, device_spec,
                           finite_float, int_in, read_utf8, run_cli, warn)
 from moss_npu.errors import DeviceError, GenerationError, InputError
+from moss_npu.extras import LLAMA_INSTALL as DELAY_INSTALL
+from moss_npu.extras import NANO_INSTALL
 from moss_npu.hub import DEFAULT_CODEC, DEFAULT_MODEL
 from moss_npu.limits import MAX_NEW_FRAMES, MAX_SEED
 from moss_npu.output import WAV_SUBTYPES, AtomicAudioWriter, AudioTarget, audio_target
@@ -33,8 +35,6 @@ from moss_npu.output import WAV_SUBTYPES, AtomicAudioWriter, AudioTarget, audio_
 SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "repetition_penalty")
 NO_AUDIO = "the model stopped before any audio; try another --seed"
 BACKENDS = ("auto", "nano", "llama-cpp")
-NANO_INSTALL = 'pip install -e ".[nano]"'  # after the torch build for the machine (README, "Installing")
-DELAY_INSTALL = 'pip install -e ".[llama]"'
 DELAY_ONLY_FLAGS = ("weights", "codec_onnx_dir")
 DELAY_STEPS_PER_S = 12.5  # MOSS-Audio-Tokenizer: 24 kHz / 1920 samples per frame
 BACKEND_NAMES = {"nano": "nano (MOSS-TTS-Nano)", "llama-cpp": "llama-cpp (MOSS-TTS Delay)"}

@@ -28,15 +28,14 @@ from typing import TYPE_CHECKING
 
 from moss_npu import goldens
 from moss_npu.cli import ArgumentParser, run_cli
-from moss_npu.errors import InputError, MissingDependency
+from moss_npu.errors import InputError
 from moss_npu.output import writable_file
 
 if TYPE_CHECKING:
     from moss_npu.tts.pipeline import MossTTSNano
 # torch and the pipeline are imported on use, so `python -m bench.run` answers --help, bad flags, Ctrl-C and a
-# machine without torch with one line under the exit-code policy.
+# machine without torch (moss_npu.extras) with one line under the exit-code policy.
 SIZES = ("real", "tiny")  # bench.checkpoints.SIZES, named here so the parser needs no torch
-NANO_INSTALL = 'pip install -e ".[nano]"'
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 SHORT = {"en": "Hello there, my friend.", "zh": "今天天气很好，我们去公园散步吧。"}
@@ -235,15 +234,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _require_torch() -> None:
-    """Raise MissingDependency naming the install command when torch does not import (a torch-free venv)."""
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        raise MissingDependency(f"python -m bench.run times the Nano pipeline, which needs torch; install it with "
-                                f"`{NANO_INSTALL}` (the torch build for your machine first, see README)") from None
-
-
 def main(argv: Optional[list[str]] = None) -> int:
     """Run the benchmark under the CLI exit-code policy (moss_npu.cli)."""
     return run_cli(lambda: run(argv))
@@ -252,7 +242,6 @@ def main(argv: Optional[list[str]] = None) -> int:
 def run(argv: Optional[list[str]] = None) -> int:
     """Parse flags, time every case and configuration, write the reports, print the table."""
     args = build_parser().parse_args(argv)
-    _require_torch()
     from bench.checkpoints import ensure_checkpoints, steer_to_continue
     from moss_npu import device as devices
     from moss_npu.tts.pipeline import MossTTSNano

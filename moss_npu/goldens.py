@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterator, Optional
 
 from moss_npu.cli import ArgumentParser, run_cli
 from moss_npu.errors import InputError, MissingDependency
+from moss_npu.extras import missing_optional_part
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -53,14 +54,6 @@ HANDLERS: dict[str, dict[str, str]] = {
         "normalize_language": "moss_npu.text.cases:check_normalize_language",
     },
 }
-
-# Top-level modules of the optional parts (setup.py extras) -> the command that installs them.
-_NANO_INSTALL = 'pip install -e ".[nano]"'
-OPTIONAL_MODULES = {"torch": _NANO_INSTALL, "sentencepiece": _NANO_INSTALL, "safetensors": _NANO_INSTALL,
-                    "kaldifst": _NANO_INSTALL, "llama_cpp": 'pip install -e ".[llama]"',
-                    "tokenizers": 'pip install -e ".[llama]"', "onnxruntime": 'pip install -e ".[onnx]"',
-                    "onnx": 'pip install -e ".[onnx]"', "transformers": 'pip install -e ".[upstream]"'}
-
 
 @dataclass(frozen=True)
 class CaseResult:
@@ -177,16 +170,6 @@ def _handler(target: str) -> Optional[Callable[[dict, Fixture], CaseResult]]:
     return getattr(module, function_name, None)
 
 
-def _missing_optional_part(exc: ModuleNotFoundError) -> Optional[MissingDependency]:
-    """Return a MissingDependency naming the install command when ``exc`` is a package of an optional part
-    (a setup.py extra, e.g. torch in a torch-free Delay install); None for anything else (a real failure)."""
-    top = (exc.name or "").split(".")[0]
-    command = OPTIONAL_MODULES.get(top)
-    if command is None:
-        return None
-    return MissingDependency(f"needs {top}, which is not installed; install it with `{command}`")
-
-
 def run_case(case: dict, fx: Fixture) -> Outcome:
     """Run one case and say PASS, FAIL or SKIP with its metric."""
     case_id, kind = str(case.get("id", "?")), str(case.get("kind", "?"))
@@ -201,7 +184,7 @@ def run_case(case: dict, fx: Fixture) -> Outcome:
     except MissingDependency as exc:
         return Outcome(case_id, kind, "SKIP", f"(optional package missing) {exc}", missing_dependency=True)
     except ModuleNotFoundError as exc:
-        missing = _missing_optional_part(exc)
+        missing = missing_optional_part(exc)
         if missing is None:
             return Outcome(case_id, kind, "FAIL", f"{type(exc).__name__}: {exc}")
         return Outcome(case_id, kind, "SKIP", f"(optional package missing) {missing}", missing_dependency=True)
