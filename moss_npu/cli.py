@@ -151,8 +151,8 @@ def describe_failure(exc: BaseException) -> tuple[str, int]:
     if isinstance(exc, MossNpuError):
         return one_line(str(exc)), exc.exit_code
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-        where = f" writing {exc.filename}" if exc.filename else ""
-        return f"no space left on the device{where}; free some space or choose another --output folder", RUNTIME_FAILURE
+        where = f" writing {exc.filename}" if exc.filename else " (writing stdout or a file)"
+        return f"no space left on the device{where}; free some space or write somewhere else", RUNTIME_FAILURE
     if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError" or "out of memory" in str(exc):
         return ("out of memory; use a smaller --max-new-frames or --tts-max-batch-size, or shorter text",
                 RUNTIME_FAILURE)
