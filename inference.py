@@ -36,7 +36,6 @@ SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "repetition_penalty")
 NO_AUDIO = "the model stopped before any audio; try another --seed"
 BACKENDS = ("auto", "nano", "llama-cpp")
 DELAY_ONLY_FLAGS = ("weights", "codec_onnx_dir")
-DELAY_STEPS_PER_S = 12.5  # MOSS-Audio-Tokenizer: 24 kHz / 1920 samples per frame
 BACKEND_NAMES = {"nano": "nano (MOSS-TTS-Nano)", "llama-cpp": "llama-cpp (MOSS-TTS Delay)"}
 
 
@@ -311,10 +310,10 @@ def synthesize_nano(args: argparse.Namespace, text: str, target: AudioTarget) ->
     return Outcome(samples / tts.sample_rate, elapsed, first)
 
 
-def _progress(args: argparse.Namespace, frame_rate_hz: float):
+def _progress(args: argparse.Namespace, frame_rate_hz: Optional[float], unit: str = "frame"):
     from moss_npu.progress import Progress, pick_display
 
-    return Progress(pick_display(args.quiet), frame_rate_hz)
+    return Progress(pick_display(args.quiet), frame_rate_hz, unit=unit)
 
 
 def _warn_at_cap(progress, max_new_frames: int) -> None:
@@ -373,7 +372,8 @@ def synthesize_delay(args: argparse.Namespace, text: str, target: AudioTarget) -
     from moss_npu.output import save_audio
 
     request = delay_request(args, vars(build_parser().parse_args([])))
-    progress = _progress(args, DELAY_STEPS_PER_S)  # one Delay step is one 80 ms frame of the delayed grid
+    # Decoding steps, not audio: the first steps of the delay staircase complete no frame yet.
+    progress = _progress(args, None, unit="step")
     with DelayPipeline.open(request.run, args.weights, args.codec_onnx_dir) as pipe, progress:
         start = time.perf_counter()
         wave, rate = pipe.synthesize(text, request.reference, seed=request.seed, max_new_frames=request.max_new_frames,
