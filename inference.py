@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ from moss_npu.extras import LLAMA_INSTALL as DELAY_INSTALL
 from moss_npu.extras import NANO_INSTALL
 from moss_npu.hub import DEFAULT_CODEC, DEFAULT_MODEL
 from moss_npu.limits import MAX_NEW_FRAMES, MAX_SEED
-from moss_npu.output import WAV_SUBTYPES, AtomicAudioWriter, AudioTarget, audio_target
+from moss_npu.output import WAV_SUBTYPES, AtomicAudioWriter, AudioTarget, audio_target, refuse_own_inputs
 
 SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "repetition_penalty")
 NO_AUDIO = "the model stopped before any audio; try another --seed"
@@ -177,10 +176,8 @@ def warn_if_unspeakable(text: str) -> None:
 
 def refuse_output_over_input(args: argparse.Namespace, target: AudioTarget) -> None:
     """Refuse an --output that would replace one of the run's own input files."""
-    for flag in ("text_file", "prompt_audio_path", "config"):
-        value = getattr(args, flag, None)
-        if value and os.path.realpath(value) == str(target.real_path):
-            raise InputError(f"--output {target.path}: is the --{flag.replace('_', '-')} file; choose another path")
+    refuse_own_inputs(target.real_path, target.path, {f"--{name.replace('_', '-')}": getattr(args, name, None)
+                                                      for name in ("text_file", "prompt_audio_path", "config")})
 
 
 def run_overrides(args: argparse.Namespace) -> dict:

@@ -128,6 +128,16 @@ def writable_file(path: PathLike, flag: str = "--output") -> Path:
     return real
 
 
+def refuse_own_inputs(real: Path, shown: PathLike, inputs: dict[str, Optional[str]], flag: str = "--output") -> None:
+    """Refuse writing ``real`` (a resolved ``writable_file``) when it is one of the run's input files.
+
+    ``inputs`` maps each input flag (``--text-file``) to its value (None or ``-`` = not a file).
+    """
+    for input_flag, value in inputs.items():
+        if value and value != "-" and os.path.realpath(value) == str(real):
+            raise InputError(f"{flag} {shown}: is the {input_flag} file; choose another path")
+
+
 def _probe(folder: Path, shown: str, flag: str) -> None:
     """Create and remove a temp file in ``folder``: what permissions alone cannot tell (read-only mounts,
     /proc, a full disk) shows up now, before any model loads."""
