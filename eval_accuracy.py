@@ -23,7 +23,7 @@ from typing import Optional
 from moss_npu.cli import ArgumentParser, check_utf8_text, device_spec, finite_float, int_in, read_utf8, run_cli
 from moss_npu.errors import InputError
 from moss_npu.hub import DEFAULT_CODEC, DEFAULT_MODEL
-from moss_npu.output import writable_file
+from moss_npu.output import refuse_own_inputs, writable_file
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -90,11 +90,14 @@ def read_inputs(args: argparse.Namespace):
     return tuple(EvalInput(f"t{n}", t, audio) for n, t in enumerate(texts, 1))
 
 
-def check_report_path(path: Optional[str]) -> Optional[Path]:
-    """Fail before loading any model when the report cannot be written."""
-    if path is None:
+def check_report_path(args: argparse.Namespace) -> Optional[Path]:
+    """Fail before loading any model when the report cannot be written or would replace an input file."""
+    if args.report is None:
         return None
-    return writable_file(path, "--report")
+    real = writable_file(args.report, "--report")
+    refuse_own_inputs(real, args.report, {"--text-file": args.text_file, "--prompt-audio-path": args.prompt_audio_path},
+                      "--report")
+    return real
 
 
 def build_request(args: argparse.Namespace):
@@ -139,7 +142,7 @@ def run(argv: Optional[list[str]] = None) -> int:
     from moss_npu.evaluation import evaluate
 
     args = build_parser().parse_args(argv)
-    out = check_report_path(args.report)
+    out = check_report_path(args)
     request = build_request(args)
 
     def progress(what: str, spec) -> None:

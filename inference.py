@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -26,17 +25,16 @@ from typing import Any, Optional
 from moss_npu.cli import (ArgumentParser, check_utf8_text, configure_logging, device_problem, device_spec,
                           finite_float, int_in, read_utf8, run_cli, warn)
 from moss_npu.errors import DeviceError, GenerationError, InputError
+from moss_npu.extras import LLAMA_INSTALL as DELAY_INSTALL
+from moss_npu.extras import NANO_INSTALL
 from moss_npu.hub import DEFAULT_CODEC, DEFAULT_MODEL
 from moss_npu.limits import MAX_NEW_FRAMES, MAX_SEED
-from moss_npu.output import WAV_SUBTYPES, AtomicAudioWriter, AudioTarget, audio_target
+from moss_npu.output import WAV_SUBTYPES, AtomicAudioWriter, AudioTarget, audio_target, refuse_own_inputs
 
 SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "repetition_penalty")
 NO_AUDIO = "the model stopped before any audio; try another --seed"
 BACKENDS = ("auto", "nano", "llama-cpp")
-NANO_INSTALL = 'pip install -e ".[nano]"'  # after the torch build for the machine (README, "Installing")
-DELAY_INSTALL = 'pip install -e ".[llama]"'
 DELAY_ONLY_FLAGS = ("weights", "codec_onnx_dir")
-DELAY_STEPS_PER_S = 12.5  # MOSS-Audio-Tokenizer: 24 kHz / 1920 samples per frame
 BACKEND_NAMES = {"nano": "nano (MOSS-TTS-Nano)", "llama-cpp": "llama-cpp (MOSS-TTS Delay)"}
 
 
@@ -178,10 +176,8 @@ def warn_if_unspeakable(text: str) -> None:
 
 def refuse_output_over_input(args: argparse.Namespace, target: AudioTarget) -> None:
     """Refuse an --output that would replace one of the run's own input files."""
-    for flag in ("text_file", "prompt_audio_path", "config"):
-        value = getattr(args, flag, None)
-        if value and os.path.realpath(value) == str(target.real_path):
-            raise InputError(f"--output {target.path}: is the --{flag.replace('_', '-')} file; choose another path")
+    refuse_own_inputs(target.real_path, target.path, {f"--{name.replace('_', '-')}": getattr(args, name, None)
+                                                      for name in ("text_file", "prompt_audio_path", "config")})
 
 
 def run_overrides(args: argparse.Namespace) -> dict:
@@ -264,8 +260,9 @@ def synthesize_nano(args: argparse.Namespace, text: str, target: AudioTarget) ->
     from moss_npu.tts import MossTTSNano
     from moss_npu.tts.settings import load_preset, merge
 
-    load, settings = merge(load_preset(args.config) if args.config else None, run_overrides(args))
-    problem = device_problem(load.device)
+    preset = load_preset(args.config) if args.config else {}
+    load, settings = merge(preset, run_overrides(args))
+    problem = device_problem(preset["device"]) if preset.get("device") else None  # checked even when --device wins
     if problem:
         raise InputError(f"--config {args.config} device {problem}")
     dev = devices.resolve_device(load.device)
@@ -309,10 +306,10 @@ def synthesize_nano(args: argparse.Namespace, text: str, target: AudioTarget) ->
     return Outcome(samples / tts.sample_rate, elapsed, first)
 
 
-def _progress(args: argparse.Namespace, frame_rate_hz: float):
+def _progress(args: argparse.Namespace, frame_rate_hz: Optional[float], unit: str = "frame"):
     from moss_npu.progress import Progress, pick_display
 
-    return Progress(pick_display(args.quiet), frame_rate_hz)
+    return Progress(pick_display(args.quiet), frame_rate_hz, unit=unit)
 
 
 def _warn_at_cap(progress, max_new_frames: int) -> None:
@@ -371,7 +368,8 @@ def synthesize_delay(args: argparse.Namespace, text: str, target: AudioTarget) -
     from moss_npu.output import save_audio
 
     request = delay_request(args, vars(build_parser().parse_args([])))
-    progress = _progress(args, DELAY_STEPS_PER_S)  # one Delay step is one 80 ms frame of the delayed grid
+    # Decoding steps, not audio: the first steps of the delay staircase complete no frame yet.
+    progress = _progress(args, None, unit="step")
     with DelayPipeline.open(request.run, args.weights, args.codec_onnx_dir) as pipe, progress:
         start = time.perf_counter()
         wave, rate = pipe.synthesize(text, request.reference, seed=request.seed, max_new_frames=request.max_new_frames,

@@ -27,19 +27,18 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
-import torch
-
-from bench.checkpoints import SIZES, ensure_checkpoints, steer_to_continue
-from moss_npu import device as devices
 from moss_npu import goldens
-from bench.batch import batch_markdown, batch_speedup, run_batch, summarize_batches
 from moss_npu.cli import ArgumentParser, run_cli
 from moss_npu.errors import InputError
-from moss_npu.nano.frames import PhaseTimer
-from moss_npu.tts.pipeline import MossTTSNano
-from moss_npu.tts.settings import SPEEDS, RunConfig
+from moss_npu.output import writable_file
+
+if TYPE_CHECKING:
+    from moss_npu.tts.pipeline import MossTTSNano
+# torch and the pipeline are imported on use, so `python -m bench.run` answers --help, bad flags, Ctrl-C and a
+# machine without torch (moss_npu.extras) with one line under the exit-code policy.
+SIZES = ("real", "tiny")  # bench.checkpoints.SIZES, named here so the parser needs no torch
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 SHORT = {"en": "Hello there, my friend.", "zh": "今天天气很好，我们去公园散步吧。"}
@@ -72,6 +71,8 @@ class BenchConfig:
 
     @classmethod
     def parse(cls, text: str) -> "BenchConfig":
+        from moss_npu.tts.settings import SPEEDS
+
         speed, _, threads = text.strip().partition("@")
         if speed not in SPEEDS or (threads and not threads.isdigit()):
             raise ValueError(f"configuration {text!r}; use SPEED[@THREADS] with SPEED one of {SPEEDS}")
@@ -113,6 +114,12 @@ def run_once(tts: MossTTSNano, case: str, config: BenchConfig, frames: int, stre
     The text gets the number ``serial`` (and ``serial + 1`` for the stream) in front, so no run meets a prompt
     it has seen: the prompt cache of the optimized path reuses only what a new request shares (the template).
     """
+    import torch
+
+    from moss_npu import device as devices
+    from moss_npu.nano.frames import PhaseTimer
+    from moss_npu.tts.settings import RunConfig
+
     if config.threads:
         torch.set_num_threads(config.threads)
     text, audio = case_request(case)
@@ -188,11 +195,14 @@ def markdown(rows: list[dict], ratios: dict[str, float], base: Optional[str], ot
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temp file in the same folder, then rename."""
+    """Write ``text`` to ``path`` through a temp file in the same folder, then rename (no partial file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -231,6 +241,9 @@ def parse_sizes(text: Optional[str]) -> list[int]:
 
 def load_pipeline(args) -> tuple[MossTTSNano, str, str]:
     """Load the model under test (a generated random checkpoint unless --model/--codec are given)."""
+    from bench.checkpoints import ensure_checkpoints, steer_to_continue
+    from moss_npu.tts.pipeline import MossTTSNano
+
     model_dir, codec_dir = args.model, args.codec
     if model_dir is None or codec_dir is None:
         made = ensure_checkpoints(args.size, args.cache_dir)
@@ -244,6 +257,10 @@ def load_pipeline(args) -> tuple[MossTTSNano, str, str]:
 def measure(tts: MossTTSNano, args, cases: list[str], configs: list[BenchConfig], sizes: list[int],
             graphs: list[str], log) -> list:
     """Run warm-up and measured rounds, alternating configurations (drifting load hits each alike)."""
+    import torch
+
+    from bench.batch import run_batch
+
     records: list = []
     serial = 0
     if args.threads:
@@ -279,6 +296,11 @@ def main(argv: Optional[list[str]] = None) -> int:
 def run(argv: Optional[list[str]] = None) -> int:
     """Parse flags, time every case and configuration, write the reports, print the table."""
     args = build_parser().parse_args(argv)
+    import torch
+
+    from bench.batch import batch_markdown, batch_speedup, summarize_batches
+    from moss_npu import device as devices
+
     try:
         configs = [BenchConfig.parse(c) for c in (args.compare or args.speed).split(",")]
         sizes = parse_sizes(args.batch)
@@ -295,6 +317,14 @@ def run(argv: Optional[list[str]] = None) -> int:
     if any(c.endswith("+ref") for c in cases) and not (goldens.fixtures_root() / "audio").is_dir():
         print(f"bench: no reference audio under {goldens.fixtures_root()}; skipping the +ref cases", file=sys.stderr)
         cases = [c for c in cases if not c.endswith("+ref")]
+    stem = args.out or RESULTS_DIR / time.strftime("bench-%Y%m%d-%H%M%S")
+    if args.out is not None:  # the reports are written after minutes of timing: check their paths first
+        try:
+            stem.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise InputError(f"--out {stem}: cannot create folder {stem.parent} ({exc.strerror})") from None
+        for suffix in (".json", ".md"):
+            writable_file(stem.with_suffix(suffix), "--out")
     log = (lambda *a: None) if args.quiet else (lambda *a: print(*a, file=sys.stderr, flush=True))
     tts, model_dir, codec_dir = load_pipeline(args)
     records = measure(tts, args, cases, configs, sizes, graphs, log)
@@ -315,7 +345,6 @@ def run(argv: Optional[list[str]] = None) -> int:
         table = markdown(rows, ratios, base, other)
         report.update(summary=rows, speedups=ratios)
         last = f"speedup {other}/{base}: {statistics.median(ratios.values()):.2f}" if args.compare else None
-    stem = args.out or RESULTS_DIR / time.strftime("bench-%Y%m%d-%H%M%S")
     write_atomic(stem.with_suffix(".json"), json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     write_atomic(stem.with_suffix(".md"), f"Device: {info['name']} ({info['device']}), torch {info['torch']}\n\n"
                  + table + "\n")

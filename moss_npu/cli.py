@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Optional
 
 from moss_npu.errors import RUNTIME_FAILURE, InputError, Interrupted, MossNpuError, OutputError
+from moss_npu.extras import missing_optional_part
 
 DEBUG_ENV = "MOSS_NPU_DEBUG"
 _SIGNAL_NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
@@ -145,11 +146,13 @@ def one_line(text: str) -> str:
 
 def describe_failure(exc: BaseException) -> tuple[str, int]:
     """Return the ``error:`` message and exit code for any exception a CLI body let escape."""
+    if isinstance(exc, ModuleNotFoundError) and missing_optional_part(exc) is not None:
+        exc = missing_optional_part(exc)  # an optional part is not installed: bad input, naming the install
     if isinstance(exc, MossNpuError):
         return one_line(str(exc)), exc.exit_code
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-        where = f" writing {exc.filename}" if exc.filename else ""
-        return f"no space left on the device{where}; free some space or choose another --output folder", RUNTIME_FAILURE
+        where = f" writing {exc.filename}" if exc.filename else " (writing stdout or a file)"
+        return f"no space left on the device{where}; free some space or write somewhere else", RUNTIME_FAILURE
     if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError" or "out of memory" in str(exc):
         return ("out of memory; use a smaller --max-new-frames or --tts-max-batch-size, or shorter text",
                 RUNTIME_FAILURE)

@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterator, Optional
 
 from moss_npu.cli import ArgumentParser, run_cli
 from moss_npu.errors import InputError, MissingDependency
+from moss_npu.extras import missing_optional_part
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -53,7 +54,6 @@ HANDLERS: dict[str, dict[str, str]] = {
         "normalize_language": "moss_npu.text.cases:check_normalize_language",
     },
 }
-
 
 @dataclass(frozen=True)
 class CaseResult:
@@ -123,23 +123,39 @@ def detect_family(root: Path, declared: Optional[str] = None) -> str:
     """
     if declared is not None:
         if declared not in HANDLERS:
-            raise ValueError(f"{root}: unknown fixture family {declared!r} (known: {', '.join(HANDLERS)})")
+            raise InputError(f"{root}: unknown fixture family {declared!r} (known: {', '.join(HANDLERS)})")
         return declared
     if (root / "tts" / "config.json").is_file():
         return "nano"
     if (root / "weights" / "config.json").is_file():
         return "delay"
-    raise ValueError(f"{root}: not a fixture folder (expected a \"family\" in cases.json, tts/config.json "
+    raise InputError(f"{root}: not a fixture folder (expected a \"family\" in cases.json, tts/config.json "
                      "or weights/config.json)")
 
 
 def load_fixture(root: Path | str) -> Fixture:
-    """Read a fixture folder's cases.json."""
+    """Read a fixture folder's cases.json.
+
+    Raises:
+        InputError: cases.json is missing, not UTF-8 JSON, or not an object whose "cases" is a list of objects;
+            or the folder's family is unknown.
+    """
     root = Path(root).resolve()
-    data = json.loads((root / "cases.json").read_text(encoding="utf-8"))
+    path = root / "cases.json"
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ({exc.strerror}); pass a fixture folder") from None
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: not UTF-8 text; a fixture's cases.json is UTF-8 JSON") from None
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+    cases = data.get("cases") if isinstance(data, dict) else None
+    if not isinstance(cases, list) or not all(isinstance(c, dict) for c in cases):
+        raise InputError(f"{path}: expected an object whose \"cases\" is a list of case objects")
     meta = {k: v for k, v in data.items() if k != "cases"}
     family = detect_family(root, meta.get("family"))
-    return Fixture(root=root, family=family, meta=meta, cases=list(data["cases"]))
+    return Fixture(root=root, family=family, meta=meta, cases=list(cases))
 
 
 def _handler(target: str) -> Optional[Callable[[dict, Fixture], CaseResult]]:
@@ -150,7 +166,7 @@ def _handler(target: str) -> Optional[Callable[[dict, Fixture], CaseResult]]:
     except ModuleNotFoundError as exc:
         if exc.name and module_name.startswith(exc.name):
             return None  # the room itself is not written yet
-        raise  # a dependency of an existing handler is missing: that is a failure, not a skip
+        raise  # a dependency of an existing handler is missing: run_case tells optional parts from failures
     return getattr(module, function_name, None)
 
 
@@ -167,6 +183,11 @@ def run_case(case: dict, fx: Fixture) -> Outcome:
         result = handler(case, fx)
     except MissingDependency as exc:
         return Outcome(case_id, kind, "SKIP", f"(optional package missing) {exc}", missing_dependency=True)
+    except ModuleNotFoundError as exc:
+        missing = missing_optional_part(exc)
+        if missing is None:
+            return Outcome(case_id, kind, "FAIL", f"{type(exc).__name__}: {exc}")
+        return Outcome(case_id, kind, "SKIP", f"(optional package missing) {missing}", missing_dependency=True)
     except Exception as exc:  # a crashing case is a failed case; the runner goes on with the others
         return Outcome(case_id, kind, "FAIL", f"{type(exc).__name__}: {exc}")
     return Outcome(case_id, kind, "PASS" if result.passed else "FAIL", result.detail)
@@ -197,6 +218,9 @@ def run(argv: Optional[list[str]] = None) -> int:
     if not (root / "cases.json").is_file():
         raise InputError(f"{root}/cases.json not found; pass a fixture folder")
     fx = load_fixture(root)
+    unmatched = [o for o in args.only if not any(o in (c.get("id"), c.get("kind")) for c in fx.cases)]
+    if unmatched:  # a filter that selects nothing would report success having checked nothing
+        raise InputError(f"--only {', '.join(unmatched)}: no case of {root} has this id or kind")
     counts = {"PASS": 0, "FAIL": 0, "SKIP": 0}
     width = max((len(str(c.get("id", ""))) for c in fx.cases), default=10)
     for case in fx.cases:

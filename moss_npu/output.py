@@ -98,13 +98,16 @@ def writable_file(path: PathLike, flag: str = "--output") -> Path:
     """Return the regular file that writing ``path`` will replace (symlinks resolved); refuse anything else.
 
     Raises:
-        InputError: a folder, device, FIFO or socket; a missing or read-only folder; a read-only file.
+        InputError: a folder, device, FIFO or socket; a symlink loop; a missing or read-only folder; a
+            read-only file.
     """
     path = Path(path)
     if len(path.name.encode()) > _MAX_NAME_BYTES:
         raise InputError(f"{flag} {path.name[:40]}…: file name too long ({len(path.name.encode())} bytes, at most "
                          f"{_MAX_NAME_BYTES}); choose a shorter name")
     real = Path(os.path.realpath(path))
+    if real.is_symlink():  # realpath leaves a link it cannot resolve: a loop
+        raise InputError(f"{flag} {path}: is a symlink loop; remove the link or choose another path")
     shown = f"{path}" if real == path.absolute() else f"{path} (-> {real})"
     if real.exists():
         mode = real.stat().st_mode
@@ -123,6 +126,16 @@ def writable_file(path: PathLike, flag: str = "--output") -> Path:
         raise InputError(f"{flag} {shown}: folder {folder} is not writable; choose a writable path")
     _probe(folder, shown, flag)
     return real
+
+
+def refuse_own_inputs(real: Path, shown: PathLike, inputs: dict[str, Optional[str]], flag: str = "--output") -> None:
+    """Refuse writing ``real`` (a resolved ``writable_file``) when it is one of the run's input files.
+
+    ``inputs`` maps each input flag (``--text-file``) to its value (None or ``-`` = not a file).
+    """
+    for input_flag, value in inputs.items():
+        if value and value != "-" and os.path.realpath(value) == str(real):
+            raise InputError(f"{flag} {shown}: is the {input_flag} file; choose another path")
 
 
 def _probe(folder: Path, shown: str, flag: str) -> None:

@@ -20,7 +20,8 @@ def read_yaml_mapping(path: Union[str, Path], *, flag: str = "--config") -> dict
     """Return the top-level mapping of a YAML file (an empty file is an empty mapping).
 
     Raises:
-        ConfigError: missing, unreadable, not UTF-8 text, invalid YAML, not a mapping, or non-string keys.
+        ConfigError: missing, unreadable, not UTF-8 text, invalid YAML, not a mapping, non-string keys, or a
+            key given twice (YAML keeps the last value silently: the first would be a setting that does nothing).
     """
     import yaml
 
@@ -34,7 +35,9 @@ def read_yaml_mapping(path: Union[str, Path], *, flag: str = "--config") -> dict
     except OSError as exc:
         raise ConfigError(f"{flag} {path}: cannot read ({exc.strerror}); check the file") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_unique_keys_loader())
+    except _DuplicateKey as exc:
+        raise ConfigError(f"{flag} {path}: key {exc.key} is given twice (line {exc.line}); keep one") from None
     except yaml.YAMLError as exc:
         where = getattr(exc, "problem_mark", None)
         at = f" at line {where.line + 1}" if where is not None else ""
@@ -48,6 +51,31 @@ def read_yaml_mapping(path: Union[str, Path], *, flag: str = "--config") -> dict
     if odd:
         raise ConfigError(f"{flag} {path}: keys must be setting names, got {', '.join(odd)}")
     return data
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: str, line: int) -> None:
+        super().__init__(key)
+        self.key, self.line = key, line
+
+
+def _unique_keys_loader() -> type:
+    """Return a ``yaml.SafeLoader`` subclass that raises ``_DuplicateKey`` on a mapping key given twice."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):  # type: ignore[override]
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                if not isinstance(key, typing.Hashable):
+                    continue  # SafeLoader refuses it with its own message
+                if key in seen:
+                    raise _DuplicateKey(repr(key), key_node.start_mark.line + 1)
+                seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeyLoader
 
 
 def check_types(values: Mapping[str, Any], settings: type, source: str) -> None:

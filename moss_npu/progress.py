@@ -28,11 +28,14 @@ def pick_display(quiet: bool, stream: Optional[TextIO] = None) -> str:
 class Progress:
     """Counts generated frames per text chunk and shows them as the chosen display."""
 
-    def __init__(self, display: str, frame_rate_hz: float, *, stream: Optional[TextIO] = None,
-                 heartbeat_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, display: str, frame_rate_hz: Optional[float], *, stream: Optional[TextIO] = None,
+                 heartbeat_s: float = 10.0, clock: Callable[[], float] = time.monotonic, unit: str = "frame") -> None:
+        """``frame_rate_hz`` turns counts into seconds of audio; None when a count is not audio (the Delay
+        model's decoding steps, whose first ones hold no audio frame yet): then lines say ``N {unit}s`` only."""
         if display not in DISPLAYS:
             raise ValueError(f"display {display!r}: use one of {DISPLAYS}")
-        self.display, self.frame_rate_hz = display, float(frame_rate_hz)
+        self.display, self.unit = display, unit
+        self.frame_rate_hz = None if frame_rate_hz is None else float(frame_rate_hz)
         self.stream = sys.stderr if stream is None else stream  # looked up now: tests and callers may swap it
         self.heartbeat_s, self.clock = heartbeat_s, clock
         self.frames: dict[int, int] = {}  # chunk index -> frames generated
@@ -43,7 +46,7 @@ class Progress:
         if display == "bar":
             from tqdm import tqdm
 
-            self._bar = tqdm(total=None, unit="frame", file=stream, leave=False, dynamic_ncols=True)
+            self._bar = tqdm(total=None, unit=unit, file=stream, leave=False, dynamic_ncols=True)
 
     @property
     def total_frames(self) -> int:
@@ -101,8 +104,10 @@ class Progress:
                 self._line(f"chunk {c + 1}: {self._describe(c)} in {self.clock() - start:.1f} s")
 
     def _describe(self, chunk: int) -> str:
-        frames = self.frames.get(chunk, 0)
-        return f"{frames} frames ({frames / self.frame_rate_hz:.2f} s of audio)"
+        count = self.frames.get(chunk, 0)
+        if self.frame_rate_hz is None:
+            return f"{count} {self.unit}s"
+        return f"{count} {self.unit}s ({count / self.frame_rate_hz:.2f} s of audio)"
 
     def _line(self, text: str) -> None:
         print(text, file=self.stream, flush=True)

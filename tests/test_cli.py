@@ -86,6 +86,23 @@ def test_full_disk_and_unexpected_errors_are_one_line_exit_1(capsys, monkeypatch
     assert "Traceback" in capsys.readouterr().err
 
 
+def test_a_missing_optional_part_is_one_line_naming_its_install_exit_2(capsys):
+    """torch absent in a torch-free Delay install is bad input for a Nano command, not an unexpected bug; a module
+    of no optional part stays a bug (exit 1)."""
+    def needs(name):
+        def body():
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return body
+
+    assert cli.run_cli(needs("torch")) == 2
+    assert cli.run_cli(needs("onnx.helper")) == 2
+    assert cli.run_cli(needs("no_such_module")) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[0] == 'error: this needs torch, which is not installed here; install it with `pip install -e ".[nano]"`'
+    assert lines[1].endswith('`pip install -e ".[onnx]"`')
+    assert lines[2].startswith("error: unexpected ModuleNotFoundError")
+
+
 @pytest.mark.parametrize("main", [inference.main, eval_accuracy.main, bench_run.main, goldens.main, hub.main],
                          ids=["inference", "eval_accuracy", "bench", "goldens", "hub"])
 def test_usage_errors_are_one_line_exit_2(main, capsys):

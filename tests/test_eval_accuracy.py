@@ -152,6 +152,17 @@ def test_missing_model_folder_exits_2(tmp_path, capsys):
     assert rc == 2 and len(err) == 1 and "absent does not exist" in err[0]
 
 
+def test_a_report_over_an_input_file_is_refused_before_anything_runs(tmp_path, capsys):
+    """--report naming the --text-file would replace the user's text with JSON."""
+    texts = tmp_path / "texts.json"
+    texts.write_text("Hello there.\n", encoding="utf-8")
+    rc = eval_accuracy.main(["--model", str(tmp_path / "absent"), "--codec", str(tmp_path / "absent"),
+                             "--text-file", str(texts), "--report", str(texts), "--quiet"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and err == [f"error: --report {texts}: is the --text-file file; choose another path"]
+    assert texts.read_text(encoding="utf-8") == "Hello there.\n"
+
+
 @pytest.mark.skipif(importlib.util.find_spec("transformers") is not None, reason="transformers is installed")
 def test_upstream_without_transformers_exits_2_before_loading(fixture_dir, capsys):
     rc = eval_accuracy.main(["--model", str(fixture_dir / "tts"), "--codec", str(fixture_dir / "codec"),

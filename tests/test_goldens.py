@@ -9,6 +9,7 @@ import os
 import pytest
 
 from moss_npu import goldens
+from moss_npu.errors import InputError
 
 ROOT = goldens.fixtures_root()
 DIRS = goldens.fixture_dirs(ROOT)
@@ -54,8 +55,23 @@ def test_text_fixture_needs_no_model(tmp_path):
 
 def test_unknown_family_is_refused(tmp_path):
     (tmp_path / "cases.json").write_text('{"family": "speech", "cases": []}')
-    with pytest.raises(ValueError, match="unknown fixture family 'speech'"):
+    with pytest.raises(InputError, match="unknown fixture family 'speech'"):
         goldens.load_fixture(tmp_path)
+
+
+@pytest.mark.parametrize("body", [b"{bad", b"[1, 2]", b'{"cases": 3}', b'{"cases": [1]}', b"\xff\xfe{}"],
+                         ids=["syntax", "list", "cases-not-list", "case-not-object", "not-utf8"])
+def test_a_damaged_cases_json_is_bad_input(tmp_path, body):
+    (tmp_path / "cases.json").write_bytes(body)
+    with pytest.raises(InputError, match="cases.json"):
+        goldens.load_fixture(tmp_path)
+
+
+def test_only_that_matches_nothing_is_refused(tmp_path, capsys):
+    """``--only`` selecting no case would report success having checked nothing."""
+    (tmp_path / "cases.json").write_text('{"family": "text", "cases": [{"id": "t", "kind": "normalize_robust"}]}')
+    assert goldens.main([str(tmp_path), "--only", "t", "--only", "nosuch"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"error: --only nosuch: no case of {tmp_path} has this id or kind"]
 
 
 def test_missing_optional_package_is_a_named_skip(tmp_path, monkeypatch):
@@ -70,6 +86,21 @@ def test_missing_optional_package_is_a_named_skip(tmp_path, monkeypatch):
     outcome = goldens.run_case({"id": "x", "kind": "prompt"}, fx)
     assert (outcome.status, outcome.missing_dependency) == ("SKIP", True)
     assert 'pip install -e ".[llama]"' in outcome.detail
+
+
+@pytest.mark.parametrize("missing, status", [("torch", "SKIP"), ("torch.nn", "SKIP"), ("no_such_module", "FAIL")])
+def test_a_missing_optional_part_is_a_named_skip_and_anything_else_fails(tmp_path, monkeypatch, missing, status):
+    """torch absent (a torch-free Delay install) skips the Nano cases naming the install command; a module that
+    belongs to no optional part is a real failure."""
+    def handler(case, fx):
+        raise ModuleNotFoundError(f"No module named {missing!r}", name=missing)
+
+    monkeypatch.setattr(goldens, "_handler", lambda target: handler)
+    fx = goldens.Fixture(root=tmp_path, family="nano", meta={}, cases=[])
+    outcome = goldens.run_case({"id": "x", "kind": "forward"}, fx)
+    assert outcome.status == status
+    if status == "SKIP":
+        assert outcome.missing_dependency and 'pip install -e ".[nano]"' in outcome.detail
 
 
 def test_unknown_kind_fails(tmp_path):

@@ -77,6 +77,9 @@ def test_only_regular_files_are_written(tmp_path):
         audio_target(tmp_path / "null.wav")
     with pytest.raises(InputError, match="does not exist"):
         audio_target(tmp_path / "no" / "x.wav")
+    (tmp_path / "loop.wav").symlink_to(tmp_path / "loop.wav")
+    with pytest.raises(InputError, match="symlink loop"):
+        audio_target(tmp_path / "loop.wav")
 
 
 def test_a_symlink_is_written_through(tmp_path):

@@ -36,6 +36,16 @@ def test_lines_one_per_serial_chunk():
     assert p.frames == {0: 3, 1: 5} and p.total_frames == 8
 
 
+def test_counts_that_are_not_audio_claim_no_seconds():
+    """The Delay model's decoding steps: its first steps complete no audio frame, so no "s of audio"."""
+    out, clock = io.StringIO(), Clock()
+    with Progress("lines", None, stream=out, clock=clock, unit="step") as p:
+        for step in range(4):
+            clock.now += 0.1
+            p.on_frame(0, step)
+    assert out.getvalue().splitlines() == ["chunk 1: 4 steps in 0.3 s"]  # timed from the first step
+
+
 def test_lines_in_a_batch_end_each_chunk_once():
     """Chunks 0-2 generated together: chunk 1 stops after 2 steps, the others run 4; then a second batch."""
     out = io.StringIO()

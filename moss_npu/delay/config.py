@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from moss_npu.errors import CheckpointError, ConfigError
+from moss_npu.errors import CheckpointError, ConfigError, MossNpuError
 from moss_npu.hub import download_command
 from moss_npu.presets import check_types, read_yaml_mapping
 
@@ -191,13 +191,18 @@ def load_run_config(path: Optional[Path | str] = None, overrides: Optional[Mappi
     """Merge defaults < YAML preset at ``path`` < ``overrides`` (keys whose value is None are not set).
 
     Raises:
-        ConfigError: the file is unreadable, not a mapping, or either source has unknown keys.
+        ConfigError: the file is unreadable, not a mapping, holds a value out of range (even one that
+            ``overrides`` replaces), or either source has unknown keys.
     """
     values: dict[str, Any] = {}
     if path is not None:
         data = read_yaml_mapping(path)
         _reject_unknown(data, str(path))
         check_types(data, DelayRunConfig, f"--config {path}")
+        try:
+            DelayRunConfig(**data)  # the preset alone must be valid, even where an override replaces a value
+        except MossNpuError as exc:
+            raise ConfigError(f"--config {path}: {exc}") from None
         values.update(data)
     if overrides:
         given = {k: v for k, v in overrides.items() if v is not None}

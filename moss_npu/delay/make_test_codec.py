@@ -10,7 +10,6 @@ as the real graphs mask them.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 from typing import Optional
@@ -145,21 +144,31 @@ def write_test_codec(folder: Path | str) -> tuple[Path, Path]:
     paths = folder / "encoder.onnx", folder / "decoder.onnx"
     for path, model in zip(paths, (encoder_model(), decoder_model())):
         tmp = path.with_suffix(".onnx.tmp")
-        onnx.save(model, str(tmp))
-        tmp.replace(path)
+        try:
+            onnx.save(model, str(tmp))
+            tmp.replace(path)
+        finally:
+            tmp.unlink(missing_ok=True)
     return paths
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """CLI: write the test codec. Exit codes: 0 written, 2 bad usage."""
-    parser = argparse.ArgumentParser(prog="python -m moss_npu.delay.make_test_codec",
-                                     description="Write a tiny TEST codec (noise, not speech) with the official "
-                                     "MOSS-Audio-Tokenizer ONNX input/output layout. Exit codes: 0 ok, 2 bad usage.")
+    """CLI: write the test codec under the exit-code policy (moss_npu.cli): 0 written, 2 bad usage or onnx
+    missing, 1 a failed write, 130 interrupted."""
+    from moss_npu.cli import ArgumentParser, run_cli
+
+    parser = ArgumentParser(prog="python -m moss_npu.delay.make_test_codec",
+                            description="Write a tiny TEST codec (noise, not speech) with the official "
+                            "MOSS-Audio-Tokenizer ONNX input/output layout. Exit codes: 0 ok, 2 bad usage or onnx "
+                            "missing, 1 a failed write, 130 interrupted.")
     parser.add_argument("folder", help="output folder for encoder.onnx and decoder.onnx")
-    args = parser.parse_args(argv)
-    for path in write_test_codec(args.folder):
-        print(path)
-    return 0
+
+    def body() -> int:
+        for path in write_test_codec(parser.parse_args(argv).folder):
+            print(path)
+        return 0
+
+    return run_cli(body)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from moss_npu.delay.prompt import DelayTokenizer, build_prompt, parse_text
 from moss_npu.delay.reference import load_reference, loudness_normalize
 from moss_npu.delay.state import frames_from_rows, init_state, step
 from moss_npu.delay.weights import DelayWeights
-from moss_npu.errors import CheckpointError, ConfigError, InputError
+from moss_npu.errors import CheckpointError, ConfigError, GenerationError, InputError
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +161,9 @@ class DelayPipeline:
 
         Raises:
             ConfigError: no codec folder was given.
-            InputError: the run produced no audio frame (e.g. ``max_new_tokens`` below the 32-step staircase).
+            GenerationError: the model ended the utterance before its first audio frame.
+            InputError: the step cap ended the run before any audio frame (``max_new_tokens`` below the
+                staircase).
         """
         codec = self._need_codec()
         codes = None if reference_audio is None else codec.encode(self._reference_wave(reference_audio))
@@ -170,7 +172,9 @@ class DelayPipeline:
             max_new_tokens = frame_steps if max_new_tokens is None else min(int(max_new_tokens), frame_steps)
         result = self.generate(text, codes, instruction=instruction, tokens=tokens, quality=quality,
                                language=language, max_new_tokens=max_new_tokens, seed=seed, on_step=on_step)
-        if result.codes.shape[0] == 0:
+        if result.codes.shape[0] == 0 and result.stopped_on_im_end:  # a valid run: the CLIs' exit 1
+            raise GenerationError("the model stopped before any audio; try another --seed")
+        if result.codes.shape[0] == 0:  # the step cap cut the staircase short: bad settings
             raise InputError(f"no audio frame after {result.rows.shape[0]} steps (max_new_tokens="
                              f"{result.max_new_tokens}); allow at least {self.config.n_vq + 1} steps")
         wave = loudness_normalize(codec.decode(result.codes))

@@ -39,9 +39,12 @@ def load_reference(path: Union[str, Path], sample_rate: int) -> np.ndarray:
     """Read a voice recording as mono float32 ``(S,)`` at ``sample_rate`` (before loudness normalisation).
 
     Raises:
-        AudioError: the file is missing, undecodable, empty or silent.
+        AudioError: the file is missing, undecodable, non-finite, empty or silent.
     """
     wave, rate = read_wav(path)
+    if not np.isfinite(wave).all():  # NaN would pass the silence check below and poison the codec
+        raise AudioError(f"reference audio {path}: holds non-finite samples (NaN or infinity); re-export the "
+                         "recording as 16-bit WAV")
     if wave.shape[-1] == 0:
         raise AudioError(f"reference audio {path}: no samples; use a recording of a few seconds")
     mono = resample_like_librosa(wave.mean(axis=0), rate, sample_rate)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping, NamedTuple, Optional
 
 from moss_npu.codec.streaming import OFFICIAL_SCHEDULE, DecodeSchedule
-from moss_npu.errors import ConfigError, InputError
+from moss_npu.errors import ConfigError, InputError, MossNpuError
 from moss_npu.limits import MAX_NEW_FRAMES, MAX_SEED
 from moss_npu.nano.graphs import GRAPH_MODES
 from moss_npu.presets import check_types, read_yaml_mapping
@@ -127,7 +127,7 @@ class Settings(NamedTuple):
 
 
 def load_preset(path: Path | str) -> dict[str, Any]:
-    """Read a YAML preset of run values; unknown keys or values of the wrong type raise ConfigError."""
+    """Read a YAML preset of run values; unknown keys, values of the wrong type or out of range raise ConfigError."""
     if not Path(path).exists():
         raise ConfigError(f"--config {path}: file not found; use one of configs/cpu.yaml, configs/cuda.yaml, configs/npu.yaml")
     data = read_yaml_mapping(path)
@@ -135,6 +135,10 @@ def load_preset(path: Path | str) -> dict[str, Any]:
     if unknown:
         raise ConfigError(f"--config {path}: unknown keys {', '.join(unknown)}; known keys: {', '.join(FIELDS)}")
     check_types(data, RunConfig, f"--config {path}")
+    try:
+        merge(data)  # the preset alone must be valid, even where a command-line flag replaces a value
+    except MossNpuError as exc:
+        raise ConfigError(f"--config {path}: {exc}") from None
     return data
 
 

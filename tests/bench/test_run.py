@@ -2,6 +2,11 @@
 
 import json
 import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 
 from bench import run
 from bench.checkpoints import ensure_checkpoints
@@ -55,3 +60,18 @@ def test_graph_on_without_capture_is_a_usage_error(tmp_path, capsys):
                      "--frames", "1", "--runs", "1", "--warmup", "0", "--cases", "short-en", "--quiet",
                      "--out", str(tmp_path / "x")])
     assert code == 2 and "no device-graph capture" in capsys.readouterr().err
+
+
+def test_an_unwritable_out_is_refused_before_any_timing(tmp_path, capsys, monkeypatch):
+    """The reports are written after minutes of timing: a folder in their place is refused first."""
+    (tmp_path / "bench.json").mkdir()
+    monkeypatch.setattr(run, "run_once", lambda *a, **k: pytest.fail("timed before checking --out"))
+    assert run.main(["--size", "tiny", "--cache-dir", str(tmp_path / "cache"), "--out", str(tmp_path / "bench")]) == 2
+    assert "is a folder" in capsys.readouterr().err
+
+
+def test_the_bench_imports_no_torch_before_it_runs():
+    """`python -m bench.run` answers --help, bad flags, Ctrl-C and a torch-free machine under the exit-code
+    policy, so importing it loads no torch."""
+    code = "import sys, bench.run; sys.exit(any(m.split('.')[0] == 'torch' for m in sys.modules))"
+    assert subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2]).returncode == 0

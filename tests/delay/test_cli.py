@@ -134,4 +134,4 @@ def test_on_a_terminal_the_delay_run_shows_progress(delay_fixture, llama_cpp, co
     out = tmp_path / "t.wav"
     code, stdout, err = run(["--backend", "llama-cpp", *delay_args(codec_dir, out)], capsys)
     assert code == 0, err
-    assert "frame" in err and stdout.startswith(f"wrote {out}")
+    assert "step" in err and stdout.startswith(f"wrote {out}")

@@ -30,6 +30,13 @@ def test_overrides_beat_the_preset_and_none_is_not_set(tmp_path):
     assert (run.n_ctx, run.n_threads, run.n_batch) == (512, 2, DelayRunConfig().n_batch)
 
 
+def test_a_preset_value_out_of_range_is_refused_even_when_overridden(tmp_path):
+    preset = tmp_path / "p.yaml"
+    preset.write_text("n_ctx: -1\n")
+    with pytest.raises(ConfigError, match="p.yaml.*n_ctx"):
+        load_run_config(preset, {"n_ctx": 512})
+
+
 def test_unknown_yaml_keys_are_listed(tmp_path):
     preset = tmp_path / "p.yaml"
     preset.write_text("n_ctx: 2048\nbogus: 1\nuse_gpu_audio: true\n")

@@ -1,5 +1,6 @@
 """The llama.cpp pipeline on the delay-tiny weights: context cap, KV reset, synthesis with the test codec."""
 
+import dataclasses
 import sys
 
 import numpy as np
@@ -8,7 +9,7 @@ import pytest
 from moss_npu.delay.backbone import import_llama_cpp
 from moss_npu.delay.config import DelayRunConfig
 from moss_npu.delay.make_test_codec import write_test_codec
-from moss_npu.errors import CheckpointError, ConfigError, DeviceError, InputError
+from moss_npu.errors import CheckpointError, ConfigError, DeviceError, GenerationError, InputError
 
 EXACT = dict(n_ctx=512, n_threads=1, n_gpu_layers=0, kv_cache_type_k="f32", kv_cache_type_v="f32",
              flash_attn="disabled", heads_backend="numpy", audio_provider="cpu", max_new_tokens=60)
@@ -70,6 +71,19 @@ def test_synthesize_with_a_reference_waveform(pipeline):
 def test_too_few_steps_for_a_frame(pipeline):
     with pytest.raises(InputError, match="no audio frame"):
         pipeline.synthesize("Hello", seed=1, max_new_tokens=20)
+
+
+def test_a_model_that_ends_before_any_frame_is_a_runtime_failure(pipeline, monkeypatch):
+    """Valid settings, and the model said <|im_end|> first: exit 1 (try another seed), not bad input."""
+    real = pipeline.generate
+
+    def ends_at_once(*args, **kwargs):
+        result = real(*args, **kwargs)
+        return dataclasses.replace(result, codes=result.codes[:0], stopped_on_im_end=True)
+
+    monkeypatch.setattr(pipeline, "generate", ends_at_once)
+    with pytest.raises(GenerationError, match="stopped before any audio"):
+        pipeline.synthesize("Hello", seed=1, max_new_frames=2)
 
 
 def test_synthesis_without_a_codec(delay_fixture, llama_cpp):

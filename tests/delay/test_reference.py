@@ -79,6 +79,14 @@ def test_silent_and_missing_recordings_are_errors(tmp_path):
         load_reference(tmp_path / "missing.wav", 24000)
 
 
+def test_a_recording_with_nan_samples_is_called_non_finite(tmp_path):
+    wave = np.zeros(16000, dtype=np.float32)
+    wave[100:200] = np.nan  # the rest is silence: the silence check alone would not see the NaN
+    sf.write(tmp_path / "nan.wav", wave, 16000, subtype="FLOAT")
+    with pytest.raises(AudioError, match="non-finite"):
+        load_reference(tmp_path / "nan.wav", 24000)
+
+
 def test_loudness_normalisation_moves_at_most_3_db_towards_minus_20_dbfs():
     quiet = np.full(100, 0.01, dtype=np.float32)   # -40 dBFS: +3 dB at most
     loud = np.full(100, 0.5, dtype=np.float32)     # about -6 dBFS: -3 dB at most

@@ -117,6 +117,17 @@ def test_presets_reject_unknown_keys(tmp_path):
         load_preset(preset)
 
 
+def test_presets_are_valid_on_their_own(tmp_path):
+    """A value a flag overrides still has to be valid, and a key given twice would leave one value unused."""
+    preset = tmp_path / "p.yaml"
+    preset.write_text("max_new_frames: 1000000000000\n")
+    with pytest.raises(ConfigError, match="p.yaml.*1000000000000"):
+        load_preset(preset)
+    preset.write_text("seed: 1\nseed: 2\n")
+    with pytest.raises(ConfigError, match="seed' is given twice"):
+        load_preset(preset)
+
+
 def test_precedence_default_preset_flag(tmp_path):
     preset = tmp_path / "p.yaml"
     preset.write_text("max_new_frames: 100\naudio_top_k: 10\nstream_budgets: [2, 4, 8, 12]\n")
