@@ -25,7 +25,7 @@ def test_print_normalized_shows_what_the_model_reads(capsys, needs_wetext, tmp_p
     if not NANO.is_dir():
         pytest.skip(f"fixtures not found at {NANO} (set MOSS_NPU_FIXTURES)")
     code = inference.main(["--model", str(NANO / "tts"), "--codec", str(NANO / "codec"), "--device", "cpu",
-                           "--quiet", "--max-new-frames", "2", "--output", str(tmp_path / "a.wav"),
+                           "--quiet", "--greedy", "--max-new-frames", "2", "--output", str(tmp_path / "a.wav"),
                            "--text", "今天是2026年12月1日", "--prompt-text", "共3个", "--prompt-audio-path",
                            str(NANO / "goldens" / "reference.wav"), "--print-normalized"])
     err = capsys.readouterr().err
