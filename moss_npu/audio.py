@@ -10,18 +10,16 @@ Shapes: C channels, S samples.
 from __future__ import annotations
 
 import hashlib
-import io
 import math
 from pathlib import Path
 from typing import Union
 
 import numpy as np
-import soundfile
 import torch
 import torch.nn.functional as F
 
 from moss_npu.errors import AudioError
-from moss_npu.wavfile import PathLike, decode_hint_bytes, read_wav
+from moss_npu.wavfile import PathLike, read_wav, read_wav_bytes
 
 # A recording as a file path, the bytes of such a file, or a (waveform (C, S) or (S,), sample_rate) pair.
 AudioSource = Union[str, Path, bytes, tuple]
@@ -49,12 +47,8 @@ def read_audio_source(source: AudioSource) -> tuple[torch.Tensor, int, str]:
         return (*read_audio(source), str(source))
     if isinstance(source, (bytes, bytearray, memoryview)):
         data = bytes(source)
-        name = f"<{len(data)} bytes>"
-        try:
-            wave, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
-        except Exception as exc:  # libsndfile reports every decode failure as a generic error
-            raise AudioError(f"reference audio {name}: cannot decode ({decode_hint_bytes(data[:4], exc)})") from exc
-        return torch.from_numpy(np.ascontiguousarray(wave.T)), int(rate), name
+        wave, rate = read_wav_bytes(data)
+        return torch.from_numpy(wave), rate, f"<{len(data)} bytes>"
     if isinstance(source, tuple) and len(source) == 2:
         return (*_waveform_pair(*source), "(waveform, sample_rate)")
     raise AudioError(f"reference audio: {type(source).__name__} {source!r:.40} is not a recording; pass a file path, the bytes "

@@ -7,8 +7,9 @@ writes. Shapes: C channels, S samples.
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
-from typing import Union
+from typing import BinaryIO, Union
 
 import numpy as np
 import soundfile
@@ -30,17 +31,27 @@ def read_wav(path: PathLike) -> tuple[np.ndarray, int]:
     path = Path(path)
     if not path.is_file():
         raise AudioError(f"reference audio {path}: file not found; pass an existing wav/flac/mp3 file")
-    try:
-        data, rate = soundfile.read(str(path), dtype="float32", always_2d=True)
-    except Exception as exc:  # libsndfile reports every decode failure as a generic error
-        raise AudioError(f"reference audio {path}: cannot decode ({_decode_hint(path, exc)})") from exc
-    return np.ascontiguousarray(data.T), int(rate)
-
-
-def _decode_hint(path: Path, exc: Exception) -> str:
-    """Explain a decode failure, naming the MP3 case (libsndfile < 1.1 has no MP3 decoder)."""
     with open(path, "rb") as fh:
-        return decode_hint_bytes(fh.read(4), exc)
+        return _decode(fh, str(path))
+
+
+def read_wav_bytes(data: bytes) -> tuple[np.ndarray, int]:
+    """Read the bytes of a soundfile-readable file as ``read_wav`` reads a path (an upload, an HTTP body).
+
+    Raises:
+        AudioError: the bytes are not decodable.
+    """
+    return _decode(io.BytesIO(data), f"<{len(data)} bytes>")
+
+
+def _decode(fh: BinaryIO, name: str) -> tuple[np.ndarray, int]:
+    """Decode an open binary file as float32 ``(C, S)``; ``name`` says in messages what it is."""
+    try:
+        data, rate = soundfile.read(fh, dtype="float32", always_2d=True)
+    except Exception as exc:  # libsndfile reports every decode failure as a generic error
+        fh.seek(0)
+        raise AudioError(f"reference audio {name}: cannot decode ({decode_hint_bytes(fh.read(4), exc)})") from exc
+    return np.ascontiguousarray(data.T), int(rate)
 
 
 def decode_hint_bytes(head: bytes, exc: Exception) -> str:
