@@ -1,7 +1,7 @@
-"""Optional packages in tests: skip with the install command in a user's clone, fail in CI.
+"""What tests may not find: skip with the fix in a user's clone, fail in CI.
 
-CI (``CI=true``) installs every optional part the way the README says, so a missing one there is a broken
-install, never a silent skip.
+CI (``CI=true``) installs every optional part the way the README says and has the fixtures beside the repo, so
+a missing one there is a broken set-up, never a silent skip.
 """
 
 from __future__ import annotations
@@ -13,12 +13,16 @@ from types import ModuleType
 import pytest
 
 
+def missing(message: str) -> None:
+    """Skip the test (or module) with ``message``; under CI fail with it instead."""
+    if os.environ.get("CI"):
+        pytest.fail(f"missing in CI: {message}")
+    pytest.skip(message, allow_module_level=True)
+
+
 def require(module: str, install: str) -> ModuleType:
     """Import ``module``; when it is missing, skip naming ``install`` (or fail under CI)."""
     try:
         return importlib.import_module(module)
     except ImportError as exc:
-        message = f"{module} is not installed ({exc}); install it with `{install}`"
-        if os.environ.get("CI"):
-            pytest.fail(f"CI installs every optional part: {message}")
-        pytest.skip(message)
+        missing(f"{module} is not installed ({exc}); install it with `{install}`")

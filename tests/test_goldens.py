@@ -4,12 +4,11 @@ Without fixtures (a user's clone) these tests skip and say so; in CI (``CI=true`
 folder fails, so parity can never be skipped silently there.
 """
 
-import os
-
 import pytest
 
 from moss_npu import goldens
 from moss_npu.errors import InputError
+from tests.optional import missing
 
 ROOT = goldens.fixtures_root()
 DIRS = goldens.fixture_dirs(ROOT)
@@ -30,10 +29,7 @@ def _fixture(path):
 def test_fixtures_present():
     """The fixture folder exists with at least one cases.json (a hard failure in CI)."""
     if not DIRS:
-        message = f"golden fixtures not found under {ROOT}; set MOSS_NPU_FIXTURES to run the parity tests"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+        missing(f"golden fixtures not found under {ROOT}; set MOSS_NPU_FIXTURES to run the parity tests")
 
 
 @pytest.mark.parametrize("fixture_dir,case_id", PARAMS)
@@ -41,8 +37,8 @@ def test_golden_case(fixture_dir, case_id):
     fx = _fixture(fixture_dir)
     outcome = goldens.run_case(fx.case(case_id), fx)
     if outcome.status == "SKIP":
-        if outcome.missing_dependency and os.environ.get("CI"):
-            pytest.fail(f"{case_id}: CI installs every optional part (see README): {outcome.detail}")
+        if outcome.missing_dependency:
+            missing(f"{case_id}: {outcome.detail}")
         pytest.skip(f"{case_id}: {outcome.detail}")
     assert outcome.status == "PASS", f"{case_id} ({outcome.kind}): {outcome.detail}"
 
@@ -88,12 +84,12 @@ def test_missing_optional_package_is_a_named_skip(tmp_path, monkeypatch):
     assert 'pip install -e ".[llama]"' in outcome.detail
 
 
-@pytest.mark.parametrize("missing, status", [("torch", "SKIP"), ("torch.nn", "SKIP"), ("no_such_module", "FAIL")])
-def test_a_missing_optional_part_is_a_named_skip_and_anything_else_fails(tmp_path, monkeypatch, missing, status):
+@pytest.mark.parametrize("module, status", [("torch", "SKIP"), ("torch.nn", "SKIP"), ("no_such_module", "FAIL")])
+def test_a_missing_optional_part_is_a_named_skip_and_anything_else_fails(tmp_path, monkeypatch, module, status):
     """torch absent (a torch-free Delay install) skips the Nano cases naming the install command; a module that
     belongs to no optional part is a real failure."""
     def handler(case, fx):
-        raise ModuleNotFoundError(f"No module named {missing!r}", name=missing)
+        raise ModuleNotFoundError(f"No module named {module!r}", name=module)
 
     monkeypatch.setattr(goldens, "_handler", lambda target: handler)
     fx = goldens.Fixture(root=tmp_path, family="nano", meta={}, cases=[])

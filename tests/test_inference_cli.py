@@ -14,6 +14,7 @@ import soundfile as sf
 
 import inference
 from moss_npu import goldens
+from moss_npu.extras import LLAMA_INSTALL
 from tests.optional import require
 
 NANO = goldens.fixtures_root() / "nano-tiny"
@@ -207,7 +208,7 @@ DELAY = goldens.fixtures_root() / "delay-tiny"
 @pytest.mark.skipif(not DELAY.is_dir(), reason=f"fixtures not found at {DELAY} (set MOSS_NPU_FIXTURES)")
 def test_llama_cpp_backend_end_to_end(tmp_path, capsys):
     """The README's Delay command with the tiny GGUF fixture and the package's noise-making test codec."""
-    require("llama_cpp", 'pip install -e ".[llama]"')
+    require("llama_cpp", LLAMA_INSTALL)
     from moss_npu.delay.make_test_codec import main as make_test_codec
 
     codec = tmp_path / "codec"
@@ -353,7 +354,7 @@ def test_reference_that_is_not_a_regular_file(tmp_path, capsys):
 @pytest.mark.skipif(not DELAY.is_dir(), reason=f"fixtures not found at {DELAY} (set MOSS_NPU_FIXTURES)")
 def test_llama_cpp_backend_honours_greedy_and_the_frame_cap(tmp_path, capsys):
     """--greedy is repeatable and --max-new-frames 3 gives exactly 3 frames (80 ms each at 24 kHz)."""
-    require("llama_cpp", 'pip install -e ".[llama]"')
+    require("llama_cpp", LLAMA_INSTALL)
     from moss_npu.delay.make_test_codec import main as make_test_codec
 
     make_test_codec([str(tmp_path / "codec")])

@@ -17,10 +17,10 @@ from typing import Optional
 import numpy as np
 
 from moss_npu.errors import CheckpointError, DeviceError, InputError, MissingDependency
+from moss_npu.extras import LLAMA_INSTALL
 
 log = logging.getLogger(__name__)
 
-INSTALL_HINT = 'pip install -e ".[llama]"'
 GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
 FLASH_ATTN = {"auto": -1, "disabled": 0, "enabled": 1}
 
@@ -31,14 +31,14 @@ def import_llama_cpp():
         import llama_cpp
     except ImportError as exc:
         raise MissingDependency(f"the llama-cpp backend needs llama-cpp-python>=0.3.17, which is not installed; "
-                                f"install it with `{INSTALL_HINT}` (see README for CUDA / CANN builds)") from exc
+                                f"install it with `{LLAMA_INSTALL}` (see README for CUDA / CANN builds)") from exc
     except Exception as exc:  # a broken native build raises more than ImportError
         raise DeviceError(f"the llama-cpp backend needs llama-cpp-python>=0.3.17 (import failed: {exc}); "
-                          f"install it with `{INSTALL_HINT}` (see README for CUDA / CANN builds)") from exc
+                          f"install it with `{LLAMA_INSTALL}` (see README for CUDA / CANN builds)") from exc
     if not hasattr(llama_cpp.llama_context_params, "_fields_") or "flash_attn_type" not in dict(
             llama_cpp.llama_context_params._fields_):
         raise DeviceError(f"llama-cpp-python {getattr(llama_cpp, '__version__', '?')} is too old (no flash_attn_type); "
-                          f"upgrade with `{INSTALL_HINT}`")
+                          f"upgrade with `{LLAMA_INSTALL}`")
     return llama_cpp
 
 
@@ -171,5 +171,5 @@ class LlamaBackbone:
     def _read(pointer, size: int, what: str) -> np.ndarray:
         if not pointer:
             raise DeviceError(f"llama.cpp returned no {what}; this llama-cpp-python build predates logits + "
-                              f"embeddings together, upgrade with `{INSTALL_HINT}`")
+                              f"embeddings together, upgrade with `{LLAMA_INSTALL}`")
         return np.ctypeslib.as_array(pointer, shape=(size,)).copy()

@@ -9,7 +9,6 @@ are computed that way with ``soxr`` directly, on the real recordings of ../share
 """
 
 import math
-import os
 
 import numpy as np
 import pytest
@@ -18,6 +17,7 @@ import soundfile as sf
 from moss_npu.delay.reference import load_reference, loudness_normalize
 from moss_npu.errors import AudioError
 from moss_npu.goldens import fixtures_root
+from tests.optional import missing
 
 AUDIO = fixtures_root() / "audio"
 RECORDINGS = ["zh_1.wav", "en_7.wav", "en_3.wav", "zh_3.wav"]  # FLAC 44.1k, MP3 stereo 44.1k, WAV 48k, WAV 16k
@@ -26,9 +26,7 @@ RECORDINGS = ["zh_1.wav", "en_7.wav", "en_3.wav", "zh_3.wav"]  # FLAC 44.1k, MP3
 @pytest.fixture(scope="module")
 def audio_dir():
     if not AUDIO.is_dir():
-        if os.environ.get("CI"):
-            pytest.fail(f"fixture {AUDIO} missing in CI")
-        pytest.skip(f"recordings not found at {AUDIO} (set MOSS_NPU_FIXTURES)")
+        missing(f"recordings not found at {AUDIO} (set MOSS_NPU_FIXTURES)")
     return AUDIO
 
 

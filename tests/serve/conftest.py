@@ -7,7 +7,6 @@ Without the fixture or the serve packages (a user's clone) these tests skip; in 
 
 from __future__ import annotations
 
-import importlib
 import os
 import signal
 import socket
@@ -21,6 +20,7 @@ from typing import Optional
 import pytest
 
 from moss_npu import goldens
+from tests.optional import missing, require
 
 SERVE_INSTALL = "pip install -e '.[dev]'"  # the serve extra plus openai and httpx
 
@@ -33,19 +33,14 @@ STARTUP_S = 120.0
 def serve_module(name: str) -> ModuleType:
     """Import a serve package for a test module: skip the module when it is missing (a user's clone without
     the serve extra), fail loudly under CI, which installs it."""
-    if os.environ.get("CI"):
-        return importlib.import_module(name)
-    return pytest.importorskip(name, reason=f"{name} is not installed; install it with `{SERVE_INSTALL}`")
+    return require(name, SERVE_INSTALL)
 
 
 def tiny_dirs() -> tuple[Path, Path]:
     """The nano-tiny tts/ and codec/ folders; skip (fail in CI) when the fixture is missing."""
     root = goldens.fixtures_root() / "nano-tiny"
     if not (root / "tts" / "config.json").is_file():
-        message = f"fixture {root} is missing (set MOSS_NPU_FIXTURES)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+        missing(f"fixture {root} is missing (set MOSS_NPU_FIXTURES)")
     return root / "tts", root / "codec"
 
 
