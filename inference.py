@@ -361,13 +361,12 @@ def _synthesize_upstream(args, load, settings, dev, text: str, target: AudioTarg
     return Outcome(wave.shape[-1] / rate, elapsed)
 
 
-def synthesize_delay(args: argparse.Namespace, text: str, target: AudioTarget) -> Outcome:
-    """Run the MOSS-TTS Delay fallback through llama.cpp and write ``target`` (24 kHz mono); no torch needed."""
-    from moss_npu.delay.flags import delay_request
+def synthesize_delay(args: argparse.Namespace, request, text: str, target: AudioTarget) -> Outcome:
+    """Run the MOSS-TTS Delay fallback (``request``: its ``DelayRequest``) through llama.cpp and write ``target``
+    (24 kHz mono); no torch needed."""
     from moss_npu.delay.pipeline import DelayPipeline
     from moss_npu.output import save_audio
 
-    request = delay_request(args, vars(build_parser().parse_args([])))
     # Decoding steps, not audio: the first steps of the delay staircase complete no frame yet.
     progress = _progress(args, None, unit="step")
     with DelayPipeline.open(request.run, args.weights, args.codec_onnx_dir) as pipe, progress:
@@ -386,10 +385,11 @@ def run(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     configure_logging(args.verbose)
     backend = choose_backend(args)
+    delay = None
     if backend == "llama-cpp":
         from moss_npu.delay.flags import delay_request
 
-        delay_request(args, vars(build_parser().parse_args([])))  # refuses what the Delay model cannot honour
+        delay = delay_request(args, vars(build_parser().parse_args([])))  # refuses what Delay cannot honour
     else:
         refuse_unused_flags(args)
     text = read_text(args)
@@ -398,7 +398,7 @@ def run(argv: Optional[list[str]] = None) -> int:
     check_reference(args.prompt_audio_path)
     warn_if_unspeakable(text)
     if backend == "llama-cpp":
-        outcome = synthesize_delay(args, text, target)
+        outcome = synthesize_delay(args, delay, text, target)
     else:
         outcome = synthesize_nano(args, text, target)
     rtf = outcome.elapsed_s / outcome.audio_s if outcome.audio_s > 0 else float("inf")
