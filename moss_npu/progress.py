@@ -20,7 +20,6 @@ def pick_display(quiet: bool, stream: Optional[TextIO] = None) -> str:
     stream = sys.stderr if stream is None else stream
     if quiet or stream is None:
         return "off"
-    stream = sys.stderr if stream is None else stream
     isatty = getattr(stream, "isatty", None)
     return "bar" if isatty is not None and isatty() else "lines"
 
@@ -46,7 +45,7 @@ class Progress:
         if display == "bar":
             from tqdm import tqdm
 
-            self._bar = tqdm(total=None, unit=unit, file=stream, leave=False, dynamic_ncols=True)
+            self._bar = tqdm(total=None, unit=unit, file=self.stream, leave=False, dynamic_ncols=True)
 
     @property
     def total_frames(self) -> int:
