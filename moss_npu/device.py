@@ -448,11 +448,6 @@ def parse_device(spec: Optional[str] = "auto") -> tuple[str, Optional[int]]:
     return kind, int(index_text) if index_text else None
 
 
-def is_accelerator(kind: str) -> bool:
-    """Return whether a device kind from ``parse_device`` is an accelerator (not ``cpu``, not ``auto``)."""
-    return kind in Backend.builtin and kind != "cpu"
-
-
 def resolve_device(spec: Optional[str] = "auto") -> torch.device:
     """Turn a user's device string into a usable torch.device, or raise DeviceError with the fix.
 
