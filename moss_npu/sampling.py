@@ -212,14 +212,15 @@ class SlotSampling:
 
 
 def sample_with_noise(logits: torch.Tensor, params: SlotSampling, uniforms: torch.Tensor,
-                      seen: Optional[torch.Tensor] = None) -> torch.Tensor:
+                      seen: Optional[torch.Tensor] = None, any_sampled: bool = True) -> torch.Tensor:
     """Choose one id per row from (B, V) logits with per-row parameters and a given uniform per row; (B,) int64.
 
     The official filter chain (repetition penalty, greedy argmax or temperature → top-k with ties kept → top-p
     keeping the crossing token → softmax) then the inverse-CDF pick of ``uniforms`` (B,) in [0, 1) over the ids in
     index order, as the host-RNG mode of ``sample_token`` does. Tensor ops only (no host sync, no data-dependent
     shapes), so it runs inside a captured device graph. Computes in float32 at least (float64 stays float64).
-    ``params`` rows [0, B) are read; ``seen`` (B, V) bool is the repetition presence mask.
+    ``params`` rows [0, B) are read; ``seen`` (B, V) bool is the repetition presence mask. ``any_sampled``
+    False says no row samples (the caller knows it): the greedy pick alone, without the sampled branch's sort.
     """
     b, vocab = logits.shape
     dtype = torch.promote_types(logits.dtype, torch.float32)
@@ -228,6 +229,8 @@ def sample_with_noise(logits: torch.Tensor, params: SlotSampling, uniforms: torc
     if seen is not None:
         scores = torch.where(seen, torch.where(scores < 0, scores * penalty, scores / penalty), scores)
     greedy = scores.argmax(dim=-1)
+    if not any_sampled:
+        return greedy
     scores = scores / params.temperature[:b, None].to(dtype)
     ordered, order = torch.sort(scores, dim=-1, descending=True, stable=True)
     top_k = params.top_k[:b]

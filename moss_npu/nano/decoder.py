@@ -22,6 +22,7 @@ from moss_npu.errors import InputError
 from moss_npu.nano.frames import (FrameBatch, GenerationResult, LogitsHook, PhaseTimer, check_budget,
                                   non_finite_error, phase, trim_codes, unpad)
 from moss_npu.nano.graphs import FrameGraphs, resolve_graph
+from moss_npu.nano.cpu_step import CpuStep, rotations
 from moss_npu.nano.model import KVCache, NanoTTSModel
 from moss_npu.nano.reuse import LocalTables, PrefixCache
 from moss_npu.nano.state import DecodeState
@@ -80,7 +81,7 @@ class FrameDecoder:
     def __init__(self, model: NanoTTSModel, *, slots: int = 1, max_len: int = 1024, sampler: str = "official",
                  graph: str = "off", generator: Optional[torch.Generator] = None,
                  prefix_cache: Optional[PrefixCache] = None, logits_hook: Optional[LogitsHook] = None,
-                 timer: Optional[PhaseTimer] = None) -> None:
+                 timer: Optional[PhaseTimer] = None, compile: str = "off") -> None:
         if sampler not in SAMPLERS:
             raise InputError(f"sampler {sampler!r} is unknown; use one of {', '.join(SAMPLERS)}")
         if slots < 1 or max_len < 2:
@@ -94,6 +95,11 @@ class FrameDecoder:
             self.tables = LocalTables.build(model, max_len)
             self._key_range = torch.arange(max_len, device=model.device)
             self._channel_range = torch.arange(cfg.n_vq, device=model.device)
+            # Flattened local-cache row of each (slot, head) at local position 0 (CPU step: + position).
+            local_len = self.state.local_kv.shape[4]
+            self._local_rows = torch.arange(slots * cfg.gpt2_config.n_head, device=model.device) * local_len
+        self.compile_mode = compile
+        self._build_cpu_step()
         self._params: list[Optional[tuple[TokenParams, TokenParams]]] = [None] * slots
         self._generators: list[Optional[torch.Generator]] = [None] * slots
         self._lengths, self._nq = [0] * slots, [cfg.n_vq] * slots
@@ -183,10 +189,17 @@ class FrameDecoder:
         """Rebuild the weight-derived tables and forget cached prompts (call after editing the weights)."""
         with torch.inference_mode():
             self.tables = LocalTables.build(self.model, self.state.max_len)
+        self._build_cpu_step()
         if self.prefix_cache is not None:
             self.prefix_cache.clear()
         if self.graphs is not None:
             self.graphs.reset()
+
+    def _build_cpu_step(self) -> None:
+        """Pick the CPU step (fp32 on the CPU) and its complex RoPE tables; None elsewhere."""
+        self.cpu_step = CpuStep.build(self.model, self.compile_mode)
+        self._rotations = None if self.cpu_step is None else (
+            rotations(*self.tables.global_rope), rotations(*self.tables.local_rope))
 
     def _prefill(self, slot: int, rows: torch.Tensor) -> torch.Tensor:
         """Run the prompt through the global decoder into ``slot``'s cache rows; return hidden states (1, L', E)."""
@@ -285,7 +298,8 @@ class FrameDecoder:
         finite = torch.ones(n, dtype=torch.bool, device=self.device)
         frame = torch.full((n, model.config.n_vq), self.pad, dtype=torch.long, device=self.device)
         for c in range(channels):
-            logits = model.audio_lm_heads[c](self._local_step(local, prev, qkv))
+            u = self._local_step(local, prev, qkv)
+            logits = model.audio_lm_heads[c](u) if self.cpu_step is None else self.cpu_step.head(c, u)
             ok = torch.isfinite(logits).all(-1)
             finite = finite & (ok if within is None else ok | ~within[:, c])
             self._hook("audio", c, logits)
@@ -324,22 +338,35 @@ class FrameDecoder:
         cos, sin = (table.index_select(0, positions) for table in self.tables.global_rope)
         key_mask = None if exact else self._key_range[None, :keys] <= positions[:, None]
         cache = StaticKV(st.kv, n, positions, keys)
-        st.hidden[:n] = self.model.transformer.step(embed[:, None], cos, sin, cache, key_mask)[:, -1]
+        if self.cpu_step is None:
+            st.hidden[:n] = self.model.transformer.step(embed[:, None], cos, sin, cache, key_mask)[:, -1]
+        else:
+            mask = None if key_mask is None else key_mask[:, None, None, :]
+            rotation = self._rotations[0].index_select(0, positions)
+            st.hidden[:n] = self.cpu_step.run(False, embed, rotation, st.kv, cache.index, keys, mask)
         st.lengths[:n] += st.produced[:n].long()
 
     def _local_step(self, local: KVCache, x: torch.Tensor, qkv: Optional[torch.Tensor]) -> torch.Tensor:
         """Append (n, E) ``x`` to the local sequence; return the local hidden state there (n, E)."""
         p = local.length
         cos, sin = self.tables.local_rope
-        return self.model.local_transformer.step(x[:, None], cos[p:p + 1], sin[p:p + 1], local,
-                                                 qkv=None if qkv is None else qkv[:, None])[:, -1]
+        if self.cpu_step is None:
+            return self.model.local_transformer.step(x[:, None], cos[p:p + 1], sin[p:p + 1], local,
+                                                     qkv=None if qkv is None else qkv[:, None])[:, -1]
+        n = x.shape[0]
+        index = self._local_rows[:n * self.state.local_kv.shape[3]] + p
+        local.advance(1)
+        return self.cpu_step.run(True, x, self._rotations[1][p:p + 1].expand(n, -1), self.state.local_kv, index,
+                                 p + 1, None, qkv)
 
     def _sample(self, logits: torch.Tensor, params: SlotSampling, n: int, column: int,
                 seen: Optional[torch.Tensor]) -> torch.Tensor:
         """Choose one id per slot: the noise-fed sampler, or the official one per group of equal parameters."""
-        if self.sampler == "noise":
-            return sample_with_noise(logits, params, self.state.noise[:n, column], seen)
         which = 0 if column == 0 else 1
+        if self.sampler == "noise":
+            # A captured frame must serve any mix of requests; an eager one skips sampling nobody asked for.
+            sampled = self.graphs is not None or any(p is not None and p[which].do_sample for p in self._params[:n])
+            return sample_with_noise(logits, params, self.state.noise[:n, column], seen, sampled)
         fallback = next(p for p in self._params if p is not None)
         token = [(self._params[s] or fallback)[which] for s in range(n)]
         if all(p == token[0] for p in token):

@@ -1,0 +1,207 @@
+"""The frame decoder's transformer blocks for float32 on the CPU: BLAS matrix-vector products, optionally compiled.
+
+A frame at batch 1 is ~116 matrix-vector products over ~750 MB of fp32 weights, so its speed is the bandwidth
+of those products plus the cost of the ~700 small ops around them. On the CPU torch routes a one-row
+``F.linear`` to MKL's GEMM, which on AMD and other non-Intel CPUs streams the weights at about half the rate of
+the OpenBLAS GEMV bundled with numpy (≈13 vs ≈23 GB/s on a 2-vCPU EPYC, one thread). ``CpuStep`` therefore
+keeps every decode-step weight transposed to (in, out) and contiguous (the layout OpenBLAS streams fastest; one
+extra copy of the LM's linear weights, ~420 MB for the real model) and multiplies through numpy on views of it.
+The block math is written once, functionally (``block_step``: the same as ``model.Block`` on one new row per
+slot, with the tanh GELU the decode steps use), so that with ``compile`` torch.compile (inductor) turns each
+block's small ops into a few fused kernels: one graph serves every block of both decoders (the weights are
+inputs), and the products stay BLAS calls through a custom op. Compiling needs ``torch.library.custom_op``
+(torch >= 2.4); without it, or when compiling fails, the blocks run eagerly (one log line).
+Results agree with the torch path to float rounding (another summation order), not bit for bit.
+Shapes: n slots, E hidden, H heads, D head dim, M cache rows, T keys attended.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from moss_npu.errors import InputError
+from moss_npu.nano.model import Block
+
+log = logging.getLogger(__name__)
+
+COMPILE_MODES = ("auto", "on", "off")
+Matmul = Callable[..., torch.Tensor]
+
+
+def blas_matmul(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor,
+                residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Return ``x @ weight_t + bias (+ residual)`` for (n, in) fp32 ``x``, (in, out) ``weight_t``, via numpy's BLAS.
+
+    One row is a GEMV; the additions happen in place on numpy's result (cheaper than torch ops at this size).
+    """
+    rows = x.numpy()
+    out = rows[0] @ weight_t.numpy() if rows.shape[0] == 1 else rows @ weight_t.numpy()
+    out += bias.numpy()
+    if residual is not None:
+        out += residual.numpy().reshape(out.shape)
+    return torch.from_numpy(out).view(x.shape[0], weight_t.shape[1])
+
+
+def _compiled_matmul() -> Optional[Matmul]:
+    """Return ``blas_matmul`` as a torch custom op (opaque to torch.compile), or None where torch lacks the API."""
+    custom_op = getattr(torch.library, "custom_op", None)
+    if custom_op is None:
+        return None
+    name = "moss_npu::blas_matmul"
+    try:  # registered once per process; a second CpuStep reuses it
+        return torch.ops.moss_npu.blas_matmul
+    except (AttributeError, RuntimeError):
+        pass
+    op = custom_op(name, mutates_args=())(blas_matmul)
+    op.register_fake(lambda x, w, b, residual=None: x.new_empty(x.shape[0], w.shape[1]))
+    return torch.ops.moss_npu.blas_matmul
+
+
+def rotations(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Return RoPE tables (P, D) as complex (P, D/2) rotations: multiplying pairs (2i, 2i+1) as complex numbers by
+    them is ``model.apply_rope`` (real part x₀c − x₁s, imaginary x₁c + x₀s) in one kernel."""
+    return torch.complex(cos[:, ::2].float(), sin[:, ::2].float())
+
+
+def block_step(x: torch.Tensor, rotation: torch.Tensor, kv: torch.Tensor, index: torch.Tensor,
+               keys: int, mask: Optional[torch.Tensor], qkv: Optional[torch.Tensor], *weights: torch.Tensor,
+               heads: int, eps: float, scale: float, matmul: Matmul) -> torch.Tensor:
+    """One pre-norm GPT-2 block on one new row per slot; return (n, E).
+
+    ``x`` (n, E); ``rotation`` (n, D/2) complex RoPE of each row's position (``rotations``); ``kv`` (2, S, H, M, D)
+    the layer's cache, whose
+    flattened rows ``index`` (n·H,) receive the new keys/values; the first ``keys`` rows are attended, under
+    ``mask`` (n, 1, 1, T) or all of them (None). ``qkv`` (n, 3E): ready-made ``c_attn(ln_1(x))`` or None.
+    ``weights``: ln_1 w, b; c_attn wᵀ, b; c_proj wᵀ, b; ln_2 w, b; fc_in wᵀ, b; fc_out wᵀ, b.
+    """
+    ln1_w, ln1_b, attn_w, attn_b, proj_w, proj_b, ln2_w, ln2_b, in_w, in_b, out_w, out_b = weights
+    n, e = x.shape
+    d = e // heads
+    if qkv is None:
+        qkv = matmul(F.layer_norm(x, (e,), ln1_w, ln1_b, eps), attn_w, attn_b)
+    qkv = qkv.view(n, 3, heads, d)
+    pairs = torch.view_as_complex(qkv[:, :2].reshape(n, 2, heads, d // 2, 2))
+    qk = torch.view_as_real(pairs * rotation[:, None, None]).view(n, 2, heads, d)
+    for j, new in enumerate((qk[:, 1], qkv[:, 2])):
+        kv[j, :n].view(-1, d).index_copy_(0, index, new.reshape(-1, d))
+    out = F.scaled_dot_product_attention(qk[:, 0, :, None], kv[0, :n, :, :keys], kv[1, :n, :, :keys],
+                                         attn_mask=mask, scale=scale)
+    x = matmul(out.reshape(n, e), proj_w, proj_b, x)
+    hidden = F.gelu(matmul(F.layer_norm(x, (e,), ln2_w, ln2_b, eps), in_w, in_b), approximate="tanh")
+    return matmul(hidden, out_w, out_b, x)
+
+
+def _transposed(layer: nn.Linear) -> tuple[torch.Tensor, torch.Tensor]:
+    weight = layer.weight.detach().t().contiguous()
+    bias = torch.zeros(weight.shape[1]) if layer.bias is None else layer.bias.detach().clone()
+    return weight, bias
+
+
+def _block_weights(block: Block) -> tuple[torch.Tensor, ...]:
+    return (block.ln_1.weight.detach(), block.ln_1.bias.detach(), *_transposed(block.attn.c_attn),
+            *_transposed(block.attn.c_proj), block.ln_2.weight.detach(), block.ln_2.bias.detach(),
+            *_transposed(block.mlp.fc_in), *_transposed(block.mlp.fc_out))
+
+
+class CpuStep:
+    """The decode blocks and audio heads of one fp32 CPU model (see the module docstring).
+
+    Built by ``CpuStep.build``; holds transposed copies of the weights read then (``FrameDecoder.refresh``
+    rebuilds it after the weights change). ``compiled`` says whether blocks run as compiled graphs.
+    """
+
+    def __init__(self, model: nn.Module, compile_mode: str) -> None:
+        cfg = model.config.gpt2_config
+        self.global_blocks = [_block_weights(b) for b in model.transformer.h]
+        self.local_blocks = [_block_weights(b) for b in model.local_transformer.h]
+        self.global_final = (model.transformer.ln_f.weight.detach(), model.transformer.ln_f.bias.detach())
+        self.local_final = (model.local_transformer.ln_f.weight.detach(), model.local_transformer.ln_f.bias.detach())
+        self.heads = [_transposed(h) for h in model.audio_lm_heads]
+        self.eps, self.n_head = cfg.layer_norm_epsilon, cfg.n_head
+        self.scales = ([b.attn.scale for b in model.transformer.h], [b.attn.scale for b in model.local_transformer.h])
+        self.compile_seconds: Optional[float] = None
+        self._block = self._eager_block
+        self.compiled = False
+        if compile_mode != "off":
+            self._compile(compile_mode)
+
+    @classmethod
+    def build(cls, model: nn.Module, compile_mode: str = "auto") -> Optional["CpuStep"]:
+        """Return a ``CpuStep`` for an fp32 model on the CPU, None for any other (its own kernels are fine)."""
+        if compile_mode not in COMPILE_MODES:
+            raise InputError(f"--compile {compile_mode}: unknown; use one of {', '.join(COMPILE_MODES)}")
+        weight = model.local_transformer.ln_f.weight
+        # block_step writes out the tanh GELU of the official config; other activations keep the torch path.
+        tanh_gelu = model.config.gpt2_config.activation_function == "gelu_new"
+        if weight.device.type != "cpu" or weight.dtype != torch.float32 or not tanh_gelu:
+            if compile_mode == "on":
+                raise InputError(f"--compile on compiles the float32 CPU step; this model is {weight.dtype} on "
+                                 f"{weight.device}: use --compile auto or off")
+            return None
+        return cls(model, compile_mode)
+
+    def nbytes(self) -> int:
+        """Return the bytes of the transposed weight copies."""
+        blocks = self.global_blocks + self.local_blocks
+        return sum(t.numel() * t.element_size() for w in blocks for t in w) + sum(
+            w.numel() * 4 + b.numel() * 4 for w, b in self.heads)
+
+    def _eager_block(self, *args, **kwargs) -> torch.Tensor:
+        return block_step(*args, **kwargs, matmul=blas_matmul)
+
+    def _compile(self, mode: str) -> None:
+        """Compile ``block_step`` with the BLAS custom op; on failure log one line and stay eager."""
+        compile_fn, matmul = getattr(torch, "compile", None), _compiled_matmul()
+        if compile_fn is None or matmul is None:
+            why = "this torch has no torch.compile / torch.library.custom_op (needs torch >= 2.4)"
+            if mode == "on":
+                raise InputError(f"--compile on: {why}; use --compile auto or off")
+            log.info("CPU frame step runs eagerly: %s", why)
+            return
+        compiled = compile_fn(block_step, dynamic=True)
+        self._block = lambda *args, **kwargs: compiled(*args, **kwargs, matmul=matmul)
+        self.compiled = True
+
+    def warm_up(self, run: Callable[[], None]) -> None:
+        """Run ``run`` (a first frame) once, timing the compilation; fall back to eager if compiling fails."""
+        if not self.compiled or self.compile_seconds is not None:
+            run()
+            return
+        start = time.perf_counter()
+        log.info("compiling the CPU frame step (once per process; cached by torch on disk for the next)")
+        try:
+            run()
+        except Exception as exc:  # noqa: BLE001 - any inductor failure means: run eagerly
+            log.warning("compiling the CPU frame step failed (%s: %s); running it eagerly",
+                        type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+            self._block, self.compiled = self._eager_block, False
+            run()
+        self.compile_seconds = time.perf_counter() - start
+        log.info("compiled the CPU frame step in %.1f s", self.compile_seconds)
+
+    def run(self, local: bool, x: torch.Tensor, rotation: torch.Tensor, kv: torch.Tensor,
+            index: torch.Tensor, keys: int, mask: Optional[torch.Tensor],
+            qkv: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Run (n, E) rows through the local or global decoder's blocks and final norm; return (n, E).
+
+        ``kv`` (N, 2, S, H, M, D) is the decoder's cache; see ``block_step`` for the rest.
+        """
+        blocks, (norm_w, norm_b) = ((self.local_blocks, self.local_final) if local
+                                    else (self.global_blocks, self.global_final))
+        scales = self.scales[0 if not local else 1]
+        for i, weights in enumerate(blocks):
+            x = self._block(x, rotation, kv[i], index, keys, mask, qkv if i == 0 else None, *weights,
+                            heads=self.n_head, eps=self.eps, scale=scales[i])
+        return F.layer_norm(x, (x.shape[-1],), norm_w, norm_b, self.eps)
+
+    def head(self, channel: int, x: torch.Tensor) -> torch.Tensor:
+        """Return audio head ``channel``'s logits (n, V) of (n, E) local hidden states."""
+        weight, bias = self.heads[channel]
+        return blas_matmul(x, weight, bias)
