@@ -90,6 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="intra-op CPU threads (on a busy 2-core machine, 1 is fastest)")
     gen.add_argument("--graph", choices=("auto", "on", "off"),
                      help="device graphs of the frame step (auto: on for CUDA/NPU with --host-rng, off on CPU)")
+    gen.add_argument("--compile", choices=("auto", "on", "off"),
+                     help="torch.compile the float32 CPU frame step (auto: eager, measured faster; see README)")
     for kind in ("text", "audio"):
         gen.add_argument(f"--{kind}-temperature", type=finite_float)
         gen.add_argument(f"--{kind}-top-p", type=finite_float)
@@ -110,7 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
 # --- flags that act on one backend or implementation only -------------------------------------------------
 
 # flag -> argparse dest (the llama-cpp backend refuses its own set: moss_npu.delay.flags)
-NOT_UPSTREAM = {"--stream": "stream", "--host-rng": "host_rng", "--speed": "speed", "--graph": "graph"}
+NOT_UPSTREAM = {"--stream": "stream", "--host-rng": "host_rng", "--speed": "speed", "--graph": "graph",
+                "--compile": "compile"}
 LLAMA_CPP_ONLY = {"--weights": "weights", "--codec-onnx-dir": "codec_onnx_dir"}
 # argparse dests of the values that only shape a random draw (the repetition penalty acts on greedy runs too)
 SAMPLING_ONLY = tuple(f"{kind}_{name}" for kind in ("text", "audio") for name in ("temperature", "top_p", "top_k")) + (
@@ -188,7 +191,7 @@ def run_overrides(args: argparse.Namespace) -> dict:
         "voice_clone_max_text_tokens": args.voice_clone_max_text_tokens,
         "tts_max_batch_size": args.tts_max_batch_size,
         "do_sample": False if args.greedy else None, "host_rng": True if args.host_rng else None,
-        "graph": args.graph, "speed": args.speed, "num_threads": args.num_threads,
+        "graph": args.graph, "compile": args.compile, "speed": args.speed, "num_threads": args.num_threads,
         "text_normalization": False if args.no_text_normalization else None,
         "wetext": False if args.no_text_normalization or args.no_wetext else None,
         "audio_repetition_penalty": args.audio_repetition_penalty,
@@ -252,11 +255,10 @@ def choose_backend(args: argparse.Namespace) -> str:
 
 def synthesize_nano(args: argparse.Namespace, text: str, target: AudioTarget) -> Outcome:
     """Run the native (or upstream) Nano pipeline and write ``target``."""
-    import torch
-
     from moss_npu import device as devices
     from moss_npu.output import save_audio
     from moss_npu.text import TextNormalizer
+    from moss_npu.threads import set_threads
     from moss_npu.tts import MossTTSNano
     from moss_npu.tts.settings import load_preset, merge
 
@@ -266,8 +268,7 @@ def synthesize_nano(args: argparse.Namespace, text: str, target: AudioTarget) ->
     if problem:
         raise InputError(f"--config {args.config} device {problem}")
     dev = devices.resolve_device(load.device)
-    if load.num_threads > 0:
-        torch.set_num_threads(load.num_threads)  # a process-wide setting: the CLI's to make, not the library's
+    set_threads(load.num_threads)  # a process-wide setting (0: the policy of moss_npu.threads): the CLI's to make
     check_reference(args.prompt_audio_path)
     model, codec = args.model or DEFAULT_MODEL, args.codec or DEFAULT_CODEC
     if args.impl == "upstream":  # infer.py prepares the texts before the official model code sees them

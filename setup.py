@@ -8,7 +8,7 @@ from setuptools import find_packages, setup
 # The Nano backend. Text normalization (moss_npu.text) runs WeTextProcessing's grammars with kaldifst (x86-64 and
 # aarch64 wheels); the grammars come from WeTextProcessing==1.2.0, installed with --no-deps (README): its pynini
 # requirement has no aarch64 wheel and is not needed here.
-NANO = ["torch>=2.1", "sentencepiece", "safetensors", "psutil", "kaldifst>=1.7"]
+NANO = ["torch>=2.1", "sentencepiece", "safetensors", "psutil", "kaldifst>=1.7", "threadpoolctl>=3"]
 # The speech server (moss_npu.serve): its workers run the Nano backend.
 SERVE = ["fastapi", "uvicorn", "prometheus_client", "python-multipart"]
 

@@ -96,6 +96,11 @@ class RunRecord:
     prefill_ms: float
     peak_memory_bytes: Optional[int]
     load_avg: float
+    dtype: str = "float32"
+    step: str = "torch"  # the frame step: "cpu-blas" (nano.cpu_step), "cpu-blas+compiled", "torch", "reference"
+    compile_s: float = 0.0  # time the CPU step spent compiling graphs so far (first compile; 0 when eager)
+    local_ms: Optional[float] = None  # per frame: the 17 local steps with their decisions
+    global_ms: Optional[float] = None  # per frame: the global step
     phases_s: dict = field(default_factory=dict)
 
 
@@ -108,7 +113,8 @@ def case_request(case: str) -> tuple[str, Optional[Path]]:
     return text, audio
 
 
-def run_once(tts: MossTTSNano, case: str, config: BenchConfig, frames: int, stream: bool, serial: int) -> RunRecord:
+def run_once(tts: MossTTSNano, case: str, config: BenchConfig, frames: int, stream: bool, serial: int,
+             compile_mode: str = "auto") -> RunRecord:
     """Synthesize ``case`` once under ``config``; optionally time a streamed start too.
 
     The text gets the number ``serial`` (and ``serial + 1`` for the stream) in front, so no run meets a prompt
@@ -118,12 +124,13 @@ def run_once(tts: MossTTSNano, case: str, config: BenchConfig, frames: int, stre
 
     from moss_npu import device as devices
     from moss_npu.nano.frames import PhaseTimer
+    from moss_npu.threads import set_threads
     from moss_npu.tts.settings import RunConfig
 
     if config.threads:
-        torch.set_num_threads(config.threads)
+        set_threads(config.threads)
     text, audio = case_request(case)
-    settings = RunConfig(do_sample=False, max_new_frames=frames, speed=config.speed,
+    settings = RunConfig(do_sample=False, max_new_frames=frames, speed=config.speed, compile=compile_mode,
                          text_normalization=False, wetext=False)  # the model's speed; bench.text_norm times that
     back = devices.backend(tts.device)
     back.reset_peak_memory_stats()
@@ -142,13 +149,19 @@ def run_once(tts: MossTTSNano, case: str, config: BenchConfig, frames: int, stre
     n_frames = int(result.codes.shape[0])
     n_chunks = len(result.text_chunks)
     sec = dict(timer.seconds)
-    per_frame = {k: sec.get(k, 0.0) * 1e3 / max(n_frames, 1) for k in ("frame", "codec")}
+    per_frame = {k: sec.get(k, 0.0) * 1e3 / max(n_frames, 1) for k in ("frame", "codec", "local", "global")}
+    cpu_step = getattr(tts._decoder, "cpu_step", None) if config.speed != "reference" else None
+    step = ("reference" if config.speed == "reference" else "torch" if cpu_step is None
+            else "cpu-blas+compiled" if cpu_step.compiled else "cpu-blas")
     return RunRecord(
         case=case, config=config.label, threads=torch.get_num_threads(), chunks=n_chunks, frames=n_frames,
         wall_s=wall, rtf=wall / max(n_frames / tts.codec.frame_rate_hz, 1e-9), ttfa_ms=ttfa,
         frame_ms=per_frame["frame"], codec_ms=per_frame["codec"],
         prefill_ms=sec.get("prefill", 0.0) * 1e3 / max(timer.calls.get("prefill", 0), 1),
-        peak_memory_bytes=back.max_memory_allocated(), load_avg=load, phases_s=sec)
+        peak_memory_bytes=back.max_memory_allocated(), load_avg=load, dtype=str(tts.model.dtype).removeprefix("torch."),
+        step=step, compile_s=cpu_step.compile_seconds if cpu_step is not None else 0.0,
+        local_ms=per_frame["local"] if "local" in sec else None,
+        global_ms=per_frame["global"] if "global" in sec else None, phases_s=sec)
 
 
 def summarize(records: list[RunRecord]) -> list[dict]:
@@ -159,8 +172,9 @@ def summarize(records: list[RunRecord]) -> list[dict]:
     rows = []
     for (case, config), runs in groups.items():
         row = {"case": case, "config": config, "runs": len(runs), "threads": runs[0].threads,
-               "chunks": runs[0].chunks, "frames": runs[0].frames}
-        for key in ("rtf", "ttfa_ms", "frame_ms", "codec_ms", "prefill_ms", "wall_s"):
+               "chunks": runs[0].chunks, "frames": runs[0].frames, "dtype": runs[0].dtype, "step": runs[-1].step,
+               "compile_s": max(r.compile_s for r in runs)}
+        for key in ("rtf", "ttfa_ms", "frame_ms", "local_ms", "global_ms", "codec_ms", "prefill_ms", "wall_s"):
             values = [getattr(r, key) for r in runs if getattr(r, key) is not None]
             row[key] = statistics.median(values) if values else None
         row["peak_memory_mib"] = max((r.peak_memory_bytes or 0) for r in runs) / 2**20 or None
@@ -181,12 +195,14 @@ def markdown(rows: list[dict], ratios: dict[str, float], base: Optional[str], ot
     def num(value, digits=1):
         return "–" if value is None else f"{value:.{digits}f}"
 
-    lines = ["| case | config | threads | chunks | frames | RTF | TTFA ms | frame ms | codec ms/frame | prefill ms "
-             "| peak MiB | load |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| case | config | threads | dtype | step | compile s | chunks | frames | RTF | TTFA ms | frame ms "
+             "| local ms | global ms | codec ms/frame | prefill ms | peak RSS MiB | load |",
+             "|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        lines.append(f"| {r['case']} | {r['config']} | {r['threads']} | {r['chunks']} | {r['frames']} | "
-                     f"{num(r['rtf'], 2)} | {num(r['ttfa_ms'], 0)} | {num(r['frame_ms'])} | {num(r['codec_ms'])} | "
+        lines.append(f"| {r['case']} | {r['config']} | {r['threads']} | {r['dtype']} | {r['step']} | "
+                     f"{num(r['compile_s'])} | {r['chunks']} | {r['frames']} | "
+                     f"{num(r['rtf'], 2)} | {num(r['ttfa_ms'], 0)} | {num(r['frame_ms'])} | {num(r['local_ms'])} | "
+                     f"{num(r['global_ms'])} | {num(r['codec_ms'])} | "
                      f"{num(r['prefill_ms'], 0)} | {num(r['peak_memory_mib'], 0)} | {num(r['load_avg'], 2)} |")
     if ratios:
         lines += ["", f"| case | speedup {other}/{base} |", "|---|---:|"]
@@ -226,6 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-stream", action="store_true", help="skip the streamed start (time to first audio)")
     p.add_argument("--batch", help="batch sizes B1,B2,... decoded together (prints 'batch speedup B/1: X.XX')")
     p.add_argument("--graph", default="off", help="with --batch: graph modes to run, e.g. on,off (default off)")
+    p.add_argument("--compile", default="auto", choices=("auto", "on", "off"),
+                   help="torch.compile the float32 CPU frame step of the optimized configs (default auto: eager)")
     p.add_argument("--out", type=Path, help="output file stem (default bench/results/bench-<time>)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     return p
@@ -257,14 +275,12 @@ def load_pipeline(args) -> tuple[MossTTSNano, str, str]:
 def measure(tts: MossTTSNano, args, cases: list[str], configs: list[BenchConfig], sizes: list[int],
             graphs: list[str], log) -> list:
     """Run warm-up and measured rounds, alternating configurations (drifting load hits each alike)."""
-    import torch
-
     from bench.batch import run_batch
+    from moss_npu.threads import set_threads
 
     records: list = []
     serial = 0
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    set_threads(args.threads)  # 0: the default policy (moss_npu.threads)
     for round_index in range(args.warmup + args.runs):
         measured = round_index >= args.warmup
         for case in cases:
@@ -280,7 +296,7 @@ def measure(tts: MossTTSNano, args, cases: list[str], configs: list[BenchConfig]
                 continue
             for config in configs:
                 serial += 2
-                record = run_once(tts, case, config, args.frames, not args.no_stream, serial)
+                record = run_once(tts, case, config, args.frames, not args.no_stream, serial, args.compile)
                 log(f"bench: {'run' if measured else 'warm-up'} {case} {config.label}: "
                     f"{record.frame_ms:.1f} ms/frame, RTF {record.rtf:.2f}, load {record.load_avg:.2f}")
                 if measured:

@@ -75,13 +75,14 @@ class FrameDecoder:
         generator: the device generator of the official sampler (None: torch's default one).
         prefix_cache: a ``PrefixCache`` to start prefills from shared prompt prefixes; None for none.
         logits_hook / timer: every logits row the sampler sees / wall time per phase (eager only).
+        compile: "auto" | "on" | "off": torch.compile the float32 CPU step (``nano.cpu_step``; auto = eager).
     The weights are read at construction: after editing them call ``refresh()``.
     """
 
     def __init__(self, model: NanoTTSModel, *, slots: int = 1, max_len: int = 1024, sampler: str = "official",
                  graph: str = "off", generator: Optional[torch.Generator] = None,
                  prefix_cache: Optional[PrefixCache] = None, logits_hook: Optional[LogitsHook] = None,
-                 timer: Optional[PhaseTimer] = None, compile: str = "off") -> None:
+                 timer: Optional[PhaseTimer] = None, compile: str = "auto") -> None:
         if sampler not in SAMPLERS:
             raise InputError(f"sampler {sampler!r} is unknown; use one of {', '.join(SAMPLERS)}")
         if slots < 1 or max_len < 2:
@@ -274,16 +275,19 @@ class FrameDecoder:
         ``masked``: some slot's nq is below ``channels`` (its upper channels are forced to pad).
         """
         st, t = self.state, self.tables
+        split = self.timer if self.graphs is None else None  # a captured frame has no host-side phases
         local = KVCache([st.local_kv[i, 0, :n] for i in range(st.local_kv.shape[0])],
                         [st.local_kv[i, 1, :n] for i in range(st.local_kv.shape[0])])
-        u = self._local_step(local, st.hidden[:n], None)
-        candidates = F.linear(u, t.text_rows)  # only the 2 candidates are read; a non-finite u poisons the rest
-        text_finite = torch.isfinite(u).all(-1) & torch.isfinite(candidates).all(-1)
-        self._hook("text", self.frame_index, candidates)
-        pick = self._sample(candidates, st.text, n, 0, None)  # 0 = continue, 1 = stop
-        frame, embed, audio_finite = self._audio(local, pick, n, channels, masked)
-        self._commit(n, pick == 0, frame, torch.stack([text_finite, audio_finite], dim=1))
-        self._global_step(embed, n, keys, exact)
+        with phase(split, "local"):  # the 17 local steps and their decisions
+            u = self._local_step(local, st.hidden[:n], None)
+            candidates = F.linear(u, t.text_rows)  # only the 2 candidates are read; a non-finite u poisons the rest
+            text_finite = torch.isfinite(u).all(-1) & torch.isfinite(candidates).all(-1)
+            self._hook("text", self.frame_index, candidates)
+            pick = self._sample(candidates, st.text, n, 0, None)  # 0 = continue, 1 = stop
+            frame, embed, audio_finite = self._audio(local, pick, n, channels, masked)
+            self._commit(n, pick == 0, frame, torch.stack([text_finite, audio_finite], dim=1))
+        with phase(split, "global"):
+            self._global_step(embed, n, keys, exact)
 
     def _audio(self, local: KVCache, pick: torch.Tensor, n: int, channels: int, masked: bool):
         """Decide the audio channels; return the frame (n, Q), the next global row's embedding (n, E), finiteness.

@@ -23,6 +23,7 @@ import torch
 
 from moss_npu.errors import MossNpuError
 from moss_npu.serve.errors import kind_of
+from moss_npu.threads import set_threads
 from moss_npu.tts.engine import Engine, RequestStream, SpeechRequest
 from moss_npu.tts.pipeline import MossTTSNano
 from moss_npu.tts.settings import RunConfig
@@ -158,8 +159,7 @@ def main(conn: Connection, spec: WorkerSpec) -> None:
     logging.basicConfig(level=logging.INFO, format=f"worker {spec.device} (pid {os.getpid()}): %(message)s")
     channel = _Channel(conn)
     try:
-        if spec.num_threads:
-            torch.set_num_threads(spec.num_threads)
+        set_threads(spec.num_threads)
         started = time.perf_counter()
         tts = MossTTSNano.from_pretrained(spec.model, spec.codec, device=spec.device, dtype=spec.dtype)
         engine = Engine(tts, max_batch=spec.max_batch)

@@ -29,6 +29,7 @@ from moss_npu.nano.decoder import FrameDecoder, RequestParams
 from moss_npu.nano.frames import PhaseTimer, left_pad, trim_codes
 from moss_npu.nano.model import NanoTTSModel
 from moss_npu.nano.prompt import build_prompt_rows, mask_unused_channels, resolve_mode
+from moss_npu.threads import set_threads
 from moss_npu.nano.reference import reference_generate
 from moss_npu.nano.reuse import PrefixCache
 from moss_npu.nano.text import pause_samples, voice_clone_chunks
@@ -105,8 +106,8 @@ class MossTTSNano:
 
         These are the load-time settings (``LoadConfig``'s fields: ``from_pretrained(m, c, **asdict(load))``);
         every call's own settings are a ``RunConfig``. The LM computes in ``dtype`` (default fp32); the codec
-        stays fp32 as in the official code. ``num_threads`` > 0 sets torch's intra-op threads, which are
-        process-wide.
+        stays fp32 as in the official code. ``num_threads`` > 0 sets torch's intra-op threads and numpy's
+        BLAS threads (``moss_npu.threads``), which are process-wide.
         """
         load = LoadConfig(device=device or "auto", dtype=dtype or "auto",
                           attn_implementation=attn_implementation or "sdpa", num_threads=num_threads)
@@ -114,7 +115,7 @@ class MossTTSNano:
         dt = devices.resolve_dtype(dev, load.dtype)
         attn = devices.attention_impl(dev, dt, load.attn_implementation)
         if load.num_threads > 0:
-            torch.set_num_threads(load.num_threads)
+            set_threads(load.num_threads)
         model_dir = resolve_model_dir(model, required=("config.json", "tokenizer.model"), role="TTS model")
         codec_dir = resolve_model_dir(codec, required=("config.json",), role="codec", example=DEFAULT_CODEC)
         lm = load_model(model_dir, device=dev, dtype=dt, attn_impl=attn)
@@ -184,7 +185,8 @@ class MossTTSNano:
         """Return the prompt rows (L, Q + 1) of one text chunk of ``plan``."""
         return build_prompt_rows(self.tokenizer, self.config, chunk, plan.mode, plan.prompt_text, plan.prompt_codes)
 
-    def decoder(self, slots: int, max_len: int, sampler: str = "official", graph: str = "auto") -> FrameDecoder:
+    def decoder(self, slots: int, max_len: int, sampler: str = "official", graph: str = "auto",
+                compile: str = "auto") -> FrameDecoder:
         """Return this pipeline's frame decoder, rebuilt when it is too small or computes another way.
 
         The decoder keeps its prompt-prefix cache across calls (the template; a voice reference across the
@@ -192,13 +194,14 @@ class MossTTSNano:
         """
         current = self._decoder
         if (current is None or current.slots < slots or current.state.max_len < max_len
-                or current.sampler != sampler or current.graph_mode != graph or current.dtype != self.model.dtype):
+                or current.sampler != sampler or current.graph_mode != graph or current.compile_mode != compile
+                or current.dtype != self.model.dtype):
             cache = current.prefix_cache if current is not None and current.dtype == self.model.dtype else None
             size = max(slots, current.slots if current is not None else 1)
             length = -(-max(max_len, current.state.max_len if current is not None else 0) // 256) * 256
             self._decoder = None  # free the old state before allocating the new one
             self._decoder = FrameDecoder(self.model, slots=size, max_len=length, sampler=sampler, graph=graph,
-                                         prefix_cache=cache if cache is not None else PrefixCache())
+                                         prefix_cache=cache if cache is not None else PrefixCache(), compile=compile)
         return self._decoder
 
     def _fallback(self, exc: NumericalError, settings: RunConfig, lm: NanoTTSModel) -> NanoTTSModel:
@@ -254,9 +257,10 @@ class MossTTSNano:
         sampler = "noise" if settings.host_rng else "official"
         length = max(int(p.shape[0]) for p in prompts) + max_frames
         if lm is self.model:
-            decoder = self.decoder(len(prompts), length, sampler, settings.graph)
+            decoder = self.decoder(len(prompts), length, sampler, settings.graph, settings.compile)
         else:  # the float32 copy of a stability fallback: for this call only
-            decoder = FrameDecoder(lm, slots=len(prompts), max_len=length, sampler=sampler, graph=settings.graph)
+            decoder = FrameDecoder(lm, slots=len(prompts), max_len=length, sampler=sampler, graph=settings.graph,
+                                   compile=settings.compile)
         decoder.generator, decoder.timer = (None if settings.host_rng else generator), timer
         params = RequestParams(settings.sampling(), plan.nq, max_frames, generator if settings.host_rng else None)
         slots: list[int] = []

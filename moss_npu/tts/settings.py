@@ -18,6 +18,7 @@ from typing import Any, Mapping, NamedTuple, Optional
 from moss_npu.codec.streaming import OFFICIAL_SCHEDULE, DecodeSchedule
 from moss_npu.errors import ConfigError, InputError, MossNpuError
 from moss_npu.limits import MAX_NEW_FRAMES, MAX_SEED
+from moss_npu.nano.cpu_step import COMPILE_MODES
 from moss_npu.nano.graphs import GRAPH_MODES
 from moss_npu.presets import check_types, read_yaml_mapping
 from moss_npu.sampling import SamplingParams
@@ -63,6 +64,7 @@ class RunConfig:
     tts_max_batch_size: int = 0
     speed: str = "optimized"  # "optimized" (the frame decoder) or "reference" (the official algorithm, the oracle)
     graph: str = "auto"  # device graphs of the frame step: auto (on for CUDA/NPU with host_rng), on, off
+    compile: str = "auto"  # torch.compile of the float32 CPU frame step: auto (eager: measured faster), on, off
     stability_fallback: bool = True  # non-finite bf16/fp16 logits: retry with a float32 copy (official behaviour)
     # Official infer.py text preparation (moss_npu.text): the robust cleanup, and WeTextProcessing's reading of
     # numbers and symbols; the model API (model.inference) runs neither.
@@ -96,6 +98,8 @@ class RunConfig:
             raise InputError(f"--speed {self.speed}: unknown; use one of {', '.join(SPEEDS)}")
         if self.graph not in GRAPH_MODES:
             raise InputError(f"--graph {self.graph}: unknown; use one of {', '.join(GRAPH_MODES)}")
+        if self.compile not in COMPILE_MODES:
+            raise InputError(f"--compile {self.compile}: unknown; use one of {', '.join(COMPILE_MODES)}")
         self.sampling()  # validates the sampling values
         self.schedule()
 

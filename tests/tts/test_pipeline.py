@@ -252,7 +252,7 @@ def test_fallback_in_sampled_decoding_leaves_the_model_as_loaded(bf16_tts, where
             result = bf16_tts.synthesize("Fallback.", settings=RunConfig(**SAMPLED_FALLBACK))
             assert result.codes.shape[0] > 0 and bool(torch.isfinite(result.waveform).all())
             assert lm.dtype == torch.bfloat16
-    assert torch.float32 in calls and torch.bfloat16 in calls
+    assert torch.bfloat16 in calls  # the float32 copy decodes through the CPU step, which calls no module
     assert all(torch.equal(v, lm.state_dict()[k]) for k, v in weights.items())
     assert sum("float32 copy" in r.getMessage() for r in caplog.records) == 2
 

@@ -1,0 +1,132 @@
+"""The float32 CPU frame step (``nano.cpu_step``): BLAS products equal torch's, the step decodes what the torch
+step decodes (codes, and hidden states to float rounding), only where it applies, and follows weight edits.
+The decoder tests (test_decoder.py) run through it too: on the CPU in float32 it is the default step."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from moss_npu.errors import InputError
+from moss_npu.nano import cpu_step
+from moss_npu.nano.checkpoint import load_model
+from moss_npu.nano.cpu_step import CpuStep, WeightArena, blas_matmul
+from moss_npu.nano.decoder import FrameDecoder, RequestParams
+from moss_npu.nano.prompt import build_prompt_rows
+from moss_npu.nano.tokenizer import TextTokenizer
+
+from .test_decoder import TEXTS, steer
+
+
+@pytest.fixture(scope="module")
+def model(tiny_ckpt):
+    return steer(load_model(tiny_ckpt, device="cpu"))
+
+
+@pytest.fixture(scope="module")
+def prompts(tiny_ckpt, model):
+    tok = TextTokenizer.from_dir(tiny_ckpt)
+    return [build_prompt_rows(tok, model.config, t) for t in TEXTS]
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_blas_matmul_is_linear_plus_residual(rows):
+    layer = torch.nn.Linear(48, 80)
+    x, residual = torch.randn(rows, 48), torch.randn(rows, 80)
+    weight = layer.weight.detach().t().contiguous()
+    with torch.no_grad():
+        expected = F.linear(x, layer.weight, layer.bias)
+        torch.testing.assert_close(blas_matmul(x, weight, layer.bias.detach()), expected, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(blas_matmul(x, weight, layer.bias.detach(), residual), expected + residual,
+                                   rtol=1e-5, atol=1e-6)
+
+
+def test_arena_holds_each_weight_transposed(model):
+    layers = [model.transformer.h[0].attn.c_attn, model.audio_lm_heads[1]]
+    arena = WeightArena(layers)
+    for layer in layers:
+        weight, bias = arena.linear(layer)
+        assert torch.equal(weight, layer.weight.detach().t())
+        assert torch.equal(bias, layer.bias.detach() if layer.bias is not None else torch.zeros(weight.shape[1]))
+    assert arena.nbytes() == sum(layer.weight.numel() * 4 for layer in layers)
+
+
+def decode(model, prompts, frames, use_cpu_step):
+    """Decode ``prompts`` together greedily; return codes (S, F, Q) and the global hidden states (F, S, E)."""
+    decoder = FrameDecoder(model, slots=len(prompts), max_len=max(p.shape[0] for p in prompts) + frames + 1)
+    assert (decoder.cpu_step is not None) is True
+    if not use_cpu_step:
+        decoder.cpu_step = None
+    for rows in prompts:
+        decoder.admit(rows, RequestParams(max_new_frames=frames))
+    codes, hidden = [], []
+    while decoder.active_slots:
+        codes.append(decoder.step().codes)
+        hidden.append(decoder.state.hidden.clone())
+    return torch.stack(codes, 1), torch.stack(hidden)
+
+
+@pytest.mark.parametrize("count", [1, 3], ids=["one-slot", "three-slots-masked"])
+def test_cpu_step_decodes_like_the_torch_step(model, prompts, count):
+    codes, hidden = decode(model, prompts[:count], 6, use_cpu_step=True)
+    ref_codes, ref_hidden = decode(model, prompts[:count], 6, use_cpu_step=False)
+    assert torch.equal(codes, ref_codes)
+    torch.testing.assert_close(hidden, ref_hidden, rtol=1e-4, atol=1e-5)
+    assert not torch.equal(hidden, torch.zeros_like(hidden))
+
+
+def test_cpu_step_only_for_float32_on_the_cpu(model):
+    bf16 = load_model_copy(model, torch.bfloat16)
+    assert CpuStep.build(bf16, "auto") is None and CpuStep.build(bf16, "off") is None
+    with pytest.raises(InputError, match="--compile on"):
+        CpuStep.build(bf16, "on")
+    with pytest.raises(InputError, match="--compile fast"):
+        CpuStep.build(model, "fast")
+
+
+def load_model_copy(model, dtype):
+    import copy
+
+    return copy.deepcopy(model).to(dtype)
+
+
+def test_refresh_rebuilds_the_transposed_weights(tiny_ckpt, prompts):
+    model = steer(load_model(tiny_ckpt, device="cpu"))
+    decoder = FrameDecoder(model, slots=1, max_len=128)
+    before = decoder.cpu_step.global_blocks[0][2].clone()
+    with torch.no_grad():
+        model.transformer.h[0].attn.c_attn.weight.mul_(2.0)
+    decoder.refresh()
+    torch.testing.assert_close(decoder.cpu_step.global_blocks[0][2], before * 2.0)
+
+
+def test_blas_threads_follow_torch(model):
+    from threadpoolctl import threadpool_info
+
+    previous = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        CpuStep.build(model, "off")
+        blas = [pool for pool in threadpool_info() if pool["user_api"] == "blas"]
+        assert blas and all(pool["num_threads"] == 1 for pool in blas)
+    finally:
+        torch.set_num_threads(previous)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(cpu_step._compiled_matmul() is None, reason="torch.compile with custom ops needs torch >= 2.4")
+def test_compiled_step_decodes_like_the_eager_one(model, prompts):
+    """--compile on (inductor, BLAS products as a custom op) gives the eager CPU step's codes."""
+    frames = 4
+    results = []
+    for mode in ("off", "on"):
+        decoder = FrameDecoder(model, slots=1, max_len=256, compile=mode)
+        assert decoder.cpu_step.compiled is (mode == "on")
+        for rows in prompts[:1]:
+            decoder.admit(rows, RequestParams(max_new_frames=frames))
+        codes = []
+        while decoder.active_slots:
+            codes.append(decoder.step().codes)
+        results.append(torch.stack(codes))
+        if mode == "on":
+            assert decoder.cpu_step.compiled and decoder.cpu_step.compile_seconds > 0
+    assert torch.equal(results[0], results[1])
