@@ -5,15 +5,20 @@ Default (``--num-threads 0``): 1 thread on machines with at most 2 usable physic
 physical core. Measured on a 2-vCPU VM (bench/README): the batch-1 frame is memory-bound, so a second thread
 adds little bandwidth, and whenever another process takes the other core, every parallel region of a
 2-thread pool waits for the descheduled thread (a 1M-element ``torch.add`` went from 0.1 ms to 2.4–7.7 ms,
-a frame from 45 to 240 ms).
+a frame from 45 to 240 ms). Whatever the setting, a one-slot CPU frame runs on one thread (``ThreadPools``):
+torch's spinning OpenMP workers and OpenBLAS's threads then fight over the cores (2 threads: 0.24–1.35 s per
+frame on that VM, against 41 ms on one), while prefill and the codec, which are compute-bound, keep the
+setting.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+from typing import Iterator
 
 import torch
-from threadpoolctl import threadpool_limits
+from threadpoolctl import ThreadpoolController, threadpool_limits
 
 
 def usable_physical_cores() -> int:
@@ -45,3 +50,29 @@ def set_threads(count: int = 0) -> int:
 def limit_blas(count: int) -> None:
     """Limit numpy's BLAS (OpenBLAS in numpy's wheels) to ``count`` threads."""
     threadpool_limits(limits=count, user_api="blas")
+
+
+class ThreadPools:
+    """This process's torch intra-op pool and numpy's BLAS pools, switched for a while and back (each switch
+    costs about a microsecond)."""
+
+    def __init__(self) -> None:
+        self._blas = [lib for lib in ThreadpoolController().lib_controllers if lib.user_api == "blas"]
+
+    @contextlib.contextmanager
+    def limited(self, count: int) -> Iterator[None]:
+        """Run the block with at most ``count`` threads in torch and in numpy's BLAS."""
+        torch_before, blas_before = torch.get_num_threads(), [lib.num_threads for lib in self._blas]
+        if torch_before > count:
+            torch.set_num_threads(count)
+        for lib, before in zip(self._blas, blas_before):
+            if before > count:
+                lib.set_num_threads(count)
+        try:
+            yield
+        finally:
+            if torch.get_num_threads() != torch_before:
+                torch.set_num_threads(torch_before)
+            for lib, before in zip(self._blas, blas_before):
+                if before > count:
+                    lib.set_num_threads(before)

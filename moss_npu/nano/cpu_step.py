@@ -20,6 +20,7 @@ Shapes: n slots, E hidden, H heads, D head dim, M cache rows, T keys attended.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import mmap
 import time
@@ -31,7 +32,7 @@ import torch.nn.functional as F
 
 from moss_npu.errors import InputError
 from moss_npu.nano.model import Block
-from moss_npu.threads import limit_blas
+from moss_npu.threads import ThreadPools, limit_blas
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +166,7 @@ class CpuStep:
         self.eps, self.n_head = cfg.layer_norm_epsilon, cfg.n_head
         self.scales = ([b.attn.scale for b in model.transformer.h], [b.attn.scale for b in model.local_transformer.h])
         limit_blas(torch.get_num_threads())  # the products use as many threads as torch's own kernels
+        self.pools = ThreadPools()
         self.compile_seconds = 0.0  # time spent compiling graphs so far
         self._block = self._eager_block
         self.compiled = False
@@ -238,6 +240,11 @@ class CpuStep:
             x = self._block(x, rotation, kv[i], index, keys, mask, qkv if i == 0 else None, *weights,
                             heads=self.n_head, eps=self.eps, scale=scales[i])
         return F.layer_norm(x, (x.shape[-1],), norm_w, norm_b, self.eps)
+
+    def threads(self, slots: int):
+        """Return the thread setting a frame of ``slots`` slots runs under: one thread for one slot (memory-bound;
+        see ``moss_npu.threads``), the process setting for more."""
+        return self.pools.limited(1) if slots == 1 else contextlib.nullcontext()
 
     def head(self, channel: int, x: torch.Tensor) -> torch.Tensor:
         """Return audio head ``channel``'s logits (n, V) of (n, E) local hidden states."""

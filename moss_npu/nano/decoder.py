@@ -12,6 +12,7 @@ S slots, L prompt rows, M max_len, Q channels, V codebook size, E hidden.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Optional
 
@@ -229,7 +230,8 @@ class FrameDecoder:
                 self.graphs.run(n)
             else:
                 nq = [self._nq[s] for s in range(n) if self._held[s]]
-                self._frame(n, max(self._lengths[:n]) + 1, max(nq), exact=n == 1, masked=min(nq) < max(nq))
+                with self.cpu_step.threads(n) if self.cpu_step is not None else contextlib.nullcontext():
+                    self._frame(n, max(self._lengths[:n]) + 1, max(nq), exact=n == 1, masked=min(nq) < max(nq))
             st = self.state
             flags = torch.cat([st.produced[:n, None], st.active[:n, None], st.finite[:n]], dim=1)
             packed = torch.cat([st.codes[:n], flags.long()], dim=1).cpu()  # the one host sync of the frame

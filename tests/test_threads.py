@@ -1,0 +1,39 @@
+"""The CPU thread policy (moss_npu.threads): the default count, both pools set together, and a frame's
+temporary limit that gives the setting back."""
+
+import torch
+from threadpoolctl import threadpool_info
+
+from moss_npu import threads
+
+
+def blas_threads() -> list[int]:
+    return [pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"]
+
+
+def test_default_is_one_thread_on_two_cores_else_one_per_core(monkeypatch):
+    for cores, expected in ((1, 1), (2, 1), (4, 4), (16, 16)):
+        monkeypatch.setattr(threads, "usable_physical_cores", lambda cores=cores: cores)
+        assert threads.default_threads() == expected
+
+
+def test_set_threads_sets_torch_and_blas():
+    before = torch.get_num_threads()
+    try:
+        assert threads.set_threads(1) == 1
+        assert torch.get_num_threads() == 1 and set(blas_threads()) == {1}
+        assert threads.set_threads(0) == threads.default_threads()
+    finally:
+        threads.set_threads(before)
+
+
+def test_limited_gives_the_setting_back():
+    before = torch.get_num_threads()
+    try:
+        threads.set_threads(2)
+        pools = threads.ThreadPools()
+        with pools.limited(1):
+            assert torch.get_num_threads() == 1 and set(blas_threads()) == {1}
+        assert torch.get_num_threads() == 2 and set(blas_threads()) == {2}
+    finally:
+        threads.set_threads(before)
