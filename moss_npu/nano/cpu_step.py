@@ -91,16 +91,17 @@ def block_step(x: torch.Tensor, rotation: torch.Tensor, kv: torch.Tensor, index:
     n, e = x.shape
     d = e // heads
     if qkv is None:
-        qkv = matmul(F.layer_norm(x, (e,), ln1_w, ln1_b, eps), attn_w, attn_b)
+        qkv = matmul(torch.layer_norm(x, (e,), ln1_w, ln1_b, eps), attn_w, attn_b)
     qkv = qkv.view(n, 3, heads, d)
     pairs = torch.view_as_complex(qkv[:, :2].reshape(n, 2, heads, d // 2, 2))
     qk = torch.view_as_real(pairs * rotation[:, None, None]).view(n, 2, heads, d)
-    for j, new in enumerate((qk[:, 1], qkv[:, 2])):
-        kv[j, :n].view(-1, d).index_copy_(0, index, new.reshape(-1, d))
-    out = F.scaled_dot_product_attention(qk[:, 0, :, None], kv[0, :n, :, :keys], kv[1, :n, :, :keys],
+    keys_all, values_all = kv[0, :n], kv[1, :n]
+    keys_all.view(-1, d).index_copy_(0, index, qk[:, 1].reshape(-1, d))
+    values_all.view(-1, d).index_copy_(0, index, qkv[:, 2].reshape(-1, d))
+    out = F.scaled_dot_product_attention(qk[:, 0, :, None], keys_all[:, :, :keys], values_all[:, :, :keys],
                                          attn_mask=mask, scale=scale)
     x = matmul(out.reshape(n, e), proj_w, proj_b, x)
-    hidden = F.gelu(matmul(F.layer_norm(x, (e,), ln2_w, ln2_b, eps), in_w, in_b), approximate="tanh")
+    hidden = F.gelu(matmul(torch.layer_norm(x, (e,), ln2_w, ln2_b, eps), in_w, in_b), approximate="tanh")
     return matmul(hidden, out_w, out_b, x)
 
 

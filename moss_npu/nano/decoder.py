@@ -97,9 +97,10 @@ class FrameDecoder:
             self.tables = LocalTables.build(model, max_len)
             self._key_range = torch.arange(max_len, device=model.device)
             self._channel_range = torch.arange(cfg.n_vq, device=model.device)
-            # Flattened local-cache row of each (slot, head) at local position 0 (CPU step: + position).
-            local_len = self.state.local_kv.shape[4]
-            self._local_rows = torch.arange(slots * cfg.gpt2_config.n_head, device=model.device) * local_len
+            # Flattened cache row of each (slot, head) at position 0 (CPU step: + position), local and global.
+            heads = torch.arange(slots * cfg.gpt2_config.n_head, device=model.device)
+            self._local_rows = heads * self.state.local_kv.shape[4]
+            self._global_rows = (heads * max_len).view(slots, -1)
         self.compile_mode = compile
         self._build_cpu_step()
         self._params: list[Optional[tuple[TokenParams, TokenParams]]] = [None] * slots
@@ -301,25 +302,24 @@ class FrameDecoder:
         within = self._channel_range[None, :channels] < st.nq[:n, None] if masked else None  # (n, channels)
         prev = t.text_embed.index_select(0, pick)
         qkv, embed = t.text_qkv.index_select(0, pick), prev
-        finite = torch.ones(n, dtype=torch.bool, device=self.device)
-        frame = torch.full((n, model.config.n_vq), self.pad, dtype=torch.long, device=self.device)
+        sums, codes = [], []  # per channel: each row's logits summed (non-finite iff a logit is), the codes
         for c in range(channels):
             u = self._local_step(local, prev, qkv)
             logits = model.audio_lm_heads[c](u) if self.cpu_step is None else self.cpu_step.head(c, u)
-            ok = torch.isfinite(logits).all(-1)
-            finite = finite & (ok if within is None else ok | ~within[:, c])
+            sums.append(logits.sum(-1, dtype=torch.float32))
             self._hook("audio", c, logits)
             code = self._sample(logits, st.audio, n, c + 1, st.seen[:n, c, :logits.shape[-1]])
+            codes.append(code)
             prev = model.audio_embeddings[c](code).to(model.dtype)
-            if within is None:
-                frame[:, c] = code
-                embed = embed + prev
-            else:
-                frame[:, c] = torch.where(within[:, c], code, self.pad)
-                embed = embed + prev * within[:, c, None].to(model.dtype)
+            embed = embed + (prev if within is None else prev * within[:, c, None].to(model.dtype))
             if c + 1 < channels:
                 qkv = t.audio_qkv[c].index_select(0, code)
-        return frame, embed, finite
+        ok, decided = torch.isfinite(torch.stack(sums, dim=1)), torch.stack(codes, dim=1)  # (n, channels)
+        if within is not None:
+            ok, decided = ok | ~within, torch.where(within, decided, self.pad)
+        frame = torch.full((n, model.config.n_vq), self.pad, dtype=torch.long, device=self.device)
+        frame[:, :channels] = decided
+        return frame, embed, ok.all(-1)
 
     def _commit(self, n: int, cont: torch.Tensor, frame: torch.Tensor, finite: torch.Tensor) -> None:
         """Record the frame's outcome per slot: codes, presence mask, step count, stop, finiteness, activity."""
@@ -341,15 +341,16 @@ class FrameDecoder:
         """Run each slot's new row (n, E) through the global decoder at its own position; store the hidden state."""
         st = self.state
         positions = st.lengths[:n]
-        cos, sin = (table.index_select(0, positions) for table in self.tables.global_rope)
         key_mask = None if exact else self._key_range[None, :keys] <= positions[:, None]
-        cache = StaticKV(st.kv, n, positions, keys)
         if self.cpu_step is None:
+            cos, sin = (table.index_select(0, positions) for table in self.tables.global_rope)
+            cache = StaticKV(st.kv, n, positions, keys)
             st.hidden[:n] = self.model.transformer.step(embed[:, None], cos, sin, cache, key_mask)[:, -1]
         else:
             mask = None if key_mask is None else key_mask[:, None, None, :]
             rotation = self._rotations[0].index_select(0, positions)
-            st.hidden[:n] = self.cpu_step.run(False, embed, rotation, st.kv, cache.index, keys, mask)
+            index = (self._global_rows[:n] + positions[:, None]).view(-1)
+            st.hidden[:n] = self.cpu_step.run(False, embed, rotation, st.kv, index, keys, mask)
         st.lengths[:n] += st.produced[:n].long()
 
     def _local_step(self, local: KVCache, x: torch.Tensor, qkv: Optional[torch.Tensor]) -> torch.Tensor:
