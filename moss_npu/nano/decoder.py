@@ -5,7 +5,8 @@ leave at frame boundaries: continuous batching), ``release`` frees a slot. A fra
 local decisions from each slot's global hidden state (local KV cache, first-layer q|k|v from tables, the 2
 candidate rows of the text head) → sampling → the global step over the row just chosen, written into the static
 cache at each slot's own position. The only host sync per frame reads the codes and flags back once. With a
-graph-capable backend the whole frame is captured once per slot-count bucket and replayed (``nano.graphs``).
+graph-capable backend the whole frame is captured once per slot-count bucket and replayed (``nano.graphs``);
+on the CPU in float32 the blocks run through ``nano.cpu_step`` (BLAS matrix-vector products, fewer ops).
 ``reference_generate`` (``nano.reference``) is the official algorithm this must match.
 S slots, L prompt rows, M max_len, Q channels, V codebook size, E hidden.
 """

@@ -11,21 +11,8 @@ from moss_npu.nano import cpu_step
 from moss_npu.nano.checkpoint import load_model
 from moss_npu.nano.cpu_step import CpuStep, WeightArena, blas_matmul
 from moss_npu.nano.decoder import FrameDecoder, RequestParams
-from moss_npu.nano.prompt import build_prompt_rows
-from moss_npu.nano.tokenizer import TextTokenizer
 
-from .test_decoder import TEXTS, steer
-
-
-@pytest.fixture(scope="module")
-def model(tiny_ckpt):
-    return steer(load_model(tiny_ckpt, device="cpu"))
-
-
-@pytest.fixture(scope="module")
-def prompts(tiny_ckpt, model):
-    tok = TextTokenizer.from_dir(tiny_ckpt)
-    return [build_prompt_rows(tok, model.config, t) for t in TEXTS]
+from .test_decoder import model, prompts, steer  # noqa: F401 - the tiny steered model and its prompts (fixtures)
 
 
 @pytest.mark.parametrize("rows", [1, 3])
