@@ -35,6 +35,7 @@ REFUSED = {
     "tts_max_batch_size": "the Delay backend speaks the whole text in one pass (no chunks)",
     "speed": "--speed picks a Nano algorithm; the Delay backend has one",
     "graph": "--graph captures the Nano frame decoder; llama.cpp runs the Delay backbone itself",
+    "compile": "--compile compiles the Nano CPU frame step; llama.cpp runs the Delay backbone itself",
     "no_text_normalization": "text normalization is the Nano pipeline's (official infer.py); the Delay model "
                              "reads the text as given",
     "no_wetext": "text normalization is the Nano pipeline's (official infer.py); the Delay model reads the text "

@@ -76,9 +76,23 @@ def rotations(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     return torch.complex(cos[:, ::2].float(), sin[:, ::2].float())
 
 
+def rotate_complex(pairs: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
+    """RoPE of (n, 2, H, D/2, 2) feature pairs by a complex (n, D/2) ``rotation``: one complex multiply (eager)."""
+    return torch.view_as_real(torch.view_as_complex(pairs) * rotation[:, None, None])
+
+
+def rotate_real(pairs: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
+    """The same rotation in real arithmetic by ``view_as_real(rotation)`` (n, D/2, 2), for inductor, which
+    generates no code for complex operators."""
+    cos, sin = rotation.unbind(-1)
+    cos, sin, even, odd = cos[:, None, None], sin[:, None, None], pairs[..., 0], pairs[..., 1]
+    return torch.stack((even * cos - odd * sin, odd * cos + even * sin), dim=-1)
+
+
 def block_step(x: torch.Tensor, rotation: torch.Tensor, kv: torch.Tensor, index: torch.Tensor,
                keys: int, mask: Optional[torch.Tensor], qkv: Optional[torch.Tensor], *weights: torch.Tensor,
-               heads: int, eps: float, scale: float, matmul: Matmul) -> torch.Tensor:
+               heads: int, eps: float, scale: float, matmul: Matmul,
+               rotate: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = rotate_complex) -> torch.Tensor:
     """One pre-norm GPT-2 block on one new row per slot; return (n, E).
 
     ``x`` (n, E); ``rotation`` (n, D/2) complex RoPE of each row's position (``rotations``); ``kv`` (2, S, H, M, D)
@@ -93,8 +107,7 @@ def block_step(x: torch.Tensor, rotation: torch.Tensor, kv: torch.Tensor, index:
     if qkv is None:
         qkv = matmul(torch.layer_norm(x, (e,), ln1_w, ln1_b, eps), attn_w, attn_b)
     qkv = qkv.view(n, 3, heads, d)
-    pairs = torch.view_as_complex(qkv[:, :2].reshape(n, 2, heads, d // 2, 2))
-    qk = torch.view_as_real(pairs * rotation[:, None, None]).view(n, 2, heads, d)
+    qk = rotate(qkv[:, :2].reshape(n, 2, heads, d // 2, 2), rotation).view(n, 2, heads, d)
     keys_all, values_all = kv[0, :n], kv[1, :n]
     keys_all.view(-1, d).index_copy_(0, index, qk[:, 1].reshape(-1, d))
     values_all.view(-1, d).index_copy_(0, index, qkv[:, 2].reshape(-1, d))
@@ -214,8 +227,9 @@ class CpuStep:
         Falling back mid-frame is safe: a block only writes its new cache rows, which the eager rerun rewrites.
         """
         start = time.perf_counter()
+        x, rotation, *rest = args
         try:
-            out = self._compiled(*args, **kwargs, matmul=self._op)
+            out = self._compiled(x, torch.view_as_real(rotation), *rest, **kwargs, matmul=self._op, rotate=rotate_real)
         except Exception as exc:  # noqa: BLE001 - any inductor failure means: run eagerly
             first = str(exc).splitlines()[0] if str(exc) else ""
             log.warning("compiling the CPU frame step failed (%s: %s); running it eagerly", type(exc).__name__, first)
@@ -224,7 +238,8 @@ class CpuStep:
         took = time.perf_counter() - start
         if took > COMPILE_NOTICE_S:  # a call this slow compiled a graph (a new shape bucket)
             self.compile_seconds += took
-            log.info("compiled a CPU frame-step graph in %.1f s (torch caches it on disk for later runs)", took)
+            log.warning("--compile on: compiling a CPU frame-step graph took %.1f s (once per shape; torch caches "
+                        "it on disk for later runs)", took)
         return out
 
     def run(self, local: bool, x: torch.Tensor, rotation: torch.Tensor, kv: torch.Tensor,
