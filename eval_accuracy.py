@@ -39,6 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     side.add_argument("--codec", default=DEFAULT_CODEC, help="codec folder or hub id")
     side.add_argument("--device", type=device_spec, default="auto", help="target device: auto (default), cpu, cuda[:N], npu[:N], mps")
     side.add_argument("--dtype", default="float32", help="target LM dtype: float32 (default), bfloat16, float16")
+    side.add_argument("--quantize", choices=("none", "int8"), default="none",
+                      help="target LM: int8 rounds its block weights to int8 (CPU, float32; see README CPU speed)")
     side.add_argument("--reference-device", type=device_spec, help="reference device (default cpu); the reference runs float32")
     side.add_argument("--impl", choices=("native", "upstream"), default="native",
                       help="code on the target side: native (default) or the official code with the patch set")
@@ -112,6 +114,9 @@ def build_request(args: argparse.Namespace):
     dev = devices.resolve_device(args.device)
     dtype = devices.resolve_dtype(dev, args.dtype)
     if args.against == "upstream":
+        if args.quantize != "none":
+            raise InputError("--quantize compares a quantized target with the float32 reference; drop --against "
+                             "upstream")
         if args.impl == "upstream" or args.reference_device:
             raise InputError("--against upstream runs native and official code on --device; drop --impl and "
                              "--reference-device")
@@ -122,7 +127,8 @@ def build_request(args: argparse.Namespace):
         reference = SideSpec("reference", "native", ref_dev, torch.float32, args.model, args.codec)
         if args.upstream_code and args.impl != "upstream":
             raise InputError("--upstream-code: only used with --impl upstream or --against upstream; drop it")
-        target = SideSpec("target", args.impl, dev, dtype, args.model, args.codec, args.upstream_code)
+        target = SideSpec("target", args.impl, dev, dtype, args.model, args.codec, args.upstream_code,
+                          args.quantize)
     settings = generation_settings(reference, target, max_new_frames=args.max_new_frames, seed=args.seed,
                                    greedy=args.greedy)
     if target.impl == "upstream":

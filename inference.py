@@ -73,6 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--config", help="YAML preset (configs/cpu.yaml, cuda.yaml, npu.yaml; llama_cpp/*.yaml)")
     model.add_argument("--device", type=device_spec, help="auto (default), cpu, cuda[:N], npu[:N], mps")
     model.add_argument("--dtype", help="float32 (default), bfloat16 or float16")
+    model.add_argument("--quantize", choices=("none", "int8"),
+                       help="int8: the LM's block weights rounded to int8, decoded by an int8 kernel (CPU, float32)")
     model.add_argument("--attn-implementation", choices=("sdpa", "eager"))
 
     gen = p.add_argument_group("generation")
@@ -113,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 # flag -> argparse dest (the llama-cpp backend refuses its own set: moss_npu.delay.flags)
 NOT_UPSTREAM = {"--stream": "stream", "--host-rng": "host_rng", "--speed": "speed", "--graph": "graph",
-                "--compile": "compile"}
+                "--compile": "compile", "--quantize": "quantize"}
 LLAMA_CPP_ONLY = {"--weights": "weights", "--codec-onnx-dir": "codec_onnx_dir"}
 # argparse dests of the values that only shape a random draw (the repetition penalty acts on greedy runs too)
 SAMPLING_ONLY = tuple(f"{kind}_{name}" for kind in ("text", "audio") for name in ("temperature", "top_p", "top_k")) + (
@@ -187,6 +189,7 @@ def run_overrides(args: argparse.Namespace) -> dict:
     """Return the run settings set explicitly on the command line (None = not set)."""
     values = {
         "device": args.device, "dtype": args.dtype, "attn_implementation": args.attn_implementation,
+        "quantize": args.quantize,
         "mode": args.mode, "max_new_frames": args.max_new_frames, "seed": args.seed, "nq": args.nq,
         "voice_clone_max_text_tokens": args.voice_clone_max_text_tokens,
         "tts_max_batch_size": args.tts_max_batch_size,
@@ -276,7 +279,7 @@ def synthesize_nano(args: argparse.Namespace, text: str, target: AudioTarget) ->
         args.prompt_text = None if args.prompt_text is None else prepared.prompt_text
         return _synthesize_upstream(args, load, settings, dev, prepared.text, target, model, codec)
     tts = MossTTSNano.from_pretrained(model, codec, device=str(dev), dtype=load.dtype,
-                                      attn_implementation=load.attn_implementation)
+                                      attn_implementation=load.attn_implementation, quantize=load.quantize)
     target.check_rate(tts.sample_rate)
     request = dict(prompt_audio=args.prompt_audio_path, prompt_text=args.prompt_text, settings=settings)
     if args.print_normalized:

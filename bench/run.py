@@ -5,6 +5,7 @@
     python -m bench.run --compare optimized@1,optimized@2         # intra-op threads 1 vs 2
     python -m bench.run --batch 1,4,8,16 --cases short-en         # batched decoding (see bench/batch.py)
     python -m bench.run --device cuda --batch 1,8,32 --graph on,off
+    python -m bench.run --compare reference@1,optimized@1 --quantize int8  # int8 weight-only CPU step
 
 Every run is greedy with a fixed frame count per text chunk (``--frames``), so runs compare like with like.
 A configuration is ``SPEED[@THREADS]`` (``moss_npu.tts.settings.SPEEDS``); with ``--compare`` the
@@ -97,7 +98,7 @@ class RunRecord:
     peak_memory_bytes: Optional[int]
     load_avg: float
     dtype: str = "float32"
-    step: str = "torch"  # the frame step: "cpu-blas" (nano.cpu_step), "cpu-blas+compiled", "torch", "reference"
+    step: str = "torch"  # the frame step: cpu-blas (nano.cpu_step), cpu-blas+compiled, cpu-int8, torch, reference
     compile_s: float = 0.0  # time the CPU step spent compiling graphs so far (first compile; 0 when eager)
     local_ms: Optional[float] = None  # per frame: the 17 local steps with their decisions
     global_ms: Optional[float] = None  # per frame: the global step
@@ -152,7 +153,7 @@ def run_once(tts: MossTTSNano, case: str, config: BenchConfig, frames: int, stre
     per_frame = {k: sec.get(k, 0.0) * 1e3 / max(n_frames, 1) for k in ("frame", "codec", "local", "global")}
     cpu_step = getattr(tts._decoder, "cpu_step", None) if config.speed != "reference" else None
     step = ("reference" if config.speed == "reference" else "torch" if cpu_step is None
-            else "cpu-blas+compiled" if cpu_step.compiled else "cpu-blas")
+            else "cpu-int8" if cpu_step.int8 else "cpu-blas+compiled" if cpu_step.compiled else "cpu-blas")
     return RunRecord(
         case=case, config=config.label, threads=torch.get_num_threads(), chunks=n_chunks, frames=n_frames,
         wall_s=wall, rtf=wall / max(n_frames / tts.codec.frame_rate_hz, 1e-9), ttfa_ms=ttfa,
@@ -242,6 +243,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-stream", action="store_true", help="skip the streamed start (time to first audio)")
     p.add_argument("--batch", help="batch sizes B1,B2,... decoded together (prints 'batch speedup B/1: X.XX')")
     p.add_argument("--graph", default="off", help="with --batch: graph modes to run, e.g. on,off (default off)")
+    p.add_argument("--quantize", default="none", choices=("none", "int8"),
+                   help="int8: the LM's block weights rounded to int8 (both configurations use the rounded weights)")
     p.add_argument("--compile", default="auto", choices=("auto", "on", "off"),
                    help="torch.compile the float32 CPU frame step of the optimized configs (default auto: eager)")
     p.add_argument("--out", type=Path, help="output file stem (default bench/results/bench-<time>)")
@@ -266,7 +269,8 @@ def load_pipeline(args) -> tuple[MossTTSNano, str, str]:
     if model_dir is None or codec_dir is None:
         made = ensure_checkpoints(args.size, args.cache_dir)
         model_dir, codec_dir = model_dir or made[0], codec_dir or made[1]
-    tts = MossTTSNano.from_pretrained(str(model_dir), str(codec_dir), device=args.device, dtype=args.dtype)
+    tts = MossTTSNano.from_pretrained(str(model_dir), str(codec_dir), device=args.device, dtype=args.dtype,
+                                      quantize=args.quantize)
     if args.force_frames:
         steer_to_continue(tts.model)
     return tts, str(model_dir), str(codec_dir)

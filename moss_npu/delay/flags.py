@@ -36,6 +36,7 @@ REFUSED = {
     "speed": "--speed picks a Nano algorithm; the Delay backend has one",
     "graph": "--graph captures the Nano frame decoder; llama.cpp runs the Delay backbone itself",
     "compile": "--compile compiles the Nano CPU frame step; llama.cpp runs the Delay backbone itself",
+    "quantize": "the GGUF's quantisation sets the backbone's precision (choose another .gguf)",
     "no_text_normalization": "text normalization is the Nano pipeline's (official infer.py); the Delay model "
                              "reads the text as given",
     "no_wetext": "text normalization is the Nano pipeline's (official infer.py); the Delay model reads the text "

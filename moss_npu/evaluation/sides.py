@@ -61,10 +61,13 @@ class SideSpec:
     model: str
     codec: str
     code_dir: Optional[str] = None
+    quantize: str = "none"  # native sides: "int8" rounds the LM's block weights (moss_npu.nano.quantize)
 
     def __post_init__(self) -> None:
         if self.impl not in ("native", "upstream"):
             raise InputError(f"--impl {self.impl}: unknown; use native or upstream")
+        if self.quantize != "none" and self.impl != "native":
+            raise InputError("--quantize applies to the native implementation; drop it with --impl upstream")
 
 
 @dataclass(frozen=True)
@@ -125,11 +128,13 @@ class NativeSide:
         self.tts = tts
 
     @classmethod
-    def load(cls, model: str, codec: str, device: torch.device, dtype: torch.dtype) -> "NativeSide":
-        """Load the LM in ``dtype`` and the codec (fp32, as the official code keeps it) on ``device``."""
+    def load(cls, model: str, codec: str, device: torch.device, dtype: torch.dtype,
+             quantize: str = "none") -> "NativeSide":
+        """Load the LM in ``dtype`` (``quantize``d) and the codec (fp32, as the official code keeps it) on ``device``."""
         from moss_npu.tts.pipeline import MossTTSNano
 
-        return cls(MossTTSNano.from_pretrained(model, codec, device=str(device), dtype=_dtype_name(dtype)))
+        return cls(MossTTSNano.from_pretrained(model, codec, device=str(device), dtype=_dtype_name(dtype),
+                                               quantize=quantize))
 
     @property
     def device(self) -> torch.device:
@@ -139,7 +144,7 @@ class NativeSide:
         """Implementation, dtypes and the device's name and versions (``moss_npu.device.describe``)."""
         codec_dtype = next(self.tts.codec.parameters()).dtype
         return {"impl": self.impl, "dtype": _dtype_name(self.tts.model.dtype), "codec_dtype": _dtype_name(codec_dtype),
-                **devices.describe(self.device)}
+                "quantize": self.tts.model.quantization, **devices.describe(self.device)}
 
     def close(self) -> None:
         """Drop the model and codec and give the device's cached memory back."""
@@ -356,4 +361,4 @@ def load_side(spec: SideSpec) -> Any:
     """Load the ``NativeSide`` or ``UpstreamSide`` that ``spec`` describes."""
     if spec.impl == "upstream":
         return UpstreamSide.load(spec.model, spec.codec, spec.device, spec.dtype, code_dir=spec.code_dir)
-    return NativeSide.load(spec.model, spec.codec, spec.device, spec.dtype)
+    return NativeSide.load(spec.model, spec.codec, spec.device, spec.dtype, spec.quantize)

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 from moss_npu.errors import InputError
 from moss_npu.nano.model import Block
+from moss_npu.nano.quantize import block_linears, int8_rows
 from moss_npu.threads import ThreadPools, limit_blas
 
 log = logging.getLogger(__name__)
@@ -151,14 +152,38 @@ class WeightArena:
         return len(self._map)
 
 
-def _block_linears(block: Block) -> list[nn.Linear]:
-    return [block.attn.c_attn, block.attn.c_proj, block.mlp.fc_in, block.mlp.fc_out]
+class Int8Weights:
+    """The int8 values, float32 scales and bias of each block linear of an int8-quantized model (``quantize``),
+    for ``int8_matmul``: a quarter of the fp32 weight bytes a frame streams."""
+
+    def __init__(self, layers: list[nn.Linear]) -> None:
+        self._weights = {}
+        for layer in layers:
+            values, scale = int8_rows(layer.weight.detach())  # the rounded weights give back their own grid
+            unit = torch.ones(values.shape[0], dtype=torch.bfloat16)
+            self._weights[layer] = (values.contiguous(), scale, unit)
+
+    def linear(self, layer: nn.Linear) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+        bias = torch.zeros(layer.weight.shape[0]) if layer.bias is None else layer.bias.detach().clone()
+        return self._weights[layer], bias
+
+    def nbytes(self) -> int:
+        return sum(v.numel() + s.numel() * 4 + u.numel() * 2 for v, s, u in self._weights.values())
 
 
-def _block_weights(block: Block, arena: WeightArena) -> tuple[torch.Tensor, ...]:
-    return (block.ln_1.weight.detach(), block.ln_1.bias.detach(), *arena.linear(block.attn.c_attn),
-            *arena.linear(block.attn.c_proj), block.ln_2.weight.detach(), block.ln_2.bias.detach(),
-            *arena.linear(block.mlp.fc_in), *arena.linear(block.mlp.fc_out))
+def int8_matmul(x: torch.Tensor, weight: tuple[torch.Tensor, ...], bias: torch.Tensor,
+                residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Return ``x @ (values · scale)ᵀ + bias (+ residual)`` with int8 ``values``: bf16 activations into torch's
+    int8 weight-only kernel (unit scales), the float32 scales applied to its output."""
+    values, scale, unit = weight
+    out = torch.addcmul(bias, torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), values, unit).float(), scale)
+    return out if residual is None else out.add_(residual)
+
+
+def _block_weights(block: Block, weights) -> tuple:
+    return (block.ln_1.weight.detach(), block.ln_1.bias.detach(), *weights.linear(block.attn.c_attn),
+            *weights.linear(block.attn.c_proj), block.ln_2.weight.detach(), block.ln_2.bias.detach(),
+            *weights.linear(block.mlp.fc_in), *weights.linear(block.mlp.fc_out))
 
 
 class CpuStep:
@@ -170,10 +195,13 @@ class CpuStep:
 
     def __init__(self, model: nn.Module, compile_mode: str) -> None:
         cfg = model.config.gpt2_config
-        blocks = [*model.transformer.h, *model.local_transformer.h]
-        self.arena = WeightArena([layer for b in blocks for layer in _block_linears(b)] + list(model.audio_lm_heads))
-        self.global_blocks = [_block_weights(b, self.arena) for b in model.transformer.h]
-        self.local_blocks = [_block_weights(b, self.arena) for b in model.local_transformer.h]
+        self.int8 = getattr(model, "quantization", "none") == "int8"
+        linears = block_linears(model)
+        self.arena = WeightArena((linears if not self.int8 else []) + list(model.audio_lm_heads))
+        weights = Int8Weights(linears) if self.int8 else self.arena
+        self.global_blocks = [_block_weights(b, weights) for b in model.transformer.h]
+        self.local_blocks = [_block_weights(b, weights) for b in model.local_transformer.h]
+        self._int8_bytes = weights.nbytes() if self.int8 else 0
         self.global_final = (model.transformer.ln_f.weight.detach(), model.transformer.ln_f.bias.detach())
         self.local_final = (model.local_transformer.ln_f.weight.detach(), model.local_transformer.ln_f.bias.detach())
         self.heads = [self.arena.linear(h) for h in model.audio_lm_heads]
@@ -185,6 +213,9 @@ class CpuStep:
         self._block = self._eager_block
         self.compiled = False
         if compile_mode == "on":  # auto = eager: compiled measured slower (module docstring)
+            if self.int8:
+                raise InputError("--compile on compiles the float32 products; with --quantize int8 use "
+                                 "--compile auto or off")
             self._compile(compile_mode)
 
     @classmethod
@@ -203,11 +234,11 @@ class CpuStep:
         return cls(model, compile_mode)
 
     def nbytes(self) -> int:
-        """Return the bytes of the transposed weight copies."""
-        return self.arena.nbytes()
+        """Return the bytes of the weight copies (transposed fp32, or int8 values with their scales)."""
+        return self.arena.nbytes() + self._int8_bytes
 
     def _eager_block(self, *args, **kwargs) -> torch.Tensor:
-        return block_step(*args, **kwargs, matmul=blas_matmul)
+        return block_step(*args, **kwargs, matmul=int8_matmul if self.int8 else blas_matmul)
 
     def _compile(self, mode: str) -> None:
         """Compile ``block_step`` with the BLAS products as a custom op, where this torch can."""

@@ -267,6 +267,7 @@ class NanoTTSModel(nn.Module):
     def __init__(self, config: NanoConfig, attn_impl: str = "sdpa") -> None:
         super().__init__()
         self.config = config
+        self.quantization = "none"  # "int8" after nano.quantize.quantize_int8 rounded the block weights
         g, e = config.gpt2_config, config.hidden_size
         self.transformer = Decoder(g, g.n_layer, attn_impl, has_wte=True)
         self.audio_embeddings = nn.ModuleList(_embedding(n, e) for n in config.audio_codebook_sizes)

@@ -29,6 +29,7 @@ from moss_npu.nano.decoder import FrameDecoder, RequestParams
 from moss_npu.nano.frames import PhaseTimer, left_pad, trim_codes
 from moss_npu.nano.model import NanoTTSModel
 from moss_npu.nano.prompt import build_prompt_rows, mask_unused_channels, resolve_mode
+from moss_npu.nano.quantize import quantize_int8
 from moss_npu.threads import set_threads
 from moss_npu.nano.reference import reference_generate
 from moss_npu.nano.reuse import PrefixCache
@@ -101,16 +102,18 @@ class MossTTSNano:
     @classmethod
     def from_pretrained(cls, model: str = DEFAULT_MODEL, codec: str = DEFAULT_CODEC, *, device: str = "auto",
                         dtype: Optional[str] = None, attn_implementation: Optional[str] = None,
-                        num_threads: int = 0) -> "MossTTSNano":
+                        num_threads: int = 0, quantize: str = "none") -> "MossTTSNano":
         """Load the LM and codec from local folders or hub ids onto ``device`` (``auto``, ``cpu``, ``npu:0``, …).
 
         These are the load-time settings (``LoadConfig``'s fields: ``from_pretrained(m, c, **asdict(load))``);
         every call's own settings are a ``RunConfig``. The LM computes in ``dtype`` (default fp32); the codec
         stays fp32 as in the official code. ``num_threads`` > 0 sets torch's intra-op threads and numpy's
-        BLAS threads (``moss_npu.threads``), which are process-wide.
+        BLAS threads (``moss_npu.threads``), which are process-wide. ``quantize="int8"`` rounds the LM's block
+        weights to int8 (CPU, float32; ``moss_npu.nano.quantize``).
         """
         load = LoadConfig(device=device or "auto", dtype=dtype or "auto",
-                          attn_implementation=attn_implementation or "sdpa", num_threads=num_threads)
+                          attn_implementation=attn_implementation or "sdpa", num_threads=num_threads,
+                          quantize=quantize or "none")
         dev = devices.resolve_device(load.device)
         dt = devices.resolve_dtype(dev, load.dtype)
         attn = devices.attention_impl(dev, dt, load.attn_implementation)
@@ -119,6 +122,8 @@ class MossTTSNano:
         model_dir = resolve_model_dir(model, required=("config.json", "tokenizer.model"), role="TTS model")
         codec_dir = resolve_model_dir(codec, required=("config.json",), role="codec", example=DEFAULT_CODEC)
         lm = load_model(model_dir, device=dev, dtype=dt, attn_impl=attn)
+        if load.quantize == "int8":
+            quantize_int8(lm)
         return cls(lm, TextTokenizer.from_dir(model_dir), load_codec(codec_dir, device=dev, attention=attn))
 
     @property

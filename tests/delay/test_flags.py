@@ -23,7 +23,7 @@ REFUSED_FLAGS = {
     "dtype": ["--dtype", "bfloat16"], "attn_implementation": ["--attn-implementation", "eager"],
     "host_rng": ["--host-rng"], "nq": ["--nq", "8"], "voice_clone_max_text_tokens": ["--voice-clone-max-text-tokens", "9"],
     "tts_max_batch_size": ["--tts-max-batch-size", "2"], "speed": ["--speed", "reference"],
-    "graph": ["--graph", "off"], "compile": ["--compile", "on"], "no_text_normalization": ["--no-text-normalization"],
+    "graph": ["--graph", "off"], "compile": ["--compile", "on"], "quantize": ["--quantize", "int8"], "no_text_normalization": ["--no-text-normalization"],
     "no_wetext": ["--no-wetext"], "print_normalized": ["--print-normalized"],
 }
 

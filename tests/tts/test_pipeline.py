@@ -167,6 +167,23 @@ def test_merge_splits_load_and_run_settings(tmp_path):
     assert (run.max_new_frames, run.seed) == (100, 5)
     with pytest.raises(InputError, match="--num-threads -1"):
         merge(None, {"num_threads": -1})
+    with pytest.raises(InputError, match="--quantize int4: unknown"):
+        merge(None, {"quantize": "int4"})
+
+
+@needs_fixtures
+def test_int8_pipeline_quantizes_and_decodes_with_the_int8_step():
+    from moss_npu.nano.quantize import int8_kernel_available
+
+    if not int8_kernel_available():
+        pytest.skip("torch has no _weight_int8pack_mm")
+    tts = MossTTSNano.from_pretrained(str(NANO / "tts"), str(NANO / "codec"), device="cpu", quantize="int8")
+    result = tts.synthesize("Hello.", settings=RunConfig(do_sample=False, max_new_frames=4))
+    assert tts.model.quantization == "int8" and tts._decoder.cpu_step.int8
+    assert result.codes.shape[0] > 0 and bool(torch.isfinite(result.waveform).all())
+    with pytest.raises(InputError, match="--quantize int8 runs on the CPU in float32"):
+        MossTTSNano.from_pretrained(str(NANO / "tts"), str(NANO / "codec"), device="cpu", dtype="bfloat16",
+                                    quantize="int8")
 
 
 @needs_fixtures

@@ -1,0 +1,57 @@
+"""Int8 weight-only quantization of the LM's transformer blocks, a measured CPU opt-in (``--quantize int8``).
+
+Each block's linear weights (q|k|v, output projection, MLP; both decoders) are rounded to a symmetric int8 grid
+with one scale per output channel (``scale = max|w| / 127``), and the rounded values are written back into the
+float32 parameters: every path (prefill, the reference algorithm, ``eval_accuracy.py``'s tier A) then computes
+with exactly the quantized weights. The embeddings, the tied heads and the norms stay as loaded. On the CPU
+the frame step (``nano.cpu_step``) multiplies with the int8 weights themselves through torch's
+``_weight_int8pack_mm`` (activations in bfloat16, a quarter of the fp32 weight bytes per frame), so the
+decode adds bf16 activation rounding to the weight rounding that tier A measures.
+Needs a torch with ``torch.ops.aten._weight_int8pack_mm`` (2.4+); older ones are refused with one line.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from moss_npu.errors import InputError
+
+QUANTIZE_MODES = ("none", "int8")
+
+
+def int8_kernel_available() -> bool:
+    """Return whether this torch has the CPU int8 weight-only matmul the frame step uses."""
+    return hasattr(torch.ops.aten, "_weight_int8pack_mm")
+
+
+def block_linears(model: nn.Module) -> list[nn.Linear]:
+    """Return the linear layers that int8 quantization rounds: every block's of both decoders, in reading order."""
+    blocks = [*model.transformer.h, *model.local_transformer.h]
+    return [layer for b in blocks for layer in (b.attn.c_attn, b.attn.c_proj, b.mlp.fc_in, b.mlp.fc_out)]
+
+
+def int8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return (out, in) float ``weight`` as int8 values and their per-row float32 scales (symmetric, max/127)."""
+    scale = weight.abs().amax(dim=1).float().clamp_min(torch.finfo(torch.float32).tiny) / 127.0
+    values = torch.round(weight.float() / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+    return values, scale
+
+
+def quantize_int8(model: nn.Module) -> None:
+    """Round ``model``'s block weights to int8 in place (see the module docstring); mark it ``int8``.
+
+    Raises InputError unless the model is float32 on the CPU and this torch has the int8 kernel.
+    """
+    weight = model.local_transformer.ln_f.weight
+    if weight.device.type != "cpu" or weight.dtype != torch.float32:
+        raise InputError(f"--quantize int8 runs on the CPU in float32 (its kernel's activations are bf16); this "
+                         f"model is {weight.dtype} on {weight.device}: use --device cpu --dtype float32")
+    if not int8_kernel_available():
+        raise InputError(f"--quantize int8 needs torch >= 2.4 (torch.ops.aten._weight_int8pack_mm); this is "
+                         f"torch {torch.__version__}: upgrade torch or leave --quantize at none")
+    with torch.no_grad():
+        for layer in block_linears(model):
+            values, scale = int8_rows(layer.weight)
+            layer.weight.copy_(values.float() * scale[:, None])
+    model.quantization = "int8"
