@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-upload-mb", type=float, default=10.0, help="largest voice upload / ref_audio")
     p.add_argument("--max-voice-seconds", type=float, default=30.0, help="longest voice recording")
     p.add_argument("--num-threads", type=int, default=0,
-                   help="intra-op CPU threads per worker (0: the cores shared among CPU workers)")
+                   help="intra-op CPU threads per worker (0: the cores but one, shared among CPU workers)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     return p
 
