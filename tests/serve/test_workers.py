@@ -125,3 +125,12 @@ def test_cpu_workers_leave_a_core_to_the_server(monkeypatch):
     monkeypatch.setattr(pool, "usable_cores", lambda: 2)
     assert [s.num_threads for s in pool.specs_for(["cpu"], base)] == [1]
     assert [s.num_threads for s in pool.specs_for(["cpu", "cpu", "cpu"], base)] == [1, 1, 1]
+
+
+def test_usage_names_how_the_server_was_started(monkeypatch):
+    from moss_npu.serve.cli import build_parser
+
+    monkeypatch.setattr(sys, "argv", ["/opt/venv/bin/moss-npu-serve", "--help"])
+    assert build_parser().format_usage().startswith("usage: moss-npu-serve ")
+    monkeypatch.setattr(sys, "argv", ["/repo/moss_npu/serve/__main__.py", "--help"])
+    assert build_parser().format_usage().startswith("usage: python -m moss_npu.serve ")
