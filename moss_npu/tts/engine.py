@@ -3,9 +3,10 @@
 ``Engine.submit`` queues a ``SpeechRequest`` and returns its ``RequestStream`` at once. One background thread owns
 the ``FrameDecoder``: at every frame boundary it admits queued text chunks into free slots, steps all active
 slots together (continuous batching), and turns the new codes of every request whose playback schedule asks
-for audio into audio with one streaming codec call (``CodecRows``: codec row = decoder slot). The chunks of one request run one after another (its audio comes in order); different requests
-share the batch. Every request samples with the noise-fed sampler from its own host generator (seeded by
-``settings.seed``), so its audio does not depend on what else is in the batch.
+for audio into audio with one streaming codec call (``CodecRows``: codec row = decoder slot). The chunks of
+one request run one after another (its audio comes in order); different requests share the batch. Every
+request samples with the noise-fed sampler from its own host generator (seeded by ``settings.seed``), so its
+audio does not depend on what else is in the batch.
 """
 
 from __future__ import annotations
