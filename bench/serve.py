@@ -6,9 +6,11 @@
 At each level, C clients each send ``--requests`` streaming PCM requests one after another (greedy,
 ``--frames`` frames each, every text numbered so no two share a prompt). Measured per request: time to first
 audio (request sent → first audio bytes), RTF (wall time / audio seconds) and errors; per level: aggregate audio
-seconds / wall second. Results go to ``bench/results/`` as JSON + Markdown; with two or more levels the last
-stdout line is ``concurrency speedup C/1: X.XX`` (aggregate audio-seconds/s of the highest level over the
-lowest, which should be 1). Exit codes: 0 done; 1 runtime failure (server did not start); 2 bad usage.
+seconds / wall second. With ``--rounds N`` the levels run N times in turn (1, 8, 1, 8, ...) and a level's
+audio seconds / s is the median of its rounds, so a burst of other work on a shared machine skews one round,
+not the result. Results go to ``bench/results/`` as JSON + Markdown; with two or more levels the last stdout
+line is ``concurrency speedup C/1: X.XX`` (aggregate audio-seconds/s of the highest level over the lowest,
+which should be 1). Exit codes: 0 done; 1 runtime failure (server did not start); 2 bad usage.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import json
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -43,6 +46,7 @@ class Sample:
     ttfa_ms: Optional[float]
     wall_s: float
     error: Optional[str] = None
+    round: int = 0
 
 
 def _percentile(values: list[float], q: float) -> Optional[float]:
@@ -145,17 +149,20 @@ def run_level(target: Target, concurrency: int, requests: int, frames: int, seri
     return samples, time.perf_counter() - start
 
 
-def summarize(samples: list[Sample], walls: dict[int, float]) -> list[dict]:
-    """Per level: requests, errors, audio seconds/s, TTFA p50/p95, RTF p50/p95."""
+def summarize(samples: list[Sample], walls: dict[int, list[float]]) -> list[dict]:
+    """Per level: requests, errors, audio seconds/s (median of the rounds, and each round's), TTFA p50/p95,
+    RTF p50/p95 (over every round's requests)."""
     rows = []
-    for level, wall in walls.items():
+    for level, level_walls in walls.items():
         mine = [s for s in samples if s.concurrency == level]
         good = [s for s in mine if s.ok]
         ttfa = [s.ttfa_ms for s in good if s.ttfa_ms is not None]
         rtf = [s.wall_s / s.audio_s for s in good if s.audio_s > 0]
-        audio = sum(s.audio_s for s in good)
+        rates = [sum(s.audio_s for s in good if s.round == r) / wall if wall > 0 else 0.0
+                 for r, wall in enumerate(level_walls)]
         rows.append({"concurrency": level, "requests": len(mine), "errors": len(mine) - len(good),
-                     "audio_s": audio, "wall_s": wall, "audio_s_per_s": audio / wall if wall > 0 else 0.0,
+                     "audio_s": sum(s.audio_s for s in good), "wall_s": sum(level_walls),
+                     "audio_s_per_s": statistics.median(rates), "audio_s_per_s_rounds": rates,
                      "ttfa_p50_ms": _percentile(ttfa, 0.5), "ttfa_p95_ms": _percentile(ttfa, 0.95),
                      "rtf_p50": _percentile(rtf, 0.5), "rtf_p95": _percentile(rtf, 0.95)})
     return rows
@@ -165,13 +172,15 @@ def markdown(rows: list[dict]) -> str:
     def num(value, digits=1):
         return "–" if value is None else f"{value:.{digits}f}"
 
-    lines = ["| concurrency | requests | errors | audio s | wall s | audio s / s | TTFA p50 ms | TTFA p95 ms "
-             "| RTF p50 | RTF p95 | load |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| concurrency | requests | errors | audio s | wall s | audio s / s | by round | TTFA p50 ms "
+             "| TTFA p95 ms | RTF p50 | RTF p95 | load |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
+        rounds = " ".join(num(x, 2) for x in r["audio_s_per_s_rounds"])
+        loads = r.get("load_avg_by_round") or []
+        load = "–" if not loads else " ".join(num(x, 2) for x in loads)
         lines.append(f"| {r['concurrency']} | {r['requests']} | {r['errors']} | {num(r['audio_s'])} | "
-                     f"{num(r['wall_s'])} | {num(r['audio_s_per_s'], 2)} | {num(r['ttfa_p50_ms'], 0)} | "
-                     f"{num(r['ttfa_p95_ms'], 0)} | {num(r['rtf_p50'], 2)} | {num(r['rtf_p95'], 2)} | "
-                     f"{num(r.get('load_avg'), 2)} |")
+                     f"{num(r['wall_s'])} | {num(r['audio_s_per_s'], 2)} | {rounds} | {num(r['ttfa_p50_ms'], 0)} | "
+                     f"{num(r['ttfa_p95_ms'], 0)} | {num(r['rtf_p50'], 2)} | {num(r['rtf_p95'], 2)} | {load} |")
     return "\n".join(lines)
 
 
@@ -182,6 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--requests", type=int, default=2, help="sequential requests per client and level")
     p.add_argument("--frames", type=int, default=24, help="frames per request (12.5 per second of audio)")
     p.add_argument("--warmup", type=int, default=1, help="unmeasured requests first")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run the levels this many times in turn; a level's audio s/s is the median of its rounds")
     p.add_argument("--url", help="load this server instead of starting one")
     p.add_argument("--api-key", help="Bearer key of the --url server")
     p.add_argument("--device", default="cpu", help="device(s) of the started server, e.g. cpu or npu:0,npu:1")
@@ -202,9 +213,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
     except ValueError:
         levels = []
-    if not levels or min(levels) < 1 or args.requests < 1 or args.frames < 1 or args.warmup < 0:
-        print("error: --concurrency needs positive integers (e.g. 1,4,8,16); --requests and --frames >= 1",
-              file=sys.stderr)
+    if not levels or min(levels) < 1 or args.requests < 1 or args.frames < 1 or args.warmup < 0 or args.rounds < 1:
+        print("error: --concurrency needs positive integers (e.g. 1,4,8,16); --requests, --frames and --rounds "
+              ">= 1", file=sys.stderr)
         return 2
     log = (lambda *a: None) if args.quiet else (lambda *a: print(*a, file=sys.stderr, flush=True))
     stem = args.out or RESULTS_DIR / time.strftime("serve-%Y%m%d-%H%M%S")
@@ -220,15 +231,18 @@ def main(argv: Optional[list[str]] = None) -> int:
         serial = [0]
         if args.warmup:
             run_level(target, 1, args.warmup, args.frames, serial)
-        samples, walls, loads = [], {}, {}
-        for level in levels:
-            loads[level] = os.getloadavg()[0]  # other work on the machine skews the numbers; it is recorded
-            got, wall = run_level(target, level, args.requests, args.frames, serial)
-            samples += got
-            walls[level] = wall
-            audio = sum(s.audio_s for s in got if s.ok)
-            log(f"bench: concurrency {level}: {audio / wall:.2f} audio s/s, "
-                f"{sum(not s.ok for s in got)} errors")
+        samples, walls, loads = [], {level: [] for level in levels}, {level: [] for level in levels}
+        for round_index in range(args.rounds):
+            for level in levels:
+                loads[level].append(os.getloadavg()[0])  # other work on the machine skews the numbers: recorded
+                got, wall = run_level(target, level, args.requests, args.frames, serial)
+                for s in got:
+                    s.round = round_index
+                samples += got
+                walls[level].append(wall)
+                audio = sum(s.audio_s for s in got if s.ok)
+                log(f"bench: round {round_index + 1}/{args.rounds}, concurrency {level}: {audio / wall:.2f} "
+                    f"audio s/s, {sum(not s.ok for s in got)} errors")
     except RuntimeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -237,9 +251,9 @@ def main(argv: Optional[list[str]] = None) -> int:
             target.stop()
     rows = summarize(samples, walls)
     for row in rows:
-        row["load_avg"] = loads[row["concurrency"]]
+        row["load_avg_by_round"] = loads[row["concurrency"]]
     report = {"server": target.url, "workers": health.get("workers"), "frames": args.frames,
-              "requests_per_client": args.requests, "summary": rows, "samples": [asdict(s) for s in samples]}
+              "requests_per_client": args.requests, "rounds": args.rounds, "summary": rows, "samples": [asdict(s) for s in samples]}
     table = markdown(rows)
     write_atomic(stem.with_suffix(".json"), json.dumps(report, indent=2) + "\n")
     write_atomic(stem.with_suffix(".md"), table + "\n")

@@ -180,7 +180,8 @@ class NanoCodec(nn.Module):
         """Decode the next frames of a stream, reusing the state's caches: O(new frames) work.
 
         Args:
-            codes: ``(Q, B, n)`` new frames, B = ``state.batch_size``.
+            codes: ``(Q, B, n)`` new frames of the state's rows [0, B), B <= ``state.batch_size`` (later rows
+                are left as they are).
             state: from ``init_decode_state``; updated in place.
             lengths: new frames per row ``(B,)`` when rows got fewer than n (None = n for all).
 
@@ -188,16 +189,16 @@ class NanoCodec(nn.Module):
             ``(B, C, n * frame_size)`` float32 audio; samples past a row's ``lengths * frame_size`` are 0.
         """
         codes, lengths = self._check_codes(codes, lengths)
-        if codes.shape[1] != state.batch_size:
-            raise InputError(f"codec.decode_step: codes have batch {codes.shape[1]}, the state was made for "
-                             f"{state.batch_size}; create a state per batch size")
+        if codes.shape[1] > state.batch_size:
+            raise InputError(f"codec.decode_step: codes have batch {codes.shape[1]}, the state holds "
+                             f"{state.batch_size} rows; create a state with enough rows")
         pieces = []
         for start in range(0, codes.shape[2], state.max_frames_per_step):
             piece = codes[:, :, start:start + state.max_frames_per_step]
             piece_lengths = (lengths - start).clamp(0, piece.shape[2])
             pieces.append(self._decode_piece(piece, piece_lengths, state))
         if not pieces:
-            return torch.zeros(state.batch_size, self.channels, 0, device=codes.device)
+            return torch.zeros(codes.shape[1], self.channels, 0, device=codes.device)
         return torch.cat(pieces, dim=-1)
 
     def _decode_piece(self, codes: torch.Tensor, lengths: torch.Tensor, state: CodecDecodeState) -> torch.Tensor:

@@ -132,18 +132,18 @@ class MultiheadAttention(nn.Module):
                 allowed = (delta >= 0) & (delta < self.context) & valid[:, None, first:end]
                 outs.append(self.attend(q[:, :, start:end], k[:, :, first:end], v[:, :, first:end], allowed[:, None]))
             out = torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
-            # Padded query rows may be fully masked (NaN in some kernels): zero them with where, not a multiply.
-            out = torch.where(valid.view(b, 1, t, 1), out, torch.zeros((), device=out.device, dtype=out.dtype))
         else:
-            pos = cache.offsets.view(-1, 1) + torch.arange(t, device=x.device).view(1, -1)
+            pos = cache.next_positions(b, t)
             q, k = apply_rope(q, k, pos, self.max_period)
             cache.write(k, v, valid)
             # Until the ring wraps, only its leading slots hold keys: attending to the rest would add exact zeros.
-            n = cache.filled_slots
-            positions = cache.positions[:, :n]
+            keys, values, positions = cache.filled(b)
             delta = pos.view(b, t, 1) - positions.view(b, 1, -1)
             allowed = (positions.view(b, 1, -1) >= 0) & (delta >= 0) & (delta < self.context)
-            out = self.attend(q, cache.keys[:, :, :n], cache.values[:, :, :n], allowed[:, None])
+            out = self.attend(q, keys, values, allowed[:, None])
+        # Padded query rows may be fully masked (NaN in some kernels): zero them with where, not a multiply. In a
+        # stream their keys/values stay in the ring under position -1, where a NaN would poison later steps.
+        out = torch.where(valid.view(b, 1, t, 1), out, torch.zeros((), device=out.device, dtype=out.dtype))
         return self.out_proj(out.transpose(1, 2).reshape(b, t, d))
 
 

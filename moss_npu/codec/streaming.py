@@ -10,7 +10,7 @@ Shapes: B batch, H heads, N ring slots, Dh head size.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
@@ -33,12 +33,11 @@ class KVCache:
     offsets: torch.Tensor  # (B,) int64, position of the next step per row
     context: int
     chunk_capacity: int
-    written: int = 0  # steps written so far (host count): slots >= written have never been filled
+    written: list[int] = field(default_factory=list)  # steps written per row (host): slots >= it are empty
 
-    @property
-    def filled_slots(self) -> int:
-        """Leading slots that may hold a key; the rest are empty, so attention can skip them (exactly)."""
-        return min(self.written, self.keys.shape[2])
+    def filled_slots(self, rows: int) -> int:
+        """Leading slots that may hold a key of rows [0, rows); the rest are empty, so attention skips them."""
+        return min(max(self.written[:rows], default=0), self.keys.shape[2])
 
     @classmethod
     def empty(cls, batch_size: int, num_heads: int, head_dim: int, context: int, chunk_capacity: int,
@@ -49,7 +48,7 @@ class KVCache:
         return cls(keys=keys, values=torch.zeros_like(keys),
                    positions=torch.full((batch_size, slots), -1, device=device, dtype=torch.long),
                    offsets=torch.zeros(batch_size, device=device, dtype=torch.long),
-                   context=context, chunk_capacity=chunk_capacity)
+                   context=context, chunk_capacity=chunk_capacity, written=[0] * batch_size)
 
     def reset(self) -> None:
         """Forget everything (start a new stream)."""
@@ -57,34 +56,65 @@ class KVCache:
         self.values.zero_()
         self.positions.fill_(-1)
         self.offsets.zero_()
-        self.written = 0
+        self.written = [0] * len(self.written)
+
+    def next_positions(self, rows: int, steps: int) -> torch.Tensor:
+        """Return the positions ``(rows, steps)`` the next ``steps`` steps of rows [0, rows) will take."""
+        return self.offsets[:rows].view(-1, 1) + torch.arange(steps, device=self.offsets.device).view(1, -1)
 
     def write(self, keys: torch.Tensor, values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        """Store a chunk of new steps and return their positions ``(B, T)``.
+        """Store a chunk of new steps of rows [0, B) and return their positions ``(B, T)``.
 
         ``valid`` ``(B, T)`` marks real steps; padded steps (a row with fewer frames this call) get
         position -1 so no query ever sees them, and they only overwrite slots already out of every
-        future window.
+        future window. Rows past B are untouched (a call may carry only the leading rows).
         """
         batch, heads, steps, head_dim = keys.shape
         if steps > self.chunk_capacity:
             raise ValueError(f"chunk of {steps} steps exceeds the cache chunk capacity {self.chunk_capacity}")
-        pos = self.offsets.view(-1, 1) + torch.arange(steps, device=keys.device).view(1, -1)  # (B, T)
+        pos = self.next_positions(batch, steps)
         slots = pos % self.keys.shape[2]
         index = slots.view(batch, 1, steps, 1).expand(batch, heads, steps, head_dim)
-        self.keys.scatter_(2, index, keys.to(self.keys.dtype))
-        self.values.scatter_(2, index, values.to(self.values.dtype))
-        self.positions.scatter_(1, slots, torch.where(valid, pos, torch.full_like(pos, -1)))
-        self.offsets += valid.sum(dim=1)
-        self.written += steps  # every row's offset grows by at most `steps`, so this bounds the used slots
+        self.keys[:batch].scatter_(2, index, keys.to(self.keys.dtype))
+        self.values[:batch].scatter_(2, index, values.to(self.values.dtype))
+        self.positions[:batch].scatter_(1, slots, torch.where(valid, pos, torch.full_like(pos, -1)))
+        self.offsets[:batch] += valid.sum(dim=1)
+        for row in range(batch):  # a row's offset grows by at most `steps`, so this bounds its used slots
+            self.written[row] += steps
         return pos
+
+    def filled(self, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Return keys, values ``(rows, H, n, Dh)`` and positions ``(rows, n)`` of the ``filled_slots`` of rows [0, rows)."""
+        n = self.filled_slots(rows)
+        return self.keys[:rows, :, :n], self.values[:rows, :, :n], self.positions[:rows, :n]
+
+    def reset_row(self, row: int) -> None:
+        """Forget row ``row`` only (a new stream starts there; the other rows go on)."""
+        self.keys[row].zero_()
+        self.values[row].zero_()
+        self.positions[row].fill_(-1)
+        self.offsets[row] = 0
+        self.written[row] = 0
+
+    def copy_row(self, row: int, source: "KVCache", source_row: int = 0) -> None:
+        """Make row ``row`` continue the stream held in ``source``'s row ``source_row`` (same ring size)."""
+        if source.keys.shape[1:] != self.keys.shape[1:]:
+            raise ValueError(f"cannot copy a ring of shape {tuple(source.keys.shape[1:])} into one of "
+                             f"{tuple(self.keys.shape[1:])}; make both states with the same max_frames_per_step")
+        self.keys[row].copy_(source.keys[source_row])
+        self.values[row].copy_(source.values[source_row])
+        self.positions[row].copy_(source.positions[source_row])
+        self.offsets[row] = source.offsets[source_row]
+        self.written[row] = source.written[source_row]
 
 
 @dataclass
 class CodecDecodeState:
     """Everything the streaming decoder remembers between ``decode_step`` calls.
 
-    ``caches`` maps a layer's module name (``decoder.1.transformer.layers.0``) to its ``KVCache``.
+    ``caches`` maps a layer's module name (``decoder.1.transformer.layers.0``) to its ``KVCache``. Each of the
+    ``batch_size`` rows is its own stream: a row can be reset or loaded alone, and a call may decode only the
+    leading rows, so one state serves many requests that join and leave (moshi's batched streaming state).
     ``frames_processed`` counts code frames pushed through the decoder (one per frame column per call),
     so a caller can check that incremental decoding costs O(new frames).
     """
@@ -99,6 +129,16 @@ class CodecDecodeState:
         for cache in self.caches.values():
             cache.reset()
         self.frames_processed = 0
+
+    def reset_row(self, row: int) -> None:
+        """Start a new stream in row ``row`` only; the other rows keep theirs."""
+        for cache in self.caches.values():
+            cache.reset_row(row)
+
+    def copy_row(self, row: int, source: "CodecDecodeState", source_row: int = 0) -> None:
+        """Continue ``source``'s stream of row ``source_row`` in row ``row`` (e.g. one primed on its own)."""
+        for name, cache in self.caches.items():
+            cache.copy_row(row, source.cache(name), source_row)
 
     def cache(self, name: str) -> KVCache:
         """Return the cache of layer ``name``; a missing entry is a wiring bug."""

@@ -15,6 +15,7 @@ import argparse
 import logging
 import os
 import socket
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -30,8 +31,13 @@ def default_voices_dir() -> Path:
     return Path(base) / "moss-npu" / "voices"
 
 
+def program_name() -> str:
+    """How the server was started, for usage and error lines: the console script or the module."""
+    return "moss-npu-serve" if Path(sys.argv[0]).name == "moss-npu-serve" else "python -m moss_npu.serve"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = ArgumentParser(prog="python -m moss_npu.serve", description=__doc__,
+    p = ArgumentParser(prog=program_name(), description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=DEFAULT_MODEL, help="MOSS-TTS-Nano folder or hub id")
     p.add_argument("--codec", default=DEFAULT_CODEC, help="MOSS-Audio-Tokenizer-Nano folder or hub id")
@@ -53,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-upload-mb", type=float, default=10.0, help="largest voice upload / ref_audio")
     p.add_argument("--max-voice-seconds", type=float, default=30.0, help="longest voice recording")
     p.add_argument("--num-threads", type=int, default=0,
-                   help="intra-op CPU threads per worker (0: the cores shared among CPU workers)")
+                   help="intra-op CPU threads per worker (0: the cores but one, shared among CPU workers)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     return p
 

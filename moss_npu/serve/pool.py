@@ -259,9 +259,23 @@ class WorkerPool:
             w.state = "stopped"
 
 
+def cpu_threads(workers: int, cores: int) -> int:
+    """Intra-op threads per CPU worker: the cores but one, shared evenly (at least 1).
+
+    One core stays with the HTTP server and the workers' own threads: an intra-op pool on every core waits at
+    each op for the thread the server preempted, which costs more than the core it gains.
+    """
+    return max(1, (cores - 1) // max(1, workers))
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def specs_for(devices: list[str], base: WorkerSpec) -> list[WorkerSpec]:
-    """One spec per device; CPU workers share the cores evenly unless a thread count was given."""
+    """One spec per device; CPU workers share the cores but one (``cpu_threads``) unless a thread count was given."""
     cpu = [d for d in devices if d.split(":")[0] == "cpu"]
-    threads = base.num_threads or (max(1, (os.cpu_count() or 1) // len(cpu)) if len(cpu) > 1 else 0)
+    threads = base.num_threads or (cpu_threads(len(cpu), usable_cores()) if cpu else 0)
     return [replace(base, device=d, num_threads=threads if d.split(":")[0] == "cpu" else base.num_threads)
             for d in devices]

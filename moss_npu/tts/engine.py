@@ -2,10 +2,11 @@
 
 ``Engine.submit`` queues a ``SpeechRequest`` and returns its ``RequestStream`` at once. One background thread owns
 the ``FrameDecoder``: at every frame boundary it admits queued text chunks into free slots, steps all active
-slots together (continuous batching), and turns each request's new codes into audio with its own streaming
-codec state. The chunks of one request run one after another (its audio comes in order); different requests
-share the batch. Every request samples with the noise-fed sampler from its own host generator (seeded by
-``settings.seed``), so its audio does not depend on what else is in the batch.
+slots together (continuous batching), and turns the new codes of every request whose playback schedule asks
+for audio into audio with one streaming codec call (``CodecRows``: codec row = decoder slot). The chunks of
+one request run one after another (its audio comes in order); different requests share the batch. Every
+request samples with the noise-fed sampler from its own host generator (seeded by ``settings.seed``), so its
+audio does not depend on what else is in the batch.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Optional
 
 import torch
 
+from moss_npu.codec.rows import CodecRows
 from moss_npu.errors import MossNpuError
 from moss_npu.nano.decoder import FrameDecoder, RequestParams
 from moss_npu.nano.reuse import PrefixCache
@@ -113,6 +115,7 @@ class Engine:
         self.tts = tts
         self.decoder = FrameDecoder(tts.model, slots=max_batch, max_len=max_len, sampler="noise", graph=graph,
                                     prefix_cache=PrefixCache())
+        self.audio = CodecRows(tts.codec, max_batch, max(RunConfig().schedule().budgets))
         self._waiting: deque[_Job] = deque()  # jobs whose next chunk waits for a slot
         self._running: dict[int, _Job] = {}  # slot -> job
         self._cond = threading.Condition()
@@ -203,14 +206,14 @@ class Engine:
         if job.plan is None:
             job.plan = self.tts.plan(request.text, settings, request.prompt_audio, request.prompt_text,
                                      request.prompt_codes)
-            job.audio = AudioStreamer(self.tts, job.plan, settings)
+            job.audio = AudioStreamer(self.tts, job.plan, settings, rows=self.audio)
             seed = settings.seed if settings.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
             job.generator = torch.Generator().manual_seed(seed)
         rows = self.tts.prompt_rows(job.plan, job.plan.chunks[job.chunk])
         params = RequestParams(settings.sampling(), job.plan.nq, settings.max_new_frames, job.generator)
         job.slot = self.decoder.admit(rows, params)
         self._running[job.slot] = job
-        job.audio.start_chunk(job.chunk)
+        job.audio.start_chunk(job.chunk, job.slot)
 
     def _frame(self) -> None:
         try:
@@ -220,29 +223,45 @@ class Engine:
             for job in list(self._running.values()):
                 self._finish(job, error=MossNpuError(f"generation failed: {type(exc).__name__}: {exc}"), release=True)
             return
+        due, ended = {}, []
         for slot, job in list(self._running.items()):
-            try:
-                self._take(job, batch, slot)
-            except Exception as exc:  # e.g. the codec failed on this request: it fails, the others go on
-                log.exception("decoding audio failed")
-                self._finish(job, error=exc, release=True)
+            if bool(batch.non_finite[slot]):
+                self._finish(job, error=self.decoder.non_finite_error(slot, batch.step_index), release=True)
+                continue
+            if bool(batch.active[slot]):
+                job.codes.append(batch.codes[slot])
+                job.audio.add(batch.codes[slot])
+            final = bool(batch.finished[slot])
+            codes = job.audio.due(final)
+            if codes is not None:
+                due[slot] = codes
+            if final:
+                ended.append(job)
+        self._decode(due)
+        for job in ended:
+            if job.slot is not None:  # its audio did not fail
+                self._end_chunk(job)
 
-    def _take(self, job: _Job, batch, slot: int) -> None:
-        """Hand a frame's codes of ``slot`` to its request: audio when the schedule says, end of chunk."""
-        if bool(batch.non_finite[slot]):
-            self._finish(job, error=self.decoder.non_finite_error(slot, batch.step_index), release=True)
+    def _decode(self, due: dict) -> None:
+        """Decode the frames due of every slot in one codec call and hand each request its audio."""
+        if not due:
             return
-        if bool(batch.active[slot]):
-            job.codes.append(batch.codes[slot])
-            for chunk in job.audio.push(batch.codes[slot]):
-                job.stream._put(chunk)
-        if bool(batch.finished[slot]):
-            self._end_chunk(job)
+        try:
+            waves = self.audio.decode(due)
+        except Exception as exc:  # e.g. the codec failed: the requests in this call fail, the others go on
+            log.exception("decoding audio failed")
+            for slot in due:
+                self._finish(self._running[slot], error=exc, release=True)
+            return
+        for slot, wave in waves.items():
+            job = self._running[slot]
+            job.stream._put(job.audio.emit(wave))
 
     def _end_chunk(self, job: _Job) -> None:
-        """Flush a finished chunk's audio; queue the next chunk first in line, or finish the request."""
-        for chunk in job.audio.end_chunk(job.plan.chunks[job.chunk]):
-            job.stream._put(chunk)
+        """Close a finished chunk (its pause when more follow); queue the next chunk first in line, or finish."""
+        pause = job.audio.pause(job.plan.chunks[job.chunk])
+        if pause is not None:
+            job.stream._put(pause)
         self.decoder.release(job.slot)
         del self._running[job.slot]
         job.slot = None

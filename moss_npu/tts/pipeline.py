@@ -22,6 +22,7 @@ from moss_npu import device as devices
 from moss_npu.audio import AudioSource, audio_source_key, load_reference_audio
 from moss_npu.codec.checkpoint import load_codec
 from moss_npu.codec.model import NanoCodec
+from moss_npu.codec.rows import CodecRows
 from moss_npu.errors import ConfigError, InputError, NumericalError
 from moss_npu.hub import DEFAULT_CODEC, DEFAULT_MODEL, resolve_model_dir
 from moss_npu.nano.checkpoint import load_model
@@ -385,55 +386,75 @@ class AudioStreamer:
 
     The codec keeps its transformer state between calls, so each call decodes only the new frames. The first
     call decodes as soon as one frame exists (budget 1), which sets the time to first audio. Pauses between
-    text chunks are zeros.
+    text chunks are zeros. Alone (``push`` / ``end_chunk``) it decodes in a row of its own; the engine instead
+    collects ``due`` frames of many streamers, decodes them in one ``CodecRows`` call and hands each its audio
+    through ``emit``.
     """
 
     def __init__(self, tts: MossTTSNano, plan: Plan, settings: RunConfig,
-                 clock: Callable[[], float] = time.perf_counter, timer: Optional[PhaseTimer] = None) -> None:
-        self.tts, self.plan, self.clock, self.timer = tts, plan, clock, timer
+                 clock: Callable[[], float] = time.perf_counter, timer: Optional[PhaseTimer] = None,
+                 rows: Optional[CodecRows] = None) -> None:
+        self.tts, self.plan, self.clock = tts, plan, clock
         self.schedule = settings.schedule()
-        self.state = tts.codec.init_decode_state(1, max(self.schedule.budgets))
+        self.rows = rows if rows is not None else CodecRows(tts.codec, 1, max(self.schedule.budgets), timer)
+        self.row = 0
         self.emitted_s, self.first_emit = 0.0, None
         self.pending: list[torch.Tensor] = []
         self.index = 0
 
-    def start_chunk(self, index: int) -> None:
-        """Begin text chunk ``index`` (a continuation first primes the codec with the prompt audio's codes)."""
-        self.index, self.pending = index, []
-        self.state.reset()
+    def start_chunk(self, index: int, row: int = 0) -> None:
+        """Begin text chunk ``index`` in codec row ``row`` (a continuation first primes it with the prompt codes)."""
+        self.index, self.pending, self.row = index, [], row
         codes = self.plan.prompt_codes
-        if self.plan.mode == "continuation" and codes is not None and codes.shape[0]:
-            with _phase(self.timer, "codec"):
-                self.tts.codec.decode_step(codes[:, :self.plan.nq].T[:, None, :], self.state)  # prime; discard
+        prime = codes[:, :self.plan.nq] if self.plan.mode == "continuation" and codes is not None else None
+        self.rows.start(row, prime)
 
     def push(self, codes: torch.Tensor) -> Iterator[AudioChunk]:
         """Add one frame's codes (Q,); yield the audio the schedule says to decode now."""
-        self.pending.append(codes)
-        return self._emit(final=False)
+        self.add(codes)
+        return self._decode_due(final=False)
 
     def end_chunk(self, chunk: str) -> Iterator[AudioChunk]:
         """Decode what is left of the chunk, then its pause when more chunks follow."""
-        yield from self._emit(final=True)
-        if self.index < len(self.plan.chunks) - 1:
-            pause = torch.zeros(self.tts.codec.channels, pause_samples(chunk, self.tts.sample_rate))
-            self.emitted_s += pause.shape[-1] / self.tts.sample_rate
-            yield AudioChunk(pause, self.tts.sample_rate, self.index, True)
+        yield from self._decode_due(final=True)
+        pause = self.pause(chunk)
+        if pause is not None:
+            yield pause
 
-    def _emit(self, final: bool) -> Iterator[AudioChunk]:
+    def add(self, codes: torch.Tensor) -> None:
+        """Add one frame's codes (Q,) without decoding."""
+        self.pending.append(codes)
+
+    def due(self, final: bool = False) -> Optional[torch.Tensor]:
+        """Take the frames (n, nq) the schedule says to decode now (all at the end of a chunk), or None."""
         since = None if self.first_emit is None else self.clock() - self.first_emit
         count = self.schedule.frames_to_decode(emitted_s=self.emitted_s,
                                                lead_s=self.schedule.lead_s(self.emitted_s, since),
                                                head_pending=len(self.pending), max_pending=len(self.pending),
                                                final=final)
-        while count and self.pending:
-            take, self.pending = self.pending[:count], self.pending[count:]
-            codes = torch.stack(take)[:, :self.plan.nq].T[:, None, :].to(self.tts.device)
-            with _phase(self.timer, "codec"):
-                wave = self.tts.codec.decode_step(codes, self.state)[0].cpu()
-            self.first_emit = self.clock() if self.first_emit is None else self.first_emit
-            self.emitted_s += wave.shape[-1] / self.tts.sample_rate
-            yield AudioChunk(wave, self.tts.sample_rate, self.index, False)
-            count = len(self.pending) if final else 0
+        if not count or not self.pending:
+            return None
+        take, self.pending = self.pending[:count], self.pending[count:]
+        return torch.stack(take)[:, :self.plan.nq]
+
+    def emit(self, wave: torch.Tensor) -> AudioChunk:
+        """Wrap decoded audio (C, n) of this stream as the next chunk (and start the playback clock)."""
+        self.first_emit = self.clock() if self.first_emit is None else self.first_emit
+        self.emitted_s += wave.shape[-1] / self.tts.sample_rate
+        return AudioChunk(wave, self.tts.sample_rate, self.index, False)
+
+    def pause(self, chunk: str) -> Optional[AudioChunk]:
+        """The silence after text chunk ``chunk`` when more chunks follow, else None."""
+        if self.index >= len(self.plan.chunks) - 1:
+            return None
+        pause = torch.zeros(self.tts.codec.channels, pause_samples(chunk, self.tts.sample_rate))
+        self.emitted_s += pause.shape[-1] / self.tts.sample_rate
+        return AudioChunk(pause, self.tts.sample_rate, self.index, True)
+
+    def _decode_due(self, final: bool) -> Iterator[AudioChunk]:
+        codes = self.due(final)
+        if codes is not None:
+            yield self.emit(self.rows.decode({self.row: codes})[self.row])
 
 
 def _check_codes(codes: torch.Tensor, config) -> torch.Tensor:

@@ -15,20 +15,25 @@ serve_module("httpx")
 def test_serve_bench_reports_every_level(tmp_path, capsys):
     stem = tmp_path / "out" / "serve"
     code = serve.main(["--size", "tiny", "--cache-dir", str(tmp_path / "cache"), "--concurrency", "1,2",
-                       "--requests", "1", "--frames", "2", "--warmup", "0", "--num-threads", "1", "--out", str(stem),
-                       "--quiet"])
+                       "--requests", "1", "--frames", "2", "--warmup", "0", "--num-threads", "1", "--rounds", "3",
+                       "--out", str(stem), "--quiet"])
     out = capsys.readouterr().out.strip().splitlines()
     assert code == 0
     assert re.fullmatch(r"concurrency speedup 2/1: \d+\.\d\d", out[-1])
     report = json.loads(stem.with_suffix(".json").read_text(encoding="utf-8"))
     rows = {r["concurrency"]: r for r in report["summary"]}
-    assert set(rows) == {1, 2} and rows[2]["requests"] == 2
+    assert set(rows) == {1, 2} and rows[2]["requests"] == 2 * 3
+    for r in rows.values():  # a level's rate is the median of its rounds
+        assert len(r["audio_s_per_s_rounds"]) == 3 and len(r["load_avg_by_round"]) == 3
+        assert r["audio_s_per_s"] == sorted(r["audio_s_per_s_rounds"])[1]
     # The biased random weights never stop early: each request is exactly 2 frames (0.16 s) of audio.
     assert all(r["errors"] == 0 and r["audio_s"] == pytest.approx(0.16 * r["requests"]) for r in rows.values())
     assert all(r["ttfa_p50_ms"] > 0 for r in rows.values())
-    assert "| 2 | 2 | 0 |" in stem.with_suffix(".md").read_text(encoding="utf-8")
+    assert "| 2 | 6 | 0 |" in stem.with_suffix(".md").read_text(encoding="utf-8")
 
 
 def test_bad_levels_are_usage_errors(capsys):
     assert serve.main(["--concurrency", "0,x"]) == 2
     assert "error:" in capsys.readouterr().err
+    assert serve.main(["--concurrency", "1,8", "--rounds", "0"]) == 2
+    assert "--rounds" in capsys.readouterr().err

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -108,3 +109,28 @@ def test_taken_port_is_refused_before_workers_start(tmp_path):
     assert run.returncode == 1
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: cannot listen")
+
+
+def test_cpu_workers_leave_a_core_to_the_server(monkeypatch):
+    """Without --num-threads, CPU workers share every core but one; other devices and a given count are kept."""
+    from moss_npu.serve import pool
+    from moss_npu.serve.worker import WorkerSpec
+
+    base = WorkerSpec(model="m", codec="c", device="cpu")
+    monkeypatch.setattr(pool, "usable_cores", lambda: 16)
+    assert [s.num_threads for s in pool.specs_for(["cpu"], base)] == [15]
+    assert [s.num_threads for s in pool.specs_for(["cpu", "cpu"], base)] == [7, 7]
+    assert [s.num_threads for s in pool.specs_for(["npu:0", "cpu"], base)] == [0, 15]
+    assert [s.num_threads for s in pool.specs_for(["cpu"], replace(base, num_threads=4))] == [4]
+    monkeypatch.setattr(pool, "usable_cores", lambda: 2)
+    assert [s.num_threads for s in pool.specs_for(["cpu"], base)] == [1]
+    assert [s.num_threads for s in pool.specs_for(["cpu", "cpu", "cpu"], base)] == [1, 1, 1]
+
+
+def test_usage_names_how_the_server_was_started(monkeypatch):
+    from moss_npu.serve.cli import build_parser
+
+    monkeypatch.setattr(sys, "argv", ["/opt/venv/bin/moss-npu-serve", "--help"])
+    assert build_parser().format_usage().startswith("usage: moss-npu-serve ")
+    monkeypatch.setattr(sys, "argv", ["/repo/moss_npu/serve/__main__.py", "--help"])
+    assert build_parser().format_usage().startswith("usage: python -m moss_npu.serve ")

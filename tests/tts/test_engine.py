@@ -32,10 +32,14 @@ REQUESTS = [
     SpeechRequest("A second voice clone request that splits into chunks.", prompt_audio=REFERENCE,
                   settings=RunConfig(seed=3, max_new_frames=5, voice_clone_max_text_tokens=8)),
     SpeechRequest("Short.", settings=RunConfig(do_sample=False, max_new_frames=4)),
+    # continuation: the codec row is primed with the reference's codes before the first frame
+    SpeechRequest("And so it goes on.", prompt_audio=REFERENCE, prompt_text="A recorded voice.",
+                  settings=RunConfig(seed=4, max_new_frames=5)),
 ]
 
 
 def test_requests_in_a_batch_equal_alone(tts):
+    """Same codes and (batched codec decode vs each alone) the same audio up to float rounding."""
     with Engine(tts, max_batch=1) as engine:
         alone = [collect(engine.submit(r)) for r in REQUESTS]
     with Engine(tts, max_batch=4) as engine:
@@ -50,6 +54,24 @@ def test_requests_in_a_batch_equal_alone(tts):
     assert all(s.codes is not None and s.codes.shape[1] == tts.config.n_vq for s in streams)
     assert all(s.first_audio_s is not None and s.first_audio_s > 0 for s in streams)
     assert max(c.chunk_index for c in together[1][1]) >= 1  # the voice clone really ran several chunks
+
+
+def test_batched_audio_equals_offline_decode(tts):
+    """Each request's audio from the shared codec rows = the one-shot decode of its own codes (primed rows too)."""
+    greedy = RunConfig(do_sample=False, max_new_frames=6)
+    requests = [SpeechRequest("Hello there, my friend.", settings=greedy),
+                SpeechRequest("Short.", settings=RunConfig(do_sample=False, max_new_frames=4)),
+                SpeechRequest("And so it goes on.", prompt_audio=REFERENCE, prompt_text="A recorded voice.",
+                              settings=greedy)]
+    with Engine(tts, max_batch=4) as engine:
+        streams = [engine.submit(r) for r in requests]
+        waves = [collect(s)[0] for s in streams]
+    for request, stream, wave in zip(requests, streams, waves):
+        want = tts.synthesize(request.text, prompt_audio=request.prompt_audio, prompt_text=request.prompt_text,
+                              settings=request.settings)
+        assert torch.equal(stream.codes, want.codes)
+        assert wave.shape == want.waveform.shape
+        assert (wave - want.waveform).abs().max() <= 1e-5 * want.waveform.abs().max()
 
 
 def test_stream_audio_matches_synthesize_stream(tts):
