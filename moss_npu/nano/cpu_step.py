@@ -44,16 +44,19 @@ Matmul = Callable[..., torch.Tensor]
 
 def blas_matmul(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor,
                 residual: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Return ``x @ weight_t + bias (+ residual)`` for (n, in) fp32 ``x``, (in, out) ``weight_t``, via numpy's BLAS.
+    """Return ``x @ weight_t + bias (+ residual)`` for (n, in) fp32 ``x`` and (in, out) ``weight_t``.
 
-    One row is a GEMV; the additions happen in place on numpy's result (cheaper than torch ops at this size).
+    One row is a GEMV through numpy's BLAS, the additions in place on its result (cheaper than torch ops at this
+    size); several rows are a GEMM, where torch's is as fast (compute-bound) and needs no copy.
     """
-    rows = x.numpy()
-    out = rows[0] @ weight_t.numpy() if rows.shape[0] == 1 else rows @ weight_t.numpy()
+    if x.shape[0] > 1:
+        out = torch.addmm(bias, x, weight_t)
+        return out if residual is None else out.add_(residual)
+    out = x.numpy()[0] @ weight_t.numpy()
     out += bias.numpy()
     if residual is not None:
         out += residual.numpy().reshape(out.shape)
-    return torch.from_numpy(out).view(x.shape[0], weight_t.shape[1])
+    return torch.from_numpy(out).view(1, weight_t.shape[1])
 
 
 def _compiled_matmul() -> Optional[Matmul]:
