@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from moss_npu.text.cuts import TaggerCuts, add_weights
 from moss_npu.text.tokens import Token, parse_tokens, reorder, serialize
 
 DISTRIBUTION = "WeTextProcessing"
@@ -63,7 +64,8 @@ class Grammar:
     """One language's text normalization: tag with the FST, order the fields, verbalize."""
 
     def __init__(self, language: str, tagger: Any, verbalizer: Optional[Any]) -> None:
-        self.language, self._tagger, self._verbalizer = language, tagger, verbalizer
+        self.language, self._verbalizer = language, verbalizer
+        self._tagger = _CutTagger(tagger)
         self._lock = threading.Lock()  # OpenFst caches properties on the FSTs while composing
 
     @classmethod
@@ -82,10 +84,68 @@ class Grammar:
         if not text:
             return ""
         with self._lock:
-            tokens = reorder(parse_tokens(_best_output(text, self._tagger)), self.language)
+            tokens = reorder(parse_tokens(self._tagger.tag(text)), self.language)
             if self._verbalizer is None:
                 return verbalize_chinese(tokens)
-            return _best_output(serialize(tokens), self._verbalizer)
+            return _best_output(serialize(tokens), self._verbalizer)[0]
+
+
+class _CutTagger:
+    """The tagger's lightest path over a text, found piece by piece between cut characters (``cuts``): forced
+    characters cost no search, the other pieces are searched with the exact weight reached before them."""
+
+    def __init__(self, fst: Any) -> None:
+        import kaldifst
+
+        self.cuts = TaggerCuts(fst)
+        self._fst = fst
+        self._variants: dict[tuple[bool, bool], Any] = {}
+        z = self.cuts.boundary
+        if z is None:
+            return
+        finals = [s for s in range(fst.num_states) if fst.final(s).value != float("inf")]
+        for from_start in (True, False):
+            for to_end in (True, False):
+                variant = kaldifst.StdVectorFst(fst)
+                variant.start = fst.start if from_start else z
+                if not to_end:  # the piece ends before a cut: its lattice ends at the boundary state
+                    for s in finals:
+                        variant.set_final(s, float("inf"))
+                    variant.set_final(z, 0.0)
+                self._variants[from_start, to_end] = variant
+
+    def tag(self, text: str) -> str:
+        """Return the tagger output of ``text`` (the official ``Processor.tag``)."""
+        if self.cuts.boundary is None:
+            return _best_output(text, self._fst)[0]
+        bounds = [0] + self.cuts.cut_positions(text) + [len(text)]
+        out, weight, searched_from = bytearray(), 0.0, None
+        try:
+            for a, b in zip(bounds, bounds[1:]):
+                forced = None
+                if b < len(text):
+                    forced = self.cuts.forced(self.cuts.start if a == 0 else self.cuts.boundary, text[a:b])
+                if forced is None:
+                    searched_from = a if searched_from is None else searched_from
+                    continue
+                if searched_from is not None:
+                    weight = self._search(text, searched_from, a, weight, out)
+                    searched_from = None
+                out += forced[0]
+                weight = add_weights(weight, forced[1])
+            if searched_from is not None:
+                self._search(text, searched_from, len(text), weight, out)
+        except NoReading:
+            raise NoReading(f"the grammar has no reading of {text[:40]!r}") from None
+        return out.decode("utf-8")
+
+    def _search(self, text: str, a: int, b: int, weight: float, out: bytearray) -> float:
+        """Append the lightest output of ``text[a:b]`` to ``out``, starting from path weight ``weight`` at the
+        boundary state (or the start); return the path weight reached at ``b``."""
+        fst = self._variants[a == 0, b == len(text)]
+        piece, total = _best_output(text[a:b], fst, seed=weight if a else None)
+        out += piece.encode("utf-8")
+        return total
 
 
 def _read_fst(kaldifst: Any, path: Path) -> Any:
@@ -129,20 +189,24 @@ def _unescape(value: str) -> str:
     return "".join(out)
 
 
-def _best_output(text: str, fst: Any) -> str:
-    """Return the output of the lightest path of ``fst`` over ``text``'s UTF-8 bytes (pynini's shortestpath)."""
+def _best_output(text: str, fst: Any, seed: Optional[float] = None) -> tuple[str, float]:
+    """Return the output and the weight of the lightest path of ``fst`` over ``text``'s UTF-8 bytes (pynini's
+    shortestpath); a ``seed`` weight is put on a first epsilon arc, so sums start from it as in a longer text."""
     import kaldifst
 
     data = text.encode("utf-8")
     chain = kaldifst.StdVectorFst()
-    for _ in range(len(data) + 1):
+    offset = 0 if seed is None else 1
+    for _ in range(len(data) + 1 + offset):
         chain.add_state()
     chain.start = 0
+    if seed is not None:
+        chain.add_arc(0, kaldifst.StdArc(0, 0, seed, 1))
     for i, byte in enumerate(data):
-        chain.add_arc(i, kaldifst.StdArc(byte, byte, 0.0, i + 1))
-    chain.set_final(len(data), 0.0)
+        chain.add_arc(i + offset, kaldifst.StdArc(byte, byte, 0.0, i + offset + 1))
+    chain.set_final(len(data) + offset, 0.0)
     best = kaldifst.shortest_path(kaldifst.compose(chain, fst), n=1)
-    found, _, output, _ = kaldifst.get_linear_symbol_sequence(best)
+    found, _, output, weight = kaldifst.get_linear_symbol_sequence(best)
     if not found or best.num_states == 0:
         raise NoReading(f"the grammar has no reading of {text[:40]!r}")
-    return bytes(output).decode("utf-8")
+    return bytes(output).decode("utf-8"), weight.value

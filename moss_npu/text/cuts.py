@@ -1,0 +1,178 @@
+"""Where a tagger's search over a text can be cut into independent pieces without changing its answer.
+
+The official runtime composes the whole text with the tagger and takes the lightest path (OpenFst's
+single shortest path over the lattice of (byte position, tagger state) pairs). Its answer depends on the
+exact float32 path weights, which accumulate from the start of the text, and on the order in which equally
+heavy paths are met, so a text may only be cut where that search is provably unchanged:
+
+- The *boundary state* Z is the tagger state between two tokens (it has the start state's token-name
+  insertions). Before a character c of the *cut set*, every path of the tagger passes Z: no state the
+  tagger can be in after a byte without passing Z again can read c (checked on the grammar, once per
+  character). Then every path of the text's lattice passes the single state (position, Z), which splits
+  the lattice into a part before and a part after it, and the lightest path is the lightest path of the
+  part before, then of the part after, seeded with the exact float32 weight of the cut state (OpenFst adds
+  weights one arc at a time from the start, so the seed keeps every sum bit-identical; the part after is
+  the same sub-lattice with the same arc order, so ties are met in the same order).
+- A character is *forced* from a state when exactly one tagger path reads it from there and arrives at Z
+  (a plain Chinese character, a space between English words): between two cuts it needs no search at all,
+  only its output and the float32 sum of its arc weights.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+
+EPSILON = 0
+SEARCH_BUDGET = 4000  # partial paths looked at before a piece is left to the full search
+Path = tuple[bytes, tuple[float, ...]]  # the output bytes and the non-zero arc weights of a forced path
+
+
+Arc = tuple[int, int, float, int]  # input label, output label, weight, next state
+
+
+class TaggerCuts:
+    """The cut characters of a text and the forced paths of one tagger FST (arcs read on demand; every answer
+    is memoized, so a normalizer gets faster as it meets more contexts)."""
+
+    def __init__(self, fst: Any) -> None:
+        self._fst = fst
+        self._arcs: dict[int, tuple[Arc, ...]] = {}
+        self.start = fst.start
+        self.boundary = self._find_boundary()
+        self._step: dict[tuple[frozenset[int], str], tuple[frozenset[int], bool]] = {}
+        self._from_boundary: dict[str, frozenset[int]] = {}
+        self._forced: dict[tuple[int, str], Optional[Path]] = {}
+        self._again: dict[str, bool] = {}
+
+    def cut_positions(self, text: str) -> list[int]:
+        """The indices ``i > 0`` of ``text`` where every path of its lattice passes the boundary state.
+
+        Follows the tagger states a path can be in after each character without having passed the boundary
+        since (``open``); a cut lies before a character that no such state can read while the boundary is
+        reachable there."""
+        cuts: list[int] = []
+        if self.boundary is None:
+            return cuts
+        open_states, at_boundary = frozenset([self.start]), False
+        for i, char in enumerate(text):
+            key = (open_states, char)
+            if key not in self._step:
+                self._step[key] = self._advance(open_states, char)
+            after_open, boundary_after_open = self._step[key]
+            if i and at_boundary and not after_open:
+                cuts.append(i)
+            from_z = self._after_boundary(char) if at_boundary else frozenset()
+            open_states = after_open | from_z
+            at_boundary = boundary_after_open or (at_boundary and self._boundary_again(char))
+        return cuts
+
+    def forced(self, state: int, piece: str) -> Optional[Path]:
+        """The single tagger path that reads ``piece`` from ``state`` and arrives at the boundary, or None when
+        there is none, more than one, or too many to look at."""
+        key = (state, piece)
+        if key not in self._forced:
+            self._forced[key] = self._single_path(state, piece.encode("utf-8"))
+        return self._forced[key]
+
+    def arcs(self, state: int) -> tuple[Arc, ...]:
+        found = self._arcs.get(state)
+        if found is None:
+            import kaldifst
+
+            found = self._arcs[state] = tuple((a.ilabel, a.olabel, a.weight.value, a.nextstate)
+                                              for a in kaldifst.ArcIterator(self._fst, state))
+        return found
+
+    def _find_boundary(self) -> Optional[int]:
+        """A state, other than the start, whose token-name insertions equal the start's (the first of them; any
+        such state is sound, the first is where the grammar returns after a token) and which no epsilon path
+        leads back to; None if there is none."""
+        eps = [a for a in self.arcs(self.start) if a[0] == EPSILON]
+        if not eps:
+            return None
+        found = [s for s in range(self._fst.num_states)
+                 if s != self.start and self._fst.num_arcs(s) >= len(eps)
+                 and [a for a in self.arcs(s) if a[0] == EPSILON] == eps]
+        self._arcs = {self.start: self._arcs[self.start], **{s: self._arcs[s] for s in found}}
+        if not found or found[0] in self._closure({found[0]}, avoid=None, strict=True):
+            return None
+        return found[0]
+
+    def _closure(self, states: set[int] | frozenset[int], avoid: Optional[int], strict: bool = False) -> set[int]:
+        """States reachable by epsilon arcs (never entering ``avoid``); ``strict`` leaves the sources out."""
+        out: set[int] = set() if strict else set(states)
+        stack = list(states)
+        while stack:
+            for ilabel, _, _, nxt in self.arcs(stack.pop()):
+                if ilabel == EPSILON and nxt != avoid and nxt not in out:
+                    out.add(nxt)
+                    stack.append(nxt)
+        return out
+
+    def _read(self, states: set[int], data: bytes) -> set[int]:
+        """States after reading ``data`` from ``states`` (epsilon moves allowed between bytes, none after)."""
+        for k, byte in enumerate(data):
+            if k:
+                states = self._closure(states, avoid=None)
+            states = {nxt for s in states for ilabel, _, _, nxt in self.arcs(s) if ilabel == byte}
+        return states
+
+    def _advance(self, open_states: frozenset[int], char: str) -> tuple[frozenset[int], bool]:
+        """Read ``char`` from the open states (no boundary on the way before it): the open states after it and
+        whether the boundary is reachable after it."""
+        after = self._read(self._closure(open_states, avoid=self.boundary), char.encode("utf-8"))
+        return self._split(after)
+
+    def _split(self, states: set[int]) -> tuple[frozenset[int], bool]:
+        z = self.boundary
+        reached = z in states or z in self._closure(states - {z}, avoid=None)
+        return frozenset(states - {z}), reached
+
+    def _after_boundary(self, char: str) -> frozenset[int]:
+        found = self._from_boundary.get(char)
+        if found is None:
+            after = self._read(self._closure({self.boundary}, avoid=None), char.encode("utf-8"))
+            found = self._from_boundary[char] = frozenset(after - {self.boundary})
+        return found
+
+    def _boundary_again(self, char: str) -> bool:
+        found = self._again.get(char)
+        if found is None:
+            after = self._read(self._closure({self.boundary}, avoid=None), char.encode("utf-8"))
+            found = self._again[char] = self._split(after)[1]
+        return found
+
+    def _single_path(self, state: int, data: bytes) -> Optional[Path]:
+        """Enumerate the paths from ``state`` reading ``data`` that end at the boundary; keep one if unique."""
+        found: list[tuple[list[int], list[float]]] = []
+        stack: list[tuple[int, int, list[int], list[float]]] = [(state, 0, [], [])]
+        budget = SEARCH_BUDGET
+        while stack:
+            budget -= 1
+            if budget < 0:
+                return None
+            s, read, labels, weights = stack.pop()
+            if read == len(data) and s == self.boundary:
+                found.append((labels, weights))
+                if len(found) > 1:
+                    return None
+                continue
+            for ilabel, olabel, weight, nxt in self.arcs(s):
+                if ilabel == EPSILON or (read < len(data) and ilabel == data[read]):
+                    stack.append((nxt, read + (ilabel != EPSILON),
+                                  labels + [olabel] if olabel else labels,
+                                  weights + [weight] if weight else weights))
+        if len(found) != 1:
+            return None
+        labels, weights = found[0]
+        return bytes(labels), tuple(weights)
+
+
+def add_weights(total: float, weights: tuple[float, ...]) -> float:
+    """Add arc weights to a path weight one at a time in float32, as OpenFst's tropical semiring does."""
+    acc = np.float32(total)
+    for weight in weights:
+        acc = np.float32(acc + np.float32(weight))
+    return float(acc)
