@@ -20,12 +20,16 @@ heavy paths are met, so a text may only be cut where that search is provably unc
 
 from __future__ import annotations
 
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import numpy as np
 
 EPSILON = 0
 SEARCH_BUDGET = 4000  # partial paths looked at before a piece is left to the full search
+MEMO_LIMIT = 200_000  # memoized answers kept per table before it is emptied (a server meets endless texts)
 Path = tuple[bytes, tuple[float, ...]]  # the output bytes and the non-zero arc weights of a forced path
 
 
@@ -59,6 +63,7 @@ class TaggerCuts:
         for i, char in enumerate(text):
             key = (open_states, char)
             if key not in self._step:
+                _make_room(self._step)
                 self._step[key] = self._advance(open_states, char)
             after_open, boundary_after_open = self._step[key]
             if i and at_boundary and not after_open:
@@ -73,6 +78,7 @@ class TaggerCuts:
         there is none, more than one, or too many to look at."""
         key = (state, piece)
         if key not in self._forced:
+            _make_room(self._forced)
             self._forced[key] = self._single_path(state, piece.encode("utf-8"))
         return self._forced[key]
 
@@ -170,9 +176,128 @@ class TaggerCuts:
         return bytes(labels), tuple(weights)
 
 
+def _make_room(memo: dict) -> None:
+    if len(memo) >= MEMO_LIMIT:
+        memo.clear()
+
+
 def add_weights(total: float, weights: tuple[float, ...]) -> float:
     """Add arc weights to a path weight one at a time in float32, as OpenFst's tropical semiring does."""
     acc = np.float32(total)
     for weight in weights:
         acc = np.float32(acc + np.float32(weight))
     return float(acc)
+
+
+@dataclass(frozen=True)
+class _Reading:
+    """A searched piece's answer, valid for every seed in one float32 binade whose sums stay inside it."""
+
+    exponent: int  # the seed's binade: [2 ** (exponent - 1), 2 ** exponent)
+    low: float  # the lowest and highest sum the search formed, less the seed
+    high: float
+    output: bytes
+    delta: float  # the path weight at the piece's end, less the seed
+
+
+class PieceCache:
+    """The readings of searched pieces, reused across seeds where that provably gives the same answer.
+
+    With every sum of a search inside the seed's binade (one float32 grid step u), adding an arc weight w to
+    a sum x gives x + round(w / u) * u whatever x is, unless w / u ends in exactly one half (then rounding to
+    even depends on x). So when no weight of the lattice is such a half step and all the search's sums stay
+    in the binade, a seed D' of the same binade whose sums D' + low .. D' + high stay in it too meets the
+    same comparisons, ties included, and reads the piece the same, ending at D' + delta. A first piece
+    (seed exactly 0) is kept for that seed alone. Least recently used pieces are dropped beyond ``size``."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self.size = size
+        self._readings: OrderedDict[tuple[str, bool, bool], list[_Reading]] = OrderedDict()
+
+    def get(self, key: tuple[str, bool, bool], seed: float) -> Optional[tuple[bytes, float]]:
+        """The output and end weight of ``key`` searched from ``seed``, if known."""
+        readings = self._readings.get(key)
+        if readings is None:
+            return None
+        self._readings.move_to_end(key)
+        if key[1]:
+            return readings[0].output, readings[0].delta
+        exponent = math.frexp(seed)[1]
+        for r in readings:
+            if r.exponent == exponent and _inside(seed + r.low, exponent) and _inside(seed + r.high, exponent):
+                return r.output, float(np.float32(seed) + np.float32(r.delta))
+        return None
+
+    def put(self, key: tuple[str, bool, bool], seed: float, output: bytes, total: float, lattice: Any) -> None:
+        """Keep the answer of a search from ``seed`` when it is valid for more seeds (or ``seed`` is 0)."""
+        if key[1]:
+            reading = _Reading(0, 0.0, 0.0, output, total) if seed == 0.0 else None
+        else:
+            reading = _seed_free(seed, output, total, lattice)
+        if reading is None:
+            return
+        self._readings.setdefault(key, []).append(reading)
+        self._readings.move_to_end(key)
+        while len(self._readings) > self.size:
+            self._readings.popitem(last=False)
+
+
+def _inside(value: float, exponent: int) -> bool:
+    return 2.0 ** (exponent - 1) <= value < 2.0 ** exponent
+
+
+def _seed_free(seed: float, output: bytes, total: float, lattice: Any) -> Optional[_Reading]:
+    """Redo the search's sums (float32, OpenFst's order: the seed arc, then each arc from a state's lightest
+    weight) and return the reading when they all stay in the seed's binade with no half-step weight."""
+    import kaldifst
+
+    exponent = math.frexp(seed)[1]
+    if seed <= 0.0 or not _inside(seed, exponent):
+        return None
+    step = 2.0 ** (exponent - 1 - 23)
+    arcs = {s: [(a.weight.value, a.nextstate) for a in kaldifst.ArcIterator(lattice, s)]
+            for s in range(lattice.num_states)}
+    start = lattice.start
+    if len(arcs[start]) != 1:
+        return None
+    first = arcs[start][0][1]
+    order = _topological(arcs, first)
+    if order is None or start in order:
+        return None
+    best = {first: np.float32(seed)}
+    low = high = 0.0
+    for s in order:
+        here = best[s]
+        for weight, nxt in arcs[s]:
+            if (weight / step) % 1.0 == 0.5:
+                return None
+            value = np.float32(here + np.float32(weight))
+            if not _inside(float(value), exponent):
+                return None
+            low, high = min(low, float(value) - seed), max(high, float(value) - seed)
+            if nxt not in best or value < best[nxt]:
+                best[nxt] = value
+    return _Reading(exponent, low, high, output, total - seed)
+
+
+def _topological(arcs: dict[int, list[tuple[float, int]]], source: int) -> Optional[list[int]]:
+    """States reachable from ``source`` in an order where each comes after all its predecessors."""
+    order: list[int] = []
+    state = {source: 0}
+    stack = [(source, iter(arcs[source]))]
+    while stack:
+        s, it = stack[-1]
+        for _, nxt in it:
+            mark = state.get(nxt)
+            if mark is None:
+                state[nxt] = 0
+                stack.append((nxt, iter(arcs[nxt])))
+                break
+            if mark == 0:
+                return None  # a cycle
+        else:
+            stack.pop()
+            state[s] = 1
+            order.append(s)
+    order.reverse()
+    return order

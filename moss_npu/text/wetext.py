@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from moss_npu.text.cuts import TaggerCuts, add_weights
+from moss_npu.text.cuts import PieceCache, TaggerCuts, add_weights
 from moss_npu.text.tokens import Token, parse_tokens, reorder, serialize
 
 DISTRIBUTION = "WeTextProcessing"
@@ -98,6 +98,7 @@ class _CutTagger:
         import kaldifst
 
         self.cuts = TaggerCuts(fst)
+        self.pieces = PieceCache()
         self._fst = fst
         self._variants: dict[tuple[bool, bool], Any] = {}
         z = self.cuts.boundary
@@ -119,32 +120,32 @@ class _CutTagger:
         if self.cuts.boundary is None:
             return _best_output(text, self._fst)[0]
         bounds = [0] + self.cuts.cut_positions(text) + [len(text)]
-        out, weight, searched_from = bytearray(), 0.0, None
+        out, weight = bytearray(), 0.0
         try:
             for a, b in zip(bounds, bounds[1:]):
                 forced = None
                 if b < len(text):
                     forced = self.cuts.forced(self.cuts.start if a == 0 else self.cuts.boundary, text[a:b])
                 if forced is None:
-                    searched_from = a if searched_from is None else searched_from
-                    continue
-                if searched_from is not None:
-                    weight = self._search(text, searched_from, a, weight, out)
-                    searched_from = None
-                out += forced[0]
-                weight = add_weights(weight, forced[1])
-            if searched_from is not None:
-                self._search(text, searched_from, len(text), weight, out)
+                    weight = self._search(text[a:b], a == 0, b == len(text), weight, out)
+                else:
+                    out += forced[0]
+                    weight = add_weights(weight, forced[1])
         except NoReading:
             raise NoReading(f"the grammar has no reading of {text[:40]!r}") from None
         return out.decode("utf-8")
 
-    def _search(self, text: str, a: int, b: int, weight: float, out: bytearray) -> float:
-        """Append the lightest output of ``text[a:b]`` to ``out``, starting from path weight ``weight`` at the
-        boundary state (or the start); return the path weight reached at ``b``."""
-        fst = self._variants[a == 0, b == len(text)]
-        piece, total = _best_output(text[a:b], fst, seed=weight if a else None)
-        out += piece.encode("utf-8")
+    def _search(self, piece: str, first: bool, last: bool, weight: float, out: bytearray) -> float:
+        """Append the lightest output of ``piece`` to ``out``, its lattice starting from path weight ``weight``
+        at the boundary state (or at the start, for the first piece); return the path weight at its end."""
+        key = (piece, first, last)
+        found = self.pieces.get(key, weight)
+        if found is None:
+            output, total, lattice = _lightest(piece, self._variants[first, last], None if first else weight)
+            self.pieces.put(key, weight, output, total, lattice)
+        else:
+            output, total = found
+        out += output
         return total
 
 
@@ -189,9 +190,16 @@ def _unescape(value: str) -> str:
     return "".join(out)
 
 
-def _best_output(text: str, fst: Any, seed: Optional[float] = None) -> tuple[str, float]:
+def _best_output(text: str, fst: Any) -> tuple[str, float]:
     """Return the output and the weight of the lightest path of ``fst`` over ``text``'s UTF-8 bytes (pynini's
-    shortestpath); a ``seed`` weight is put on a first epsilon arc, so sums start from it as in a longer text."""
+    shortestpath)."""
+    output, weight, _ = _lightest(text, fst, None)
+    return output.decode("utf-8"), weight
+
+
+def _lightest(text: str, fst: Any, seed: Optional[float]) -> tuple[bytes, float, Any]:
+    """The output bytes and weight of the lightest path of ``fst`` over ``text``'s UTF-8 bytes, and the lattice
+    searched; a ``seed`` weight goes on a first epsilon arc, so that sums start from it as in a longer text."""
     import kaldifst
 
     data = text.encode("utf-8")
@@ -205,8 +213,9 @@ def _best_output(text: str, fst: Any, seed: Optional[float] = None) -> tuple[str
     for i, byte in enumerate(data):
         chain.add_arc(i + offset, kaldifst.StdArc(byte, byte, 0.0, i + offset + 1))
     chain.set_final(len(data) + offset, 0.0)
-    best = kaldifst.shortest_path(kaldifst.compose(chain, fst), n=1)
+    lattice = kaldifst.compose(chain, fst)
+    best = kaldifst.shortest_path(lattice, n=1)
     found, _, output, weight = kaldifst.get_linear_symbol_sequence(best)
     if not found or best.num_states == 0:
         raise NoReading(f"the grammar has no reading of {text[:40]!r}")
-    return bytes(output).decode("utf-8"), weight.value
+    return bytes(output), weight.value, lattice
