@@ -28,7 +28,7 @@ from typing import Any, Optional
 import numpy as np
 
 EPSILON = 0
-SEARCH_BUDGET = 4000  # partial paths looked at before a piece is left to the full search
+SEARCH_BUDGET = 500  # partial paths looked at before a piece is left to the full search (a hanzi needs ~300)
 MEMO_LIMIT = 200_000  # memoized answers kept per table before it is emptied (a server meets endless texts)
 Path = tuple[bytes, tuple[float, ...]]  # the output bytes and the non-zero arc weights of a forced path
 
@@ -43,6 +43,7 @@ class TaggerCuts:
     def __init__(self, fst: Any) -> None:
         self._fst = fst
         self._arcs: dict[int, tuple[Arc, ...]] = {}
+        self._reached: dict[tuple[int, Optional[int]], frozenset[int]] = {}
         self.start = fst.start
         self.boundary = self._find_boundary()
         self._step: dict[tuple[frozenset[int], str], tuple[frozenset[int], bool]] = {}
@@ -108,14 +109,23 @@ class TaggerCuts:
 
     def _closure(self, states: set[int] | frozenset[int], avoid: Optional[int], strict: bool = False) -> set[int]:
         """States reachable by epsilon arcs (never entering ``avoid``); ``strict`` leaves the sources out."""
-        out: set[int] = set() if strict else set(states)
-        stack = list(states)
-        while stack:
-            for ilabel, _, _, nxt in self.arcs(stack.pop()):
-                if ilabel == EPSILON and nxt != avoid and nxt not in out:
-                    out.add(nxt)
-                    stack.append(nxt)
-        return out
+        if strict:
+            return set().union(*(self._reach(s, avoid) - {s} for s in states))
+        return set(states).union(*(self._reach(s, avoid) for s in states))
+
+    def _reach(self, state: int, avoid: Optional[int]) -> frozenset[int]:
+        """``state`` and the states its epsilon arcs lead to (never entering ``avoid``), memoized."""
+        key = (state, avoid)
+        found = self._reached.get(key)
+        if found is None:
+            out, stack = {state}, [state]
+            while stack:
+                for ilabel, _, _, nxt in self.arcs(stack.pop()):
+                    if ilabel == EPSILON and nxt != avoid and nxt not in out:
+                        out.add(nxt)
+                        stack.append(nxt)
+            found = self._reached[key] = frozenset(out)
+        return found
 
     def _read(self, states: set[int], data: bytes) -> set[int]:
         """States after reading ``data`` from ``states`` (epsilon moves allowed between bytes, none after)."""
@@ -201,7 +211,7 @@ class _Reading:
 
 
 class PieceCache:
-    """The readings of searched pieces, reused across seeds where that provably gives the same answer.
+    """The readings of pieces searched more than once, reused across seeds where that provably gives the same answer.
 
     With every sum of a search inside the seed's binade (one float32 grid step u), adding an arc weight w to
     a sum x gives x + round(w / u) * u whatever x is, unless w / u ends in exactly one half (then rounding to
@@ -213,6 +223,7 @@ class PieceCache:
     def __init__(self, size: int = 4096) -> None:
         self.size = size
         self._readings: OrderedDict[tuple[str, bool, bool], list[_Reading]] = OrderedDict()
+        self._searched: OrderedDict[tuple[str, bool, bool], None] = OrderedDict()  # pieces searched once
 
     def get(self, key: tuple[str, bool, bool], seed: float) -> Optional[tuple[bytes, float]]:
         """The output and end weight of ``key`` searched from ``seed``, if known."""
@@ -229,7 +240,13 @@ class PieceCache:
         return None
 
     def put(self, key: tuple[str, bool, bool], seed: float, output: bytes, total: float, lattice: Any) -> None:
-        """Keep the answer of a search from ``seed`` when it is valid for more seeds (or ``seed`` is 0)."""
+        """Keep the answer of a search from ``seed`` when it is valid for more seeds (or ``seed`` is 0); a piece
+        is only looked at on its second search (most pieces with numbers in them come once)."""
+        if key not in self._searched:
+            self._searched[key] = None
+            while len(self._searched) > self.size:
+                self._searched.popitem(last=False)
+            return
         if key[1]:
             reading = _Reading(0, 0.0, 0.0, output, total) if seed == 0.0 else None
         else:
