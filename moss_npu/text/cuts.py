@@ -201,24 +201,40 @@ def add_weights(total: float, weights: tuple[float, ...]) -> float:
 
 @dataclass(frozen=True)
 class _Reading:
-    """A searched piece's answer, valid for every seed in one float32 binade whose sums stay inside it."""
+    """A searched piece's answer: for one exact seed, or for every seed of one float32 binade whose sums
+    stay inside it."""
 
-    exponent: int  # the seed's binade: [2 ** (exponent - 1), 2 ** exponent)
+    seed: Optional[float]  # the one seed it holds for, or None: any seed of the binade
+    exponent: int  # the binade: [2 ** (exponent - 1), 2 ** exponent)
     low: float  # the lowest and highest sum the search formed, less the seed
     high: float
     output: bytes
-    delta: float  # the path weight at the piece's end, less the seed
+    delta: float  # the path weight at the piece's end, less the seed (for one exact seed: that weight)
+
+    def end(self, seed: float) -> float:
+        """The path weight at the piece's end, searched from ``seed`` (for which the reading holds)."""
+        if self.seed is not None:
+            return self.delta
+        return float(np.float32(seed) + np.float32(self.delta))
+
+    def holds_for(self, seed: float) -> bool:
+        if self.seed is not None:
+            return seed == self.seed
+        exponent = math.frexp(seed)[1]
+        return exponent == self.exponent and _inside(seed + self.low, exponent) and _inside(seed + self.high, exponent)
 
 
 class PieceCache:
-    """The readings of pieces searched more than once, reused across seeds where that provably gives the same answer.
+    """The readings of pieces searched more than once, reused across seeds where that provably gives the same
+    answer.
 
     With every sum of a search inside the seed's binade (one float32 grid step u), adding an arc weight w to
     a sum x gives x + round(w / u) * u whatever x is, unless w / u ends in exactly one half (then rounding to
     even depends on x). So when no weight of the lattice is such a half step and all the search's sums stay
     in the binade, a seed D' of the same binade whose sums D' + low .. D' + high stay in it too meets the
-    same comparisons, ties included, and reads the piece the same, ending at D' + delta. A first piece
-    (seed exactly 0) is kept for that seed alone. Least recently used pieces are dropped beyond ``size``."""
+    same comparisons, ties included, and reads the piece the same, ending at D' + delta. Otherwise (and for
+    a first piece, whose seed is 0) the reading is kept for its exact seed only. Least recently used pieces
+    are dropped beyond ``size``."""
 
     def __init__(self, size: int = 4096) -> None:
         self.size = size
@@ -231,29 +247,25 @@ class PieceCache:
         if readings is None:
             return None
         self._readings.move_to_end(key)
-        if key[1]:
-            return readings[0].output, readings[0].delta
-        exponent = math.frexp(seed)[1]
         for r in readings:
-            if r.exponent == exponent and _inside(seed + r.low, exponent) and _inside(seed + r.high, exponent):
-                return r.output, float(np.float32(seed) + np.float32(r.delta))
+            if r.holds_for(seed):
+                return r.output, r.end(seed)
         return None
 
     def put(self, key: tuple[str, bool, bool], seed: float, output: bytes, total: float, lattice: Any) -> None:
-        """Keep the answer of a search from ``seed`` when it is valid for more seeds (or ``seed`` is 0); a piece
-        is only looked at on its second search (most pieces with numbers in them come once)."""
+        """Keep the answer of a search from ``seed``; a piece is only looked at on its second search (most
+        pieces with numbers in them come once)."""
         if key not in self._searched:
             self._searched[key] = None
             while len(self._searched) > self.size:
                 self._searched.popitem(last=False)
             return
-        if key[1]:
-            reading = _Reading(0, 0.0, 0.0, output, total) if seed == 0.0 else None
-        else:
-            reading = _seed_free(seed, output, total, lattice)
+        reading = None if key[1] else _seed_free(seed, output, total, lattice)
         if reading is None:
-            return
-        self._readings.setdefault(key, []).append(reading)
+            reading = _Reading(seed, 0, 0.0, 0.0, output, total)
+        readings = self._readings.setdefault(key, [])
+        readings.append(reading)
+        del readings[:-8]  # a piece met from many seeds keeps its latest readings
         self._readings.move_to_end(key)
         while len(self._readings) > self.size:
             self._readings.popitem(last=False)
@@ -294,7 +306,7 @@ def _seed_free(seed: float, output: bytes, total: float, lattice: Any) -> Option
             low, high = min(low, float(value) - seed), max(high, float(value) - seed)
             if nxt not in best or value < best[nxt]:
                 best[nxt] = value
-    return _Reading(exponent, low, high, output, total - seed)
+    return _Reading(None, exponent, low, high, output, total - seed)
 
 
 def _topological(arcs: dict[int, list[tuple[float, int]]], source: int) -> Optional[list[int]]:

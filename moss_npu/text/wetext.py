@@ -6,7 +6,8 @@ only the Chinese *verbalizer*: the custom build's tagger is byte-identical to th
 the WeTextProcessing wheel ships, and the custom verbalizer only concatenates the tagged values (keeping
 儿, interjections and full-width marks), which ``verbalize_chinese`` does directly. So this module needs
 no grammar compiler and no cache: kaldifst (wheels for x86-64 and aarch64) runs the wheel's tagger FSTs and
-its English verbalizer, and pynini (no aarch64 wheel) is never imported.
+its English verbalizer, and pynini (no aarch64 wheel) is never imported. The tagger's lightest path is
+found piece by piece (``cuts``), with the very same answer as the whole-text search.
 """
 
 from __future__ import annotations
