@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -34,45 +34,56 @@ Path = tuple[bytes, tuple[float, ...]]  # the output bytes and the non-zero arc 
 
 
 Arc = tuple[int, int, float, int]  # input label, output label, weight, next state
+_ScanState = tuple[frozenset[int], bool]  # open states, boundary reachable
 
 
 class TaggerCuts:
     """The cut characters of a text and the forced paths of one tagger FST (arcs read on demand; every answer
     is memoized, so a normalizer gets faster as it meets more contexts)."""
 
-    def __init__(self, fst: Any) -> None:
-        self._fst = fst
+    def __init__(self, fst: Any, budget: int = SEARCH_BUDGET) -> None:
+        self._fst, self._budget = fst, budget
         self._arcs: dict[int, tuple[Arc, ...]] = {}
         self._reached: dict[tuple[int, Optional[int]], frozenset[int]] = {}
         self.start = fst.start
         self.boundary = self._find_boundary()
-        self._step: dict[tuple[frozenset[int], str], tuple[frozenset[int], bool]] = {}
+        self._step: dict[tuple[_ScanState, str], tuple[bool, _ScanState]] = {}
+        self._interned: dict[_ScanState, _ScanState] = {}
         self._from_boundary: dict[str, frozenset[int]] = {}
         self._forced: dict[tuple[int, str], Optional[Path]] = {}
         self._again: dict[str, bool] = {}
 
-    def cut_positions(self, text: str) -> list[int]:
-        """The indices ``i > 0`` of ``text`` where every path of its lattice passes the boundary state.
+    def cut_positions(self, text: Sequence[str]) -> list[int]:
+        """The indices ``i > 0`` of ``text`` (characters, or longer units such as serialized tokens) where every
+        path of its lattice passes the boundary state.
 
-        Follows the tagger states a path can be in after each character without having passed the boundary
-        since (``open``); a cut lies before a character that no such state can read while the boundary is
-        reachable there."""
+        Follows the states a path can be in after each unit without having passed the boundary since
+        (``open``); a cut lies before a unit that no such state can read while the boundary is reachable
+        there."""
         cuts: list[int] = []
         if self.boundary is None:
             return cuts
-        open_states, at_boundary = frozenset([self.start]), False
-        for i, char in enumerate(text):
-            key = (open_states, char)
-            if key not in self._step:
+        state: _ScanState = (frozenset([self.start]), False)
+        for i, unit in enumerate(text):
+            key = (state, unit)
+            step = self._step.get(key)
+            if step is None:
                 _make_room(self._step)
-                self._step[key] = self._advance(open_states, char)
-            after_open, boundary_after_open = self._step[key]
-            if i and at_boundary and not after_open:
+                _make_room(self._interned)
+                step = self._step[key] = self._scan_step(state, unit)
+            cut, state = step
+            if cut and i:
                 cuts.append(i)
-            from_z = self._after_boundary(char) if at_boundary else frozenset()
-            open_states = after_open | from_z
-            at_boundary = boundary_after_open or (at_boundary and self._boundary_again(char))
         return cuts
+
+    def _scan_step(self, state: _ScanState, unit: str) -> tuple[bool, _ScanState]:
+        """Whether a cut lies before ``unit`` in ``state`` (the open states and whether the boundary is
+        reachable), and the state after it (interned, so that its hash is worked out once)."""
+        open_states, at_boundary = state
+        after_open, boundary_after_open = self._advance(open_states, unit)
+        from_z = self._after_boundary(unit) if at_boundary else frozenset()
+        after = (after_open | from_z, boundary_after_open or (at_boundary and self._boundary_again(unit)))
+        return at_boundary and not after_open, self._interned.setdefault(after, after)
 
     def forced(self, state: int, piece: str) -> Optional[Path]:
         """The single tagger path that reads ``piece`` from ``state`` and arrives at the boundary, or None when
@@ -93,15 +104,25 @@ class TaggerCuts:
         return found
 
     def _find_boundary(self) -> Optional[int]:
-        """A state, other than the start, whose token-name insertions equal the start's (the first of them; any
-        such state is sound, the first is where the grammar returns after a token) and which no epsilon path
-        leads back to; None if there is none."""
+        """A state, other than the start, whose token-name insertions equal the start's (or, for a grammar that
+        inserts nothing there, that has every arc of the start); the first of them: any such state is sound,
+        the first is where the grammar returns after a token. None if there is none or an epsilon path leads
+        from it back to it."""
         eps = [a for a in self.arcs(self.start) if a[0] == EPSILON]
-        if not eps:
+        if eps:
+            def fits(arcs: tuple[Arc, ...]) -> bool:
+                return [a for a in arcs if a[0] == EPSILON] == eps
+            least = len(eps)
+        else:
+            wanted = set(self.arcs(self.start))
+
+            def fits(arcs: tuple[Arc, ...]) -> bool:
+                return wanted <= set(arcs)
+            least = len(wanted)
+        if not least:
             return None
         found = [s for s in range(self._fst.num_states)
-                 if s != self.start and self._fst.num_arcs(s) >= len(eps)
-                 and [a for a in self.arcs(s) if a[0] == EPSILON] == eps]
+                 if s != self.start and self._fst.num_arcs(s) >= least and fits(self.arcs(s))]
         self._arcs = {self.start: self._arcs[self.start], **{s: self._arcs[s] for s in found}}
         if not found or found[0] in self._closure({found[0]}, avoid=None, strict=True):
             return None
@@ -164,7 +185,7 @@ class TaggerCuts:
         """Enumerate the paths from ``state`` reading ``data`` that end at the boundary; keep one if unique."""
         found: list[tuple[list[int], list[float]]] = []
         stack: list[tuple[int, int, list[int], list[float]]] = [(state, 0, [], [])]
-        budget = SEARCH_BUDGET
+        budget = self._budget
         while stack:
             budget -= 1
             if budget < 0:

@@ -16,9 +16,9 @@ import importlib.metadata
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
-from moss_npu.text.cuts import PieceCache, TaggerCuts, add_weights
+from moss_npu.text.cuts import SEARCH_BUDGET, PieceCache, TaggerCuts, add_weights
 from moss_npu.text.tokens import Token, parse_tokens, reorder, serialize
 
 DISTRIBUTION = "WeTextProcessing"
@@ -29,6 +29,9 @@ GRAMMAR_FILES: dict[str, tuple[str, Optional[str]]] = {
     "zh": ("tn/zh_tn_tagger.fst", None),
     "en": ("tn/en_tn_tagger.fst", "tn/en_tn_verbalizer.fst"),
 }
+
+
+VERBALIZER_BUDGET = 5000  # a verbalizer piece is a whole token: its single path is longer to find
 
 
 class WeTextUnavailable(RuntimeError):
@@ -65,8 +68,9 @@ class Grammar:
     """One language's text normalization: tag with the FST, order the fields, verbalize."""
 
     def __init__(self, language: str, tagger: Any, verbalizer: Optional[Any]) -> None:
-        self.language, self._verbalizer = language, verbalizer
+        self.language = language
         self._tagger = _CutTagger(tagger)
+        self._verbalizer = None if verbalizer is None else _CutTagger(verbalizer, budget=VERBALIZER_BUDGET)
         self._lock = threading.Lock()  # OpenFst caches properties on the FSTs while composing
 
     @classmethod
@@ -85,20 +89,24 @@ class Grammar:
         if not text:
             return ""
         with self._lock:
-            tokens = reorder(parse_tokens(self._tagger.tag(text)), self.language)
+            tokens = reorder(parse_tokens(self._tagger.best(text)), self.language)
             if self._verbalizer is None:
                 return verbalize_chinese(tokens)
-            return _best_output(serialize(tokens), self._verbalizer)[0]
+            units = [token.serialize() + " " for token in tokens]
+            if units:
+                units[-1] = units[-1][:-1]  # the tokens as ``serialize`` joins them
+            return self._verbalizer.best(units)
 
 
 class _CutTagger:
-    """The tagger's lightest path over a text, found piece by piece between cut characters (``cuts``): forced
-    characters cost no search, the other pieces are searched with the exact weight reached before them."""
+    """An FST's lightest path over a text, found piece by piece between cut units (``cuts``; characters for a
+    tagger, serialized tokens for a verbalizer): forced pieces cost no search, the others are searched with
+    the exact weight reached before them, or read from the pieces already searched."""
 
-    def __init__(self, fst: Any) -> None:
+    def __init__(self, fst: Any, budget: int = SEARCH_BUDGET) -> None:
         import kaldifst
 
-        self.cuts = TaggerCuts(fst)
+        self.cuts = TaggerCuts(fst, budget)
         self.pieces = PieceCache()
         self._fst = fst
         self._variants: dict[tuple[bool, bool], Any] = {}
@@ -116,19 +124,22 @@ class _CutTagger:
                     variant.set_final(z, 0.0)
                 self._variants[from_start, to_end] = variant
 
-    def tag(self, text: str) -> str:
-        """Return the tagger output of ``text`` (the official ``Processor.tag``)."""
-        if self.cuts.boundary is None:
+    def best(self, units: Sequence[str]) -> str:
+        """Return the output of the lightest path over the text ``"".join(units)`` (pynini's shortestpath, as
+        the official ``Processor.tag`` and ``verbalize`` take it)."""
+        text = "".join(units)
+        if self.cuts.boundary is None or not text:
             return _best_output(text, self._fst)[0]
-        bounds = [0] + self.cuts.cut_positions(text) + [len(text)]
+        bounds = [0] + self.cuts.cut_positions(units) + [len(units)]
         out, weight = bytearray(), 0.0
         try:
             for a, b in zip(bounds, bounds[1:]):
+                piece = "".join(units[a:b])
                 forced = None
-                if b < len(text):
-                    forced = self.cuts.forced(self.cuts.start if a == 0 else self.cuts.boundary, text[a:b])
+                if b < len(units):
+                    forced = self.cuts.forced(self.cuts.start if a == 0 else self.cuts.boundary, piece)
                 if forced is None:
-                    weight = self._search(text[a:b], a == 0, b == len(text), weight, out)
+                    weight = self._search(piece, a == 0, b == len(units), weight, out)
                 else:
                     out += forced[0]
                     weight = add_weights(weight, forced[1])
