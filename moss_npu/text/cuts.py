@@ -1,21 +1,24 @@
 """Where a tagger's search over a text can be cut into independent pieces without changing its answer.
 
-The official runtime composes the whole text with the tagger and takes the lightest path (OpenFst's
-single shortest path over the lattice of (byte position, tagger state) pairs). Its answer depends on the
-exact float32 path weights, which accumulate from the start of the text, and on the order in which equally
-heavy paths are met, so a text may only be cut where that search is provably unchanged:
+The official runtime composes the whole text with the tagger and takes the lightest path: OpenFst's
+single shortest path over the lattice of (byte position, tagger state) pairs. Its answer depends on the
+exact float32 path weights, which accumulate from the start of the text, and on the order in which
+equally heavy paths are met, so a text may only be cut where that search is provably unchanged:
 
 - The *boundary state* Z is the tagger state between two tokens (it has the start state's token-name
-  insertions). Before a character c of the *cut set*, every path of the tagger passes Z: no state the
-  tagger can be in after a byte without passing Z again can read c (checked on the grammar, once per
-  character). Then every path of the text's lattice passes the single state (position, Z), which splits
-  the lattice into a part before and a part after it, and the lightest path is the lightest path of the
-  part before, then of the part after, seeded with the exact float32 weight of the cut state (OpenFst adds
-  weights one arc at a time from the start, so the seed keeps every sum bit-identical; the part after is
-  the same sub-lattice with the same arc order, so ties are met in the same order).
-- A character is *forced* from a state when exactly one tagger path reads it from there and arrives at Z
-  (a plain Chinese character, a space between English words): between two cuts it needs no search at all,
-  only its output and the float32 sum of its arc weights.
+  insertions). Scanning the text, the states a path can be in without having passed Z since the last
+  character are followed; before a character that none of them can read while Z is reachable, every
+  path of the lattice passes the single state (position, Z). That state splits the lattice into a part
+  before and a part after it, and the lightest path is the lightest path of the part before, then of the
+  part after, seeded with the exact float32 weight reached at the cut (OpenFst adds weights one arc at a
+  time from the start, so the seed keeps every sum bit-identical; the part after is the same sub-lattice
+  with the same arc order). Ties between equally heavy paths are the weak spot: cutting the English
+  verbalizer the same way broke one tie differently (so it is not cut); for the taggers the outputs were
+  checked identical on every corpus at hand, not proven.
+- A piece is *forced* from a state when exactly one tagger path reads it from there and arrives at Z
+  (a plain Chinese character): it needs no search, only its output and the float32 sum of its weights.
+- The other pieces are searched; ``PieceCache`` reuses a searched piece's reading where that is provably
+  the same (the same seed, or a seed of the same float32 binade whose sums round the same way).
 """
 
 from __future__ import annotations
@@ -41,8 +44,8 @@ class TaggerCuts:
     """The cut characters of a text and the forced paths of one tagger FST (arcs read on demand; every answer
     is memoized, so a normalizer gets faster as it meets more contexts)."""
 
-    def __init__(self, fst: Any, budget: int = SEARCH_BUDGET) -> None:
-        self._fst, self._budget = fst, budget
+    def __init__(self, fst: Any) -> None:
+        self._fst = fst
         self._arcs: dict[int, tuple[Arc, ...]] = {}
         self._reached: dict[tuple[int, Optional[int]], frozenset[int]] = {}
         self.start = fst.start
@@ -54,12 +57,11 @@ class TaggerCuts:
         self._again: dict[str, bool] = {}
 
     def cut_positions(self, text: Sequence[str]) -> list[int]:
-        """The indices ``i > 0`` of ``text`` (characters, or longer units such as serialized tokens) where every
-        path of its lattice passes the boundary state.
+        """The indices ``i > 0`` of ``text`` where every path of its lattice passes the boundary state.
 
-        Follows the states a path can be in after each unit without having passed the boundary since
-        (``open``); a cut lies before a unit that no such state can read while the boundary is reachable
-        there."""
+        Follows the states a path can be in after each character without having passed the boundary since
+        (``open``); a cut lies before a character that no such state can read while the boundary is
+        reachable there."""
         cuts: list[int] = []
         if self.boundary is None:
             return cuts
@@ -104,25 +106,15 @@ class TaggerCuts:
         return found
 
     def _find_boundary(self) -> Optional[int]:
-        """A state, other than the start, whose token-name insertions equal the start's (or, for a grammar that
-        inserts nothing there, that has every arc of the start); the first of them: any such state is sound,
-        the first is where the grammar returns after a token. None if there is none or an epsilon path leads
-        from it back to it."""
+        """A state, other than the start, whose token-name insertions equal the start's (the first of them; any
+        such state is sound, the first is where the grammar returns after a token) and which no epsilon path
+        leads back to; None if there is none."""
         eps = [a for a in self.arcs(self.start) if a[0] == EPSILON]
-        if eps:
-            def fits(arcs: tuple[Arc, ...]) -> bool:
-                return [a for a in arcs if a[0] == EPSILON] == eps
-            least = len(eps)
-        else:
-            wanted = set(self.arcs(self.start))
-
-            def fits(arcs: tuple[Arc, ...]) -> bool:
-                return wanted <= set(arcs)
-            least = len(wanted)
-        if not least:
+        if not eps:
             return None
         found = [s for s in range(self._fst.num_states)
-                 if s != self.start and self._fst.num_arcs(s) >= least and fits(self.arcs(s))]
+                 if s != self.start and self._fst.num_arcs(s) >= len(eps)
+                 and [a for a in self.arcs(s) if a[0] == EPSILON] == eps]
         self._arcs = {self.start: self._arcs[self.start], **{s: self._arcs[s] for s in found}}
         if not found or found[0] in self._closure({found[0]}, avoid=None, strict=True):
             return None
@@ -185,7 +177,7 @@ class TaggerCuts:
         """Enumerate the paths from ``state`` reading ``data`` that end at the boundary; keep one if unique."""
         found: list[tuple[list[int], list[float]]] = []
         stack: list[tuple[int, int, list[int], list[float]]] = [(state, 0, [], [])]
-        budget = self._budget
+        budget = SEARCH_BUDGET
         while stack:
             budget -= 1
             if budget < 0:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from moss_npu.text.cuts import SEARCH_BUDGET, PieceCache, TaggerCuts, add_weights
+from moss_npu.text.cuts import PieceCache, TaggerCuts, add_weights
 from moss_npu.text.tokens import Token, parse_tokens, reorder, serialize
 
 DISTRIBUTION = "WeTextProcessing"
@@ -29,9 +29,6 @@ GRAMMAR_FILES: dict[str, tuple[str, Optional[str]]] = {
     "zh": ("tn/zh_tn_tagger.fst", None),
     "en": ("tn/en_tn_tagger.fst", "tn/en_tn_verbalizer.fst"),
 }
-
-
-VERBALIZER_BUDGET = 5000  # a verbalizer piece is a whole token: its single path is longer to find
 
 
 class WeTextUnavailable(RuntimeError):
@@ -70,7 +67,7 @@ class Grammar:
     def __init__(self, language: str, tagger: Any, verbalizer: Optional[Any]) -> None:
         self.language = language
         self._tagger = _CutTagger(tagger)
-        self._verbalizer = None if verbalizer is None else _CutTagger(verbalizer, budget=VERBALIZER_BUDGET)
+        self._verbalizer = verbalizer
         self._lock = threading.Lock()  # OpenFst caches properties on the FSTs while composing
 
     @classmethod
@@ -92,21 +89,20 @@ class Grammar:
             tokens = reorder(parse_tokens(self._tagger.best(text)), self.language)
             if self._verbalizer is None:
                 return verbalize_chinese(tokens)
-            units = [token.serialize() + " " for token in tokens]
-            if units:
-                units[-1] = units[-1][:-1]  # the tokens as ``serialize`` joins them
-            return self._verbalizer.best(units)
+            # Searched whole: cut token by token, a verbalizer breaks some ties differently (-5℃: "negative"
+            # where the official reads "minus"), so pieces are used for the tagger only.
+            return _best_output(serialize(tokens), self._verbalizer)[0]
 
 
 class _CutTagger:
-    """An FST's lightest path over a text, found piece by piece between cut units (``cuts``; characters for a
-    tagger, serialized tokens for a verbalizer): forced pieces cost no search, the others are searched with
-    the exact weight reached before them, or read from the pieces already searched."""
+    """The tagger's lightest path over a text, found piece by piece between cut characters (``cuts``): forced
+    pieces cost no search, the others are searched with the exact weight reached before them, or read from
+    the pieces already searched."""
 
-    def __init__(self, fst: Any, budget: int = SEARCH_BUDGET) -> None:
+    def __init__(self, fst: Any) -> None:
         import kaldifst
 
-        self.cuts = TaggerCuts(fst, budget)
+        self.cuts = TaggerCuts(fst)
         self.pieces = PieceCache()
         self._fst = fst
         self._variants: dict[tuple[bool, bool], Any] = {}
