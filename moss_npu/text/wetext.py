@@ -6,7 +6,8 @@ only the Chinese *verbalizer*: the custom build's tagger is byte-identical to th
 the WeTextProcessing wheel ships, and the custom verbalizer only concatenates the tagged values (keeping
 儿, interjections and full-width marks), which ``verbalize_chinese`` does directly. So this module needs
 no grammar compiler and no cache: kaldifst (wheels for x86-64 and aarch64) runs the wheel's tagger FSTs and
-its English verbalizer, and pynini (no aarch64 wheel) is never imported.
+its English verbalizer, and pynini (no aarch64 wheel) is never imported. The tagger's lightest path is
+found piece by piece (``cuts``), with the very same answer as the whole-text search.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ import importlib.metadata
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
+from moss_npu.text.cuts import PieceCache, TaggerCuts, add_weights
 from moss_npu.text.tokens import Token, parse_tokens, reorder, serialize
 
 DISTRIBUTION = "WeTextProcessing"
@@ -63,7 +65,9 @@ class Grammar:
     """One language's text normalization: tag with the FST, order the fields, verbalize."""
 
     def __init__(self, language: str, tagger: Any, verbalizer: Optional[Any]) -> None:
-        self.language, self._tagger, self._verbalizer = language, tagger, verbalizer
+        self.language = language
+        self._tagger = _CutTagger(tagger)
+        self._verbalizer = verbalizer
         self._lock = threading.Lock()  # OpenFst caches properties on the FSTs while composing
 
     @classmethod
@@ -82,10 +86,75 @@ class Grammar:
         if not text:
             return ""
         with self._lock:
-            tokens = reorder(parse_tokens(_best_output(text, self._tagger)), self.language)
+            tokens = reorder(parse_tokens(self._tagger.best(text)), self.language)
             if self._verbalizer is None:
                 return verbalize_chinese(tokens)
-            return _best_output(serialize(tokens), self._verbalizer)
+            # Searched whole: cut token by token, a verbalizer breaks some ties differently (-5℃: "negative"
+            # where the official reads "minus"), so pieces are used for the tagger only.
+            return _best_output(serialize(tokens), self._verbalizer)[0]
+
+
+class _CutTagger:
+    """The tagger's lightest path over a text, found piece by piece between cut characters (``cuts``): forced
+    pieces cost no search, the others are searched with the exact weight reached before them, or read from
+    the pieces already searched."""
+
+    def __init__(self, fst: Any) -> None:
+        import kaldifst
+
+        self.cuts = TaggerCuts(fst)
+        self.pieces = PieceCache()
+        self._fst = fst
+        self._variants: dict[tuple[bool, bool], Any] = {}
+        z = self.cuts.boundary
+        if z is None:
+            return
+        finals = [s for s in range(fst.num_states) if fst.final(s).value != float("inf")]
+        for from_start in (True, False):
+            for to_end in (True, False):
+                variant = kaldifst.StdVectorFst(fst)
+                variant.start = fst.start if from_start else z
+                if not to_end:  # the piece ends before a cut: its lattice ends at the boundary state
+                    for s in finals:
+                        variant.set_final(s, float("inf"))
+                    variant.set_final(z, 0.0)
+                self._variants[from_start, to_end] = variant
+
+    def best(self, units: Sequence[str]) -> str:
+        """Return the output of the lightest path over the text ``"".join(units)`` (pynini's shortestpath, as
+        the official ``Processor.tag`` and ``verbalize`` take it)."""
+        text = "".join(units)
+        if self.cuts.boundary is None or not text:
+            return _best_output(text, self._fst)[0]
+        bounds = [0] + self.cuts.cut_positions(units) + [len(units)]
+        out, weight = bytearray(), 0.0
+        try:
+            for a, b in zip(bounds, bounds[1:]):
+                piece = "".join(units[a:b])
+                forced = None
+                if b < len(units):
+                    forced = self.cuts.forced(self.cuts.start if a == 0 else self.cuts.boundary, piece)
+                if forced is None:
+                    weight = self._search(piece, a == 0, b == len(units), weight, out)
+                else:
+                    out += forced[0]
+                    weight = add_weights(weight, forced[1])
+        except NoReading:
+            raise NoReading(f"the grammar has no reading of {text[:40]!r}") from None
+        return out.decode("utf-8")
+
+    def _search(self, piece: str, first: bool, last: bool, weight: float, out: bytearray) -> float:
+        """Append the lightest output of ``piece`` to ``out``, its lattice starting from path weight ``weight``
+        at the boundary state (or at the start, for the first piece); return the path weight at its end."""
+        key = (piece, first, last)
+        found = self.pieces.get(key, weight)
+        if found is None:
+            output, total, lattice = _lightest(piece, self._variants[first, last], None if first else weight)
+            self.pieces.put(key, weight, output, total, lattice)
+        else:
+            output, total = found
+        out += output
+        return total
 
 
 def _read_fst(kaldifst: Any, path: Path) -> Any:
@@ -129,20 +198,32 @@ def _unescape(value: str) -> str:
     return "".join(out)
 
 
-def _best_output(text: str, fst: Any) -> str:
-    """Return the output of the lightest path of ``fst`` over ``text``'s UTF-8 bytes (pynini's shortestpath)."""
+def _best_output(text: str, fst: Any) -> tuple[str, float]:
+    """Return the output and the weight of the lightest path of ``fst`` over ``text``'s UTF-8 bytes (pynini's
+    shortestpath)."""
+    output, weight, _ = _lightest(text, fst, None)
+    return output.decode("utf-8"), weight
+
+
+def _lightest(text: str, fst: Any, seed: Optional[float]) -> tuple[bytes, float, Any]:
+    """The output bytes and weight of the lightest path of ``fst`` over ``text``'s UTF-8 bytes, and the lattice
+    searched; a ``seed`` weight goes on a first epsilon arc, so that sums start from it as in a longer text."""
     import kaldifst
 
     data = text.encode("utf-8")
     chain = kaldifst.StdVectorFst()
-    for _ in range(len(data) + 1):
+    offset = 0 if seed is None else 1
+    for _ in range(len(data) + 1 + offset):
         chain.add_state()
     chain.start = 0
+    if seed is not None:
+        chain.add_arc(0, kaldifst.StdArc(0, 0, seed, 1))
     for i, byte in enumerate(data):
-        chain.add_arc(i, kaldifst.StdArc(byte, byte, 0.0, i + 1))
-    chain.set_final(len(data), 0.0)
-    best = kaldifst.shortest_path(kaldifst.compose(chain, fst), n=1)
-    found, _, output, _ = kaldifst.get_linear_symbol_sequence(best)
+        chain.add_arc(i + offset, kaldifst.StdArc(byte, byte, 0.0, i + offset + 1))
+    chain.set_final(len(data) + offset, 0.0)
+    lattice = kaldifst.compose(chain, fst)
+    best = kaldifst.shortest_path(lattice, n=1)
+    found, _, output, weight = kaldifst.get_linear_symbol_sequence(best)
     if not found or best.num_states == 0:
         raise NoReading(f"the grammar has no reading of {text[:40]!r}")
-    return bytes(output).decode("utf-8")
+    return bytes(output), weight.value, lattice

@@ -1,0 +1,345 @@
+"""Where a tagger's search over a text can be cut into independent pieces without changing its answer.
+
+The official runtime composes the whole text with the tagger and takes the lightest path: OpenFst's
+single shortest path over the lattice of (byte position, tagger state) pairs. Its answer depends on the
+exact float32 path weights, which accumulate from the start of the text, and on the order in which
+equally heavy paths are met, so a text may only be cut where that search is provably unchanged:
+
+- The *boundary state* Z is the tagger state between two tokens (it has the start state's token-name
+  insertions). Scanning the text, the states a path can be in without having passed Z since the last
+  character are followed; before a character that none of them can read while Z is reachable, every
+  path of the lattice passes the single state (position, Z). That state splits the lattice into a part
+  before and a part after it, and the lightest path is the lightest path of the part before, then of the
+  part after, seeded with the exact float32 weight reached at the cut (OpenFst adds weights one arc at a
+  time from the start, so the seed keeps every sum bit-identical; the part after is the same sub-lattice
+  with the same arc order). Ties between equally heavy paths are the weak spot: cutting the English
+  verbalizer the same way broke one tie differently (so it is not cut); for the taggers the outputs were
+  checked identical on every corpus at hand, not proven.
+- A piece is *forced* from a state when exactly one tagger path reads it from there and arrives at Z
+  (a plain Chinese character): it needs no search, only its output and the float32 sum of its weights.
+- The other pieces are searched; ``PieceCache`` reuses a searched piece's reading where that is provably
+  the same (the same seed, or a seed of the same float32 binade whose sums round the same way).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+EPSILON = 0
+SEARCH_BUDGET = 500  # partial paths looked at before a piece is left to the full search (a hanzi needs ~300)
+MEMO_LIMIT = 200_000  # memoized answers kept per table before it is emptied (a server meets endless texts)
+Path = tuple[bytes, tuple[float, ...]]  # the output bytes and the non-zero arc weights of a forced path
+
+
+Arc = tuple[int, int, float, int]  # input label, output label, weight, next state
+_ScanState = tuple[frozenset[int], bool]  # open states, boundary reachable
+
+
+class TaggerCuts:
+    """The cut characters of a text and the forced paths of one tagger FST (arcs read on demand; every answer
+    is memoized, so a normalizer gets faster as it meets more contexts)."""
+
+    def __init__(self, fst: Any) -> None:
+        self._fst = fst
+        self._arcs: dict[int, tuple[Arc, ...]] = {}
+        self._reached: dict[tuple[int, Optional[int]], frozenset[int]] = {}
+        self.start = fst.start
+        self.boundary = self._find_boundary()
+        self._step: dict[tuple[_ScanState, str], tuple[bool, _ScanState]] = {}
+        self._interned: dict[_ScanState, _ScanState] = {}
+        self._from_boundary: dict[str, frozenset[int]] = {}
+        self._forced: dict[tuple[int, str], Optional[Path]] = {}
+        self._again: dict[str, bool] = {}
+
+    def cut_positions(self, text: Sequence[str]) -> list[int]:
+        """The indices ``i > 0`` of ``text`` where every path of its lattice passes the boundary state.
+
+        Follows the states a path can be in after each character without having passed the boundary since
+        (``open``); a cut lies before a character that no such state can read while the boundary is
+        reachable there."""
+        cuts: list[int] = []
+        if self.boundary is None:
+            return cuts
+        state: _ScanState = (frozenset([self.start]), False)
+        for i, unit in enumerate(text):
+            key = (state, unit)
+            step = self._step.get(key)
+            if step is None:
+                _make_room(self._step)
+                _make_room(self._interned)
+                step = self._step[key] = self._scan_step(state, unit)
+            cut, state = step
+            if cut and i:
+                cuts.append(i)
+        return cuts
+
+    def _scan_step(self, state: _ScanState, unit: str) -> tuple[bool, _ScanState]:
+        """Whether a cut lies before ``unit`` in ``state`` (the open states and whether the boundary is
+        reachable), and the state after it (interned, so that its hash is worked out once)."""
+        open_states, at_boundary = state
+        after_open, boundary_after_open = self._advance(open_states, unit)
+        from_z = self._after_boundary(unit) if at_boundary else frozenset()
+        after = (after_open | from_z, boundary_after_open or (at_boundary and self._boundary_again(unit)))
+        return at_boundary and not after_open, self._interned.setdefault(after, after)
+
+    def forced(self, state: int, piece: str) -> Optional[Path]:
+        """The single tagger path that reads ``piece`` from ``state`` and arrives at the boundary, or None when
+        there is none, more than one, or too many to look at."""
+        key = (state, piece)
+        if key not in self._forced:
+            _make_room(self._forced)
+            self._forced[key] = self._single_path(state, piece.encode("utf-8"))
+        return self._forced[key]
+
+    def arcs(self, state: int) -> tuple[Arc, ...]:
+        found = self._arcs.get(state)
+        if found is None:
+            import kaldifst
+
+            found = self._arcs[state] = tuple((a.ilabel, a.olabel, a.weight.value, a.nextstate)
+                                              for a in kaldifst.ArcIterator(self._fst, state))
+        return found
+
+    def _find_boundary(self) -> Optional[int]:
+        """A state, other than the start, whose token-name insertions equal the start's (the first of them; any
+        such state is sound, the first is where the grammar returns after a token) and which no epsilon path
+        leads back to; None if there is none."""
+        eps = [a for a in self.arcs(self.start) if a[0] == EPSILON]
+        if not eps:
+            return None
+        found = [s for s in range(self._fst.num_states)
+                 if s != self.start and self._fst.num_arcs(s) >= len(eps)
+                 and [a for a in self.arcs(s) if a[0] == EPSILON] == eps]
+        self._arcs = {self.start: self._arcs[self.start], **{s: self._arcs[s] for s in found}}
+        if not found or found[0] in self._closure({found[0]}, avoid=None, strict=True):
+            return None
+        return found[0]
+
+    def _closure(self, states: set[int] | frozenset[int], avoid: Optional[int], strict: bool = False) -> set[int]:
+        """States reachable by epsilon arcs (never entering ``avoid``); ``strict`` leaves the sources out."""
+        if strict:
+            return set().union(*(self._reach(s, avoid) - {s} for s in states))
+        return set(states).union(*(self._reach(s, avoid) for s in states))
+
+    def _reach(self, state: int, avoid: Optional[int]) -> frozenset[int]:
+        """``state`` and the states its epsilon arcs lead to (never entering ``avoid``), memoized."""
+        key = (state, avoid)
+        found = self._reached.get(key)
+        if found is None:
+            out, stack = {state}, [state]
+            while stack:
+                for ilabel, _, _, nxt in self.arcs(stack.pop()):
+                    if ilabel == EPSILON and nxt != avoid and nxt not in out:
+                        out.add(nxt)
+                        stack.append(nxt)
+            found = self._reached[key] = frozenset(out)
+        return found
+
+    def _read(self, states: set[int], data: bytes) -> set[int]:
+        """States after reading ``data`` from ``states`` (epsilon moves allowed between bytes, none after)."""
+        for k, byte in enumerate(data):
+            if k:
+                states = self._closure(states, avoid=None)
+            states = {nxt for s in states for ilabel, _, _, nxt in self.arcs(s) if ilabel == byte}
+        return states
+
+    def _advance(self, open_states: frozenset[int], char: str) -> tuple[frozenset[int], bool]:
+        """Read ``char`` from the open states (no boundary on the way before it): the open states after it and
+        whether the boundary is reachable after it."""
+        after = self._read(self._closure(open_states, avoid=self.boundary), char.encode("utf-8"))
+        return self._split(after)
+
+    def _split(self, states: set[int]) -> tuple[frozenset[int], bool]:
+        z = self.boundary
+        reached = z in states or z in self._closure(states - {z}, avoid=None)
+        return frozenset(states - {z}), reached
+
+    def _after_boundary(self, char: str) -> frozenset[int]:
+        found = self._from_boundary.get(char)
+        if found is None:
+            after = self._read(self._closure({self.boundary}, avoid=None), char.encode("utf-8"))
+            found = self._from_boundary[char] = frozenset(after - {self.boundary})
+        return found
+
+    def _boundary_again(self, char: str) -> bool:
+        found = self._again.get(char)
+        if found is None:
+            after = self._read(self._closure({self.boundary}, avoid=None), char.encode("utf-8"))
+            found = self._again[char] = self._split(after)[1]
+        return found
+
+    def _single_path(self, state: int, data: bytes) -> Optional[Path]:
+        """Enumerate the paths from ``state`` reading ``data`` that end at the boundary; keep one if unique."""
+        found: list[tuple[list[int], list[float]]] = []
+        stack: list[tuple[int, int, list[int], list[float]]] = [(state, 0, [], [])]
+        budget = SEARCH_BUDGET
+        while stack:
+            budget -= 1
+            if budget < 0:
+                return None
+            s, read, labels, weights = stack.pop()
+            if read == len(data) and s == self.boundary:
+                found.append((labels, weights))
+                if len(found) > 1:
+                    return None
+                continue
+            for ilabel, olabel, weight, nxt in self.arcs(s):
+                if ilabel == EPSILON or (read < len(data) and ilabel == data[read]):
+                    stack.append((nxt, read + (ilabel != EPSILON),
+                                  labels + [olabel] if olabel else labels,
+                                  weights + [weight] if weight else weights))
+        if len(found) != 1:
+            return None
+        labels, weights = found[0]
+        return bytes(labels), tuple(weights)
+
+
+def _make_room(memo: dict) -> None:
+    if len(memo) >= MEMO_LIMIT:
+        memo.clear()
+
+
+def add_weights(total: float, weights: tuple[float, ...]) -> float:
+    """Add arc weights to a path weight one at a time in float32, as OpenFst's tropical semiring does."""
+    acc = np.float32(total)
+    for weight in weights:
+        acc = np.float32(acc + np.float32(weight))
+    return float(acc)
+
+
+@dataclass(frozen=True)
+class _Reading:
+    """A searched piece's answer: for one exact seed, or for every seed of one float32 binade whose sums
+    stay inside it."""
+
+    seed: Optional[float]  # the one seed it holds for, or None: any seed of the binade
+    exponent: int  # the binade: [2 ** (exponent - 1), 2 ** exponent)
+    low: float  # the lowest and highest sum the search formed, less the seed
+    high: float
+    output: bytes
+    delta: float  # the path weight at the piece's end, less the seed (for one exact seed: that weight)
+
+    def end(self, seed: float) -> float:
+        """The path weight at the piece's end, searched from ``seed`` (for which the reading holds)."""
+        if self.seed is not None:
+            return self.delta
+        return float(np.float32(seed) + np.float32(self.delta))
+
+    def holds_for(self, seed: float) -> bool:
+        if self.seed is not None:
+            return seed == self.seed
+        exponent = math.frexp(seed)[1]
+        return exponent == self.exponent and _inside(seed + self.low, exponent) and _inside(seed + self.high, exponent)
+
+
+class PieceCache:
+    """The readings of pieces searched more than once, reused across seeds where that provably gives the same
+    answer.
+
+    With every sum of a search inside the seed's binade (one float32 grid step u), adding an arc weight w to
+    a sum x gives x + round(w / u) * u whatever x is, unless w / u ends in exactly one half (then rounding to
+    even depends on x). So when no weight of the lattice is such a half step and all the search's sums stay
+    in the binade, a seed D' of the same binade whose sums D' + low .. D' + high stay in it too meets the
+    same comparisons, ties included, and reads the piece the same, ending at D' + delta. Otherwise (and for
+    a first piece, whose seed is 0) the reading is kept for its exact seed only. Least recently used pieces
+    are dropped beyond ``size``."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self.size = size
+        self._readings: OrderedDict[tuple[str, bool, bool], list[_Reading]] = OrderedDict()
+        self._searched: OrderedDict[tuple[str, bool, bool], None] = OrderedDict()  # pieces searched once
+
+    def get(self, key: tuple[str, bool, bool], seed: float) -> Optional[tuple[bytes, float]]:
+        """The output and end weight of ``key`` searched from ``seed``, if known."""
+        readings = self._readings.get(key)
+        if readings is None:
+            return None
+        self._readings.move_to_end(key)
+        for r in readings:
+            if r.holds_for(seed):
+                return r.output, r.end(seed)
+        return None
+
+    def put(self, key: tuple[str, bool, bool], seed: float, output: bytes, total: float, lattice: Any) -> None:
+        """Keep the answer of a search from ``seed``; a piece is only looked at on its second search (most
+        pieces with numbers in them come once)."""
+        if key not in self._searched:
+            self._searched[key] = None
+            while len(self._searched) > self.size:
+                self._searched.popitem(last=False)
+            return
+        reading = None if key[1] else _seed_free(seed, output, total, lattice)
+        if reading is None:
+            reading = _Reading(seed, 0, 0.0, 0.0, output, total)
+        readings = self._readings.setdefault(key, [])
+        readings.append(reading)
+        del readings[:-8]  # a piece met from many seeds keeps its latest readings
+        self._readings.move_to_end(key)
+        while len(self._readings) > self.size:
+            self._readings.popitem(last=False)
+
+
+def _inside(value: float, exponent: int) -> bool:
+    return 2.0 ** (exponent - 1) <= value < 2.0 ** exponent
+
+
+def _seed_free(seed: float, output: bytes, total: float, lattice: Any) -> Optional[_Reading]:
+    """Redo the search's sums (float32, OpenFst's order: the seed arc, then each arc from a state's lightest
+    weight) and return the reading when they all stay in the seed's binade with no half-step weight."""
+    import kaldifst
+
+    exponent = math.frexp(seed)[1]
+    if seed <= 0.0 or not _inside(seed, exponent):
+        return None
+    step = 2.0 ** (exponent - 1 - 23)
+    arcs = {s: [(a.weight.value, a.nextstate) for a in kaldifst.ArcIterator(lattice, s)]
+            for s in range(lattice.num_states)}
+    start = lattice.start
+    if len(arcs[start]) != 1:
+        return None
+    first = arcs[start][0][1]
+    order = _topological(arcs, first)
+    if order is None or start in order:
+        return None
+    best = {first: np.float32(seed)}
+    low = high = 0.0
+    for s in order:
+        here = best[s]
+        for weight, nxt in arcs[s]:
+            if (weight / step) % 1.0 == 0.5:
+                return None
+            value = np.float32(here + np.float32(weight))
+            if not _inside(float(value), exponent):
+                return None
+            low, high = min(low, float(value) - seed), max(high, float(value) - seed)
+            if nxt not in best or value < best[nxt]:
+                best[nxt] = value
+    return _Reading(None, exponent, low, high, output, total - seed)
+
+
+def _topological(arcs: dict[int, list[tuple[float, int]]], source: int) -> Optional[list[int]]:
+    """States reachable from ``source`` in an order where each comes after all its predecessors."""
+    order: list[int] = []
+    state = {source: 0}
+    stack = [(source, iter(arcs[source]))]
+    while stack:
+        s, it = stack[-1]
+        for _, nxt in it:
+            mark = state.get(nxt)
+            if mark is None:
+                state[nxt] = 0
+                stack.append((nxt, iter(arcs[nxt])))
+                break
+            if mark == 0:
+                return None  # a cycle
+        else:
+            stack.pop()
+            state[s] = 1
+            order.append(s)
+    order.reverse()
+    return order

@@ -1,0 +1,39 @@
+"""Searching a text piece by piece (moss_npu.text.cuts) reads it exactly as the whole-text search does."""
+
+import pytest
+
+from moss_npu.text.cuts import PieceCache, add_weights
+from moss_npu.text.wetext import Grammar, Grammars, _best_output
+
+# Long enough for float32 rounding of the path weights to matter (Chinese characters weigh 100 each).
+TEXTS = {
+    "zh": ("会议定在下午3:45开始，预计持续1.5小时。这件衬衫售价￥199元，打8折后是159.2元。气温从-5℃升到了12℃，"
+           "增长率达到了37.5%。他的电话是13812345678，请访问https://example.com或发邮件到a@b.org。比分是3-2。") * 3,
+    "en": ("The meeting starts at 9:30 a.m. on Monday, Jan. 3rd, 2027. I paid $12.99 for two books; it weighs "
+           "2.5 kg. Call me at 555-0199 after 6 pm or read https://example.com. Dr. Brown came in 22nd. ") * 3,
+}
+
+
+@pytest.mark.parametrize("language", sorted(TEXTS))
+def test_pieces_read_like_the_whole_text(needs_wetext, language):
+    tagger = Grammar.load(language, Grammars.locate())._tagger
+    text = TEXTS[language]
+    assert tagger.cuts.boundary is not None and tagger.cuts.cut_positions(text)
+    whole = _best_output(text, tagger._fst)[0]
+    assert tagger.best(text) == whole
+    assert tagger.best(text) == whole  # again, now from the memo tables and the piece readings
+    shifted = text[7:]  # the same pieces from other seeds
+    assert tagger.best(shifted) == _best_output(shifted, tagger._fst)[0]
+
+
+def test_float32_sums_are_added_one_weight_at_a_time():
+    assert add_weights(131072.0, (1.05,)) == 131073.046875  # the float32 grid step there is 1/64
+    assert add_weights(0.0, (0.1, 0.2)) != 0.1 + 0.2
+
+
+def test_piece_reading_is_reused_only_on_a_later_search_and_within_its_binade():
+    cache = PieceCache()
+    key = ("x", False, False)
+    assert cache.get(key, 300.0) is None
+    cache.put(key, 300.0, b"out", 401.0, lattice=None)  # first search: only remembered as seen
+    assert cache.get(key, 300.0) is None
