@@ -44,9 +44,10 @@ class TaggerCuts:
     """The cut characters of a text and the forced paths of one tagger FST (arcs read on demand; every answer
     is memoized, so a normalizer gets faster as it meets more contexts)."""
 
-    def __init__(self, fst: Any) -> None:
-        self._fst = fst
+    def __init__(self, fst: Any, budget: int = SEARCH_BUDGET) -> None:
+        self._fst, self._budget = fst, budget
         self._arcs: dict[int, tuple[Arc, ...]] = {}
+        self._labelled: dict[int, dict[int, tuple[Arc, ...]]] = {}
         self._reached: dict[tuple[int, Optional[int]], frozenset[int]] = {}
         self.start = fst.start
         self.boundary = self._find_boundary()
@@ -70,8 +71,8 @@ class TaggerCuts:
             key = (state, unit)
             step = self._step.get(key)
             if step is None:
-                _make_room(self._step)
-                _make_room(self._interned)
+                make_room(self._step)
+                make_room(self._interned)
                 step = self._step[key] = self._scan_step(state, unit)
             cut, state = step
             if cut and i:
@@ -92,7 +93,7 @@ class TaggerCuts:
         there is none, more than one, or too many to look at."""
         key = (state, piece)
         if key not in self._forced:
-            _make_room(self._forced)
+            make_room(self._forced)
             self._forced[key] = self._single_path(state, piece.encode("utf-8"))
         return self._forced[key]
 
@@ -104,6 +105,16 @@ class TaggerCuts:
             found = self._arcs[state] = tuple((a.ilabel, a.olabel, a.weight.value, a.nextstate)
                                               for a in kaldifst.ArcIterator(self._fst, state))
         return found
+
+    def by_label(self, state: int, label: int) -> tuple[Arc, ...]:
+        """The arcs of ``state`` whose input label is ``label``, in the FST's order."""
+        table = self._labelled.get(state)
+        if table is None:
+            table = {}
+            for arc in self.arcs(state):
+                table.setdefault(arc[0], []).append(arc)
+            table = self._labelled[state] = {label: tuple(arcs) for label, arcs in table.items()}
+        return table.get(label, ())
 
     def _find_boundary(self) -> Optional[int]:
         """A state, other than the start, whose token-name insertions equal the start's (the first of them; any
@@ -133,8 +144,8 @@ class TaggerCuts:
         if found is None:
             out, stack = {state}, [state]
             while stack:
-                for ilabel, _, _, nxt in self.arcs(stack.pop()):
-                    if ilabel == EPSILON and nxt != avoid and nxt not in out:
+                for _, _, _, nxt in self.by_label(stack.pop(), EPSILON):
+                    if nxt != avoid and nxt not in out:
                         out.add(nxt)
                         stack.append(nxt)
             found = self._reached[key] = frozenset(out)
@@ -145,7 +156,7 @@ class TaggerCuts:
         for k, byte in enumerate(data):
             if k:
                 states = self._closure(states, avoid=None)
-            states = {nxt for s in states for ilabel, _, _, nxt in self.arcs(s) if ilabel == byte}
+            states = {arc[3] for s in states for arc in self.by_label(s, byte)}
         return states
 
     def _advance(self, open_states: frozenset[int], char: str) -> tuple[frozenset[int], bool]:
@@ -177,7 +188,7 @@ class TaggerCuts:
         """Enumerate the paths from ``state`` reading ``data`` that end at the boundary; keep one if unique."""
         found: list[tuple[list[int], list[float]]] = []
         stack: list[tuple[int, int, list[int], list[float]]] = [(state, 0, [], [])]
-        budget = SEARCH_BUDGET
+        budget = self._budget
         while stack:
             budget -= 1
             if budget < 0:
@@ -188,18 +199,18 @@ class TaggerCuts:
                 if len(found) > 1:
                     return None
                 continue
-            for ilabel, olabel, weight, nxt in self.arcs(s):
-                if ilabel == EPSILON or (read < len(data) and ilabel == data[read]):
-                    stack.append((nxt, read + (ilabel != EPSILON),
-                                  labels + [olabel] if olabel else labels,
-                                  weights + [weight] if weight else weights))
+            moves = self.by_label(s, EPSILON) + (self.by_label(s, data[read]) if read < len(data) else ())
+            for ilabel, olabel, weight, nxt in moves:
+                stack.append((nxt, read + (ilabel != EPSILON), labels + [olabel] if olabel else labels,
+                              weights + [weight] if weight else weights))
         if len(found) != 1:
             return None
         labels, weights = found[0]
         return bytes(labels), tuple(weights)
 
 
-def _make_room(memo: dict) -> None:
+def make_room(memo: dict) -> None:
+    """Empty a memo table that has grown to ``MEMO_LIMIT`` entries."""
     if len(memo) >= MEMO_LIMIT:
         memo.clear()
 

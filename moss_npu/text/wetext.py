@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from moss_npu.text.cuts import PieceCache, TaggerCuts, add_weights
-from moss_npu.text.tokens import Token, parse_tokens, reorder, serialize
+from moss_npu.text.cuts import SEARCH_BUDGET, PieceCache, TaggerCuts, make_room, add_weights
+from moss_npu.text.tokens import Token, parse_tokens, reorder
 
 DISTRIBUTION = "WeTextProcessing"
 OFFICIAL_VERSION = "1.2.0"  # the version the official outputs were produced with
@@ -29,6 +29,9 @@ GRAMMAR_FILES: dict[str, tuple[str, Optional[str]]] = {
     "zh": ("tn/zh_tn_tagger.fst", None),
     "en": ("tn/en_tn_tagger.fst", "tn/en_tn_verbalizer.fst"),
 }
+
+
+VERBALIZER_BUDGET = 5000  # a verbalizer piece is a whole token: its single path takes longer to find
 
 
 class WeTextUnavailable(RuntimeError):
@@ -66,8 +69,8 @@ class Grammar:
 
     def __init__(self, language: str, tagger: Any, verbalizer: Optional[Any]) -> None:
         self.language = language
-        self._tagger = _CutTagger(tagger)
-        self._verbalizer = verbalizer
+        self._tagger = _PiecewiseSearch(tagger)
+        self._verbalizer = None if verbalizer is None else _PiecewiseSearch(verbalizer, VERBALIZER_BUDGET)
         self._lock = threading.Lock()  # OpenFst caches properties on the FSTs while composing
 
     @classmethod
@@ -89,22 +92,33 @@ class Grammar:
             tokens = reorder(parse_tokens(self._tagger.best(text)), self.language)
             if self._verbalizer is None:
                 return verbalize_chinese(tokens)
-            # Searched whole: cut token by token, a verbalizer breaks some ties differently (-5℃: "negative"
-            # where the official reads "minus"), so pieces are used for the tagger only.
-            return _best_output(serialize(tokens), self._verbalizer)[0]
+            units = [token.serialize() + " " for token in tokens]  # ``serialize(tokens)``, cut by token
+            if units:
+                units[-1] = units[-1][:-1]
+            return self._verbalizer.best(units)
 
 
-class _CutTagger:
-    """The tagger's lightest path over a text, found piece by piece between cut characters (``cuts``): forced
-    pieces cost no search, the others are searched with the exact weight reached before them, or read from
-    the pieces already searched."""
+class _PiecewiseSearch:
+    """An FST's lightest path over a text, found piece by piece between cut units (``cuts``: characters for a
+    tagger, serialized tokens for a verbalizer), with the very answer of the whole-text search.
 
-    def __init__(self, fst: Any) -> None:
+    Each piece's lattice is searched alone, seeded with the exact weight reached before it, under the
+    queue discipline that the whole text's search uses. OpenFst's ``ShortestPath`` picks its queue from
+    the whole lattice: processing in topological order when some arc is weighted, last-in-first-out when
+    none is, and equal weights are broken by that order. A piece whose seed is not 0 has a weighted (seed)
+    arc, so its search and the whole search both run in topological order. A piece searched from weight 0
+    whose own lattice has no weighted arc is read both ways: as found (last-in-first-out) and with a seed of
+    1 (every sum stays a tie, in topological order); which one holds is known once every piece is read
+    (some piece weighted: the whole lattice is). Forced pieces (one path) cost no search; searched pieces
+    are reused from ``PieceCache`` where that is provably the same."""
+
+    def __init__(self, fst: Any, budget: int = SEARCH_BUDGET) -> None:
         import kaldifst
 
-        self.cuts = TaggerCuts(fst)
+        self.cuts = TaggerCuts(fst, budget)
         self.pieces = PieceCache()
         self._fst = fst
+        self._from_zero: dict[tuple[str, bool, bool], tuple[bool, bytes, bytes, float]] = {}
         self._variants: dict[tuple[bool, bool], Any] = {}
         z = self.cuts.boundary
         if z is None:
@@ -127,34 +141,68 @@ class _CutTagger:
         if self.cuts.boundary is None or not text:
             return _best_output(text, self._fst)[0]
         bounds = [0] + self.cuts.cut_positions(units) + [len(units)]
-        out, weight = bytearray(), 0.0
+        chunks: list[bytes] = []
+        unweighted: list[tuple[int, bytes]] = []  # chunk index, reading in topological order
+        weight, weighted = 0.0, False
         try:
             for a, b in zip(bounds, bounds[1:]):
-                piece = "".join(units[a:b])
-                forced = None
-                if b < len(units):
-                    forced = self.cuts.forced(self.cuts.start if a == 0 else self.cuts.boundary, piece)
-                if forced is None:
-                    weight = self._search(piece, a == 0, b == len(units), weight, out)
-                else:
-                    out += forced[0]
+                piece, first, last = "".join(units[a:b]), a == 0, b == len(units)
+                forced = None if last else self.cuts.forced(self.cuts.start if first else self.cuts.boundary, piece)
+                if forced is not None:
+                    chunks.append(forced[0])
                     weight = add_weights(weight, forced[1])
+                    weighted = weighted or bool(forced[1])
+                elif weight != 0.0:
+                    output, weight = self._search(piece, first, last, weight)
+                    chunks.append(output)
+                    weighted = True
+                else:
+                    has_weight, lifo, top_order, weight = self._search_from_zero(piece, first, last)
+                    weighted = weighted or has_weight
+                    if not has_weight:
+                        unweighted.append((len(chunks), top_order))
+                    chunks.append(lifo)
         except NoReading:
             raise NoReading(f"the grammar has no reading of {text[:40]!r}") from None
-        return out.decode("utf-8")
+        if weighted:
+            for index, top_order in unweighted:
+                chunks[index] = top_order
+        return b"".join(chunks).decode("utf-8")
 
-    def _search(self, piece: str, first: bool, last: bool, weight: float, out: bytearray) -> float:
-        """Append the lightest output of ``piece`` to ``out``, its lattice starting from path weight ``weight``
-        at the boundary state (or at the start, for the first piece); return the path weight at its end."""
+    def _search(self, piece: str, first: bool, last: bool, weight: float) -> tuple[bytes, float]:
+        """The lightest output of ``piece`` and the path weight at its end, its lattice starting from path weight
+        ``weight`` (not 0) at the boundary state, or at the start for the first piece."""
         key = (piece, first, last)
         found = self.pieces.get(key, weight)
         if found is None:
-            output, total, lattice = _lightest(piece, self._variants[first, last], None if first else weight)
+            output, total, lattice = _lightest(piece, self._variants[first, last], weight)
             self.pieces.put(key, weight, output, total, lattice)
-        else:
-            output, total = found
-        out += output
-        return total
+            return output, total
+        return found
+
+    def _search_from_zero(self, piece: str, first: bool, last: bool) -> tuple[bool, bytes, bytes, float]:
+        """For a piece reached with path weight 0: whether its lattice has a weighted arc, its lightest output
+        as searched (last-in-first-out when unweighted), in topological order, and the weight at its end."""
+        key = (piece, first, last)
+        found = self._from_zero.get(key)
+        if found is None:
+            variant = self._variants[first, last]
+            output, total, lattice = _lightest(piece, variant, None if first else 0.0)
+            if _has_weight(lattice):
+                found = (True, output, output, total)
+            else:
+                found = (False, output, _lightest(piece, variant, 1.0)[0], 0.0)
+            make_room(self._from_zero)
+            self._from_zero[key] = found
+        return found
+
+
+def _has_weight(lattice: Any) -> bool:
+    """Whether some arc of ``lattice`` weighs other than 0 (OpenFst's ``kUnweighted`` test, final weights aside:
+    every final weight of the grammars is 0)."""
+    import kaldifst
+
+    return any(arc.weight.value != 0.0 for s in range(lattice.num_states) for arc in kaldifst.ArcIterator(lattice, s))
 
 
 def _read_fst(kaldifst: Any, path: Path) -> Any:
