@@ -54,6 +54,7 @@ class TaggerCuts:
         self._step: dict[tuple[_ScanState, str], tuple[bool, _ScanState]] = {}
         self._interned: dict[_ScanState, _ScanState] = {}
         self._from_boundary: dict[str, frozenset[int]] = {}
+        self._advanced: dict[tuple[int, str], tuple[frozenset[int], bool]] = {}
         self._forced: dict[tuple[int, str], Optional[Path]] = {}
         self._again: dict[str, bool] = {}
 
@@ -117,15 +118,25 @@ class TaggerCuts:
         return table.get(label, ())
 
     def _find_boundary(self) -> Optional[int]:
-        """A state, other than the start, whose token-name insertions equal the start's (the first of them; any
-        such state is sound, the first is where the grammar returns after a token) and which no epsilon path
-        leads back to; None if there is none."""
+        """A state, other than the start, whose token-name insertions equal the start's (or, for a grammar that
+        inserts nothing there, that has every arc of the start); the first of them: any such state is sound,
+        the first is where the grammar returns after a token. None if there is none or an epsilon path leads
+        from it back to it."""
         eps = [a for a in self.arcs(self.start) if a[0] == EPSILON]
-        if not eps:
+        if eps:
+            def fits(arcs: tuple[Arc, ...]) -> bool:
+                return [a for a in arcs if a[0] == EPSILON] == eps
+            least = len(eps)
+        else:
+            wanted = set(self.arcs(self.start))
+
+            def fits(arcs: tuple[Arc, ...]) -> bool:
+                return wanted <= set(arcs)
+            least = len(wanted)
+        if not least:
             return None
         found = [s for s in range(self._fst.num_states)
-                 if s != self.start and self._fst.num_arcs(s) >= len(eps)
-                 and [a for a in self.arcs(s) if a[0] == EPSILON] == eps]
+                 if s != self.start and self._fst.num_arcs(s) >= least and fits(self.arcs(s))]
         self._arcs = {self.start: self._arcs[self.start], **{s: self._arcs[s] for s in found}}
         if not found or found[0] in self._closure({found[0]}, avoid=None, strict=True):
             return None
@@ -161,9 +172,19 @@ class TaggerCuts:
 
     def _advance(self, open_states: frozenset[int], char: str) -> tuple[frozenset[int], bool]:
         """Read ``char`` from the open states (no boundary on the way before it): the open states after it and
-        whether the boundary is reachable after it."""
-        after = self._read(self._closure(open_states, avoid=self.boundary), char.encode("utf-8"))
-        return self._split(after)
+        whether the boundary is reachable after it (state by state: reading distributes over a union)."""
+        after: set[int] = set()
+        reached = False
+        for state in open_states:
+            key = (state, char)
+            found = self._advanced.get(key)
+            if found is None:
+                make_room(self._advanced)
+                found = self._split(self._read(self._reach(state, self.boundary), char.encode("utf-8")))
+                self._advanced[key] = found
+            after |= found[0]
+            reached = reached or found[1]
+        return frozenset(after), reached
 
     def _split(self, states: set[int]) -> tuple[frozenset[int], bool]:
         z = self.boundary

@@ -13,7 +13,9 @@ found piece by piece (``cuts``), with the very same answer as the whole-text sea
 from __future__ import annotations
 
 import importlib.metadata
+import math
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -31,6 +33,10 @@ GRAMMAR_FILES: dict[str, tuple[str, Optional[str]]] = {
 }
 
 
+RESTRICTIONS_KEPT = 24  # restricted FSTs kept per grammar (a few MB each at most)
+ILABEL_SORTED = 0x10000000  # OpenFst's kILabelSorted property bit
+_DIGITS = frozenset(b"0123456789")
+_LETTERS = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
 VERBALIZER_BUDGET = 5000  # a verbalizer piece is a whole token: its single path takes longer to find
 
 
@@ -120,6 +126,8 @@ class _PiecewiseSearch:
         self._fst = fst
         self._from_zero: dict[tuple[str, bool, bool], tuple[bool, bytes, bytes, float]] = {}
         self._variants: dict[tuple[bool, bool], Any] = {}
+        self._sorted = bool(fst.properties(ILABEL_SORTED, True))
+        self._restrictions: OrderedDict[tuple[frozenset[int], bool, bool], Any] = OrderedDict()
         z = self.cuts.boundary
         if z is None:
             return
@@ -147,7 +155,9 @@ class _PiecewiseSearch:
         try:
             for a, b in zip(bounds, bounds[1:]):
                 piece, first, last = "".join(units[a:b]), a == 0, b == len(units)
-                forced = None if last else self.cuts.forced(self.cuts.start if first else self.cuts.boundary, piece)
+                forced = None
+                if b == a + 1 and not last:  # a longer piece (a number) has many paths: not worth enumerating
+                    forced = self.cuts.forced(self.cuts.start if first else self.cuts.boundary, piece)
                 if forced is not None:
                     chunks.append(forced[0])
                     weight = add_weights(weight, forced[1])
@@ -175,10 +185,47 @@ class _PiecewiseSearch:
         key = (piece, first, last)
         found = self.pieces.get(key, weight)
         if found is None:
-            output, total, lattice = _lightest(piece, self._variants[first, last], weight)
+            output, total, lattice = _lightest(piece, self._restricted(piece, first, last), weight)
             self.pieces.put(key, weight, output, total, lattice)
             return output, total
         return found
+
+    def _restricted(self, piece: str, first: bool, last: bool) -> Any:
+        """The piece's FST variant with only the arcs that can read ``piece``'s bytes (epsilons, and the bytes
+        of its characters; all ASCII digits or letters when it holds one), trimmed to the states that still
+        lead to its end.
+
+        The piece's lattice is the same, arc for arc in the same order: an arc with another input label is
+        never part of it, a trimmed state is never on one of its paths, and restricting an ilabel-sorted FST
+        by composition keeps each state's arcs in their order. The composition explores far fewer dead
+        states on it (a number: 5× faster). Built on a label set's second use, a few kept."""
+        variant = self._variants[first, last]
+        if not self._sorted:
+            return variant
+        data = piece.encode("utf-8")
+        labels = set(data)
+        for group in (_DIGITS, _LETTERS):
+            if not labels.isdisjoint(group):
+                labels |= group
+        key = (frozenset(labels), first, last)
+        found = self._restrictions.get(key)
+        if found is None:
+            self._restrictions[key] = False  # seen once
+            found = False
+        elif found is False:
+            import kaldifst
+
+            sigma = kaldifst.StdVectorFst()
+            sigma.add_state()
+            sigma.start = 0
+            sigma.set_final(0, 0.0)
+            for label in sorted(labels):
+                sigma.add_arc(0, kaldifst.StdArc(label, label, 0.0, 0))
+            found = self._restrictions[key] = kaldifst.compose(sigma, variant)
+        self._restrictions.move_to_end(key)
+        while len(self._restrictions) > RESTRICTIONS_KEPT:
+            self._restrictions.popitem(last=False)
+        return variant if found is False else found
 
     def _search_from_zero(self, piece: str, first: bool, last: bool) -> tuple[bool, bytes, bytes, float]:
         """For a piece reached with path weight 0: whether its lattice has a weighted arc, its lightest output
@@ -186,7 +233,7 @@ class _PiecewiseSearch:
         key = (piece, first, last)
         found = self._from_zero.get(key)
         if found is None:
-            variant = self._variants[first, last]
+            variant = self._restricted(piece, first, last)
             output, total, lattice = _lightest(piece, variant, None if first else 0.0)
             if _has_weight(lattice):
                 found = (True, output, output, total)
@@ -198,11 +245,12 @@ class _PiecewiseSearch:
 
 
 def _has_weight(lattice: Any) -> bool:
-    """Whether some arc of ``lattice`` weighs other than 0 (OpenFst's ``kUnweighted`` test, final weights aside:
-    every final weight of the grammars is 0)."""
+    """Whether some arc of ``lattice`` weighs other than 0 or infinity (the test by which OpenFst's ``AutoQueue``
+    takes last-in-first-out for a lattice with no such arc)."""
     import kaldifst
 
-    return any(arc.weight.value != 0.0 for s in range(lattice.num_states) for arc in kaldifst.ArcIterator(lattice, s))
+    return any(arc.weight.value not in (0.0, math.inf)
+               for s in range(lattice.num_states) for arc in kaldifst.ArcIterator(lattice, s))
 
 
 def _read_fst(kaldifst: Any, path: Path) -> Any:
