@@ -161,15 +161,15 @@ class _PiecewiseSearch:
                 if forced is not None:
                     chunks.append(forced[0])
                     weight = add_weights(weight, forced[1])
-                    weighted = weighted or bool(forced[1])
+                    weighted = weighted or any(w != math.inf for w in forced[1])
                 elif weight != 0.0:
                     output, weight = self._search(piece, first, last, weight)
                     chunks.append(output)
                     weighted = True
                 else:
-                    has_weight, lifo, top_order, weight = self._search_from_zero(piece, first, last)
-                    weighted = weighted or has_weight
-                    if not has_weight:
+                    holds, lifo, top_order, weight = self._search_from_zero(piece, first, last)
+                    weighted = weighted or holds
+                    if not holds:
                         unweighted.append((len(chunks), top_order))
                     chunks.append(lifo)
         except NoReading:
@@ -228,14 +228,15 @@ class _PiecewiseSearch:
         return variant if found is False else found
 
     def _search_from_zero(self, piece: str, first: bool, last: bool) -> tuple[bool, bytes, bytes, float]:
-        """For a piece reached with path weight 0: whether its lattice has a weighted arc, its lightest output
-        as searched (last-in-first-out when unweighted), in topological order, and the weight at its end."""
+        """For a piece reached with path weight 0: whether its reading as searched holds whatever the other pieces
+        are (its lattice has a weighted arc, or it is the whole text), that reading (last-in-first-out when the
+        lattice is unweighted), its reading in topological order, and the path weight at its end."""
         key = (piece, first, last)
         found = self._from_zero.get(key)
         if found is None:
             variant = self._restricted(piece, first, last)
             output, total, lattice = _lightest(piece, variant, None if first else 0.0)
-            if _has_weight(lattice):
+            if (first and last) or _has_weight(lattice):  # a whole text is read as OpenFst reads it
                 found = (True, output, output, total)
             else:
                 found = (False, output, _lightest(piece, variant, 1.0)[0], 0.0)
@@ -306,17 +307,11 @@ def _lightest(text: str, fst: Any, seed: Optional[float]) -> tuple[bytes, float,
     searched; a ``seed`` weight goes on a first epsilon arc, so that sums start from it as in a longer text."""
     import kaldifst
 
-    data = text.encode("utf-8")
-    chain = kaldifst.StdVectorFst()
-    offset = 0 if seed is None else 1
-    for _ in range(len(data) + 1 + offset):
-        chain.add_state()
-    chain.start = 0
+    chain = kaldifst.make_linear_acceptor(list(text.encode("utf-8")))
     if seed is not None:
-        chain.add_arc(0, kaldifst.StdArc(0, 0, seed, 1))
-    for i, byte in enumerate(data):
-        chain.add_arc(i + offset, kaldifst.StdArc(byte, byte, 0.0, i + offset + 1))
-    chain.set_final(len(data) + offset, 0.0)
+        first = chain.add_state()
+        chain.add_arc(first, kaldifst.StdArc(0, 0, seed, chain.start))
+        chain.start = first
     lattice = kaldifst.compose(chain, fst)
     best = kaldifst.shortest_path(lattice, n=1)
     found, _, output, weight = kaldifst.get_linear_symbol_sequence(best)

@@ -26,6 +26,34 @@ def test_pieces_read_like_the_whole_text(needs_wetext, language):
     assert tagger.best(shifted) == _best_output(shifted, tagger._fst)[0]
 
 
+# Verbalizer inputs whose lattices are unweighted (words only) or weighted only in a later token: OpenFst breaks
+# the ties of an unweighted lattice last-in-first-out and of a weighted one in topological order, so -5℃ reads
+# "negative" in the first two and "minus" in the third (the official outputs of such texts say the same).
+VERBALIZED = [
+    'measure { negative: "true" integer: "five" units: "degrees Celsius" } w { v: "meeting" }',
+    'w { v: "it" } measure { negative: "true" integer: "five" units: "degrees Celsius" } w { v: "of" }',
+    'measure { negative: "true" integer: "five" units: "degrees Celsius" } w { v: "meeting" } '
+    'electronic { username: "afoo" domain: "bar.com" } w { v: "number" } p { v: "。" }',
+]
+
+
+@pytest.fixture(scope="module")
+def english():
+    return Grammar.load("en", Grammars.locate())
+
+
+@pytest.mark.parametrize("tagged", VERBALIZED)
+def test_verbalizer_pieces_break_ties_as_the_whole_search(needs_wetext, english, tagged):
+    verbalizer = english._verbalizer
+    units = [unit + " }" for unit in tagged.split(" } ")]
+    units = [unit + " " for unit in units[:-1]] + [units[-1][:-2]]
+    assert "".join(units) == tagged and verbalizer.cuts.cut_positions(units)
+    whole = _best_output(tagged, verbalizer._fst)[0]
+    assert verbalizer.best(units) == whole
+    assert verbalizer.best(units) == whole  # again, from the memo tables
+    assert ("minus" in whole) == ("electronic" in tagged)
+
+
 def test_float32_sums_are_added_one_weight_at_a_time():
     assert add_weights(131072.0, (1.05,)) == 131073.046875  # the float32 grid step there is 1/64
     assert add_weights(0.0, (0.1, 0.2)) != 0.1 + 0.2
