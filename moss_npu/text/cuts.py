@@ -53,10 +53,10 @@ class TaggerCuts:
         self.boundary = self._find_boundary()
         self._step: dict[tuple[_ScanState, str], tuple[bool, _ScanState]] = {}
         self._interned: dict[_ScanState, _ScanState] = {}
-        self._from_boundary: dict[str, frozenset[int]] = {}
+        self._from_boundary: dict[str, tuple[frozenset[int], bool]] = {}
+        self._boundary_prefix: dict[bytes, frozenset[int]] = {}
         self._advanced: dict[tuple[int, str], tuple[frozenset[int], bool]] = {}
         self._forced: dict[tuple[int, str], Optional[Path]] = {}
-        self._again: dict[str, bool] = {}
 
     def cut_positions(self, text: Sequence[str]) -> list[int]:
         """The indices ``i > 0`` of ``text`` where every path of its lattice passes the boundary state.
@@ -85,8 +85,8 @@ class TaggerCuts:
         reachable), and the state after it (interned, so that its hash is worked out once)."""
         open_states, at_boundary = state
         after_open, boundary_after_open = self._advance(open_states, unit)
-        from_z = self._after_boundary(unit) if at_boundary else frozenset()
-        after = (after_open | from_z, boundary_after_open or (at_boundary and self._boundary_again(unit)))
+        from_z, boundary_again = self._from_boundary_read(unit) if at_boundary else (frozenset(), False)
+        after = (after_open | from_z, boundary_after_open or boundary_again)
         return at_boundary and not after_open, self._interned.setdefault(after, after)
 
     def forced(self, state: int, piece: str) -> Optional[Path]:
@@ -191,18 +191,24 @@ class TaggerCuts:
         reached = z in states or z in self._closure(states - {z}, avoid=None)
         return frozenset(states - {z}), reached
 
-    def _after_boundary(self, char: str) -> frozenset[int]:
+    def _from_boundary_read(self, char: str) -> tuple[frozenset[int], bool]:
+        """Read ``char`` from the boundary: the states after it (the boundary left out) and whether the boundary
+        is reachable after it. Reads byte by byte, each prefix memoized: characters share their first bytes."""
         found = self._from_boundary.get(char)
         if found is None:
-            after = self._read(self._closure({self.boundary}, avoid=None), char.encode("utf-8"))
-            found = self._from_boundary[char] = frozenset(after - {self.boundary})
-        return found
-
-    def _boundary_again(self, char: str) -> bool:
-        found = self._again.get(char)
-        if found is None:
-            after = self._read(self._closure({self.boundary}, avoid=None), char.encode("utf-8"))
-            found = self._again[char] = self._split(after)[1]
+            data = char.encode("utf-8")
+            states = self._closure({self.boundary}, avoid=None)
+            for k in range(1, len(data) + 1):
+                prefix = data[:k]
+                known = self._boundary_prefix.get(prefix)
+                if known is None:
+                    known = frozenset(self._read(states if k == 1 else self._closure(states, avoid=None),
+                                                 prefix[-1:]))
+                    make_room(self._boundary_prefix)
+                    self._boundary_prefix[prefix] = known
+                states = known
+            make_room(self._from_boundary)
+            found = self._from_boundary[char] = self._split(set(states))
         return found
 
     def _single_path(self, state: int, data: bytes) -> Optional[Path]:
