@@ -1,24 +1,34 @@
-"""Where a tagger's search over a text can be cut into independent pieces without changing its answer.
+"""Where an FST's search over a text can be cut into independent pieces without changing its answer.
 
-The official runtime composes the whole text with the tagger and takes the lightest path: OpenFst's
-single shortest path over the lattice of (byte position, tagger state) pairs. Its answer depends on the
-exact float32 path weights, which accumulate from the start of the text, and on the order in which
-equally heavy paths are met, so a text may only be cut where that search is provably unchanged:
+The official runtime composes the whole text with the grammar FST (tagger, then verbalizer) and takes
+OpenFst's single shortest path over the lattice of (byte position, FST state) pairs. Its answer hangs on
+the exact float32 path weights, summed arc by arc from the start of the text, and on how equal weights
+are broken. Why a piecewise search gives the very same answer:
 
-- The *boundary state* Z is the tagger state between two tokens (it has the start state's token-name
-  insertions). Scanning the text, the states a path can be in without having passed Z since the last
-  character are followed; before a character that none of them can read while Z is reachable, every
-  path of the lattice passes the single state (position, Z). That state splits the lattice into a part
-  before and a part after it, and the lightest path is the lightest path of the part before, then of the
-  part after, seeded with the exact float32 weight reached at the cut (OpenFst adds weights one arc at a
-  time from the start, so the seed keeps every sum bit-identical; the part after is the same sub-lattice
-  with the same arc order). Ties between equally heavy paths are the weak spot: cutting the English
-  verbalizer the same way broke one tie differently (so it is not cut); for the taggers the outputs were
-  checked identical on every corpus at hand, not proven.
-- A piece is *forced* from a state when exactly one tagger path reads it from there and arrives at Z
-  (a plain Chinese character): it needs no search, only its output and the float32 sum of its weights.
-- The other pieces are searched; ``PieceCache`` reuses a searched piece's reading where that is provably
-  the same (the same seed, or a seed of the same float32 binade whose sums round the same way).
+- The *boundary state* Z is where the grammar is between two tokens. Scanning the text, the states a
+  path can be in without having passed Z at the current position are followed; before a character that
+  none of them can read while Z is reachable, every path of the lattice passes the single lattice state
+  (position, Z), once (no epsilon path leads from Z back to Z). The lattice falls apart there into a part
+  before and a part after that state, each the same sub-lattice as that of the piece searched alone
+  (the lattice's arcs at (position, state) depend on that state and that byte only, in the FST's order).
+- Distances: OpenFst adds weights in float32 one arc at a time from the start, so a piece searched with
+  an epsilon arc carrying the exact weight reached at its cut (the *seed*) forms the very sums of the
+  whole search, and the same minimum at each state.
+- Ties: the lattice of a composed text has no known properties, so ``ShortestPath``'s ``AutoQueue``
+  decomposes it: for an acyclic lattice (the grammars have no input-epsilon cycle) with some arc weighing
+  neither 0 nor infinity it visits states in topological order (reverse depth-first finishing order), and
+  last-in-first-out when no arc does; a state keeps the first of equally light ways in. A depth-first search enters
+  the part after a cut only through the cut state and leaves no state of it unfinished, and a
+  last-in-first-out queue empties that part before it returns to the part before, so either order,
+  restricted to one piece, is the order of the piece searched alone, and the same way in is kept
+  everywhere. The one thing that is not local is which of the two orders runs: a piece whose own lattice
+  is unweighted would be searched last-in-first-out even when the whole text's lattice is weighted
+  (cut by token, the English verbalizer read ``-5℃`` as "negative" where the whole search reads "minus").
+  So each piece is searched under the whole text's discipline (``wetext._PiecewiseSearch``).
+- A piece is *forced* from a state when exactly one FST path reads it from there and arrives at Z (a
+  plain Chinese character): it needs no search, only its output and the float32 sum of its weights.
+- ``PieceCache`` reuses a searched piece's reading where that is provably the same (the same seed, or a
+  seed of the same float32 binade whose sums round the same way).
 """
 
 from __future__ import annotations
@@ -40,9 +50,10 @@ Arc = tuple[int, int, float, int]  # input label, output label, weight, next sta
 _ScanState = tuple[frozenset[int], bool]  # open states, boundary reachable
 
 
-class TaggerCuts:
-    """The cut characters of a text and the forced paths of one tagger FST (arcs read on demand; every answer
-    is memoized, so a normalizer gets faster as it meets more contexts)."""
+class GrammarCuts:
+    """The cuts of a text (between characters for a tagger, between tokens for a verbalizer) and the forced
+    paths of one grammar FST (arcs read on demand; every answer is memoized, so a normalizer gets faster as
+    it meets more contexts)."""
 
     def __init__(self, fst: Any, budget: int = SEARCH_BUDGET) -> None:
         self._fst, self._budget = fst, budget

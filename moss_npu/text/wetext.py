@@ -6,8 +6,11 @@ only the Chinese *verbalizer*: the custom build's tagger is byte-identical to th
 the WeTextProcessing wheel ships, and the custom verbalizer only concatenates the tagged values (keeping
 儿, interjections and full-width marks), which ``verbalize_chinese`` does directly. So this module needs
 no grammar compiler and no cache: kaldifst (wheels for x86-64 and aarch64) runs the wheel's tagger FSTs and
-its English verbalizer, and pynini (no aarch64 wheel) is never imported. The tagger's lightest path is
-found piece by piece (``cuts``), with the very same answer as the whole-text search.
+its English verbalizer, and pynini (no aarch64 wheel) is never imported. Each FST's lightest path is
+found piece by piece (``cuts``), with the very same answer as kaldifst's search of the whole text. (The
+official runtime loads the files with pynini's ``optimize()``, which renumbers their states; in rare ties
+that breaks them otherwise: ``foo@example.org, CO2`` is tagged ``example.o`` + ``rg, Colorado`` there,
+``example.or`` + ``g, Colorado`` here, by the whole search and the pieces alike.)
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from moss_npu.text.cuts import SEARCH_BUDGET, PieceCache, TaggerCuts, make_room, add_weights
+from moss_npu.text.cuts import SEARCH_BUDGET, PieceCache, GrammarCuts, make_room, add_weights
 from moss_npu.text.tokens import Token, parse_tokens, reorder
 
 DISTRIBUTION = "WeTextProcessing"
@@ -121,7 +124,7 @@ class _PiecewiseSearch:
     def __init__(self, fst: Any, budget: int = SEARCH_BUDGET) -> None:
         import kaldifst
 
-        self.cuts = TaggerCuts(fst, budget)
+        self.cuts = GrammarCuts(fst, budget)
         self.pieces = PieceCache()
         self._fst = fst
         self._from_zero: dict[tuple[str, bool, bool], tuple[bool, bytes, bytes, float]] = {}
