@@ -36,7 +36,8 @@ GRAMMAR_FILES: dict[str, tuple[str, Optional[str]]] = {
 }
 
 
-RESTRICTIONS_KEPT = 24  # restricted FSTs kept per grammar (a few MB each at most)
+RESTRICTIONS_KEPT = 16  # restricted FSTs kept per grammar (up to ~60,000 states each for English)
+LABEL_SETS_KEPT = 4096  # label sets met once, remembered so that a second meeting builds their restriction
 ILABEL_SORTED = 0x10000000  # OpenFst's kILabelSorted property bit
 _DIGITS = frozenset(b"0123456789")
 _LETTERS = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
@@ -131,6 +132,7 @@ class _PiecewiseSearch:
         self._variants: dict[tuple[bool, bool], Any] = {}
         self._sorted = bool(fst.properties(ILABEL_SORTED, True))
         self._restrictions: OrderedDict[tuple[frozenset[int], bool, bool], Any] = OrderedDict()
+        self._label_sets: OrderedDict[tuple[frozenset[int], bool, bool], None] = OrderedDict()  # met once
         z = self.cuts.boundary
         if z is None:
             return
@@ -213,9 +215,9 @@ class _PiecewiseSearch:
         key = (frozenset(labels), first, last)
         found = self._restrictions.get(key)
         if found is None:
-            self._restrictions[key] = False  # seen once
-            found = False
-        elif found is False:
+            if key not in self._label_sets:
+                _remember(self._label_sets, key, None, LABEL_SETS_KEPT)
+                return variant
             import kaldifst
 
             sigma = kaldifst.StdVectorFst()
@@ -224,11 +226,9 @@ class _PiecewiseSearch:
             sigma.set_final(0, 0.0)
             for label in sorted(labels):
                 sigma.add_arc(0, kaldifst.StdArc(label, label, 0.0, 0))
-            found = self._restrictions[key] = kaldifst.compose(sigma, variant)
-        self._restrictions.move_to_end(key)
-        while len(self._restrictions) > RESTRICTIONS_KEPT:
-            self._restrictions.popitem(last=False)
-        return variant if found is False else found
+            found = kaldifst.compose(sigma, variant)
+        _remember(self._restrictions, key, found, RESTRICTIONS_KEPT)
+        return found
 
     def _search_from_zero(self, piece: str, first: bool, last: bool) -> tuple[bool, bytes, bytes, float]:
         """For a piece reached with path weight 0: whether its reading as searched holds whatever the other pieces
@@ -246,6 +246,14 @@ class _PiecewiseSearch:
             make_room(self._from_zero)
             self._from_zero[key] = found
         return found
+
+
+def _remember(table: OrderedDict, key: Any, value: Any, size: int) -> None:
+    """Put ``key`` in the least-recently-used ``table`` (as its newest entry), dropping the oldest beyond ``size``."""
+    table[key] = value
+    table.move_to_end(key)
+    while len(table) > size:
+        table.popitem(last=False)
 
 
 def _has_weight(lattice: Any) -> bool:
