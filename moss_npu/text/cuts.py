@@ -146,8 +146,10 @@ class GrammarCuts:
             least = len(wanted)
         if not least:
             return None
-        found = [s for s in range(self._fst.num_states)
-                 if s != self.start and self._fst.num_arcs(s) >= least and fits(self.arcs(s))]
+        fst = self._fst
+        found = [s for s in range(fst.num_states)
+                 if s != self.start and fst.num_arcs(s) >= least
+                 and (not eps or fst.num_input_epsilons(s) == len(eps)) and fits(self.arcs(s))]
         self._arcs = {self.start: self._arcs[self.start], **{s: self._arcs[s] for s in found}}
         if not found or found[0] in self._closure({found[0]}, avoid=None, strict=True):
             return None

@@ -137,15 +137,15 @@ class _PiecewiseSearch:
         if z is None:
             return
         finals = [s for s in range(fst.num_states) if fst.final(s).value != float("inf")]
-        for from_start in (True, False):
-            for to_end in (True, False):
-                variant = kaldifst.StdVectorFst(fst)
-                variant.start = fst.start if from_start else z
-                if not to_end:  # the piece ends before a cut: its lattice ends at the boundary state
-                    for s in finals:
-                        variant.set_final(s, float("inf"))
-                    variant.set_final(z, 0.0)
-                self._variants[from_start, to_end] = variant
+        self._variants[True, True] = fst
+        for from_start, to_end in ((True, False), (False, True), (False, False)):
+            variant = kaldifst.StdVectorFst(fst)
+            variant.start = fst.start if from_start else z
+            if not to_end:  # the piece ends before a cut: its lattice ends at the boundary state
+                for s in finals:
+                    variant.set_final(s, float("inf"))
+                variant.set_final(z, 0.0)
+            self._variants[from_start, to_end] = variant
 
     def best(self, units: Sequence[str]) -> str:
         """Return the output of the lightest path over the text ``"".join(units)`` (pynini's shortestpath, as
