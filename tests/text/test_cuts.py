@@ -3,7 +3,7 @@
 import pytest
 
 from moss_npu.text.cuts import PieceCache, add_weights
-from moss_npu.text.wetext import Grammar, Grammars, _best_output
+from moss_npu.text.wetext import Grammar, Grammars, _best_output, _lightest
 
 # Long enough for float32 rounding of the path weights to matter (Chinese characters weigh 100 each).
 TEXTS = {
@@ -65,3 +65,15 @@ def test_piece_reading_is_reused_only_on_a_later_search_and_within_its_binade():
     assert cache.get(key, 300.0) is None
     cache.put(key, 300.0, b"out", 401.0, lattice=None)  # first search: only remembered as seen
     assert cache.get(key, 300.0) is None
+
+
+@pytest.mark.parametrize("language, piece", [("zh", "33114433564，"), ("en", "555-0199 after ")])
+def test_a_restricted_grammar_gives_the_piece_the_same_lattice(needs_wetext, language, piece):
+    search = Grammar.load(language, Grammars.locate())._tagger
+    full = search._variants[False, False]
+    assert search._restricted(piece, False, False) is full  # a label set met once: not restricted yet
+    restricted = search._restricted(piece, False, False)
+    assert restricted is not full and restricted.num_states < full.num_states / 4
+    seed = 1234.5
+    whole, part = _lightest(piece, full, seed), _lightest(piece, restricted, seed)
+    assert part[:2] == whole[:2] and part[2].num_states == whole[2].num_states
