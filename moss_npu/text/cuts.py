@@ -303,7 +303,7 @@ class PieceCache:
     def __init__(self, size: int = 4096) -> None:
         self.size = size
         self._readings: OrderedDict[tuple[str, bool, bool], list[_Reading]] = OrderedDict()
-        self._searched: OrderedDict[tuple[str, bool, bool], None] = OrderedDict()  # pieces searched once
+        self._searched: OrderedDict[tuple[str, bool, bool], int] = OrderedDict()  # searches per piece
 
     def get(self, key: tuple[str, bool, bool], seed: float) -> Optional[tuple[bytes, float]]:
         """The output and end weight of ``key`` searched from ``seed``, if known."""
@@ -317,14 +317,17 @@ class PieceCache:
         return None
 
     def put(self, key: tuple[str, bool, bool], seed: float, output: bytes, total: float, lattice: Any) -> None:
-        """Keep the answer of a search from ``seed``; a piece is only looked at on its second search (most
-        pieces with numbers in them come once)."""
-        if key not in self._searched:
-            self._searched[key] = None
-            while len(self._searched) > self.size:
-                self._searched.popitem(last=False)
+        """Keep the answer of a search from ``seed``: nothing on a piece's first search (most pieces with numbers
+        in them come once), the exact seed's reading on its second, and from its third on the reading for the
+        seed's binade where that is proven (the proof costs about as much as a search)."""
+        searches = self._searched.get(key, 0) + 1
+        self._searched[key] = searches
+        self._searched.move_to_end(key)
+        while len(self._searched) > self.size:
+            self._searched.popitem(last=False)
+        if searches == 1:
             return
-        reading = None if key[1] else _seed_free(seed, output, total, lattice)
+        reading = None if key[1] or searches == 2 else _seed_free(seed, output, total, lattice)
         if reading is None:
             reading = _Reading(seed, 0, 0.0, 0.0, output, total)
         readings = self._readings.setdefault(key, [])
