@@ -65,6 +65,8 @@ def test_piece_reading_is_reused_only_on_a_later_search_and_within_its_binade():
     assert cache.get(key, 300.0) is None
     cache.put(key, 300.0, b"out", 401.0, lattice=None)  # first search: only remembered as seen
     assert cache.get(key, 300.0) is None
+    cache.put(key, 300.0, b"out", 401.0, lattice=None)  # second: its exact seed only, no binade proof yet
+    assert cache.get(key, 300.0) == (b"out", 401.0) and cache.get(key, 301.0) is None
 
 
 @pytest.mark.parametrize("language, piece", [("zh", "33114433564，"), ("en", "555-0199 after ")])
