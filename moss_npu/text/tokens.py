@@ -9,6 +9,7 @@ official outputs hold: fields of a reordered kind that its order does not name a
 
 from __future__ import annotations
 
+import re
 import string
 from dataclasses import dataclass, field
 
@@ -46,8 +47,35 @@ class Token:
         return self.name + " {" + "".join(f' {key}: "{value}"' for key, value in self.fields()) + " }"
 
 
+_TOKEN = re.compile(r'([A-Za-z_]*) \{ ((?:[A-Za-z_]+: "(?:[^"\\]|\\.)*" +)*)\}( |$)', re.DOTALL)
+_FIELD = re.compile(r'([A-Za-z_]+): "((?:[^"\\]|\\.)*)" +', re.DOTALL)
+
+
 def parse_tokens(tagged: str) -> list[Token]:
     """Split a tagger output into tokens (a key given twice is read twice, with its last value)."""
+    tokens = _parse_well_formed(tagged)
+    return tokens if tokens is not None else _parse_any(tagged)
+
+
+def _parse_well_formed(tagged: str) -> list[Token] | None:
+    """Parse the tagger's own layout (``name { key: "value" } `` after one another, fields one or more spaces
+    apart) with regular expressions;
+    None for anything else, which the character reader takes."""
+    tokens, end = [], 0
+    for match in _TOKEN.finditer(tagged):
+        if match.start() != end:
+            return None
+        token = Token(match.group(1))
+        for key, value in _FIELD.findall(match.group(2)):
+            token.order.append(key)
+            token.values[key] = value
+        tokens.append(token)
+        end = match.end()
+    return tokens if end == len(tagged) and tagged else None
+
+
+def _parse_any(tagged: str) -> list[Token]:
+    """Read a tagged text character by character, leniently (the official token parser's behaviour)."""
     reader = _Reader(tagged)
     tokens: list[Token] = []
     while reader.skip_spaces():

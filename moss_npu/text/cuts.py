@@ -1,0 +1,399 @@
+"""Where an FST's search over a text can be cut into independent pieces without changing its answer.
+
+The official runtime composes the whole text with the grammar FST (tagger, then verbalizer) and takes
+OpenFst's single shortest path over the lattice of (byte position, FST state) pairs. Its answer hangs on
+the exact float32 path weights, summed arc by arc from the start of the text, and on how equal weights
+are broken. Why a piecewise search gives the very same answer:
+
+- The *boundary state* Z is where the grammar is between two tokens. Scanning the text, the states a
+  path can be in without having passed Z at the current position are followed; before a character that
+  none of them can read while Z is reachable, every path of the lattice passes the single lattice state
+  (position, Z), once (no epsilon path leads from Z back to Z). The lattice falls apart there into a part
+  before and a part after that state, each the same sub-lattice as that of the piece searched alone
+  (the lattice's arcs at (position, state) depend on that state and that byte only, in the FST's order).
+- Distances: OpenFst adds weights in float32 one arc at a time from the start, so a piece searched with
+  an epsilon arc carrying the exact weight reached at its cut (the *seed*) forms the very sums of the
+  whole search, and the same minimum at each state.
+- Ties: the lattice of a composed text has no known properties, so ``ShortestPath``'s ``AutoQueue``
+  decomposes it: for an acyclic lattice (the grammars have no input-epsilon cycle) with some arc weighing
+  neither 0 nor infinity it visits states in topological order (reverse depth-first finishing order), and
+  last-in-first-out when no arc does; a state keeps the first of equally light ways in. A depth-first search enters
+  the part after a cut only through the cut state and leaves no state of it unfinished, and a
+  last-in-first-out queue empties that part before it returns to the part before, so either order,
+  restricted to one piece, is the order of the piece searched alone, and the same way in is kept
+  everywhere. The one thing that is not local is which of the two orders runs: a piece whose own lattice
+  is unweighted would be searched last-in-first-out even when the whole text's lattice is weighted
+  (cut by token, the English verbalizer read ``-5℃`` as "negative" where the whole search reads "minus").
+  So each piece is searched under the whole text's discipline (``wetext._PiecewiseSearch``).
+- A piece is *forced* from a state when exactly one FST path reads it from there and arrives at Z (a
+  plain Chinese character): it needs no search, only its output and the float32 sum of its weights.
+- ``PieceCache`` reuses a searched piece's reading where that is provably the same (the same seed, or a
+  seed of the same float32 binade whose sums round the same way).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+EPSILON = 0
+SEARCH_BUDGET = 500  # partial paths looked at before a piece is left to the full search (a hanzi needs ~300)
+MEMO_LIMIT = 200_000  # memoized answers kept per table before it is emptied (a server meets endless texts)
+Path = tuple[bytes, tuple[float, ...]]  # the output bytes and the non-zero arc weights of a forced path
+
+
+Arc = tuple[int, int, float, int]  # input label, output label, weight, next state
+_ScanState = tuple[frozenset[int], bool]  # open states, boundary reachable
+
+
+class GrammarCuts:
+    """The cuts of a text (between characters for a tagger, between tokens for a verbalizer) and the forced
+    paths of one grammar FST (arcs read on demand; every answer is memoized, so a normalizer gets faster as
+    it meets more contexts)."""
+
+    def __init__(self, fst: Any, budget: int = SEARCH_BUDGET) -> None:
+        self._fst, self._budget = fst, budget
+        self._arcs: dict[int, tuple[Arc, ...]] = {}
+        self._labelled: dict[int, dict[int, tuple[Arc, ...]]] = {}
+        self._reached: dict[tuple[int, Optional[int]], frozenset[int]] = {}
+        self.start = fst.start
+        self.boundary = self._find_boundary()
+        self._step: dict[tuple[_ScanState, str], tuple[bool, _ScanState]] = {}
+        self._interned: dict[_ScanState, _ScanState] = {}
+        self._from_boundary: dict[str, tuple[frozenset[int], bool]] = {}
+        self._boundary_prefix: dict[bytes, frozenset[int]] = {}
+        self._advanced: dict[tuple[int, str], tuple[frozenset[int], bool]] = {}
+        self._forced: dict[tuple[int, str], Optional[Path]] = {}
+
+    def cut_positions(self, text: Sequence[str]) -> list[int]:
+        """The indices ``i > 0`` of ``text`` where every path of its lattice passes the boundary state.
+
+        Follows the states a path can be in after each character without having passed the boundary since
+        (``open``); a cut lies before a character that no such state can read while the boundary is
+        reachable there."""
+        cuts: list[int] = []
+        if self.boundary is None:
+            return cuts
+        state: _ScanState = (frozenset([self.start]), False)
+        for i, unit in enumerate(text):
+            key = (state, unit)
+            step = self._step.get(key)
+            if step is None:
+                make_room(self._step)
+                make_room(self._interned)
+                step = self._step[key] = self._scan_step(state, unit)
+            cut, state = step
+            if cut and i:
+                cuts.append(i)
+        return cuts
+
+    def _scan_step(self, state: _ScanState, unit: str) -> tuple[bool, _ScanState]:
+        """Whether a cut lies before ``unit`` in ``state`` (the open states and whether the boundary is
+        reachable), and the state after it (interned, so that its hash is worked out once)."""
+        open_states, at_boundary = state
+        after_open, boundary_after_open = self._advance(open_states, unit)
+        from_z, boundary_again = self._from_boundary_read(unit) if at_boundary else (frozenset(), False)
+        after = (after_open | from_z, boundary_after_open or boundary_again)
+        return at_boundary and not after_open, self._interned.setdefault(after, after)
+
+    def forced(self, state: int, piece: str) -> Optional[Path]:
+        """The single tagger path that reads ``piece`` from ``state`` and arrives at the boundary, or None when
+        there is none, more than one, or too many to look at."""
+        key = (state, piece)
+        if key not in self._forced:
+            make_room(self._forced)
+            self._forced[key] = self._single_path(state, piece.encode("utf-8"))
+        return self._forced[key]
+
+    def arcs(self, state: int) -> tuple[Arc, ...]:
+        found = self._arcs.get(state)
+        if found is None:
+            import kaldifst
+
+            found = self._arcs[state] = tuple((a.ilabel, a.olabel, a.weight.value, a.nextstate)
+                                              for a in kaldifst.ArcIterator(self._fst, state))
+        return found
+
+    def by_label(self, state: int, label: int) -> tuple[Arc, ...]:
+        """The arcs of ``state`` whose input label is ``label``, in the FST's order."""
+        table = self._labelled.get(state)
+        if table is None:
+            table = {}
+            for arc in self.arcs(state):
+                table.setdefault(arc[0], []).append(arc)
+            table = self._labelled[state] = {label: tuple(arcs) for label, arcs in table.items()}
+        return table.get(label, ())
+
+    def _find_boundary(self) -> Optional[int]:
+        """A state, other than the start, whose token-name insertions equal the start's (or, for a grammar that
+        inserts nothing there, that has every arc of the start); the first of them: any such state is sound,
+        the first is where the grammar returns after a token. None if there is none or an epsilon path leads
+        from it back to it."""
+        eps = [a for a in self.arcs(self.start) if a[0] == EPSILON]
+        if eps:
+            def fits(arcs: tuple[Arc, ...]) -> bool:
+                return [a for a in arcs if a[0] == EPSILON] == eps
+            least = len(eps)
+        else:
+            wanted = set(self.arcs(self.start))
+
+            def fits(arcs: tuple[Arc, ...]) -> bool:
+                return wanted <= set(arcs)
+            least = len(wanted)
+        if not least:
+            return None
+        fst = self._fst
+        found = [s for s in range(fst.num_states)
+                 if s != self.start and fst.num_arcs(s) >= least
+                 and (not eps or fst.num_input_epsilons(s) == len(eps)) and fits(self.arcs(s))]
+        self._arcs = {self.start: self._arcs[self.start], **{s: self._arcs[s] for s in found}}
+        if not found or found[0] in self._closure({found[0]}, avoid=None, strict=True):
+            return None
+        return found[0]
+
+    def _closure(self, states: set[int] | frozenset[int], avoid: Optional[int], strict: bool = False) -> set[int]:
+        """States reachable by epsilon arcs (never entering ``avoid``); ``strict`` leaves the sources out."""
+        if strict:
+            return set().union(*(self._reach(s, avoid) - {s} for s in states))
+        return set(states).union(*(self._reach(s, avoid) for s in states))
+
+    def _reach(self, state: int, avoid: Optional[int]) -> frozenset[int]:
+        """``state`` and the states its epsilon arcs lead to (never entering ``avoid``), memoized."""
+        key = (state, avoid)
+        found = self._reached.get(key)
+        if found is None:
+            out, stack = {state}, [state]
+            while stack:
+                for _, _, _, nxt in self.by_label(stack.pop(), EPSILON):
+                    if nxt != avoid and nxt not in out:
+                        out.add(nxt)
+                        stack.append(nxt)
+            found = self._reached[key] = frozenset(out)
+        return found
+
+    def _read(self, states: set[int], data: bytes) -> set[int]:
+        """States after reading ``data`` from ``states`` (epsilon moves allowed between bytes, none after)."""
+        for k, byte in enumerate(data):
+            if k:
+                states = self._closure(states, avoid=None)
+            states = {arc[3] for s in states for arc in self.by_label(s, byte)}
+        return states
+
+    def _advance(self, open_states: frozenset[int], char: str) -> tuple[frozenset[int], bool]:
+        """Read ``char`` from the open states (no boundary on the way before it): the open states after it and
+        whether the boundary is reachable after it (state by state: reading distributes over a union)."""
+        after: set[int] = set()
+        reached = False
+        for state in open_states:
+            key = (state, char)
+            found = self._advanced.get(key)
+            if found is None:
+                make_room(self._advanced)
+                found = self._split(self._read(self._reach(state, self.boundary), char.encode("utf-8")))
+                self._advanced[key] = found
+            after |= found[0]
+            reached = reached or found[1]
+        return frozenset(after), reached
+
+    def _split(self, states: set[int]) -> tuple[frozenset[int], bool]:
+        z = self.boundary
+        reached = z in states or z in self._closure(states - {z}, avoid=None)
+        return frozenset(states - {z}), reached
+
+    def _from_boundary_read(self, char: str) -> tuple[frozenset[int], bool]:
+        """Read ``char`` from the boundary: the states after it (the boundary left out) and whether the boundary
+        is reachable after it. Reads byte by byte, each prefix memoized: characters share their first bytes."""
+        found = self._from_boundary.get(char)
+        if found is None:
+            data = char.encode("utf-8")
+            states = self._closure({self.boundary}, avoid=None)
+            for k in range(1, len(data) + 1):
+                prefix = data[:k]
+                known = self._boundary_prefix.get(prefix)
+                if known is None:
+                    known = frozenset(self._read(states if k == 1 else self._closure(states, avoid=None),
+                                                 prefix[-1:]))
+                    make_room(self._boundary_prefix)
+                    self._boundary_prefix[prefix] = known
+                states = known
+            make_room(self._from_boundary)
+            found = self._from_boundary[char] = self._split(set(states))
+        return found
+
+    def _single_path(self, state: int, data: bytes) -> Optional[Path]:
+        """Enumerate the paths from ``state`` reading ``data`` that end at the boundary; keep one if unique."""
+        found: list[tuple[list[int], list[float]]] = []
+        stack: list[tuple[int, int, list[int], list[float]]] = [(state, 0, [], [])]
+        budget = self._budget
+        while stack:
+            budget -= 1
+            if budget < 0:
+                return None
+            s, read, labels, weights = stack.pop()
+            if read == len(data) and s == self.boundary:
+                found.append((labels, weights))
+                if len(found) > 1:
+                    return None
+                continue
+            moves = self.by_label(s, EPSILON) + (self.by_label(s, data[read]) if read < len(data) else ())
+            for ilabel, olabel, weight, nxt in moves:
+                stack.append((nxt, read + (ilabel != EPSILON), labels + [olabel] if olabel else labels,
+                              weights + [weight] if weight else weights))
+        if len(found) != 1:
+            return None
+        labels, weights = found[0]
+        return bytes(labels), tuple(weights)
+
+
+def make_room(memo: dict) -> None:
+    """Empty a memo table that has grown to ``MEMO_LIMIT`` entries."""
+    if len(memo) >= MEMO_LIMIT:
+        memo.clear()
+
+
+def add_weights(total: float, weights: tuple[float, ...]) -> float:
+    """Add arc weights to a path weight one at a time in float32, as OpenFst's tropical semiring does."""
+    acc = np.float32(total)
+    for weight in weights:
+        acc = np.float32(acc + np.float32(weight))
+    return float(acc)
+
+
+@dataclass(frozen=True)
+class _Reading:
+    """A searched piece's answer: for one exact seed, or for every seed of one float32 binade whose sums
+    stay inside it."""
+
+    seed: Optional[float]  # the one seed it holds for, or None: any seed of the binade
+    exponent: int  # the binade: [2 ** (exponent - 1), 2 ** exponent)
+    low: float  # the lowest and highest sum the search formed, less the seed
+    high: float
+    output: bytes
+    delta: float  # the path weight at the piece's end, less the seed (for one exact seed: that weight)
+
+    def end(self, seed: float) -> float:
+        """The path weight at the piece's end, searched from ``seed`` (for which the reading holds)."""
+        if self.seed is not None:
+            return self.delta
+        return float(np.float32(seed) + np.float32(self.delta))
+
+    def holds_for(self, seed: float) -> bool:
+        if self.seed is not None:
+            return seed == self.seed
+        exponent = math.frexp(seed)[1]
+        return exponent == self.exponent and _inside(seed + self.low, exponent) and _inside(seed + self.high, exponent)
+
+
+class PieceCache:
+    """The readings of pieces searched more than once, reused across seeds where that provably gives the same
+    answer.
+
+    With every sum of a search inside the seed's binade (one float32 grid step u), adding an arc weight w to
+    a sum x gives x + round(w / u) * u whatever x is, unless w / u ends in exactly one half (then rounding to
+    even depends on x). So when no weight of the lattice is such a half step and all the search's sums stay
+    in the binade, a seed D' of the same binade whose sums D' + low .. D' + high stay in it too meets the
+    same comparisons, ties included, and reads the piece the same, ending at D' + delta. Otherwise (and for
+    a first piece, whose seed is 0) the reading is kept for its exact seed only. Least recently used pieces
+    are dropped beyond ``size``."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self.size = size
+        self._readings: OrderedDict[tuple[str, bool, bool], list[_Reading]] = OrderedDict()
+        self._searched: OrderedDict[tuple[str, bool, bool], int] = OrderedDict()  # searches per piece
+
+    def get(self, key: tuple[str, bool, bool], seed: float) -> Optional[tuple[bytes, float]]:
+        """The output and end weight of ``key`` searched from ``seed``, if known."""
+        readings = self._readings.get(key)
+        if readings is None:
+            return None
+        self._readings.move_to_end(key)
+        for r in readings:
+            if r.holds_for(seed):
+                return r.output, r.end(seed)
+        return None
+
+    def put(self, key: tuple[str, bool, bool], seed: float, output: bytes, total: float, lattice: Any) -> None:
+        """Keep the answer of a search from ``seed``: nothing on a piece's first search (most pieces with numbers
+        in them come once), the exact seed's reading on its second, and from its third on the reading for the
+        seed's binade where that is proven (the proof costs about as much as a search)."""
+        searches = self._searched.get(key, 0) + 1
+        self._searched[key] = searches
+        self._searched.move_to_end(key)
+        while len(self._searched) > self.size:
+            self._searched.popitem(last=False)
+        if searches == 1:
+            return
+        reading = None if key[1] or searches == 2 else _seed_free(seed, output, total, lattice)
+        if reading is None:
+            reading = _Reading(seed, 0, 0.0, 0.0, output, total)
+        readings = self._readings.setdefault(key, [])
+        readings.append(reading)
+        del readings[:-8]  # a piece met from many seeds keeps its latest readings
+        self._readings.move_to_end(key)
+        while len(self._readings) > self.size:
+            self._readings.popitem(last=False)
+
+
+def _inside(value: float, exponent: int) -> bool:
+    return 2.0 ** (exponent - 1) <= value < 2.0 ** exponent
+
+
+def _seed_free(seed: float, output: bytes, total: float, lattice: Any) -> Optional[_Reading]:
+    """Redo the search's sums (float32, OpenFst's order: the seed arc, then each arc from a state's lightest
+    weight) and return the reading when they all stay in the seed's binade with no half-step weight."""
+    import kaldifst
+
+    exponent = math.frexp(seed)[1]
+    if seed <= 0.0 or not _inside(seed, exponent):
+        return None
+    step = 2.0 ** (exponent - 1 - 23)
+    arcs = {s: [(a.weight.value, a.nextstate) for a in kaldifst.ArcIterator(lattice, s)]
+            for s in range(lattice.num_states)}
+    start = lattice.start
+    if len(arcs[start]) != 1:
+        return None
+    first = arcs[start][0][1]
+    order = _topological(arcs, first)
+    if order is None or start in order:
+        return None
+    best = {first: np.float32(seed)}
+    low = high = 0.0
+    for s in order:
+        here = best[s]
+        for weight, nxt in arcs[s]:
+            if (weight / step) % 1.0 == 0.5:
+                return None
+            value = np.float32(here + np.float32(weight))
+            if not _inside(float(value), exponent):
+                return None
+            low, high = min(low, float(value) - seed), max(high, float(value) - seed)
+            if nxt not in best or value < best[nxt]:
+                best[nxt] = value
+    return _Reading(None, exponent, low, high, output, total - seed)
+
+
+def _topological(arcs: dict[int, list[tuple[float, int]]], source: int) -> Optional[list[int]]:
+    """States reachable from ``source`` in an order where each comes after all its predecessors."""
+    order: list[int] = []
+    state = {source: 0}
+    stack = [(source, iter(arcs[source]))]
+    while stack:
+        s, it = stack[-1]
+        for _, nxt in it:
+            mark = state.get(nxt)
+            if mark is None:
+                state[nxt] = 0
+                stack.append((nxt, iter(arcs[nxt])))
+                break
+            if mark == 0:
+                return None  # a cycle
+        else:
+            stack.pop()
+            state[s] = 1
+            order.append(s)
+    order.reverse()
+    return order

@@ -1,0 +1,81 @@
+"""Searching a text piece by piece (moss_npu.text.cuts) reads it exactly as the whole-text search does."""
+
+import pytest
+
+from moss_npu.text.cuts import PieceCache, add_weights
+from moss_npu.text.wetext import Grammar, Grammars, _best_output, _lightest
+
+# Long enough for float32 rounding of the path weights to matter (Chinese characters weigh 100 each).
+TEXTS = {
+    "zh": ("会议定在下午3:45开始，预计持续1.5小时。这件衬衫售价￥199元，打8折后是159.2元。气温从-5℃升到了12℃，"
+           "增长率达到了37.5%。他的电话是13812345678，请访问https://example.com或发邮件到a@b.org。比分是3-2。") * 3,
+    "en": ("The meeting starts at 9:30 a.m. on Monday, Jan. 3rd, 2027. I paid $12.99 for two books; it weighs "
+           "2.5 kg. Call me at 555-0199 after 6 pm or read https://example.com. Dr. Brown came in 22nd. ") * 3,
+}
+
+
+@pytest.mark.parametrize("language", sorted(TEXTS))
+def test_pieces_read_like_the_whole_text(needs_wetext, language):
+    tagger = Grammar.load(language, Grammars.locate())._tagger
+    text = TEXTS[language]
+    assert tagger.cuts.boundary is not None and tagger.cuts.cut_positions(text)
+    whole = _best_output(text, tagger._fst)[0]
+    assert tagger.best(text) == whole
+    assert tagger.best(text) == whole  # again, now from the memo tables and the piece readings
+    shifted = text[7:]  # the same pieces from other seeds
+    assert tagger.best(shifted) == _best_output(shifted, tagger._fst)[0]
+
+
+# Verbalizer inputs whose lattices are unweighted (words only) or weighted only in a later token: OpenFst breaks
+# the ties of an unweighted lattice last-in-first-out and of a weighted one in topological order, so -5℃ reads
+# "negative" in the first two and "minus" in the third (the official outputs of such texts say the same).
+VERBALIZED = [
+    'measure { negative: "true" integer: "five" units: "degrees Celsius" } w { v: "meeting" }',
+    'w { v: "it" } measure { negative: "true" integer: "five" units: "degrees Celsius" } w { v: "of" }',
+    'measure { negative: "true" integer: "five" units: "degrees Celsius" } w { v: "meeting" } '
+    'electronic { username: "afoo" domain: "bar.com" } w { v: "number" } p { v: "。" }',
+]
+
+
+@pytest.fixture(scope="module")
+def english():
+    return Grammar.load("en", Grammars.locate())
+
+
+@pytest.mark.parametrize("tagged", VERBALIZED)
+def test_verbalizer_pieces_break_ties_as_the_whole_search(needs_wetext, english, tagged):
+    verbalizer = english._verbalizer
+    units = [unit + " }" for unit in tagged.split(" } ")]
+    units = [unit + " " for unit in units[:-1]] + [units[-1][:-2]]
+    assert "".join(units) == tagged and verbalizer.cuts.cut_positions(units)
+    whole = _best_output(tagged, verbalizer._fst)[0]
+    assert verbalizer.best(units) == whole
+    assert verbalizer.best(units) == whole  # again, from the memo tables
+    assert ("minus" in whole) == ("electronic" in tagged)
+
+
+def test_float32_sums_are_added_one_weight_at_a_time():
+    assert add_weights(131072.0, (1.05,)) == 131073.046875  # the float32 grid step there is 1/64
+    assert add_weights(0.0, (0.1, 0.2)) != 0.1 + 0.2
+
+
+def test_piece_reading_is_reused_only_on_a_later_search_and_within_its_binade():
+    cache = PieceCache()
+    key = ("x", False, False)
+    assert cache.get(key, 300.0) is None
+    cache.put(key, 300.0, b"out", 401.0, lattice=None)  # first search: only remembered as seen
+    assert cache.get(key, 300.0) is None
+    cache.put(key, 300.0, b"out", 401.0, lattice=None)  # second: its exact seed only, no binade proof yet
+    assert cache.get(key, 300.0) == (b"out", 401.0) and cache.get(key, 301.0) is None
+
+
+@pytest.mark.parametrize("language, piece", [("zh", "33114433564，"), ("en", "555-0199 after ")])
+def test_a_restricted_grammar_gives_the_piece_the_same_lattice(needs_wetext, language, piece):
+    search = Grammar.load(language, Grammars.locate())._tagger
+    full = search._variants[False, False]
+    assert search._restricted(piece, False, False) is full  # a label set met once: not restricted yet
+    restricted = search._restricted(piece, False, False)
+    assert restricted is not full and restricted.num_states < full.num_states / 4
+    seed = 1234.5
+    whole, part = _lightest(piece, full, seed), _lightest(piece, restricted, seed)
+    assert part[:2] == whole[:2] and part[2].num_states == whole[2].num_states
