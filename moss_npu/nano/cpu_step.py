@@ -129,7 +129,11 @@ class WeightArena:
 
     def __init__(self, layers: list[nn.Linear]) -> None:
         total = sum(layer.weight.numel() for layer in layers)
-        self._map = mmap.mmap(-1, max(total, 1) * 4)
+        size = max(total, 1) * 4
+        # Private anonymous memory: a shared mapping (mmap's default) is shmem, which gets no huge pages.
+        private = getattr(mmap, "MAP_PRIVATE", None)
+        self._map = (mmap.mmap(-1, size) if private is None
+                     else mmap.mmap(-1, size, flags=private | mmap.MAP_ANONYMOUS))
         if hasattr(mmap, "MADV_HUGEPAGE"):
             try:
                 self._map.madvise(mmap.MADV_HUGEPAGE)
