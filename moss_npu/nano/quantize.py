@@ -38,18 +38,23 @@ def int8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return values, scale
 
 
+def check_int8(device: torch.device, dtype: torch.dtype) -> None:
+    """Raise InputError unless int8 quantization can run for a model in ``dtype`` on ``device`` (before loading)."""
+    if device.type != "cpu" or dtype != torch.float32:
+        raise InputError(f"--quantize int8 runs on the CPU in float32 (its kernel's activations are bf16), not "
+                         f"{str(dtype).removeprefix('torch.')} on {device}: use --device cpu --dtype float32")
+    if not int8_kernel_available():
+        raise InputError(f"--quantize int8 needs torch >= 2.4 (torch.ops.aten._weight_int8pack_mm); this is "
+                         f"torch {torch.__version__}: upgrade torch or leave --quantize at none")
+
+
 def quantize_int8(model: nn.Module) -> None:
     """Round ``model``'s block weights to int8 in place (see the module docstring); mark it ``int8``.
 
     Raises InputError unless the model is float32 on the CPU and this torch has the int8 kernel.
     """
     weight = model.local_transformer.ln_f.weight
-    if weight.device.type != "cpu" or weight.dtype != torch.float32:
-        raise InputError(f"--quantize int8 runs on the CPU in float32 (its kernel's activations are bf16); this "
-                         f"model is {weight.dtype} on {weight.device}: use --device cpu --dtype float32")
-    if not int8_kernel_available():
-        raise InputError(f"--quantize int8 needs torch >= 2.4 (torch.ops.aten._weight_int8pack_mm); this is "
-                         f"torch {torch.__version__}: upgrade torch or leave --quantize at none")
+    check_int8(weight.device, weight.dtype)
     with torch.no_grad():
         for layer in block_linears(model):
             values, scale = int8_rows(layer.weight)

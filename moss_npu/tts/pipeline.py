@@ -30,7 +30,7 @@ from moss_npu.nano.decoder import FrameDecoder, RequestParams
 from moss_npu.nano.frames import PhaseTimer, left_pad, trim_codes
 from moss_npu.nano.model import NanoTTSModel
 from moss_npu.nano.prompt import build_prompt_rows, mask_unused_channels, resolve_mode
-from moss_npu.nano.quantize import quantize_int8
+from moss_npu.nano.quantize import check_int8, quantize_int8
 from moss_npu.threads import set_threads
 from moss_npu.nano.reference import reference_generate
 from moss_npu.nano.reuse import PrefixCache
@@ -120,6 +120,8 @@ class MossTTSNano:
         attn = devices.attention_impl(dev, dt, load.attn_implementation)
         if load.num_threads > 0:
             set_threads(load.num_threads)
+        if load.quantize == "int8":
+            check_int8(dev, dt)  # before minutes of loading
         model_dir = resolve_model_dir(model, required=("config.json", "tokenizer.model"), role="TTS model")
         codec_dir = resolve_model_dir(codec, required=("config.json",), role="codec", example=DEFAULT_CODEC)
         lm = load_model(model_dir, device=dev, dtype=dt, attn_impl=attn)

@@ -182,8 +182,8 @@ def test_int8_pipeline_quantizes_and_decodes_with_the_int8_step():
     assert tts.model.quantization == "int8" and tts._decoder.cpu_step.int8
     assert result.codes.shape[0] > 0 and bool(torch.isfinite(result.waveform).all())
     with pytest.raises(InputError, match="--quantize int8 runs on the CPU in float32"):
-        MossTTSNano.from_pretrained(str(NANO / "tts"), str(NANO / "codec"), device="cpu", dtype="bfloat16",
-                                    quantize="int8")
+        MossTTSNano.from_pretrained("/nonexistent/model", "/nonexistent/codec", device="cpu", dtype="bfloat16",
+                                    quantize="int8")  # refused before any folder is read
 
 
 @needs_fixtures
