@@ -5,11 +5,13 @@ of those products plus the cost of the ~700 small ops around them. On the CPU to
 ``F.linear`` to MKL's GEMM, which on AMD and other non-Intel CPUs streams the weights at about half the rate of
 the OpenBLAS GEMV bundled with numpy (≈13 vs ≈23 GB/s on a 2-vCPU EPYC, one thread). ``CpuStep`` therefore
 keeps every decode-step weight transposed to (in, out) and contiguous (the layout OpenBLAS streams fastest; one
-extra copy of the LM's linear weights, ~420 MB for the real model) and multiplies through numpy on views of it.
+extra copy of the LM's linear weights, ~420 MB for the real model) and multiplies one row through numpy on views
+of it (several rows, a compute-bound GEMM, through torch). An int8-quantized model (``nano.quantize``) multiplies
+its blocks through torch's int8 weight-only kernel instead (``int8_matmul``).
 The block math is written once, functionally (``block_step``: the same as ``model.Block`` on one new row per
 slot, with the tanh GELU the decode steps use), so that with ``compile`` torch.compile (inductor) turns each
 block's small ops into a few fused kernels: one graph serves every block of both decoders (the weights are
-inputs), and the products stay BLAS calls through a custom op. Compiling needs ``torch.library.custom_op``
+inputs), the products stay BLAS calls through a custom op and RoPE is real arithmetic. Compiling needs ``torch.library.custom_op``
 (torch >= 2.4); without it, or when compiling fails, the blocks run eagerly (one log line). Measured on a
 2-vCPU EPYC (torch 2.13, real-size model, 1 thread): eager 36–38 ms per frame, compiled 51–54 ms after a 31 s
 first compile (the custom op's dispatch and the guards cost more than the fused small ops save), so
