@@ -15,8 +15,8 @@ LLAMA_INSTALL = 'pip install -e ".[llama]"'
 ONNX_INSTALL = 'pip install -e ".[onnx]"'
 OPTIONAL_MODULES = {
     "torch": NANO_INSTALL, "sentencepiece": NANO_INSTALL, "safetensors": NANO_INSTALL, "kaldifst": NANO_INSTALL,
-    "psutil": NANO_INSTALL, "llama_cpp": LLAMA_INSTALL, "tokenizers": LLAMA_INSTALL, "onnxruntime": ONNX_INSTALL,
-    "onnx": ONNX_INSTALL, "transformers": 'pip install -e ".[upstream]"',
+    "psutil": NANO_INSTALL, "threadpoolctl": NANO_INSTALL, "llama_cpp": LLAMA_INSTALL, "tokenizers": LLAMA_INSTALL,
+    "onnxruntime": ONNX_INSTALL, "onnx": ONNX_INSTALL, "transformers": 'pip install -e ".[upstream]"',
 }
 
 
