@@ -220,6 +220,7 @@ class CpuStep:
         self.pools = ThreadPools()
         self.compile_seconds = 0.0  # time spent compiling graphs so far
         self._block = self._eager_block
+        self._packed: Optional[dict[int, tuple[torch.Tensor, torch.Tensor]]] = None  # see _packed_weights
         self.compiled = False
         if compile_mode == "on":  # auto = eager: compiled measured slower (module docstring)
             if self.int8:
@@ -247,7 +248,30 @@ class CpuStep:
         return self.arena.nbytes() + self._int8_bytes
 
     def _eager_block(self, *args, **kwargs) -> torch.Tensor:
-        return block_step(*args, **kwargs, matmul=int8_matmul if self.int8 else blas_matmul)
+        return block_step(*args, **kwargs, matmul=int8_matmul if self.int8 else self._matmul)
+
+    def _matmul(self, x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor,
+                residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``blas_matmul``, except that several rows (a batch of slots) multiply through oneDNN with the weights
+        pre-packed: a batch-8 frame measured 131 against 163 ms with torch's GEMM (MKL's generic path on AMD)."""
+        packed = self._packed_weights(x.shape[0])
+        if packed is None:
+            return blas_matmul(x, weight_t, bias, residual)
+        weight, packed_bias = packed[weight_t.data_ptr()]
+        out = torch._C._nn.mkldnn_linear(x.contiguous().to_mkldnn(), weight, packed_bias).to_dense()
+        return out if residual is None else out.add_(residual)
+
+    def _packed_weights(self, rows: int) -> Optional[dict[int, tuple[torch.Tensor, torch.Tensor]]]:
+        """Return oneDNN copies of the weights by their arena address, made on the first batch (a server's;
+        never a one-request run's: ~420 MB more), or None for one row or a torch without oneDNN."""
+        if rows == 1 or not torch.backends.mkldnn.is_available():
+            return None
+        if self._packed is None:
+            blocks = [] if self.int8 else self.global_blocks + self.local_blocks  # int8 blocks have their kernel
+            pairs = [pair for w in blocks for pair in (w[2:4], w[4:6], w[8:10], w[10:12])]
+            self._packed = {weight_t.data_ptr(): (weight_t.t().contiguous().to_mkldnn(), bias.to_mkldnn())
+                            for weight_t, bias in pairs + self.heads}
+        return self._packed
 
     def _compile(self, mode: str) -> None:
         """Compile ``block_step`` with the BLAS products as a custom op, where this torch can."""
@@ -305,4 +329,4 @@ class CpuStep:
     def head(self, channel: int, x: torch.Tensor) -> torch.Tensor:
         """Return audio head ``channel``'s logits (n, V) of (n, E) local hidden states."""
         weight, bias = self.heads[channel]
-        return blas_matmul(x, weight, bias)
+        return self._matmul(x, weight, bias)

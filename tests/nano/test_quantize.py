@@ -59,3 +59,14 @@ def test_int8_step_decodes_close_to_float32_math_on_the_rounded_weights(model, p
         hidden.append(decoder.state.hidden.clone())
     torch.testing.assert_close(hidden[0], hidden[1], rtol=5e-2, atol=5e-2)  # bf16 activations in the kernel
     assert not torch.equal(hidden[0], hidden[1])
+
+
+@needs_kernel
+def test_int8_step_decodes_a_batch(model, prompts):
+    quantized = copy.deepcopy(model)
+    quantize_int8(quantized)
+    decoder = FrameDecoder(quantized, slots=2, max_len=256)
+    for rows in prompts[:2]:
+        decoder.admit(rows, RequestParams(max_new_frames=2))
+    frames = [decoder.step().codes for _ in range(2)]
+    assert all(bool((f[:2] != quantized.config.audio_pad_token_id).any()) for f in frames)
