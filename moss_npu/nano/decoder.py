@@ -48,13 +48,11 @@ class RequestParams:
 class StaticKV:
     """The ``KVCache`` contract over ``DecodeState.kv`` for slots [0, n): each slot's new row goes to its own
     position (``index_copy_`` into the flattened cache, HF ``StaticCache`` style); reads see the first ``keys`` rows.
+    ``index`` (n·H,) is the flat row of each slot/head's new key in ``kv[layer, j, :n].view(-1, D)``.
     """
 
-    def __init__(self, kv: torch.Tensor, n: int, positions: torch.Tensor, keys: int) -> None:
-        _, _, _, heads, max_len, _ = kv.shape
-        self.kv, self.n, self.keys = kv, n, keys
-        base = torch.arange(n * heads, device=kv.device).view(n, heads) * max_len
-        self.index = (base + positions[:, None]).reshape(-1)  # (n·H,) flat row of each slot/head's new key
+    def __init__(self, kv: torch.Tensor, n: int, index: torch.Tensor, keys: int) -> None:
+        self.kv, self.n, self.index, self.keys = kv, n, index, keys
 
     def update(self, layer: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         for j, new in enumerate((key, value)):
@@ -98,7 +96,7 @@ class FrameDecoder:
             self.tables = LocalTables.build(model, max_len)
             self._key_range = torch.arange(max_len, device=model.device)
             self._channel_range = torch.arange(cfg.n_vq, device=model.device)
-            # Flattened cache row of each (slot, head) at position 0 (CPU step: + position), local and global.
+            # Flattened cache row of each (slot, head) at position 0 (+ position: its new key), local and global.
             heads = torch.arange(slots * cfg.gpt2_config.n_head, device=model.device)
             self._local_rows = heads * self.state.local_kv.shape[4]
             self._global_rows = (heads * max_len).view(slots, -1)
@@ -343,22 +341,22 @@ class FrameDecoder:
         st = self.state
         positions = st.lengths[:n]
         key_mask = None if exact else self._key_range[None, :keys] <= positions[:, None]
+        index = (self._global_rows[:n] + positions[:, None]).view(-1)
         if self.cpu_step is None:
             cos, sin = (table.index_select(0, positions) for table in self.tables.global_rope)
-            cache = StaticKV(st.kv, n, positions, keys)
+            cache = StaticKV(st.kv, n, index, keys)
             st.hidden[:n] = self.model.transformer.step(embed[:, None], cos, sin, cache, key_mask)[:, -1]
         else:
             mask = None if key_mask is None else key_mask[:, None, None, :]
             rotation = self._rotations[0].index_select(0, positions)
-            index = (self._global_rows[:n] + positions[:, None]).view(-1)
             st.hidden[:n] = self.cpu_step.run(False, embed, rotation, st.kv, index, keys, mask)
         st.lengths[:n] += st.produced[:n].long()
 
     def _local_step(self, local: KVCache, x: torch.Tensor, qkv: Optional[torch.Tensor]) -> torch.Tensor:
         """Append (n, E) ``x`` to the local sequence; return the local hidden state there (n, E)."""
         p = local.length
-        cos, sin = self.tables.local_rope
         if self.cpu_step is None:
+            cos, sin = self.tables.local_rope
             return self.model.local_transformer.step(x[:, None], cos[p:p + 1], sin[p:p + 1], local,
                                                      qkv=None if qkv is None else qkv[:, None])[:, -1]
         n = x.shape[0]
