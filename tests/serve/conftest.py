@@ -28,6 +28,9 @@ REPO = Path(__file__).resolve().parents[2]
 API_KEY = "test-key"
 FRAME = 3840  # samples per codec frame at 48 kHz
 STARTUP_S = 120.0
+MODEL = "moss-tts-nano"  # the model id the server answers to
+# A request that runs for seconds (the frame cap, greedy so it does not stop early): to hold a slot busy.
+LONG = {"model": MODEL, "input": "A long one.", "max_new_frames": 375, "greedy": True, "response_format": "pcm"}
 
 
 def serve_module(name: str) -> ModuleType:

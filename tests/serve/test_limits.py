@@ -7,14 +7,11 @@ import time
 
 import pytest
 
-from tests.serve.conftest import ServerProcess, assert_error, metric, serve_module
+from tests.serve.conftest import LONG, MODEL, ServerProcess, assert_error, metric, serve_module
 from tests.serve.test_voices import recording, upload
 
 serve_module("fastapi")
 httpx = serve_module("httpx")
-
-MODEL = "moss-tts-nano"
-LONG = {"model": MODEL, "input": "A long one.", "max_new_frames": 375, "greedy": True, "response_format": "pcm"}
 
 
 @pytest.fixture(scope="module")

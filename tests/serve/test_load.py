@@ -5,12 +5,11 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from tests.serve.conftest import FRAME, metric, serve_module
+from tests.serve.conftest import FRAME, MODEL, metric, serve_module
 from tests.serve.test_voices import recording, upload
 
 serve_module("fastapi")
 
-MODEL = "moss-tts-nano"
 FRAMES = 5
 REQUESTS = 24
 DEADLINE_S = 240.0  # the whole burst; each request also has its own client timeout

@@ -10,14 +10,13 @@ import numpy as np
 import pytest
 import soundfile
 
-from tests.serve.conftest import API_KEY, FRAME, assert_error, serve_module
+from tests.serve.conftest import API_KEY, FRAME, MODEL, assert_error, serve_module
 
 serve_module("fastapi")
 openai = serve_module("openai")
 
 FRAMES = 6
 GREEDY = {"max_new_frames": FRAMES, "greedy": True}
-MODEL = "moss-tts-nano"
 LOSSLESS = ("wav", "flac")
 NUMBERS = "I paid $12.99 for 2 books in 2023"
 

@@ -12,11 +12,10 @@ import torch
 from moss_npu import goldens
 from moss_npu.serve.errors import ApiError
 from moss_npu.serve.voices import VoiceStore
-from tests.serve.conftest import assert_error, serve_module
+from tests.serve.conftest import MODEL, assert_error, serve_module
 
 serve_module("fastapi")
 
-MODEL = "moss-tts-nano"
 GREEDY = {"max_new_frames": 4, "greedy": True}
 
 

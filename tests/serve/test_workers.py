@@ -13,13 +13,10 @@ from dataclasses import replace
 
 import pytest
 
-from tests.serve.conftest import REPO, ServerProcess, assert_error, serve_module, tiny_dirs
+from tests.serve.conftest import LONG, MODEL, REPO, ServerProcess, assert_error, serve_module, tiny_dirs
 
 serve_module("fastapi")
 httpx = serve_module("httpx")
-
-MODEL = "moss-tts-nano"
-LONG = {"model": MODEL, "input": "A long one.", "max_new_frames": 375, "greedy": True, "response_format": "pcm"}
 
 
 @pytest.fixture(scope="module")
