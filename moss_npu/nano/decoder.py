@@ -167,7 +167,7 @@ class FrameDecoder:
         slot = self._held.index(False)
         st.reset_slot(slot, self.pad)
         with phase(self.timer, "prefill"):
-            st.hidden[slot] = self._prefill(slot, rows)[0, -1]
+            st.hidden[slot] = self._prefill(slot, rows)
         text, audio = params.sampling.text(), params.sampling.audio()
         st.text.set(slot, text)
         st.audio.set(slot, audio)
@@ -204,14 +204,19 @@ class FrameDecoder:
             rotations(*self.tables.global_rope), rotations(*self.tables.local_rope))
 
     def _prefill(self, slot: int, rows: torch.Tensor) -> torch.Tensor:
-        """Run the prompt through the global decoder into ``slot``'s cache rows; return hidden states (1, L', E)."""
+        """Run the prompt through the global decoder into ``slot``'s cache rows; return the last hidden state (E,)."""
         kv = self.state.kv[:, :, slot]  # (N, 2, H, M, D), a view
         shared, cached = (0, None) if self.prefix_cache is None else self.prefix_cache.lookup(rows)
         if shared:
             kv[:, :, :, :shared] = cached[:, :, :, :shared]
-        cache = KVCache([k[None] for k in kv[:, 0]], [v[None] for v in kv[:, 1]], length=shared)
-        mask = torch.ones(1, rows.shape[0], dtype=torch.bool, device=self.device)
-        hidden = self.model(rows[None, shared:], mask, cache).to(self.model.dtype)
+        if self.cpu_step is not None:
+            embed = self.model.embed_rows(rows[None, shared:])[0]
+            rotation = self._rotations[0][shared:rows.shape[0]]
+            hidden = self.cpu_step.prefill(embed, rotation, self.state.kv, slot, shared)
+        else:
+            cache = KVCache([k[None] for k in kv[:, 0]], [v[None] for v in kv[:, 1]], length=shared)
+            mask = torch.ones(1, rows.shape[0], dtype=torch.bool, device=self.device)
+            hidden = self.model(rows[None, shared:], mask, cache).to(self.model.dtype)[0, -1]
         if self.prefix_cache is not None:
             self.prefix_cache.store(rows, kv[:, :, :, :rows.shape[0]])
         return hidden

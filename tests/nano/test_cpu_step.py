@@ -117,3 +117,26 @@ def test_compiled_step_decodes_like_the_eager_one(model, prompts):
         if mode == "on":
             assert decoder.cpu_step.compiled and decoder.cpu_step.compile_seconds > 0
     assert torch.equal(results[0], results[1])
+
+
+@pytest.mark.parametrize("split", [0, 6, -1], ids=["whole", "after-6-cached-rows", "last-row-only"])
+def test_prefill_fills_the_cache_like_the_model_forward(model, prompts, split):
+    """A prompt prefilled into slot 1 by the CPU step (after an optional cached prefix: the rows before ``split``)
+    leaves the same keys/values and last hidden state as the model's own forward over the whole prompt."""
+    rows = prompts[0]
+    length, g = rows.shape[0], model.config.gpt2_config
+    start = split % length
+    step = CpuStep.build(model)
+    rotation = cpu_step.rotations(*model.transformer.rope_table(length))
+    kv = torch.zeros(g.n_layer, 2, 2, g.n_head, length, g.head_dim)
+    reference = model.transformer.init_cache(1, length)
+    with torch.inference_mode():
+        expected = model(rows[None], None, reference)[0, -1]
+        embed = model.embed_rows(rows[None])[0]
+        if start:
+            step.prefill(embed[:start], rotation[:start], kv, 1, 0)
+        hidden = step.prefill(embed[start:], rotation[start:length], kv, 1, start)
+    torch.testing.assert_close(hidden, expected, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(kv[:, 0, 1], torch.stack([k[0] for k in reference.keys]), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(kv[:, 1, 1], torch.stack([v[0] for v in reference.values]), rtol=1e-4, atol=1e-5)
+    assert torch.equal(kv[:, :, 0], torch.zeros_like(kv[:, :, 0]))  # the other slot is untouched
