@@ -4,8 +4,11 @@
 leave at frame boundaries: continuous batching), ``release`` frees a slot. A frame, all on the device:
 local decisions from each slot's global hidden state (local KV cache, first-layer q|k|v from tables, the 2
 candidate rows of the text head) → sampling → the global step over the row just chosen, written into the static
-cache at each slot's own position. The only host sync per frame reads the codes and flags back once. With a
-graph-capable backend the whole frame is captured once per slot-count bucket and replayed (``nano.graphs``);
+cache at each slot's own position. The only host sync per frame reads the codes and flags back once. Run eagerly,
+a frame's global step is deferred to the start of the next ``step`` (or the next ``admit``/``release``/``refresh``,
+which need it done): ``step`` returns a frame's codes as soon as they are decided, so the first audio of a stream
+is decoded before the row that prepares frame 2 runs (~20 ms sooner on a CPU core), and a frame after which
+every slot is done skips it. With a graph-capable backend the whole frame is captured once per slot-count bucket and replayed (``nano.graphs``);
 on the CPU in float32 the blocks run through ``nano.cpu_step`` (BLAS matrix-vector products, fewer ops).
 ``reference_generate`` (``nano.reference``) is the official algorithm this must match.
 S slots, L prompt rows, M max_len, Q channels, V codebook size, E hidden.
@@ -107,6 +110,7 @@ class FrameDecoder:
         self._lengths, self._nq = [0] * slots, [cfg.n_vq] * slots
         self._held, self._done = [False] * slots, [False] * slots
         self.frame_index = 0
+        self._pending: Optional[tuple] = None  # the last eager frame's global step (_run_pending)
         self.graph_mode, self.dtype = graph, model.dtype
         capture = resolve_graph(graph, model.device, sampler, logits_hook is not None)
         self.graphs = None if capture is None else FrameGraphs(capture, self._static_frame, slots)
@@ -165,6 +169,7 @@ class FrameDecoder:
         if self._held.count(False) == 0:
             raise InputError(f"all {self.slots} decoder slots are busy; release one or build more slots")
         slot = self._held.index(False)
+        self._run_pending()
         st.reset_slot(slot, self.pad)
         with phase(self.timer, "prefill"):
             st.hidden[slot] = self._prefill(slot, rows)
@@ -183,6 +188,7 @@ class FrameDecoder:
         if not 0 <= slot < self.slots or not self._held[slot]:
             raise InputError(f"slot {slot} holds no request")
         with torch.inference_mode():
+            self._run_pending()
             self.state.reset_slot(slot, self.pad)
         self._held[slot], self._done[slot], self._params[slot], self._generators[slot] = False, False, None, None
         self._lengths[slot] = 0
@@ -190,6 +196,7 @@ class FrameDecoder:
     def refresh(self) -> None:
         """Rebuild the weight-derived tables and forget cached prompts (call after editing the weights)."""
         with torch.inference_mode():
+            self._run_pending()
             self.tables = LocalTables.build(self.model, self.state.max_len)
         self._build_cpu_step()
         if self.prefix_cache is not None:
@@ -235,12 +242,28 @@ class FrameDecoder:
                 self.graphs.run(n)
             else:
                 nq = [self._nq[s] for s in range(n) if self._held[s]]
-                with self.cpu_step.threads(n) if self.cpu_step is not None else contextlib.nullcontext():
-                    self._frame(n, max(self._lengths[:n]) + 1, max(nq), exact=n == 1, masked=min(nq) < max(nq))
+                self._run_pending()
+                with self._threads(n):
+                    self._pending = self._frame(n, max(self._lengths[:n]) + 1, max(nq), exact=n == 1,
+                                                masked=min(nq) < max(nq), defer=True)
             st = self.state
             flags = torch.cat([st.produced[:n, None], st.active[:n, None], st.finite[:n]], dim=1)
             packed = torch.cat([st.codes[:n], flags.long()], dim=1).cpu()  # the one host sync of the frame
         return self._bookkeep(packed, n)
+
+    def _threads(self, n: int) -> contextlib.AbstractContextManager:
+        return self.cpu_step.threads(n) if self.cpu_step is not None else contextlib.nullcontext()
+
+    def _run_pending(self) -> None:
+        """Run the last frame's deferred global step, unless every slot it covers is done (none will read it)."""
+        if self._pending is None:
+            return
+        embed, n, keys, exact = self._pending
+        self._pending = None
+        if all(self._done[s] or not self._held[s] for s in range(n)):
+            return
+        with self._threads(n), phase(self.timer, "global"):
+            self._global_step(embed, n, keys, exact)
 
     def _span(self) -> int:
         """Return 1 + the highest held slot (frames run over slots [0, span))."""
@@ -274,12 +297,14 @@ class FrameDecoder:
         """The frame as captured: fixed shapes (all M keys under a mask, all Q channels)."""
         self._frame(n, self.state.max_len, self.model.config.n_vq, exact=False, masked=True)
 
-    def _frame(self, n: int, keys: int, channels: int, exact: bool, masked: bool) -> None:
+    def _frame(self, n: int, keys: int, channels: int, exact: bool, masked: bool,
+               defer: bool = False) -> Optional[tuple]:
         """Advance slots [0, n) by one frame on the device, reading and writing only ``self.state``.
 
         ``keys``: global key rows attended (every slot's length < keys); ``channels``: audio channels computed
         (>= every slot's nq); ``exact``: one slot whose keys are exactly its rows (no key mask needed);
-        ``masked``: some slot's nq is below ``channels`` (its upper channels are forced to pad).
+        ``masked``: some slot's nq is below ``channels`` (its upper channels are forced to pad). ``defer``:
+        return the global step's arguments instead of running it (``_run_pending`` runs them).
         """
         st, t = self.state, self.tables
         split = self.timer if self.graphs is None else None  # a captured frame has no host-side phases
@@ -293,8 +318,11 @@ class FrameDecoder:
             pick = self._sample(candidates, st.text, n, 0, None)  # 0 = continue, 1 = stop
             frame, embed, audio_finite = self._audio(local, pick, n, channels, masked)
             self._commit(n, pick == 0, frame, torch.stack([text_finite, audio_finite], dim=1))
+        if defer:
+            return embed, n, keys, exact
         with phase(split, "global"):
             self._global_step(embed, n, keys, exact)
+        return None
 
     def _audio(self, local: KVCache, pick: torch.Tensor, n: int, channels: int, masked: bool):
         """Decide the audio channels; return the frame (n, Q), the next global row's embedding (n, E), finiteness.
