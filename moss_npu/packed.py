@@ -15,6 +15,8 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+import torch.nn as nn
+import torch.nn.functional as F
 
 
 def packing_available() -> bool:
@@ -43,3 +45,37 @@ def packed_matmul(x: torch.Tensor, packed: torch.Tensor, bias: Optional[torch.Te
         x = torch.cat((x, x.new_zeros(MIN_ROWS - rows, x.shape[1])))
     out = torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, bias, "none", [], "")
     return out if rows >= MIN_ROWS else out[:rows]
+
+
+class PackedLinear(nn.Module):
+    """An ``nn.Linear``'s parameters (the same tensors, under the same names) multiplied through a packed copy of the
+    weight, made on the first call and again after the weight is edited in place (its version counter moves).
+    Inputs that are not fp32 on the CPU, or a weight moved off it, take ``F.linear``."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight, self.bias = linear.weight, linear.bias
+        self._packed: Optional[torch.Tensor] = None
+        self._version = -1
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight
+        if x.dtype != torch.float32 or w.dtype != torch.float32 or x.device.type != "cpu" or w.device.type != "cpu":
+            return F.linear(x, w, self.bias)
+        if self._packed is None or w._version != self._version:
+            self._packed, self._version = pack_linear(w), w._version
+        rows = x.reshape(-1, self.in_features)
+        return packed_matmul(rows, self._packed, self.bias).view(*x.shape[:-1], self.out_features)
+
+
+def pack_linears(module: nn.Module) -> int:
+    """Replace every ``nn.Linear`` inside ``module`` by a ``PackedLinear`` on the same parameters (the state dict is
+    unchanged); return how many. Call it only where ``packing_available()``."""
+    swapped = 0
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear:
+                setattr(parent, name, PackedLinear(child))
+                swapped += 1
+    return swapped
