@@ -209,6 +209,27 @@ def test_slot_lifecycle(model, prompts):
         FrameDecoder(model).release(0)
 
 
+def test_a_frames_global_step_waits_for_the_next_call(model, prompts):
+    """``step`` returns a frame's codes before the global step that prepares the next frame; an ``admit`` (like a
+    ``release`` or the next ``step``) runs it first, so the joining request sees a consistent cache."""
+    decoder = FrameDecoder(model, slots=2, max_len=128)
+    slot, length = decoder.admit(prompts[0], RequestParams(max_new_frames=3)), prompts[0].shape[0]
+    keys = lambda: decoder.state.kv[:, 0, slot, :, length]  # the row frame 1 appends to the global cache
+    decoder.step()
+    assert torch.equal(keys(), torch.zeros_like(keys()))
+    decoder.admit(prompts[1], RequestParams(max_new_frames=1))
+    assert not torch.equal(keys(), torch.zeros_like(keys()))
+
+
+def test_no_global_step_after_the_last_frame(model, prompts):
+    timer = PhaseTimer()
+    decoder = FrameDecoder(model, max_len=128, timer=timer)
+    slot = decoder.admit(prompts[0], RequestParams(max_new_frames=2))
+    assert not decoder.step().finished[slot] and decoder.step().finished[slot]
+    decoder.release(slot)
+    assert timer.calls["frame"] == 2 and timer.calls["global"] == 1  # the second frame's would feed no one
+
+
 def test_state_memory_is_reported(model):
     decoder = FrameDecoder(model, slots=3, max_len=100)
     g = model.config.gpt2_config
