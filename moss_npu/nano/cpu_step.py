@@ -6,8 +6,9 @@ of those products plus the cost of the ~700 small ops around them. On the CPU to
 the OpenBLAS GEMV bundled with numpy (≈13 vs ≈23 GB/s on a 2-vCPU EPYC, one thread). ``CpuStep`` therefore
 keeps every decode-step weight transposed to (in, out) and contiguous (the layout OpenBLAS streams fastest; one
 extra copy of the LM's linear weights, ~420 MB for the real model) and multiplies one row through numpy on views
-of it (several rows, a compute-bound GEMM, through torch). An int8-quantized model (``nano.quantize``) multiplies
-its blocks through torch's int8 weight-only kernel instead (``int8_matmul``).
+of it; several rows (a batch of slots, or a prompt's prefill: ``block_rows``) multiply through oneDNN with the
+weights packed (``moss_npu.packed``). An int8-quantized model (``nano.quantize``) multiplies its blocks through
+torch's int8 weight-only kernel instead (``int8_matmul``).
 The block math is written once, functionally (``block_step``: the same as ``model.Block`` on one new row per
 slot, with the tanh GELU the decode steps use), so that with ``compile`` torch.compile (inductor) turns each
 block's small ops into a few fused kernels: one graph serves every block of both decoders (the weights are
@@ -34,8 +35,8 @@ import torch.nn.functional as F
 
 from moss_npu.errors import InputError
 from moss_npu.nano.model import Block
-from moss_npu.packed import pack_linear, packed_matmul, packing_available
 from moss_npu.nano.quantize import block_linears, int8_rows
+from moss_npu.packed import pack_linear, packed_matmul, packing_available
 from moss_npu.threads import ThreadPools, limit_blas
 
 log = logging.getLogger(__name__)
