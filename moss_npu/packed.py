@@ -20,10 +20,19 @@ import torch.nn.functional as F
 
 
 def packing_available() -> bool:
-    """Whether this torch can pack weights for oneDNN (built with it, and exposing inductor's packing operators)."""
+    """Whether this torch can pack fp32 weights for oneDNN: built with it, exposing inductor's packing operators,
+    and computing a small packed product right (a probe: a build that has the operators but not the kernel
+    for this CPU, as some ARM builds may, raises or differs there instead of in a request)."""
     ops = torch.ops.mkldnn
-    return (torch.backends.mkldnn.is_available() and hasattr(ops, "_reorder_linear_weight")
-            and hasattr(ops, "_linear_pointwise"))
+    if not (torch.backends.mkldnn.is_available() and hasattr(ops, "_reorder_linear_weight")
+            and hasattr(ops, "_linear_pointwise")):
+        return False
+    weight, x = torch.linspace(-1, 1, 24 * 16).view(24, 16), torch.linspace(-2, 2, 5 * 16).view(5, 16)
+    try:
+        with torch.no_grad():
+            return torch.allclose(packed_matmul(x, pack_linear(weight), None), F.linear(x, weight), atol=1e-4)
+    except RuntimeError:
+        return False
 
 
 # oneDNN runs one and two rows through a kernel about 1.5x slower than its blocked one (2-vCPU EPYC, one thread: 26-32

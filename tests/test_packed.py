@@ -41,3 +41,11 @@ def test_packed_linear_leaves_other_dtypes_to_torch():
     x = torch.randn(3, 16, dtype=torch.bfloat16)
     with torch.no_grad():
         assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
+
+
+def test_a_failing_kernel_means_no_packing(monkeypatch):
+    def broken(*args):
+        raise RuntimeError("no kernel for this CPU")
+
+    monkeypatch.setattr("moss_npu.packed.pack_linear", broken)
+    assert not packing_available()
