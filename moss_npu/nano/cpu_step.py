@@ -185,6 +185,10 @@ class WeightArena:
         """Return ``layer``'s transposed weight (a view into the arena) and its bias."""
         return self._views[layer], _bias(layer)
 
+    def sources(self) -> dict[int, torch.Tensor]:
+        """Return each view's layer weight (out, in) by the view's address: what the view was copied from."""
+        return {view.data_ptr(): layer.weight.detach() for layer, view in self._views.items()}
+
     def nbytes(self) -> int:
         return len(self._map)
 
@@ -250,6 +254,7 @@ class CpuStep:
         self._block = self._eager_block
         self.packing = packing_available()
         self._packed: dict[int, torch.Tensor] = {}  # arena address -> packed copy (_packed_weight)
+        self._sources = self.arena.sources()
         self._packed_bytes = 0
         self.compiled = False
         if compile_mode == "on":  # auto = eager: compiled measured slower (module docstring)
@@ -296,8 +301,8 @@ class CpuStep:
         every block and head (~420 MB)."""
         key = weight_t.data_ptr()
         packed = self._packed.get(key)
-        if packed is None:
-            packed = self._packed[key] = pack_linear(weight_t.t())
+        if packed is None:  # packed from the layer's own (out, in) weight: no transposing copy of the view
+            packed = self._packed[key] = pack_linear(self._sources[key])
             self._packed_bytes += weight_t.numel() * weight_t.element_size()
         return packed
 
