@@ -3,7 +3,7 @@
 import pytest
 
 from moss_npu.text.cuts import PieceCache, add_weights
-from moss_npu.text.wetext import Grammar, Grammars, _best_output, _lightest
+from moss_npu.text.wetext import Grammar, Grammars, _best_output, _lightest, _Restrictions
 
 # Long enough for float32 rounding of the path weights to matter (Chinese characters weigh 100 each).
 TEXTS = {
@@ -79,3 +79,22 @@ def test_a_restricted_grammar_gives_the_piece_the_same_lattice(needs_wetext, lan
     seed = 1234.5
     whole, part = _lightest(piece, full, seed), _lightest(piece, restricted, seed)
     assert part[:2] == whole[:2] and part[2].num_states == whole[2].num_states
+
+
+class _Sized:
+    def __init__(self, num_states: int) -> None:
+        self.num_states = num_states
+
+
+def test_restrictions_are_kept_by_states_not_by_count():
+    kept = _Restrictions(states=100)
+    small = [_Sized(10) for _ in range(9)]
+    for k, fst in enumerate(small):
+        kept.put((frozenset([k]), False, False), fst)
+    assert len(kept) == 9  # nine small ones fit where a count limit of a few would drop them
+    assert kept.get((frozenset([0]), False, False)) is small[0]  # now the most recently used
+    kept.put((frozenset([99]), False, False), _Sized(30))  # 120 states: the least recently used go
+    assert kept.get((frozenset([1]), False, False)) is None and kept.get((frozenset([2]), False, False)) is None
+    assert kept.get((frozenset([0]), False, False)) is small[0] and len(kept) == 8
+    kept.put((frozenset([100]), False, False), _Sized(500))  # over the budget alone: kept, all others dropped
+    assert len(kept) == 1 and kept.get((frozenset([100]), False, False)) is not None
