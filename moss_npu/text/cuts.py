@@ -5,12 +5,18 @@ OpenFst's single shortest path over the lattice of (byte position, FST state) pa
 the exact float32 path weights, summed arc by arc from the start of the text, and on how equal weights
 are broken. Why a piecewise search gives the very same answer:
 
+- The lattice searched is trimmed: composition keeps only states on a path from the start to a final
+  state (``connect``), and only such *complete* paths matter below.
 - The *boundary state* Z is where the grammar is between two tokens. Scanning the text, the states a
-  path can be in without having passed Z at the current position are followed; before a character that
-  none of them can read while Z is reachable, every path of the lattice passes the single lattice state
-  (position, Z), once (no epsilon path leads from Z back to Z). The lattice falls apart there into a part
-  before and a part after that state, each the same sub-lattice as that of the piece searched alone
-  (the lattice's arcs at (position, state) depend on that state and that byte only, in the FST's order).
+  path can be in at the current position are followed; before a character that none of them can read
+  other than from Z's epsilon closure while Z is reachable, every path of the lattice passes the single
+  lattice state (position, Z), once (no epsilon path leads from Z back to Z). Where some can, the paths
+  that read it so (Z avoided) are followed further: if they all end before Z is reachable from any of
+  them again, and before the text ends, none of them is complete, so again every complete path passes
+  (position, Z) (``pm after``: ``pm a`` could begin ``a.m.``, ``pm af`` cannot; most English tokens end so).
+  The trimmed lattice falls apart there into a part before and a part after that state, each the same
+  sub-lattice as that of the piece searched alone and trimmed (the lattice's arcs at (position, state)
+  depend on that state and that byte only, in the FST's order).
 - Distances: OpenFst adds weights in float32 one arc at a time from the start, so a piece searched with
   an epsilon arc carrying the exact weight reached at its cut (the *seed*) forms the very sums of the
   whole search, and the same minimum at each state.
@@ -62,8 +68,9 @@ class GrammarCuts:
         self._reached: dict[tuple[int, Optional[int]], frozenset[int]] = {}
         self.start = fst.start
         self.boundary = self._find_boundary()
-        self._step: dict[tuple[_ScanState, str], tuple[bool, _ScanState]] = {}
+        self._step: dict[tuple[_ScanState, str], tuple[bool, _ScanState, Optional[frozenset[int]]]] = {}
         self._interned: dict[_ScanState, _ScanState] = {}
+        self._bypassed: dict[tuple[frozenset[int], str], tuple[frozenset[int], bool]] = {}
         self._from_boundary: dict[str, tuple[frozenset[int], bool]] = {}
         self._boundary_prefix: dict[bytes, frozenset[int]] = {}
         self._advanced: dict[tuple[int, str], tuple[frozenset[int], bool]] = {}
@@ -72,13 +79,17 @@ class GrammarCuts:
     def cut_positions(self, text: Sequence[str]) -> list[int]:
         """The indices ``i > 0`` of ``text`` where every path of its lattice passes the boundary state.
 
-        Follows the states a path can be in after each character without having passed the boundary since
-        (``open``); a cut lies before a character that no such state can read while the boundary is
-        reachable there."""
+        Follows the states a path can be in after each character (``open``). A cut lies before a character
+        that no open state can read, other than through the boundary, while the boundary is reachable there.
+        Where some can (a *candidate*), the paths that read it so are followed on: when they all come to a
+        dead end before the boundary is reachable from any of them again (or the text ends), none of them
+        is a path of the lattice, and the candidate is a cut after all (``1 pm after``: ``pm a`` could begin
+        ``a.m.``, ``af`` cannot)."""
         cuts: list[int] = []
         if self.boundary is None:
             return cuts
         state: _ScanState = (frozenset([self.start]), False)
+        pending: list[tuple[int, frozenset[int]]] = []  # candidates and their paths, not yet through the boundary
         for i, unit in enumerate(text):
             key = (state, unit)
             step = self._step.get(key)
@@ -86,19 +97,44 @@ class GrammarCuts:
                 make_room(self._step)
                 make_room(self._interned)
                 step = self._step[key] = self._scan_step(state, unit)
-            cut, state = step
-            if cut and i:
+            cut, state, bypass = step
+            pending = self._follow(pending, unit, cuts)
+            if i and cut:
                 cuts.append(i)
-        return cuts
+            elif i and bypass:
+                pending.append((i, bypass))
+        return sorted(cuts)
 
-    def _scan_step(self, state: _ScanState, unit: str) -> tuple[bool, _ScanState]:
+    def _follow(self, pending: list[tuple[int, frozenset[int]]], unit: str,
+                cuts: list[int]) -> list[tuple[int, frozenset[int]]]:
+        """Read ``unit`` on each candidate's paths: a candidate whose paths all end is a cut (added to ``cuts``),
+        one from whose paths the boundary is reachable is not; the others stay pending."""
+        still = []
+        for at, paths in pending:
+            key = (paths, unit)
+            found = self._bypassed.get(key)
+            if found is None:
+                make_room(self._bypassed)
+                found = self._bypassed[key] = self._advance(paths, unit)
+            after, reached = found
+            if reached:
+                continue
+            if after:
+                still.append((at, after))
+            else:
+                cuts.append(at)
+        return still
+
+    def _scan_step(self, state: _ScanState, unit: str) -> tuple[bool, _ScanState, Optional[frozenset[int]]]:
         """Whether a cut lies before ``unit`` in ``state`` (the open states and whether the boundary is
-        reachable), and the state after it (interned, so that its hash is worked out once)."""
+        reachable), the state after it (interned, so that its hash is worked out once), and, where the
+        boundary is reachable but some open state reads ``unit`` around it, the states those paths reach."""
         open_states, at_boundary = state
         after_open, boundary_after_open = self._advance(open_states, unit)
         from_z, boundary_again = self._from_boundary_read(unit) if at_boundary else (frozenset(), False)
         after = (after_open | from_z, boundary_after_open or boundary_again)
-        return at_boundary and not after_open, self._interned.setdefault(after, after)
+        bypass = after_open if at_boundary and after_open and not boundary_after_open else None
+        return at_boundary and not after_open, self._interned.setdefault(after, after), bypass
 
     def forced(self, state: int, piece: str) -> Optional[Path]:
         """The single tagger path that reads ``piece`` from ``state`` and arrives at the boundary, or None when

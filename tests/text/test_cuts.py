@@ -26,6 +26,16 @@ def test_pieces_read_like_the_whole_text(needs_wetext, language):
     assert tagger.best(shifted) == _best_output(shifted, tagger._fst)[0]
 
 
+def test_a_cut_is_found_where_the_paths_around_the_boundary_all_end(needs_wetext):
+    tagger = Grammar.load("en", Grammars.locate())._tagger
+    text = "Call me at 555-0199 after 6 pm or later."
+    cuts = tagger.cuts.cut_positions(text)
+    # "6 pm o" and "555-0199 a" could still go on as one token ("a.m."), "6 pm or" and "555-0199 af" cannot:
+    # every reading passes the boundary before "or" and "after", so the number pieces end there
+    assert text.index(" or") in cuts and text.index(" after") in cuts and text.index("after") in cuts
+    assert tagger.best(text) == _best_output(text, tagger._fst)[0]
+
+
 # Verbalizer inputs whose lattices are unweighted (words only) or weighted only in a later token: OpenFst breaks
 # the ties of an unweighted lattice last-in-first-out and of a weighted one in topological order, so -5℃ reads
 # "negative" in the first two and "minus" in the third (the official outputs of such texts say the same).
