@@ -48,6 +48,7 @@ import numpy as np
 
 EPSILON = 0
 SEARCH_BUDGET = 500  # partial paths looked at before a piece is left to the full search (a hanzi needs ~300)
+LATTICE_ARCS_KEPT = 200_000  # arcs of searched lattices kept for later binade proofs (~20 MB)
 MEMO_LIMIT = 200_000  # memoized answers kept per table before it is emptied (a server meets endless texts)
 Path = tuple[bytes, tuple[float, ...]]  # the output bytes and the non-zero arc weights of a forced path
 
@@ -340,6 +341,8 @@ class PieceCache:
         self.size = size
         self._readings: OrderedDict[tuple[str, bool, bool], list[_Reading]] = OrderedDict()
         self._searched: OrderedDict[tuple[str, bool, bool], int] = OrderedDict()  # searches per piece
+        self._lattices: OrderedDict[tuple[str, bool, bool], Optional[_LatticeSums]] = OrderedDict()
+        self._lattice_arcs = 0
 
     def get(self, key: tuple[str, bool, bool], seed: float) -> Optional[tuple[bytes, float]]:
         """The output and end weight of ``key`` searched from ``seed``, if known."""
@@ -355,7 +358,8 @@ class PieceCache:
     def put(self, key: tuple[str, bool, bool], seed: float, output: bytes, total: float, lattice: Any) -> None:
         """Keep the answer of a search from ``seed``: nothing on a piece's first search (most pieces with numbers
         in them come once), the exact seed's reading on its second, and from its third on the reading for the
-        seed's binade where that is proven (the proof costs about as much as a search)."""
+        seed's binade where that is proven (the proof costs about as much as a search, less once its lattice
+        is read)."""
         searches = self._searched.get(key, 0) + 1
         self._searched[key] = searches
         self._searched.move_to_end(key)
@@ -363,7 +367,8 @@ class PieceCache:
             self._searched.popitem(last=False)
         if searches == 1:
             return
-        reading = None if key[1] or searches == 2 else _seed_free(seed, output, total, lattice)
+        sums = None if key[1] or searches == 2 else self._sums(key, lattice)
+        reading = None if sums is None else sums.reading(seed, output, total)
         if reading is None:
             reading = _Reading(seed, 0, 0.0, 0.0, output, total)
         readings = self._readings.setdefault(key, [])
@@ -373,43 +378,77 @@ class PieceCache:
         while len(self._readings) > self.size:
             self._readings.popitem(last=False)
 
+    def _sums(self, key: tuple[str, bool, bool], lattice: Any) -> Optional[_LatticeSums]:
+        """``key``'s lattice as the proof reads it, read from ``lattice`` on its first proof and kept (least
+        recently used dropped beyond ``LATTICE_ARCS_KEPT`` arcs): a piece is proven once per binade it meets."""
+        if key in self._lattices:
+            self._lattices.move_to_end(key)
+            return self._lattices[key]
+        sums = self._lattices[key] = _LatticeSums.of(lattice)
+        self._lattice_arcs += 0 if sums is None else sums.arcs
+        while self._lattice_arcs > LATTICE_ARCS_KEPT and len(self._lattices) > 1:
+            dropped = self._lattices.popitem(last=False)[1]
+            self._lattice_arcs -= 0 if dropped is None else dropped.arcs
+        return sums
+
 
 def _inside(value: float, exponent: int) -> bool:
     return 2.0 ** (exponent - 1) <= value < 2.0 ** exponent
 
 
-def _seed_free(seed: float, output: bytes, total: float, lattice: Any) -> Optional[_Reading]:
-    """Redo the search's sums (float32, OpenFst's order: the seed arc, then each arc from a state's lightest
-    weight) and return the reading when they all stay in the seed's binade with no half-step weight."""
-    import kaldifst
+class _LatticeSums:
+    """A searched piece's lattice as the binade proof reads it: each state's arcs (weight, next state), the
+    states in topological order from the seed arc's end, and its distinct arc weights. The same whatever the
+    seed (only the seed arc's weight changes), so it is read out of OpenFst once per piece."""
 
-    exponent = math.frexp(seed)[1]
-    if seed <= 0.0 or not _inside(seed, exponent):
-        return None
-    step = 2.0 ** (exponent - 1 - 23)
-    arcs = {s: [(a.weight.value, a.nextstate) for a in kaldifst.ArcIterator(lattice, s)]
-            for s in range(lattice.num_states)}
-    start = lattice.start
-    if len(arcs[start]) != 1:
-        return None
-    first = arcs[start][0][1]
-    order = _topological(arcs, first)
-    if order is None or start in order:
-        return None
-    best = {first: np.float32(seed)}
-    low = high = 0.0
-    for s in order:
-        here = best[s]
-        for weight, nxt in arcs[s]:
-            if (weight / step) % 1.0 == 0.5:
-                return None
-            value = np.float32(here + np.float32(weight))
-            if not _inside(float(value), exponent):
-                return None
-            low, high = min(low, float(value) - seed), max(high, float(value) - seed)
-            if nxt not in best or value < best[nxt]:
-                best[nxt] = value
-    return _Reading(None, exponent, low, high, output, total - seed)
+    def __init__(self, order: list[tuple[int, list[tuple[np.float32, int]]]], first: int,
+                 weights: frozenset[float]) -> None:
+        self.order, self.first, self.weights = order, first, weights
+        self.arcs = sum(len(arcs) for _, arcs in order)
+
+    @classmethod
+    def of(cls, lattice: Any) -> Optional["_LatticeSums"]:
+        """Read ``lattice``; None unless its start has the seed arc alone and no cycle leads back to it."""
+        import kaldifst
+
+        arcs = {s: [(a.weight.value, a.nextstate) for a in kaldifst.ArcIterator(lattice, s)]
+                for s in range(lattice.num_states)}
+        start = lattice.start
+        if len(arcs[start]) != 1:
+            return None
+        first = arcs[start][0][1]
+        order = _topological(arcs, first)
+        if order is None or start in order:
+            return None
+        weights = frozenset(weight for s in order for weight, _ in arcs[s])
+        return cls([(s, [(np.float32(w), nxt) for w, nxt in arcs[s]]) for s in order], first, weights)
+
+    def reading(self, seed: float, output: bytes, total: float) -> Optional[_Reading]:
+        """Redo the search's sums from ``seed`` (float32, OpenFst's order: the seed arc, then each arc from a
+        state's lightest weight) and return the reading when they all stay in the seed's binade with no
+        half-step weight."""
+        exponent = math.frexp(seed)[1]
+        if seed <= 0.0 or not _inside(seed, exponent):
+            return None
+        step = 2.0 ** (exponent - 1 - 23)
+        if any((weight / step) % 1.0 == 0.5 for weight in self.weights):
+            return None
+        low = high = np.float32(seed)
+        best = {self.first: low}
+        for s, arcs in self.order:
+            here = best[s]
+            for weight, nxt in arcs:
+                value = here + weight
+                if value < low:
+                    low = value
+                if value > high:
+                    high = value
+                known = best.get(nxt)
+                if known is None or value < known:
+                    best[nxt] = value
+        if not (_inside(float(low), exponent) and _inside(float(high), exponent)):
+            return None
+        return _Reading(None, exponent, float(low) - seed, float(high) - seed, output, total - seed)
 
 
 def _topological(arcs: dict[int, list[tuple[float, int]]], source: int) -> Optional[list[int]]:
