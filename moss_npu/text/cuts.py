@@ -49,6 +49,7 @@ import numpy as np
 EPSILON = 0
 SEARCH_BUDGET = 500  # partial paths looked at before a piece is left to the full search (a hanzi needs ~300)
 LATTICE_ARCS_KEPT = 200_000  # arcs of searched lattices kept for later binade proofs (~20 MB)
+CANDIDATES_FOLLOWED = 16  # candidate cuts followed at once (a token rarely leaves more open)
 MEMO_LIMIT = 200_000  # memoized answers kept per table before it is emptied (a server meets endless texts)
 Path = tuple[bytes, tuple[float, ...]]  # the output bytes and the non-zero arc weights of a forced path
 
@@ -104,6 +105,7 @@ class GrammarCuts:
                 cuts.append(i)
             elif i and bypass:
                 pending.append((i, bypass))
+                del pending[:-CANDIDATES_FOLLOWED]  # an older one given up is just not a cut
         return sorted(cuts)
 
     def _follow(self, pending: list[tuple[int, frozenset[int]]], unit: str,
