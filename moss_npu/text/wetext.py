@@ -36,7 +36,7 @@ GRAMMAR_FILES: dict[str, tuple[str, Optional[str]]] = {
 }
 
 
-RESTRICTION_STATES_KEPT = 600_000  # states of restricted FSTs kept per grammar (~60 MB): ~15 English ones of up
+RESTRICTION_STATES_KEPT = 600_000  # states of restricted FSTs kept per grammar (~45 MB): ~15 English ones of up
 # to ~60,000 states, or the ~30 label sets of a Chinese text (1,000-5,000 states each) and hundreds more
 LABEL_SETS_KEPT = 4096  # label sets met once, remembered so that a second meeting builds their restriction
 ILABEL_SORTED = 0x10000000  # OpenFst's kILabelSorted property bit
