@@ -2,7 +2,7 @@
 
 import pytest
 
-from moss_npu.text.cuts import PieceCache, add_weights
+from moss_npu.text.cuts import PieceCache, _LatticeSums, add_weights
 from moss_npu.text.wetext import Grammar, Grammars, _best_output, _lightest, _Restrictions
 
 # Long enough for float32 rounding of the path weights to matter (Chinese characters weigh 100 each).
@@ -108,3 +108,21 @@ def test_restrictions_are_kept_by_states_not_by_count():
     assert kept.get((frozenset([0]), False, False)) is small[0] and len(kept) == 8
     kept.put((frozenset([100]), False, False), _Sized(500))  # over the budget alone: kept, all others dropped
     assert len(kept) == 1 and kept.get((frozenset([100]), False, False)) is not None
+
+
+def test_a_binade_proof_reads_the_lattice_once_and_holds_for_other_seeds(needs_wetext, monkeypatch):
+    search = Grammar.load("zh", Grammars.locate())._tagger
+    reads = []
+    read = _LatticeSums.of.__func__
+    monkeypatch.setattr(_LatticeSums, "of", classmethod(lambda cls, lattice: reads.append(1) or read(cls, lattice)))
+    piece, key = "38月", ("38月", False, False)
+    variant = search._variants[False, False]
+    seeds = [1100.25, 1300.5, 1500.75, 2500.125]  # three in [1024, 2048), then one in [2048, 4096)
+    for seed in seeds:
+        output, total, lattice = _lightest(piece, variant, seed)
+        search.pieces.put(key, seed, output, total, lattice)
+    assert len(reads) == 1  # read on the first proof (the third search), reused for the next binade's
+    for seed in (1234.0625, 1600.5, 3000.25):  # seeds never searched, in both proven binades
+        output, total, _ = _lightest(piece, variant, seed)
+        assert search.pieces.get(key, seed) == (output, total)
+
