@@ -5,12 +5,18 @@ OpenFst's single shortest path over the lattice of (byte position, FST state) pa
 the exact float32 path weights, summed arc by arc from the start of the text, and on how equal weights
 are broken. Why a piecewise search gives the very same answer:
 
+- The lattice searched is trimmed: composition keeps only states on a path from the start to a final
+  state (``connect``), and only such *complete* paths matter below.
 - The *boundary state* Z is where the grammar is between two tokens. Scanning the text, the states a
-  path can be in without having passed Z at the current position are followed; before a character that
-  none of them can read while Z is reachable, every path of the lattice passes the single lattice state
-  (position, Z), once (no epsilon path leads from Z back to Z). The lattice falls apart there into a part
-  before and a part after that state, each the same sub-lattice as that of the piece searched alone
-  (the lattice's arcs at (position, state) depend on that state and that byte only, in the FST's order).
+  path can be in at the current position are followed; before a character that none of them can read
+  other than from Z's epsilon closure while Z is reachable, every path of the lattice passes the single
+  lattice state (position, Z), once (no epsilon path leads from Z back to Z). Where some can, the paths
+  that read it so (Z avoided) are followed further: if they all end before Z is reachable from any of
+  them again, and before the text ends, none of them is complete, so again every complete path passes
+  (position, Z) (``pm after``: ``pm a`` could begin ``a.m.``, ``pm af`` cannot; most English tokens end so).
+  The trimmed lattice falls apart there into a part before and a part after that state, each the same
+  sub-lattice as that of the piece searched alone and trimmed (the lattice's arcs at (position, state)
+  depend on that state and that byte only, in the FST's order).
 - Distances: OpenFst adds weights in float32 one arc at a time from the start, so a piece searched with
   an epsilon arc carrying the exact weight reached at its cut (the *seed*) forms the very sums of the
   whole search, and the same minimum at each state.
@@ -42,6 +48,8 @@ import numpy as np
 
 EPSILON = 0
 SEARCH_BUDGET = 500  # partial paths looked at before a piece is left to the full search (a hanzi needs ~300)
+LATTICE_ARCS_KEPT = 200_000  # arcs of searched lattices kept for later binade proofs (~20 MB)
+CANDIDATES_FOLLOWED = 16  # candidate cuts followed at once (a token rarely leaves more open)
 MEMO_LIMIT = 200_000  # memoized answers kept per table before it is emptied (a server meets endless texts)
 Path = tuple[bytes, tuple[float, ...]]  # the output bytes and the non-zero arc weights of a forced path
 
@@ -62,8 +70,9 @@ class GrammarCuts:
         self._reached: dict[tuple[int, Optional[int]], frozenset[int]] = {}
         self.start = fst.start
         self.boundary = self._find_boundary()
-        self._step: dict[tuple[_ScanState, str], tuple[bool, _ScanState]] = {}
+        self._step: dict[tuple[_ScanState, str], tuple[bool, _ScanState, Optional[frozenset[int]]]] = {}
         self._interned: dict[_ScanState, _ScanState] = {}
+        self._bypassed: dict[tuple[frozenset[int], str], tuple[frozenset[int], bool]] = {}
         self._from_boundary: dict[str, tuple[frozenset[int], bool]] = {}
         self._boundary_prefix: dict[bytes, frozenset[int]] = {}
         self._advanced: dict[tuple[int, str], tuple[frozenset[int], bool]] = {}
@@ -72,13 +81,17 @@ class GrammarCuts:
     def cut_positions(self, text: Sequence[str]) -> list[int]:
         """The indices ``i > 0`` of ``text`` where every path of its lattice passes the boundary state.
 
-        Follows the states a path can be in after each character without having passed the boundary since
-        (``open``); a cut lies before a character that no such state can read while the boundary is
-        reachable there."""
+        Follows the states a path can be in after each character (``open``). A cut lies before a character
+        that no open state can read, other than through the boundary, while the boundary is reachable there.
+        Where some can (a *candidate*), the paths that read it so are followed on: when they all come to a
+        dead end before the boundary is reachable from any of them again (or the text ends), none of them
+        is a path of the lattice, and the candidate is a cut after all (``1 pm after``: ``pm a`` could begin
+        ``a.m.``, ``af`` cannot)."""
         cuts: list[int] = []
         if self.boundary is None:
             return cuts
         state: _ScanState = (frozenset([self.start]), False)
+        pending: list[tuple[int, frozenset[int]]] = []  # candidates and their paths, not yet through the boundary
         for i, unit in enumerate(text):
             key = (state, unit)
             step = self._step.get(key)
@@ -86,19 +99,45 @@ class GrammarCuts:
                 make_room(self._step)
                 make_room(self._interned)
                 step = self._step[key] = self._scan_step(state, unit)
-            cut, state = step
-            if cut and i:
+            cut, state, bypass = step
+            pending = self._follow(pending, unit, cuts)
+            if i and cut:
                 cuts.append(i)
-        return cuts
+            elif i and bypass:
+                pending.append((i, bypass))
+                del pending[:-CANDIDATES_FOLLOWED]  # an older one given up is just not a cut
+        return sorted(cuts)
 
-    def _scan_step(self, state: _ScanState, unit: str) -> tuple[bool, _ScanState]:
+    def _follow(self, pending: list[tuple[int, frozenset[int]]], unit: str,
+                cuts: list[int]) -> list[tuple[int, frozenset[int]]]:
+        """Read ``unit`` on each candidate's paths: a candidate whose paths all end is a cut (added to ``cuts``),
+        one from whose paths the boundary is reachable is not; the others stay pending."""
+        still = []
+        for at, paths in pending:
+            key = (paths, unit)
+            found = self._bypassed.get(key)
+            if found is None:
+                make_room(self._bypassed)
+                found = self._bypassed[key] = self._advance(paths, unit)
+            after, reached = found
+            if reached:
+                continue
+            if after:
+                still.append((at, after))
+            else:
+                cuts.append(at)
+        return still
+
+    def _scan_step(self, state: _ScanState, unit: str) -> tuple[bool, _ScanState, Optional[frozenset[int]]]:
         """Whether a cut lies before ``unit`` in ``state`` (the open states and whether the boundary is
-        reachable), and the state after it (interned, so that its hash is worked out once)."""
+        reachable), the state after it (interned, so that its hash is worked out once), and, where the
+        boundary is reachable but some open state reads ``unit`` around it, the states those paths reach."""
         open_states, at_boundary = state
         after_open, boundary_after_open = self._advance(open_states, unit)
         from_z, boundary_again = self._from_boundary_read(unit) if at_boundary else (frozenset(), False)
         after = (after_open | from_z, boundary_after_open or boundary_again)
-        return at_boundary and not after_open, self._interned.setdefault(after, after)
+        bypass = after_open if at_boundary and after_open and not boundary_after_open else None
+        return at_boundary and not after_open, self._interned.setdefault(after, after), bypass
 
     def forced(self, state: int, piece: str) -> Optional[Path]:
         """The single tagger path that reads ``piece`` from ``state`` and arrives at the boundary, or None when
@@ -304,6 +343,8 @@ class PieceCache:
         self.size = size
         self._readings: OrderedDict[tuple[str, bool, bool], list[_Reading]] = OrderedDict()
         self._searched: OrderedDict[tuple[str, bool, bool], int] = OrderedDict()  # searches per piece
+        self._lattices: OrderedDict[tuple[str, bool, bool], Optional[_LatticeSums]] = OrderedDict()
+        self._lattice_arcs = 0
 
     def get(self, key: tuple[str, bool, bool], seed: float) -> Optional[tuple[bytes, float]]:
         """The output and end weight of ``key`` searched from ``seed``, if known."""
@@ -319,7 +360,8 @@ class PieceCache:
     def put(self, key: tuple[str, bool, bool], seed: float, output: bytes, total: float, lattice: Any) -> None:
         """Keep the answer of a search from ``seed``: nothing on a piece's first search (most pieces with numbers
         in them come once), the exact seed's reading on its second, and from its third on the reading for the
-        seed's binade where that is proven (the proof costs about as much as a search)."""
+        seed's binade where that is proven (the proof costs about as much as a search, less once its lattice
+        is read)."""
         searches = self._searched.get(key, 0) + 1
         self._searched[key] = searches
         self._searched.move_to_end(key)
@@ -327,7 +369,8 @@ class PieceCache:
             self._searched.popitem(last=False)
         if searches == 1:
             return
-        reading = None if key[1] or searches == 2 else _seed_free(seed, output, total, lattice)
+        sums = None if key[1] or searches == 2 else self._sums(key, lattice)
+        reading = None if sums is None else sums.reading(seed, output, total)
         if reading is None:
             reading = _Reading(seed, 0, 0.0, 0.0, output, total)
         readings = self._readings.setdefault(key, [])
@@ -337,43 +380,77 @@ class PieceCache:
         while len(self._readings) > self.size:
             self._readings.popitem(last=False)
 
+    def _sums(self, key: tuple[str, bool, bool], lattice: Any) -> Optional[_LatticeSums]:
+        """``key``'s lattice as the proof reads it, read from ``lattice`` on its first proof and kept (least
+        recently used dropped beyond ``LATTICE_ARCS_KEPT`` arcs): a piece is proven once per binade it meets."""
+        if key in self._lattices:
+            self._lattices.move_to_end(key)
+            return self._lattices[key]
+        sums = self._lattices[key] = _LatticeSums.of(lattice)
+        self._lattice_arcs += 0 if sums is None else sums.arcs
+        while self._lattice_arcs > LATTICE_ARCS_KEPT and len(self._lattices) > 1:
+            dropped = self._lattices.popitem(last=False)[1]
+            self._lattice_arcs -= 0 if dropped is None else dropped.arcs
+        return sums
+
 
 def _inside(value: float, exponent: int) -> bool:
     return 2.0 ** (exponent - 1) <= value < 2.0 ** exponent
 
 
-def _seed_free(seed: float, output: bytes, total: float, lattice: Any) -> Optional[_Reading]:
-    """Redo the search's sums (float32, OpenFst's order: the seed arc, then each arc from a state's lightest
-    weight) and return the reading when they all stay in the seed's binade with no half-step weight."""
-    import kaldifst
+class _LatticeSums:
+    """A searched piece's lattice as the binade proof reads it: each state's arcs (weight, next state), the
+    states in topological order from the seed arc's end, and its distinct arc weights. The same whatever the
+    seed (only the seed arc's weight changes), so it is read out of OpenFst once per piece."""
 
-    exponent = math.frexp(seed)[1]
-    if seed <= 0.0 or not _inside(seed, exponent):
-        return None
-    step = 2.0 ** (exponent - 1 - 23)
-    arcs = {s: [(a.weight.value, a.nextstate) for a in kaldifst.ArcIterator(lattice, s)]
-            for s in range(lattice.num_states)}
-    start = lattice.start
-    if len(arcs[start]) != 1:
-        return None
-    first = arcs[start][0][1]
-    order = _topological(arcs, first)
-    if order is None or start in order:
-        return None
-    best = {first: np.float32(seed)}
-    low = high = 0.0
-    for s in order:
-        here = best[s]
-        for weight, nxt in arcs[s]:
-            if (weight / step) % 1.0 == 0.5:
-                return None
-            value = np.float32(here + np.float32(weight))
-            if not _inside(float(value), exponent):
-                return None
-            low, high = min(low, float(value) - seed), max(high, float(value) - seed)
-            if nxt not in best or value < best[nxt]:
-                best[nxt] = value
-    return _Reading(None, exponent, low, high, output, total - seed)
+    def __init__(self, order: list[tuple[int, list[tuple[np.float32, int]]]], first: int,
+                 weights: frozenset[float]) -> None:
+        self.order, self.first, self.weights = order, first, weights
+        self.arcs = sum(len(arcs) for _, arcs in order)
+
+    @classmethod
+    def of(cls, lattice: Any) -> Optional["_LatticeSums"]:
+        """Read ``lattice``; None unless its start has the seed arc alone and no cycle leads back to it."""
+        import kaldifst
+
+        arcs = {s: [(a.weight.value, a.nextstate) for a in kaldifst.ArcIterator(lattice, s)]
+                for s in range(lattice.num_states)}
+        start = lattice.start
+        if len(arcs[start]) != 1:
+            return None
+        first = arcs[start][0][1]
+        order = _topological(arcs, first)
+        if order is None or start in order:
+            return None
+        weights = frozenset(weight for s in order for weight, _ in arcs[s])
+        return cls([(s, [(np.float32(w), nxt) for w, nxt in arcs[s]]) for s in order], first, weights)
+
+    def reading(self, seed: float, output: bytes, total: float) -> Optional[_Reading]:
+        """Redo the search's sums from ``seed`` (float32, OpenFst's order: the seed arc, then each arc from a
+        state's lightest weight) and return the reading when they all stay in the seed's binade with no
+        half-step weight."""
+        exponent = math.frexp(seed)[1]
+        if seed <= 0.0 or not _inside(seed, exponent):
+            return None
+        step = 2.0 ** (exponent - 1 - 23)
+        if any((weight / step) % 1.0 == 0.5 for weight in self.weights):
+            return None
+        low = high = np.float32(seed)
+        best = {self.first: low}
+        for s, arcs in self.order:
+            here = best[s]
+            for weight, nxt in arcs:
+                value = here + weight
+                if value < low:
+                    low = value
+                if value > high:
+                    high = value
+                known = best.get(nxt)
+                if known is None or value < known:
+                    best[nxt] = value
+        if not (_inside(float(low), exponent) and _inside(float(high), exponent)):
+            return None
+        return _Reading(None, exponent, float(low) - seed, float(high) - seed, output, total - seed)
 
 
 def _topological(arcs: dict[int, list[tuple[float, int]]], source: int) -> Optional[list[int]]:

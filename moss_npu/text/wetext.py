@@ -36,7 +36,8 @@ GRAMMAR_FILES: dict[str, tuple[str, Optional[str]]] = {
 }
 
 
-RESTRICTIONS_KEPT = 16  # restricted FSTs kept per grammar (up to ~60,000 states each for English)
+RESTRICTION_STATES_KEPT = 600_000  # states of restricted FSTs kept per grammar (~45 MB): ~15 English ones of up
+# to ~60,000 states, or the ~30 label sets of a Chinese text (1,000-5,000 states each) and hundreds more
 LABEL_SETS_KEPT = 4096  # label sets met once, remembered so that a second meeting builds their restriction
 ILABEL_SORTED = 0x10000000  # OpenFst's kILabelSorted property bit
 _DIGITS = frozenset(b"0123456789")
@@ -131,7 +132,7 @@ class _PiecewiseSearch:
         self._from_zero: dict[tuple[str, bool, bool], tuple[bool, bytes, bytes, float]] = {}
         self._variants: dict[tuple[bool, bool], Any] = {}
         self._sorted = bool(fst.properties(ILABEL_SORTED, True))
-        self._restrictions: OrderedDict[tuple[frozenset[int], bool, bool], Any] = OrderedDict()
+        self._restrictions = _Restrictions(RESTRICTION_STATES_KEPT)
         self._label_sets: OrderedDict[tuple[frozenset[int], bool, bool], None] = OrderedDict()  # met once
         z = self.cuts.boundary
         if z is None:
@@ -203,7 +204,7 @@ class _PiecewiseSearch:
         The piece's lattice is the same, arc for arc in the same order: an arc with another input label is
         never part of it, a trimmed state is never on one of its paths, and restricting an ilabel-sorted FST
         by composition keeps each state's arcs in their order. The composition explores far fewer dead
-        states on it (a number: 5× faster). Built on a label set's second use, a few kept."""
+        states on it (a number: 5× faster). Built on a label set's second use, kept within a state budget."""
         variant = self._variants[first, last]
         if not self._sorted:
             return variant
@@ -227,7 +228,7 @@ class _PiecewiseSearch:
             for label in sorted(labels):
                 sigma.add_arc(0, kaldifst.StdArc(label, label, 0.0, 0))
             found = kaldifst.compose(sigma, variant)
-        _remember(self._restrictions, key, found, RESTRICTIONS_KEPT)
+        self._restrictions.put(key, found)
         return found
 
     def _search_from_zero(self, piece: str, first: bool, last: bool) -> tuple[bool, bytes, bytes, float]:
@@ -246,6 +247,34 @@ class _PiecewiseSearch:
             make_room(self._from_zero)
             self._from_zero[key] = found
         return found
+
+
+class _Restrictions:
+    """Restricted FSTs by label set, least recently used dropped once they hold more than ``states`` states (a
+    count, not a number of FSTs: an English restriction is ten times a Chinese one)."""
+
+    def __init__(self, states: int) -> None:
+        self.states = states
+        self._held = 0
+        self._fsts: OrderedDict[tuple[frozenset[int], bool, bool], Any] = OrderedDict()
+
+    def get(self, key: tuple[frozenset[int], bool, bool]) -> Optional[Any]:
+        """The restriction of ``key``, if kept (it becomes the most recently used)."""
+        found = self._fsts.get(key)
+        if found is not None:
+            self._fsts.move_to_end(key)
+        return found
+
+    def put(self, key: tuple[frozenset[int], bool, bool], fst: Any) -> None:
+        """Keep ``fst`` as ``key``'s restriction, dropping the least recently used beyond the state budget."""
+        if key not in self._fsts:
+            self._fsts[key] = fst
+            self._held += fst.num_states
+        while self._held > self.states and len(self._fsts) > 1:
+            self._held -= self._fsts.popitem(last=False)[1].num_states
+
+    def __len__(self) -> int:
+        return len(self._fsts)
 
 
 def _remember(table: OrderedDict, key: Any, value: Any, size: int) -> None:

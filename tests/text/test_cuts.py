@@ -2,8 +2,8 @@
 
 import pytest
 
-from moss_npu.text.cuts import PieceCache, add_weights
-from moss_npu.text.wetext import Grammar, Grammars, _best_output, _lightest
+from moss_npu.text.cuts import PieceCache, _LatticeSums, add_weights
+from moss_npu.text.wetext import Grammar, Grammars, _best_output, _lightest, _Restrictions
 
 # Long enough for float32 rounding of the path weights to matter (Chinese characters weigh 100 each).
 TEXTS = {
@@ -24,6 +24,16 @@ def test_pieces_read_like_the_whole_text(needs_wetext, language):
     assert tagger.best(text) == whole  # again, now from the memo tables and the piece readings
     shifted = text[7:]  # the same pieces from other seeds
     assert tagger.best(shifted) == _best_output(shifted, tagger._fst)[0]
+
+
+def test_a_cut_is_found_where_the_paths_around_the_boundary_all_end(needs_wetext):
+    tagger = Grammar.load("en", Grammars.locate())._tagger
+    text = "Call me at 555-0199 after 6 pm or later."
+    cuts = tagger.cuts.cut_positions(text)
+    # "6 pm o" and "555-0199 a" could still go on as one token ("a.m."), "6 pm or" and "555-0199 af" cannot:
+    # every reading passes the boundary before "or" and "after", so the number pieces end there
+    assert text.index(" or") in cuts and text.index(" after") in cuts and text.index("after") in cuts
+    assert tagger.best(text) == _best_output(text, tagger._fst)[0]
 
 
 # Verbalizer inputs whose lattices are unweighted (words only) or weighted only in a later token: OpenFst breaks
@@ -79,3 +89,40 @@ def test_a_restricted_grammar_gives_the_piece_the_same_lattice(needs_wetext, lan
     seed = 1234.5
     whole, part = _lightest(piece, full, seed), _lightest(piece, restricted, seed)
     assert part[:2] == whole[:2] and part[2].num_states == whole[2].num_states
+
+
+class _Sized:
+    def __init__(self, num_states: int) -> None:
+        self.num_states = num_states
+
+
+def test_restrictions_are_kept_by_states_not_by_count():
+    kept = _Restrictions(states=100)
+    small = [_Sized(10) for _ in range(9)]
+    for k, fst in enumerate(small):
+        kept.put((frozenset([k]), False, False), fst)
+    assert len(kept) == 9  # nine small ones fit where a count limit of a few would drop them
+    assert kept.get((frozenset([0]), False, False)) is small[0]  # now the most recently used
+    kept.put((frozenset([99]), False, False), _Sized(30))  # 120 states: the least recently used go
+    assert kept.get((frozenset([1]), False, False)) is None and kept.get((frozenset([2]), False, False)) is None
+    assert kept.get((frozenset([0]), False, False)) is small[0] and len(kept) == 8
+    kept.put((frozenset([100]), False, False), _Sized(500))  # over the budget alone: kept, all others dropped
+    assert len(kept) == 1 and kept.get((frozenset([100]), False, False)) is not None
+
+
+def test_a_binade_proof_reads_the_lattice_once_and_holds_for_other_seeds(needs_wetext, monkeypatch):
+    search = Grammar.load("zh", Grammars.locate())._tagger
+    reads = []
+    read = _LatticeSums.of.__func__
+    monkeypatch.setattr(_LatticeSums, "of", classmethod(lambda cls, lattice: reads.append(1) or read(cls, lattice)))
+    piece, key = "38月", ("38月", False, False)
+    variant = search._variants[False, False]
+    seeds = [1100.25, 1300.5, 1500.75, 2500.125]  # three in [1024, 2048), then one in [2048, 4096)
+    for seed in seeds:
+        output, total, lattice = _lightest(piece, variant, seed)
+        search.pieces.put(key, seed, output, total, lattice)
+    assert len(reads) == 1  # read on the first proof (the third search), reused for the next binade's
+    for seed in (1234.0625, 1600.5, 3000.25):  # seeds never searched, in both proven binades
+        output, total, _ = _lightest(piece, variant, seed)
+        assert search.pieces.get(key, seed) == (output, total)
+
