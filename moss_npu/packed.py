@@ -73,8 +73,11 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
-        if (x.dtype != torch.float32 or w.dtype != torch.float32 or x.device.type != "cpu" or w.device.type != "cpu"
-                or w.is_inference() or (torch.is_grad_enabled() and (w.requires_grad or x.requires_grad))):
+        if w.dtype != torch.float32 or w.device.type != "cpu" or w.is_inference():
+            self._cache = None  # the weight moved or changed dtype: a packing of its old storage only holds memory
+            return F.linear(x, w, self.bias)
+        if x.dtype != torch.float32 or x.device.type != "cpu" or (
+                torch.is_grad_enabled() and (w.requires_grad or x.requires_grad)):
             return F.linear(x, w, self.bias)
         cache = self._cache
         if cache is None or cache[0].data_ptr() != w.data_ptr() or cache[1] != w._version:

@@ -96,3 +96,12 @@ def test_packed_linear_trains_like_linear():
     layer(x).square().sum().backward()
     plain(x).square().sum().backward()
     torch.testing.assert_close(layer.weight.grad, plain.weight.grad)
+
+
+def test_a_weight_turned_to_another_dtype_frees_its_packing():
+    layer, x = PackedLinear(torch.nn.Linear(16, 8)), torch.randn(5, 16)
+    with torch.no_grad():
+        layer(x)
+        layer.to(torch.bfloat16)
+        layer(x.to(torch.bfloat16))
+    assert layer._cache is None
