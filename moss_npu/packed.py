@@ -58,24 +58,36 @@ def packed_matmul(x: torch.Tensor, packed: torch.Tensor, bias: Optional[torch.Te
 
 class PackedLinear(nn.Module):
     """An ``nn.Linear``'s parameters (the same tensors, under the same names) multiplied through a packed copy of the
-    weight, made on the first call and again after the weight is edited in place (its version counter moves).
-    Inputs that are not fp32 on the CPU, or a weight moved off it, take ``F.linear``."""
+    weight, made on the first call and again after the weight changes (edited in place: its version counter
+    moves; or given other storage: ``weight.data = …``, a dtype round trip). Inputs that are not fp32 on the CPU,
+    a weight moved off it, a product that needs gradients (the packed kernel has no backward) and a weight made
+    in inference mode (no version counter to see edits by) take ``F.linear``."""
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
-        self._packed: Optional[torch.Tensor] = None
-        self._version = -1
+        # (the weight packed from: holding it keeps its storage's address unique; its version; the packed copy),
+        # one attribute so that a thread reads a consistent triple
+        self._cache: Optional[tuple[torch.Tensor, int, torch.Tensor]] = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
-        if x.dtype != torch.float32 or w.dtype != torch.float32 or x.device.type != "cpu" or w.device.type != "cpu":
+        if w.dtype != torch.float32 or w.device.type != "cpu" or w.is_inference():
+            self._cache = None  # the weight moved or changed dtype: a packing of its old storage only holds memory
             return F.linear(x, w, self.bias)
-        if self._packed is None or w._version != self._version:
-            self._packed, self._version = pack_linear(w), w._version
+        if x.dtype != torch.float32 or x.device.type != "cpu" or (
+                torch.is_grad_enabled() and (w.requires_grad or x.requires_grad)):
+            return F.linear(x, w, self.bias)
+        cache = self._cache
+        if cache is None or cache[0].data_ptr() != w.data_ptr() or cache[1] != w._version:
+            cache = self._cache = (w.detach(), w._version, pack_linear(w))
         rows = x.reshape(-1, self.in_features)
-        return packed_matmul(rows, self._packed, self.bias).view(*x.shape[:-1], self.out_features)
+        return packed_matmul(rows, cache[2], self.bias).view(*x.shape[:-1], self.out_features)
+
+    def __getstate__(self) -> dict:
+        """Pickled and deep-copied without the packed copy (an opaque oneDNN tensor has no storage to copy)."""
+        return {**self.__dict__, "_cache": None}
 
 
 def pack_linears(module: nn.Module) -> int:

@@ -1,6 +1,9 @@
 """oneDNN-packed linear weights (``moss_npu.packed``): the packed product is ``F.linear`` at every row count,
 including the padded ones below ``MIN_ROWS``; ``PackedLinear`` keeps an ``nn.Linear``'s parameters and follows edits."""
 
+import copy
+import pickle
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -49,3 +52,56 @@ def test_a_failing_kernel_means_no_packing(monkeypatch):
 
     monkeypatch.setattr("moss_npu.packed.pack_linear", broken)
     assert not packing_available()
+
+
+def test_weights_made_in_inference_mode_are_multiplied_plainly():
+    """Parameters created inside ``torch.inference_mode`` (a model loaded there) track no version counter, so an
+    in-place edit could not be seen: those layers take ``F.linear`` (they raised before)."""
+    with torch.inference_mode():
+        layer = PackedLinear(torch.nn.Linear(16, 8))
+        x = torch.randn(5, 16)
+        assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
+        layer.weight.mul_(2)
+        assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
+    assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
+
+
+def test_packed_linear_copies_and_pickles_after_a_call():
+    """A used layer deep-copies and pickles (the packed copy is an opaque oneDNN tensor: it is made again)."""
+    layer, x = PackedLinear(torch.nn.Linear(16, 8)), torch.randn(5, 16)
+    with torch.no_grad():
+        expected = layer(x)
+        for twin in (copy.deepcopy(layer), pickle.loads(pickle.dumps(layer))):
+            torch.testing.assert_close(twin(x), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_packed_linear_follows_a_replaced_weight_tensor():
+    """``weight.data = ...`` (and a round trip through another dtype, which does that) swaps the weight's storage
+    without moving its version counter: the next call repacks from the new values."""
+    layer, x = PackedLinear(torch.nn.Linear(16, 8)), torch.randn(5, 16)
+    with torch.no_grad():
+        layer(x)
+        layer.weight.data = torch.zeros(8, 16)
+        assert torch.equal(layer(x), layer.bias.expand(5, 8))
+        layer.weight.data = torch.randn(8, 16)
+        layer(x)
+        layer.half().float()
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+
+
+def test_packed_linear_trains_like_linear():
+    """With gradients wanted the product is ``F.linear`` (the packed kernel has no backward: grads were lost)."""
+    plain = torch.nn.Linear(16, 8)
+    layer, x = PackedLinear(copy.deepcopy(plain)), torch.randn(5, 16)
+    layer(x).square().sum().backward()
+    plain(x).square().sum().backward()
+    torch.testing.assert_close(layer.weight.grad, plain.weight.grad)
+
+
+def test_a_weight_turned_to_another_dtype_frees_its_packing():
+    layer, x = PackedLinear(torch.nn.Linear(16, 8)), torch.randn(5, 16)
+    with torch.no_grad():
+        layer(x)
+        layer.to(torch.bfloat16)
+        layer(x.to(torch.bfloat16))
+    assert layer._cache is None

@@ -6,9 +6,9 @@ local decisions from each slot's global hidden state (local KV cache, first-laye
 candidate rows of the text head) → sampling → the global step over the row just chosen, written into the static
 cache at each slot's own position. The only host sync per frame reads the codes and flags back once. Run eagerly,
 a frame's global step is deferred to the start of the next ``step`` (or the next ``admit``/``release``/``refresh``,
-which need it done): ``step`` returns a frame's codes as soon as they are decided, so the first audio of a stream
-is decoded before the row that prepares frame 2 runs (~20 ms sooner on a CPU core), and a frame after which
-every slot is done skips it. With a graph-capable backend the whole frame is captured once per slot-count
+which need it done; a failure there is raised by the next ``step``, as a failed frame): ``step`` returns a
+frame's codes as soon as they are decided, so the first audio of a stream is decoded before the row that
+prepares frame 2 runs (~20 ms sooner on a CPU core), and a frame after which every slot is done skips it. With a graph-capable backend the whole frame is captured once per slot-count
 bucket and replayed (``nano.graphs``); on the CPU in float32 the blocks run through ``nano.cpu_step`` (BLAS
 matrix-vector products, fewer ops; the prefill too).
 ``reference_generate`` (``nano.reference``) is the official algorithm this must match.
@@ -112,6 +112,8 @@ class FrameDecoder:
         self._held, self._done = [False] * slots, [False] * slots
         self.frame_index = 0
         self._pending: Optional[tuple] = None  # the last eager frame's global step (_run_pending)
+        # A deferred step that failed outside ``step`` and the slots it was for: the next ``step`` raises it.
+        self._failed: Optional[tuple[Exception, set[int]]] = None
         self.graph_mode, self.dtype = graph, model.dtype
         capture = resolve_graph(graph, model.device, sampler, logits_hook is not None)
         self.graphs = None if capture is None else FrameGraphs(capture, self._static_frame, slots)
@@ -170,7 +172,7 @@ class FrameDecoder:
         if self._held.count(False) == 0:
             raise InputError(f"all {self.slots} decoder slots are busy; release one or build more slots")
         slot = self._held.index(False)
-        self._run_pending()
+        self._run_pending(hold=True)
         st.reset_slot(slot, self.pad)
         with phase(self.timer, "prefill"):
             st.hidden[slot] = self._prefill(slot, rows)
@@ -189,15 +191,19 @@ class FrameDecoder:
         if not 0 <= slot < self.slots or not self._held[slot]:
             raise InputError(f"slot {slot} holds no request")
         with torch.inference_mode():
-            self._run_pending()
+            self._run_pending(hold=True)
             self.state.reset_slot(slot, self.pad)
         self._held[slot], self._done[slot], self._params[slot], self._generators[slot] = False, False, None, None
         self._lengths[slot] = 0
+        if self._failed is not None:
+            self._failed[1].discard(slot)
+            if not self._failed[1]:
+                self._failed = None  # no request is left to tell
 
     def refresh(self) -> None:
         """Rebuild the weight-derived tables and forget cached prompts (call after editing the weights)."""
         with torch.inference_mode():
-            self._run_pending()
+            self._run_pending(hold=True)
             self.tables = LocalTables.build(self.model, self.state.max_len)
         self._build_cpu_step()
         if self.prefix_cache is not None:
@@ -237,6 +243,9 @@ class FrameDecoder:
         n = self._span()
         if n == 0:
             raise InputError("no request admitted; admit one before stepping")
+        if self._failed is not None:
+            failure, self._failed = self._failed[0], None
+            raise failure
         with phase(self.timer, "frame"):
             self._draw_noise(n)
             if self.graphs is not None:
@@ -255,16 +264,26 @@ class FrameDecoder:
     def _threads(self, n: int) -> contextlib.AbstractContextManager:
         return self.cpu_step.threads(n) if self.cpu_step is not None else contextlib.nullcontext()
 
-    def _run_pending(self) -> None:
-        """Run the last frame's deferred global step, unless every slot it covers is done (none will read it)."""
+    def _run_pending(self, hold: bool = False) -> None:
+        """Run the last frame's deferred global step, unless every slot it covers is done (none will read it).
+
+        ``hold``: a failure is the frame's, not the caller's (``admit``/``release``/``refresh``): keep it for the
+        next ``step`` to raise, unless every slot it was for is released before.
+        """
         if self._pending is None:
             return
         embed, n, keys, exact = self._pending
         self._pending = None
-        if all(self._done[s] or not self._held[s] for s in range(n)):
+        waiting = {s for s in range(n) if self._held[s] and not self._done[s]}
+        if not waiting:
             return
-        with self._threads(n), phase(self.timer, "global"):
-            self._global_step(embed, n, keys, exact)
+        try:
+            with self._threads(n), phase(self.timer, "global"):
+                self._global_step(embed, n, keys, exact)
+        except Exception as exc:  # noqa: BLE001 - whatever failed the frame, its step reports it
+            if not hold:
+                raise
+            self._failed = (exc, waiting)
 
     def _span(self) -> int:
         """Return 1 + the highest held slot (frames run over slots [0, span))."""

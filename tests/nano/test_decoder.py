@@ -230,6 +230,31 @@ def test_no_global_step_after_the_last_frame(model, prompts):
     assert timer.calls["frame"] == 2 and timer.calls["global"] == 1  # the second frame's would feed no one
 
 
+def test_a_failing_deferred_step_fails_the_next_step_not_the_release(model, prompts, monkeypatch):
+    """A frame's deferred global step that raises while a finished slot is released (or a request admitted) fails
+    the next ``step``, where callers handle a failed frame (the engine's thread died in ``release`` otherwise);
+    when every slot it was for is released first, nothing is left to fail."""
+    def broken(*args):
+        raise RuntimeError("injected: out of memory")
+
+    for release_all in (False, True):
+        decoder = FrameDecoder(model, slots=2, max_len=128)
+        short = decoder.admit(prompts[0], RequestParams(max_new_frames=1))
+        long = decoder.admit(prompts[1], RequestParams(max_new_frames=4))
+        assert decoder.step().finished[short]
+        monkeypatch.setattr(decoder, "_global_step", broken)
+        decoder.release(short)
+        if release_all:
+            decoder.release(long)
+        monkeypatch.undo()
+        decoder.admit(prompts[2], RequestParams(max_new_frames=2))
+        if not release_all:
+            with pytest.raises(RuntimeError, match="injected"):
+                decoder.step()
+            decoder.release(long)
+        decoder.step()
+
+
 def test_state_memory_is_reported(model):
     decoder = FrameDecoder(model, slots=3, max_len=100)
     g = model.config.gpt2_config

@@ -1,5 +1,6 @@
 """The engine: several requests decoded together, each the same as alone; cancel; bad requests fail alone."""
 
+import threading
 import time
 
 import pytest
@@ -132,3 +133,51 @@ def test_closed_engine_refuses_and_ends_streams(tts):
     engine.close()
     with pytest.raises(MossNpuError, match="closed"):
         engine.submit(SpeechRequest("Hello.", settings=SETTINGS))
+
+
+def test_a_frame_failing_at_a_release_fails_its_requests_and_the_engine_serves_on(tts, monkeypatch):
+    """The deferred global step of a frame runs when a finished request's slot is released; if it fails there, the
+    requests still decoding fail (like any failed frame) and the engine goes on serving (its thread died before,
+    leaving every stream waiting forever)."""
+    greedy = RunConfig(do_sample=False, max_new_frames=2)
+    with Engine(tts, max_batch=2) as engine:
+        decoder, fired = engine.decoder, []
+        release, global_step = decoder.release, decoder._global_step
+
+        def failing_step(*args):
+            if releasing and not fired:
+                fired.append(True)
+                raise RuntimeError("injected: out of memory")
+            return global_step(*args)
+
+        def tracked_release(slot):
+            releasing.append(slot)
+            try:
+                release(slot)
+            finally:
+                releasing.pop()
+
+        releasing: list = []
+        monkeypatch.setattr(decoder, "_global_step", failing_step)
+        monkeypatch.setattr(decoder, "release", tracked_release)
+        with engine._cond:  # both requests are queued before the engine's first frame
+            short = engine.submit(SpeechRequest("Hi.", settings=greedy))
+            long = engine.submit(SpeechRequest("A longer request.", settings=RunConfig(do_sample=False,
+                                                                                      max_new_frames=12)))
+        outcomes: dict = {}
+
+        def drain(name, stream):
+            try:
+                outcomes[name] = len(list(stream))
+            except MossNpuError as exc:
+                outcomes[name] = exc
+
+        threads = [threading.Thread(target=drain, args=item, daemon=True) for item in (("short", short),
+                                                                                       ("long", long))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        assert fired and len(outcomes) == 2, outcomes
+        assert sum(isinstance(o, MossNpuError) and "injected" in str(o) for o in outcomes.values()) == 1
+        assert collect(engine.submit(SpeechRequest("After.", settings=greedy)))[0].shape[1] > 0
