@@ -191,7 +191,7 @@ class FrameDecoder:
         if not 0 <= slot < self.slots or not self._held[slot]:
             raise InputError(f"slot {slot} holds no request")
         with torch.inference_mode():
-            self._run_pending(hold=True)
+            self._run_pending(hold=True, leaving=slot)
             self.state.reset_slot(slot, self.pad)
         self._held[slot], self._done[slot], self._params[slot], self._generators[slot] = False, False, None, None
         self._lengths[slot] = 0
@@ -264,8 +264,9 @@ class FrameDecoder:
     def _threads(self, n: int) -> contextlib.AbstractContextManager:
         return self.cpu_step.threads(n) if self.cpu_step is not None else contextlib.nullcontext()
 
-    def _run_pending(self, hold: bool = False) -> None:
-        """Run the last frame's deferred global step, unless every slot it covers is done (none will read it).
+    def _run_pending(self, hold: bool = False, leaving: Optional[int] = None) -> None:
+        """Run the last frame's deferred global step, unless every slot it covers is done or ``leaving`` (being
+        released: a cancelled request needs no next row) — then none will read it.
 
         ``hold``: a failure is the frame's, not the caller's (``admit``/``release``/``refresh``): keep it for the
         next ``step`` to raise, unless every slot it was for is released before.
@@ -274,7 +275,7 @@ class FrameDecoder:
             return
         embed, n, keys, exact = self._pending
         self._pending = None
-        waiting = {s for s in range(n) if self._held[s] and not self._done[s]}
+        waiting = {s for s in range(n) if self._held[s] and not self._done[s] and s != leaving}
         if not waiting:
             return
         try:

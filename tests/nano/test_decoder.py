@@ -228,6 +228,10 @@ def test_no_global_step_after_the_last_frame(model, prompts):
     assert not decoder.step().finished[slot] and decoder.step().finished[slot]
     decoder.release(slot)
     assert timer.calls["frame"] == 2 and timer.calls["global"] == 1  # the second frame's would feed no one
+    slot = decoder.admit(prompts[0], RequestParams(max_new_frames=5))
+    decoder.step()
+    decoder.release(slot)  # cancelled after one frame: its next row feeds no one either
+    assert timer.calls["frame"] == 3 and timer.calls["global"] == 1
 
 
 def test_a_failing_deferred_step_fails_the_next_step_not_the_release(model, prompts, monkeypatch):
