@@ -193,10 +193,6 @@ class WeightArena:
         """Return ``layer``'s transposed weight (a view into the arena) and its bias."""
         return self._views[layer], _bias(layer)
 
-    def sources(self) -> dict[int, torch.Tensor]:
-        """Return each view's layer weight (out, in) by the view's address: what the view was copied from."""
-        return {view.data_ptr(): layer.weight.detach() for layer, view in self._views.items()}
-
     def nbytes(self) -> int:
         return len(self._map)
 
@@ -262,7 +258,6 @@ class CpuStep:
         self._block = self._eager_block
         self.packing = packing_available()
         self._packed: dict[int, torch.Tensor] = {}  # arena address -> packed copy (_packed_weight)
-        self._sources = self.arena.sources()
         # numpy views of every arena weight and its bias, by the weight's address: a one-row product skips the
         # two tensor-to-array conversions per call (~3 µs each, ~116 products per frame).
         self._arrays = {w.data_ptr(): (w.numpy(), b.numpy()) for w, b in self._arena_pairs()}
@@ -320,8 +315,8 @@ class CpuStep:
         every block and head (~420 MB)."""
         key = weight_t.data_ptr()
         packed = self._packed.get(key)
-        if packed is None:  # packed from the layer's own (out, in) weight: no transposing copy of the view
-            packed = self._packed[key] = pack_linear(self._sources[key])
+        if packed is None:  # from the arena copy, as one-row products read it: the same weights until refresh()
+            packed = self._packed[key] = pack_linear(weight_t.t())
             self._packed_bytes += weight_t.numel() * weight_t.element_size()
         return packed
 
