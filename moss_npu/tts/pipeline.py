@@ -265,6 +265,10 @@ class MossTTSNano:
         sampler = "noise" if settings.host_rng else "official"
         length = max(int(p.shape[0]) for p in prompts) + max_frames
         if lm is self.model:
+            if self._decoder is not None and self._decoder.free_slots < self._decoder.slots:
+                raise InputError("this MossTTSNano is already generating (a synthesize_stream that is still open, or "
+                                 "a call from another thread): finish or close that stream first, or use one "
+                                 "MossTTSNano per thread (moss_npu.serve batches concurrent requests)")
             decoder = self.decoder(len(prompts), length, sampler, settings.graph, settings.compile)
         else:  # the float32 copy of a stability fallback: for this call only
             decoder = FrameDecoder(lm, slots=len(prompts), max_len=length, sampler=sampler, graph=settings.graph,

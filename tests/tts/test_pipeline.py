@@ -320,3 +320,14 @@ def test_non_finite_in_float32_says_precision_is_not_the_cause(bf16_tts):
         with torch.no_grad():
             lm.audio_lm_heads[3].weight[5, 0] = saved
     assert lm.dtype == torch.bfloat16
+
+
+@needs_fixtures
+def test_a_second_call_while_a_stream_is_open_is_one_clear_error(tts):
+    settings = RunConfig(**GREEDY, max_new_frames=6)
+    stream = tts.synthesize_stream("An open stream.", settings=settings)
+    next(stream)
+    with pytest.raises(InputError, match="already generating"):
+        tts.synthesize("Another call.", settings=settings)
+    stream.close()
+    assert tts.synthesize("Another call.", settings=settings).codes.shape[0] > 0
