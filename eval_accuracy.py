@@ -154,8 +154,9 @@ def run(argv: Optional[list[str]] = None) -> int:
     def progress(what: str, spec) -> None:
         if not args.quiet and what in ("load", "released"):
             verb = "loading" if what == "load" else "released"
-            print(f"{verb} {spec.role}: {spec.impl} {str(spec.dtype).replace('torch.', '')} on {spec.device}",
-                  file=sys.stderr, flush=True)
+            dtype = str(spec.dtype).replace("torch.", "")
+            weights = f" with {spec.quantize} weights" if spec.quantize != "none" else ""
+            print(f"{verb} {spec.role}: {spec.impl} {dtype}{weights} on {spec.device}", file=sys.stderr, flush=True)
 
     report = evaluate(request, on_event=progress)
     print(report.format_table(), flush=True)

@@ -305,3 +305,13 @@ def test_upstream_code_reaches_the_upstream_side(monkeypatch, tmp_path):
 def test_upstream_code_without_an_upstream_side_is_refused(capsys):
     assert eval_accuracy.main(["--device", "cpu", "--upstream-code", "x", "--quiet"]) == 2
     assert "--upstream-code: only used with" in capsys.readouterr().err
+
+
+def test_int8_target_is_named_as_such(fixture_dir, tmp_path, capsys):
+    loose = ["--quantize", "int8", "--max-new-frames", "1", "--max-mse", "1e-2", "--max-rel", "0.1", "--min-snr",
+             "20", "--min-token-agreement", "0"]
+    rc, report = _cli(fixture_dir, tmp_path, *loose)
+    assert rc == 0 and report["target"]["quantize"] == "int8" and report["reference"]["quantize"] == "none"
+    out = capsys.readouterr().out
+    assert "target:    native float32 with int8 weights on cpu" in out
+    assert "reference: native float32 on cpu" in out

@@ -107,7 +107,9 @@ def versions() -> dict[str, str]:
 
 
 def _side(info: dict[str, Any]) -> str:
-    return f"{info.get('impl')} {info.get('dtype')} on {info.get('device')} ({info.get('name')})"
+    quantized = info.get("quantize") not in (None, "none")
+    weights = f" with {info['quantize']} weights" if quantized else ""
+    return f"{info.get('impl')} {info.get('dtype')}{weights} on {info.get('device')} ({info.get('name')})"
 
 
 def _num(x: Any) -> str:
