@@ -12,6 +12,7 @@ Shapes: B batch, T steps, D channels, H heads, Dh head size.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
@@ -41,25 +42,46 @@ ATTENTION_BLOCK_STEPS = 1024
 ATTENTION_FUNCTIONS: dict[str, Callable[..., torch.Tensor]] = {"sdpa": sdpa_attention, "eager": eager_attention}
 
 
-def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
-               max_period: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate interleaved pairs (x[2i], x[2i+1]) of q, k ``(B, H, T, Dh)`` by angle pos * freq_i, in fp32.
+Rope = tuple[torch.Tensor, torch.Tensor]
 
-    ``positions`` is ``(B, T)`` or ``(1, T)``. Frequencies follow the official ``exp(i * -ln(P) * 2/Dh)``.
+
+def rope_angles(positions: torch.Tensor, head_dim: int, max_period: float) -> Rope:
+    """Return cos, sin ``(B, 1, T, Dh/2)`` fp32 of angle pos * freq_i for ``positions`` ``(B, T)`` or ``(1, T)``.
+
+    Frequencies follow the official ``exp(i * -ln(P) * 2/Dh)``.
     """
-    head_dim = q.shape[-1]
-    ds = torch.arange(head_dim // 2, device=q.device, dtype=torch.float32)
+    ds = torch.arange(head_dim // 2, device=positions.device, dtype=torch.float32)
     freqs = torch.exp(ds * (-math.log(max_period) * 2 / head_dim))
-    angles = freqs * positions.to(torch.float32)[:, None, :, None]  # (B, 1, T, Dh/2)
-    cos, sin = torch.cos(angles), torch.sin(angles)
+    angles = freqs * positions.to(torch.float32)[:, None, :, None]
+    return torch.cos(angles), torch.sin(angles)
 
-    def rotate(x: torch.Tensor) -> torch.Tensor:
-        pairs = x.view(*x.shape[:-1], head_dim // 2, 2)
-        real, imag = pairs[..., 0].float(), pairs[..., 1].float()
-        out = torch.stack([(real * cos - imag * sin).to(x.dtype), (real * sin + imag * cos).to(x.dtype)], dim=-1)
-        return out.view(x.shape)
 
-    return rotate(q), rotate(k)
+def rotate_pairs(x: torch.Tensor, rope: Rope) -> torch.Tensor:
+    """Rotate interleaved pairs (x[2i], x[2i+1]) of ``x`` ``(B, H, T, Dh)`` by ``rope_angles``, in fp32."""
+    cos, sin = rope
+    pairs = x.view(*x.shape[:-1], x.shape[-1] // 2, 2)
+    real, imag = pairs[..., 0].float(), pairs[..., 1].float()
+    out = torch.stack([(real * cos - imag * sin).to(x.dtype), (real * sin + imag * cos).to(x.dtype)], dim=-1)
+    return out.view(x.shape)
+
+
+@dataclass
+class StreamChunk:
+    """What every layer of a stage shares for one streamed chunk: its steps' positions, which of them are real,
+    their RoPE angles, and the attention mask over the ring, made by the first layer after its write. The
+    layers' rings move in lockstep (written by the same calls), so the mask is the same for all of them."""
+
+    positions: torch.Tensor  # (B, T)
+    valid: torch.Tensor  # (B, T) bool
+    rope: Rope
+    allowed: Optional[torch.Tensor] = None  # (B, 1, T, n) bool over the ring's filled slots
+
+    @classmethod
+    def start(cls, cache: KVCache, lengths: torch.Tensor, steps: int, head_dim: int,
+              max_period: float) -> "StreamChunk":
+        """The chunk of ``steps`` steps per row (``lengths`` real ones) that ``cache``'s ring takes next."""
+        positions = cache.next_positions(lengths.shape[0], steps)
+        return cls(positions, valid_mask(lengths, steps), rope_angles(positions, head_dim, max_period))
 
 
 def valid_mask(lengths: torch.Tensor, steps: int) -> torch.Tensor:
@@ -114,14 +136,17 @@ class MultiheadAttention(nn.Module):
         qkv = self.in_proj(x).reshape(b, t, 3, self.num_heads, d // self.num_heads).permute(2, 0, 3, 1, 4)
         return qkv[0], qkv[1], qkv[2]  # each (B, H, T, Dh)
 
-    def forward(self, x: torch.Tensor, lengths: torch.Tensor, cache: Optional[KVCache] = None) -> torch.Tensor:
-        """Attend ``x (B, T, D)``; offline when ``cache`` is None, else as the next chunk of a stream."""
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor, cache: Optional[KVCache] = None,
+                chunk: Optional[StreamChunk] = None) -> torch.Tensor:
+        """Attend ``x (B, T, D)``; offline when ``cache`` is None, else as the next chunk of a stream (``chunk``:
+        what the stage's layers share for it; made here when None)."""
         b, t, d = x.shape
         q, k, v = self._qkv(x)
-        valid = valid_mask(lengths, t)
         if cache is None:
+            valid = valid_mask(lengths, t)
             pos = torch.arange(t, device=x.device)
-            q, k = apply_rope(q, k, pos.view(1, t), self.max_period)
+            rope = rope_angles(pos.view(1, t), d // self.num_heads, self.max_period)
+            q, k = rotate_pairs(q, rope), rotate_pairs(k, rope)
             # Short sequences take the official single masked call; long ones go in query blocks that
             # see only their window, so memory and work grow with T * context instead of T * T.
             block = t if t <= FULL_ATTENTION_MAX_STEPS else ATTENTION_BLOCK_STEPS
@@ -133,14 +158,16 @@ class MultiheadAttention(nn.Module):
                 outs.append(self.attend(q[:, :, start:end], k[:, :, first:end], v[:, :, first:end], allowed[:, None]))
             out = torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
         else:
-            pos = cache.next_positions(b, t)
-            q, k = apply_rope(q, k, pos, self.max_period)
-            cache.write(k, v, valid)
+            if chunk is None:
+                chunk = StreamChunk.start(cache, lengths, t, d // self.num_heads, self.max_period)
+            valid = chunk.valid
+            cache.write(rotate_pairs(k, chunk.rope), v, valid, chunk.positions)
             # Until the ring wraps, only its leading slots hold keys: attending to the rest would add exact zeros.
             keys, values, positions = cache.filled(b)
-            delta = pos.view(b, t, 1) - positions.view(b, 1, -1)
-            allowed = (positions.view(b, 1, -1) >= 0) & (delta >= 0) & (delta < self.context)
-            out = self.attend(q, keys, values, allowed[:, None])
+            if chunk.allowed is None:
+                delta = chunk.positions.view(b, t, 1) - positions.view(b, 1, -1)
+                chunk.allowed = ((positions.view(b, 1, -1) >= 0) & (delta >= 0) & (delta < self.context))[:, None]
+            out = self.attend(rotate_pairs(q, chunk.rope), keys, values, chunk.allowed)
         # Padded query rows may be fully masked (NaN in some kernels): zero them with where, not a multiply. In a
         # stream their keys/values stay in the ring under position -1, where a NaN would poison later steps.
         out = torch.where(valid.view(b, 1, t, 1), out, torch.zeros((), device=out.device, dtype=out.dtype))
@@ -162,8 +189,9 @@ class TransformerLayer(nn.Module):
         self.layer_scale_1 = LayerScale(d, scale) if scale is not None else nn.Identity()
         self.layer_scale_2 = LayerScale(d, scale) if scale is not None else nn.Identity()
 
-    def forward(self, x: torch.Tensor, lengths: torch.Tensor, cache: Optional[KVCache] = None) -> torch.Tensor:
-        x = x + self.layer_scale_1(self.self_attn(self.norm1(x), lengths, cache))
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor, cache: Optional[KVCache] = None,
+                chunk: Optional[StreamChunk] = None) -> torch.Tensor:
+        x = x + self.layer_scale_1(self.self_attn(self.norm1(x), lengths, cache, chunk))
         return x + self.layer_scale_2(self.ffn(self.norm2(x)))
 
 
@@ -175,8 +203,13 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleList(TransformerLayer(stage, context, attention) for _ in range(stage.num_layers))
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor, caches: Optional[list[KVCache]] = None) -> torch.Tensor:
+        """Run ``x (B, T, D)``; with ``caches`` (one ring per layer) as the next chunk of a stream."""
+        chunk = None
+        if caches is not None:
+            attn = self.layers[0].self_attn
+            chunk = StreamChunk.start(caches[0], lengths, x.shape[1], x.shape[-1] // attn.num_heads, attn.max_period)
         for i, layer in enumerate(self.layers):
-            x = layer(x, lengths, None if caches is None else caches[i])
+            x = layer(x, lengths, None if caches is None else caches[i], chunk)
         return x
 
 

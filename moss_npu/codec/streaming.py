@@ -62,17 +62,19 @@ class KVCache:
         """Return the positions ``(rows, steps)`` the next ``steps`` steps of rows [0, rows) will take."""
         return self.offsets[:rows].view(-1, 1) + torch.arange(steps, device=self.offsets.device).view(1, -1)
 
-    def write(self, keys: torch.Tensor, values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    def write(self, keys: torch.Tensor, values: torch.Tensor, valid: torch.Tensor,
+              positions: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Store a chunk of new steps of rows [0, B) and return their positions ``(B, T)``.
 
         ``valid`` ``(B, T)`` marks real steps; padded steps (a row with fewer frames this call) get
         position -1 so no query ever sees them, and they only overwrite slots already out of every
-        future window. Rows past B are untouched (a call may carry only the leading rows).
+        future window. Rows past B are untouched (a call may carry only the leading rows). ``positions``: the
+        chunk's ``next_positions`` when the caller already has them.
         """
         batch, heads, steps, head_dim = keys.shape
         if steps > self.chunk_capacity:
             raise ValueError(f"chunk of {steps} steps exceeds the cache chunk capacity {self.chunk_capacity}")
-        pos = self.next_positions(batch, steps)
+        pos = self.next_positions(batch, steps) if positions is None else positions
         slots = pos % self.keys.shape[2]
         index = slots.view(batch, 1, steps, 1).expand(batch, heads, steps, head_dim)
         self.keys[:batch].scatter_(2, index, keys.to(self.keys.dtype))
