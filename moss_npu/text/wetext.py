@@ -10,7 +10,8 @@ its English verbalizer, and pynini (no aarch64 wheel) is never imported. Each FS
 found piece by piece (``cuts``), with the very same answer as kaldifst's search of the whole text. (The
 official runtime loads the files with pynini's ``optimize()``, which renumbers their states; in rare ties
 that breaks them otherwise: ``foo@example.org, CO2`` is tagged ``example.o`` + ``rg, Colorado`` there,
-``example.or`` + ``g, Colorado`` here, by the whole search and the pieces alike.)
+``example.or`` + ``g, Colorado`` here, by the whole search and the pieces alike; ``¥192.168.1.1``, two
+readings of weight 2.11, is ``十九元`` + ``二点一六八点一点一`` there, ``一元`` + ``九二点一六八点一点一`` here.)
 """
 
 from __future__ import annotations
