@@ -117,7 +117,7 @@ def block_step(x: torch.Tensor, rotation: torch.Tensor, kv: torch.Tensor, index:
     ``mask`` (n, 1, 1, T) or all of them (None). ``qkv`` (n, 3E): ready-made ``c_attn(ln_1(x))`` or None.
     ``weights``: ln_1 w, b; c_attn wᵀ, b; c_proj wᵀ, b; ln_2 w, b; fc_in wᵀ, b; fc_out wᵀ, b.
     """
-    ln1_w, ln1_b, attn_w, attn_b, proj_w, proj_b, ln2_w, ln2_b, in_w, in_b, out_w, out_b = weights
+    ln1_w, ln1_b, attn_w, attn_b = weights[:4]
     n, e = x.shape
     d = e // heads
     if qkv is None:
@@ -129,9 +129,7 @@ def block_step(x: torch.Tensor, rotation: torch.Tensor, kv: torch.Tensor, index:
     values_all.view(-1, d).index_copy_(0, index, qkv[:, 2].reshape(-1, d))
     out = F.scaled_dot_product_attention(qk[:, 0, :, None], keys_all[:, :, :keys], values_all[:, :, :keys],
                                          attn_mask=mask, scale=scale)
-    x = matmul(out.reshape(n, e), proj_w, proj_b, x)
-    hidden = F.gelu(matmul(torch.layer_norm(x, (e,), ln2_w, ln2_b, eps), in_w, in_b), approximate="tanh")
-    return matmul(hidden, out_w, out_b, x)
+    return _block_tail(out.reshape(n, e), x, *weights[4:], eps=eps, matmul=matmul)
 
 
 def block_rows(x: torch.Tensor, rotation: torch.Tensor, kv: torch.Tensor, slot: int, start: int,
@@ -142,7 +140,7 @@ def block_rows(x: torch.Tensor, rotation: torch.Tensor, kv: torch.Tensor, slot: 
     the layer's cache: the rows' keys/values are written to ``slot`` at those positions, and each row attends to
     the slot's keys up to its own position. ``weights`` as in ``block_step``.
     """
-    ln1_w, ln1_b, attn_w, attn_b, proj_w, proj_b, ln2_w, ln2_b, in_w, in_b, out_w, out_b = weights
+    ln1_w, ln1_b, attn_w, attn_b = weights[:4]
     rows, e = x.shape
     d, end = e // heads, start + rows
     qkv = matmul(torch.layer_norm(x, (e,), ln1_w, ln1_b, eps), attn_w, attn_b).view(rows, 3, heads, d)
@@ -152,7 +150,16 @@ def block_rows(x: torch.Tensor, rotation: torch.Tensor, kv: torch.Tensor, slot: 
     causal = torch.arange(end)[None, :] <= torch.arange(start, end)[:, None]  # (L, T)
     out = F.scaled_dot_product_attention(qk[:, 0].transpose(0, 1)[None], kv[0, slot, None, :, :end],
                                          kv[1, slot, None, :, :end], attn_mask=causal, scale=scale)
-    x = matmul(out[0].transpose(0, 1).reshape(rows, e), proj_w, proj_b, x)
+    return _block_tail(out[0].transpose(0, 1).reshape(rows, e), x, *weights[4:], eps=eps, matmul=matmul)
+
+
+def _block_tail(attended: torch.Tensor, x: torch.Tensor, proj_w: torch.Tensor, proj_b: torch.Tensor,
+                ln2_w: torch.Tensor, ln2_b: torch.Tensor, in_w: torch.Tensor, in_b: torch.Tensor,
+                out_w: torch.Tensor, out_b: torch.Tensor, *, eps: float, matmul: Matmul) -> torch.Tensor:
+    """The block after attention, for ``block_step`` and ``block_rows``: ``x + c_proj(attended)``, then the
+    tanh-GELU MLP of its ``ln_2`` added; (rows, E)."""
+    x = matmul(attended, proj_w, proj_b, x)
+    e = x.shape[-1]
     hidden = F.gelu(matmul(torch.layer_norm(x, (e,), ln2_w, ln2_b, eps), in_w, in_b), approximate="tanh")
     return matmul(hidden, out_w, out_b, x)
 
@@ -258,10 +265,10 @@ class CpuStep:
         self._block = self._eager_block
         self.packing = packing_available()
         self._packed: dict[int, torch.Tensor] = {}  # arena address -> packed copy (_packed_weight)
+        self._packed_bytes = 0
         # numpy views of every arena weight and its bias, by the weight's address: a one-row product skips the
         # two tensor-to-array conversions per call (~3 µs each, ~116 products per frame).
         self._arrays = {w.data_ptr(): (w.numpy(), b.numpy()) for w, b in self._arena_pairs()}
-        self._packed_bytes = 0
         self.compiled = False
         if compile_mode == "on":  # auto = eager: compiled measured slower (module docstring)
             if self.int8:
