@@ -139,7 +139,7 @@ class MultiheadAttention(nn.Module):
     def forward(self, x: torch.Tensor, lengths: torch.Tensor, cache: Optional[KVCache] = None,
                 chunk: Optional[StreamChunk] = None) -> torch.Tensor:
         """Attend ``x (B, T, D)``; offline when ``cache`` is None, else as the next chunk of a stream (``chunk``:
-        what the stage's layers share for it; made here when None)."""
+        what the stage's layers share for it, ``StreamChunk.start``; given with every ``cache``)."""
         b, t, d = x.shape
         q, k, v = self._qkv(x)
         if cache is None:
@@ -158,8 +158,6 @@ class MultiheadAttention(nn.Module):
                 outs.append(self.attend(q[:, :, start:end], k[:, :, first:end], v[:, :, first:end], allowed[:, None]))
             out = torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
         else:
-            if chunk is None:
-                chunk = StreamChunk.start(cache, lengths, t, d // self.num_heads, self.max_period)
             valid = chunk.valid
             cache.write(rotate_pairs(k, chunk.rope), v, valid, chunk.positions)
             # Until the ring wraps, only its leading slots hold keys: attending to the rest would add exact zeros.

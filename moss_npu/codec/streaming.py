@@ -62,28 +62,24 @@ class KVCache:
         """Return the positions ``(rows, steps)`` the next ``steps`` steps of rows [0, rows) will take."""
         return self.offsets[:rows].view(-1, 1) + torch.arange(steps, device=self.offsets.device).view(1, -1)
 
-    def write(self, keys: torch.Tensor, values: torch.Tensor, valid: torch.Tensor,
-              positions: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Store a chunk of new steps of rows [0, B) and return their positions ``(B, T)``.
+    def write(self, keys: torch.Tensor, values: torch.Tensor, valid: torch.Tensor, positions: torch.Tensor) -> None:
+        """Store a chunk of new steps of rows [0, B) at ``positions`` ``(B, T)`` (``next_positions``).
 
         ``valid`` ``(B, T)`` marks real steps; padded steps (a row with fewer frames this call) get
         position -1 so no query ever sees them, and they only overwrite slots already out of every
-        future window. Rows past B are untouched (a call may carry only the leading rows). ``positions``: the
-        chunk's ``next_positions`` when the caller already has them.
+        future window. Rows past B are untouched (a call may carry only the leading rows).
         """
         batch, heads, steps, head_dim = keys.shape
         if steps > self.chunk_capacity:
             raise ValueError(f"chunk of {steps} steps exceeds the cache chunk capacity {self.chunk_capacity}")
-        pos = self.next_positions(batch, steps) if positions is None else positions
-        slots = pos % self.keys.shape[2]
+        slots = positions % self.keys.shape[2]
         index = slots.view(batch, 1, steps, 1).expand(batch, heads, steps, head_dim)
         self.keys[:batch].scatter_(2, index, keys.to(self.keys.dtype))
         self.values[:batch].scatter_(2, index, values.to(self.values.dtype))
-        self.positions[:batch].scatter_(1, slots, torch.where(valid, pos, torch.full_like(pos, -1)))
+        self.positions[:batch].scatter_(1, slots, torch.where(valid, positions, torch.full_like(positions, -1)))
         self.offsets[:batch] += valid.sum(dim=1)
         for row in range(batch):  # a row's offset grows by at most `steps`, so this bounds its used slots
             self.written[row] += steps
-        return pos
 
     def filled(self, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Return keys, values ``(rows, H, n, Dh)`` and positions ``(rows, n)`` of the ``filled_slots`` of rows [0, rows)."""
