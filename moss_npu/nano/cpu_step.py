@@ -5,12 +5,13 @@ of those products plus the cost of the ~700 small ops around them. On the CPU to
 ``F.linear`` to MKL's GEMM, which on AMD and other non-Intel CPUs streams the weights at about half the rate of
 the OpenBLAS GEMV bundled with numpy (≈13 vs ≈23 GB/s on a 2-vCPU EPYC, one thread). ``CpuStep`` therefore
 keeps every decode-step weight transposed to (in, out) and contiguous (the layout OpenBLAS streams fastest; one
-extra copy of the LM's linear weights, ~420 MB for the real model) and multiplies one row through numpy on views
-of it; several rows (a batch of slots, or a prompt's prefill: ``block_rows``) multiply through oneDNN with the
-weights packed (``moss_npu.packed``). An int8-quantized model (``nano.quantize``) multiplies its blocks through
-torch's int8 weight-only kernel instead (``int8_matmul``).
-The block math is written once, functionally (``block_step``: the same as ``model.Block`` on one new row per
-slot, with the tanh GELU the decode steps use), so that with ``compile`` torch.compile (inductor) turns each
+extra copy of the LM's linear weights, ~420 MB for the real model). One slot's row runs through numpy on views
+of it, the small operations between the products included (``row_block``: ~1 µs per operation where a torch
+one costs 5–20; frames 5–10 % faster measured); several rows (a batch of slots, or a prompt's prefill:
+``block_rows``) multiply through oneDNN with the weights packed (``moss_npu.packed``). An int8-quantized model
+(``nano.quantize``) multiplies its blocks through torch's int8 weight-only kernel instead (``int8_matmul``).
+The block math for torch is written once, functionally (``block_step``: the same as ``model.Block`` on one new
+row per slot, with the tanh GELU the decode steps use), so that with ``compile`` torch.compile (inductor) turns each
 block's small ops into a few fused kernels: one graph serves every block of both decoders (the weights are
 inputs), the products stay BLAS calls through a custom op and RoPE is real arithmetic. Compiling needs ``torch.library.custom_op``
 (torch >= 2.4); without it, or when compiling fails, the blocks run eagerly (one log line). Measured on a
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import mmap
 import time
 from typing import Callable, Optional
@@ -153,6 +155,67 @@ def block_rows(x: torch.Tensor, rotation: torch.Tensor, kv: torch.Tensor, slot: 
     return _block_tail(out[0].transpose(0, 1).reshape(rows, e), x, *weights[4:], eps=eps, matmul=matmul)
 
 
+def row_block(x: np.ndarray, rotation: np.ndarray, keys: np.ndarray, values: np.ndarray, position: int,
+              attended: int, qkv: Optional[np.ndarray], weights: tuple[np.ndarray, ...], *, heads: int, eps: float,
+              scale: float) -> np.ndarray:
+    """``block_step`` for one slot's one new row, in numpy; return (E,).
+
+    A one-row block is ~25 small operations around its four products, and a numpy operation on a few thousand
+    floats costs ~1 µs where a torch one costs 5–20 (dispatch, and SDPA's blocking for a single query): this
+    is that block with every operation in numpy. ``x`` (E,); ``rotation`` (D/2,) complex64 RoPE of the row's
+    position; ``keys``/``values`` (H, M, D) the slot's cache of this layer, which receives the row at
+    ``position``; the first ``attended`` rows are attended. ``qkv`` (3E,) ready-made or None; ``weights`` as
+    in ``block_step``, as numpy arrays.
+    """
+    ln1_w, ln1_b, attn_w, attn_b, proj_w, proj_b, ln2_w, ln2_b, in_w, in_b, out_w, out_b = weights
+    e = x.shape[0]
+    d = e // heads
+    if qkv is None:
+        qkv = _row_norm(x, ln1_w, ln1_b, eps) @ attn_w
+        qkv += attn_b
+    qk = (qkv[:2 * e].view(np.complex64).reshape(2, heads, d // 2) * rotation).view(np.float32)  # (2, H, D)
+    keys[:, position] = qk[1]
+    values[:, position] = qkv[2 * e:].reshape(heads, d)
+    scores = np.matmul(keys[:, :attended], qk[0][:, :, None])[:, :, 0]  # (H, T)
+    scores *= np.float32(scale)
+    scores -= scores.max(axis=1, keepdims=True)
+    np.exp(scores, out=scores)
+    scores /= scores.sum(axis=1, keepdims=True)
+    out = np.matmul(scores[:, None], values[:, :attended]).reshape(e) @ proj_w
+    out += proj_b
+    out += x
+    hidden = _row_norm(out, ln2_w, ln2_b, eps) @ in_w
+    hidden += in_b
+    _gelu_tanh(hidden)
+    result = hidden @ out_w
+    result += out_b
+    result += out
+    return result
+
+
+def _row_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
+    """LayerNorm of one row (E,) in float32."""
+    centered = x - x.mean(dtype=np.float32)
+    variance = np.dot(centered, centered) / np.float32(x.shape[0])
+    centered *= np.float32(1.0) / np.sqrt(variance + np.float32(eps))
+    centered *= weight
+    centered += bias
+    return centered
+
+
+def _gelu_tanh(x: np.ndarray) -> None:
+    """The tanh GELU (``gelu_new``), in place: x · (1 + tanh(√(2/π) · (x + 0.044715 x³))) / 2."""
+    inner = x * x
+    inner *= x
+    inner *= np.float32(0.044715)
+    inner += x
+    inner *= np.float32(math.sqrt(2.0 / math.pi))
+    np.tanh(inner, out=inner)
+    inner += np.float32(1.0)
+    x *= np.float32(0.5)
+    x *= inner
+
+
 def _block_tail(attended: torch.Tensor, x: torch.Tensor, proj_w: torch.Tensor, proj_b: torch.Tensor,
                 ln2_w: torch.Tensor, ln2_b: torch.Tensor, in_w: torch.Tensor, in_b: torch.Tensor,
                 out_w: torch.Tensor, out_b: torch.Tensor, *, eps: float, matmul: Matmul) -> torch.Tensor:
@@ -269,6 +332,10 @@ class CpuStep:
         # numpy views of every arena weight and its bias, by the weight's address: a one-row product skips the
         # two tensor-to-array conversions per call (~3 µs each, ~116 products per frame).
         self._arrays = {w.data_ptr(): (w.numpy(), b.numpy()) for w, b in self._arena_pairs()}
+        # The same blocks as numpy arrays, for one row (row_block); int8 blocks keep torch's int8 kernel.
+        self._row_blocks = None if self.int8 else tuple(
+            [tuple(w.numpy() for w in block) for block in blocks] for blocks in (self.global_blocks, self.local_blocks))
+        self._row_finals = tuple(tuple(w.numpy() for w in final) for final in (self.global_final, self.local_final))
         self.compiled = False
         if compile_mode == "on":  # auto = eager: compiled measured slower (module docstring)
             if self.int8:
@@ -367,6 +434,8 @@ class CpuStep:
 
         ``kv`` (N, 2, S, H, M, D) is the decoder's cache; see ``block_step`` for the rest.
         """
+        if x.shape[0] == 1 and mask is None and self._row_blocks is not None and not self.compiled:
+            return self._run_row(local, x, rotation, kv, int(index[0]), keys, qkv)
         blocks, (norm_w, norm_b) = ((self.local_blocks, self.local_final) if local
                                     else (self.global_blocks, self.global_final))
         scales = self.scales[0 if not local else 1]
@@ -374,6 +443,19 @@ class CpuStep:
             x = self._block(x, rotation, kv[i], index, keys, mask, qkv if i == 0 else None, *weights,
                             heads=self.n_head, eps=self.eps, scale=scales[i])
         return F.layer_norm(x, (x.shape[-1],), norm_w, norm_b, self.eps)
+
+    def _run_row(self, local: bool, x: torch.Tensor, rotation: torch.Tensor, kv: torch.Tensor, position: int,
+                 keys: int, qkv: Optional[torch.Tensor]) -> torch.Tensor:
+        """``run`` for slot 0 alone through ``row_block``: its row is written at ``position`` (the first entry
+        of ``run``'s index, slot 0's first head) and attends to the first ``keys`` rows."""
+        blocks, (norm_w, norm_b) = self._row_blocks[local], self._row_finals[local]
+        scales, cache = self.scales[local], kv.numpy()
+        row, turn = x.numpy()[0], rotation.numpy()[0]
+        for i, weights in enumerate(blocks):
+            row = row_block(row, turn, cache[i, 0, 0], cache[i, 1, 0], position, keys,
+                            qkv.numpy()[0] if qkv is not None and i == 0 else None, weights,
+                            heads=self.n_head, eps=self.eps, scale=scales[i])
+        return torch.from_numpy(_row_norm(row, norm_w, norm_b, self.eps))[None]
 
     def prefill(self, x: torch.Tensor, rotation: torch.Tensor, kv: torch.Tensor, slot: int,
                 start: int) -> torch.Tensor:

@@ -27,6 +27,37 @@ def test_blas_matmul_is_linear_plus_residual(rows):
                                    rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("ready_qkv", [False, True], ids=["own-qkv", "ready-qkv"])
+@pytest.mark.parametrize("keys", [1, 7])
+def test_row_block_is_block_step_for_one_row(keys, ready_qkv):
+    """The numpy one-row block gives block_step's output and cache rows (to float rounding) and writes nothing
+    but its own row of its slot's cache."""
+    e, heads, rows, inner = 32, 4, 9, 64
+    d, position = e // heads, keys - 1
+    gen = torch.Generator().manual_seed(keys)
+    shapes = [(e,), (e,), (e, 3 * e), (3 * e,), (e, e), (e,), (e,), (e,), (e, inner), (inner,), (inner, e), (e,)]
+    weights = [torch.randn(*shape, generator=gen) * 0.3 for shape in shapes]
+    x, angles = torch.randn(1, e, generator=gen), torch.randn(1, d // 2, generator=gen)
+    rotation = torch.complex(angles.cos(), angles.sin())
+    qkv = torch.randn(1, 3 * e, generator=gen) if ready_qkv else None
+    kv = torch.randn(2, 2, heads, rows, d, generator=gen)  # two slots; slot 0 is the one written
+    expected_kv = kv.clone()
+    index = torch.arange(heads) * rows + position
+    expected = cpu_step.block_step(x, rotation, expected_kv, index, keys, None, qkv, *weights, heads=heads,
+                                   eps=1e-5, scale=d ** -0.5, matmul=blas_matmul)
+    before = kv.clone()
+    cache = kv.numpy()
+    out = cpu_step.row_block(x.numpy()[0], rotation.numpy()[0], cache[0, 0], cache[1, 0], position, keys,
+                             None if qkv is None else qkv.numpy()[0], tuple(w.numpy() for w in weights),
+                             heads=heads, eps=1e-5, scale=d ** -0.5)
+    torch.testing.assert_close(torch.from_numpy(out)[None], expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(kv, expected_kv, rtol=1e-5, atol=1e-6)
+    written = torch.zeros_like(kv, dtype=torch.bool)
+    written[:, 0, :, position] = True
+    assert torch.equal(kv[~written], before[~written])
+    assert not torch.equal(kv[written], before[written])
+
+
 def test_arena_holds_each_weight_transposed(model):
     layers = [model.transformer.h[0].attn.c_attn, model.audio_lm_heads[1]]
     arena = WeightArena(layers)
