@@ -451,11 +451,13 @@ class CpuStep:
         blocks, (norm_w, norm_b) = self._row_blocks[local], self._row_finals[local]
         scales, cache = self.scales[local], kv.numpy()
         row, turn = x.numpy()[0], rotation.numpy()[0]
-        for i, weights in enumerate(blocks):
-            row = row_block(row, turn, cache[i, 0, 0], cache[i, 1, 0], position, keys,
-                            qkv.numpy()[0] if qkv is not None and i == 0 else None, weights,
-                            heads=self.n_head, eps=self.eps, scale=scales[i])
-        return torch.from_numpy(_row_norm(row, norm_w, norm_b, self.eps))[None]
+        with np.errstate(all="ignore"):  # non-finite values propagate silently, as in torch: the decoder reports them
+            for i, weights in enumerate(blocks):
+                row = row_block(row, turn, cache[i, 0, 0], cache[i, 1, 0], position, keys,
+                                qkv.numpy()[0] if qkv is not None and i == 0 else None, weights,
+                                heads=self.n_head, eps=self.eps, scale=scales[i])
+            row = _row_norm(row, norm_w, norm_b, self.eps)
+        return torch.from_numpy(row)[None]
 
     def prefill(self, x: torch.Tensor, rotation: torch.Tensor, kv: torch.Tensor, slot: int,
                 start: int) -> torch.Tensor:

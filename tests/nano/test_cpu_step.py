@@ -2,15 +2,17 @@
 step decodes (codes, and hidden states to float rounding), only where it applies, and follows weight edits.
 The decoder tests (test_decoder.py) run through it too: on the CPU in float32 it is the default step."""
 
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
 
-from moss_npu.errors import InputError
+from moss_npu.errors import InputError, NumericalError
 from moss_npu.nano import cpu_step
 from moss_npu.nano.checkpoint import load_model
 from moss_npu.nano.cpu_step import CpuStep, WeightArena, blas_matmul
-from moss_npu.nano.decoder import FrameDecoder, RequestParams
+from moss_npu.nano.decoder import FrameDecoder, RequestParams, generate
 
 from .test_decoder import model, prompts, steer  # noqa: F401 - the tiny steered model and its prompts (fixtures)
 
@@ -56,6 +58,18 @@ def test_row_block_is_block_step_for_one_row(keys, ready_qkv):
     written[:, 0, :, position] = True
     assert torch.equal(kv[~written], before[~written])
     assert not torch.equal(kv[written], before[written])
+
+
+def test_one_row_path_reports_non_finite_values_without_numpy_warnings(tiny_ckpt, prompts):
+    """An infinite activation in the numpy row path becomes the decoder's NumericalError, not a RuntimeWarning
+    printed on the way (numpy warns on inf - inf where torch does not)."""
+    broken = steer(load_model(tiny_ckpt, device="cpu"))
+    with torch.no_grad():
+        broken.local_transformer.h[0].mlp.fc_out.bias[0] = float("inf")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(NumericalError, match="^Non-finite"):
+            generate(broken, prompts[0], max_new_frames=2)
 
 
 def test_arena_holds_each_weight_transposed(model):
