@@ -135,8 +135,11 @@ def block_step(x: torch.Tensor, rotation: torch.Tensor, kv: torch.Tensor, index:
 
 
 def block_rows(x: torch.Tensor, rotation: torch.Tensor, kv: torch.Tensor, slot: int, start: int,
-               *weights: torch.Tensor, heads: int, eps: float, scale: float, matmul: Matmul) -> torch.Tensor:
-    """The same block on L consecutive new rows of one slot (a prompt's prefill); return (L, E).
+               *weights: torch.Tensor, heads: int, eps: float, scale: float, matmul: Matmul,
+               last_only: bool = False) -> torch.Tensor:
+    """The same block on L consecutive new rows of one slot (a prompt's prefill); return (L, E), or (1, E) for
+    the last row alone with ``last_only`` (the final block: of the other rows only their keys and values are
+    read later, so their attention and MLP are skipped, ~7 % of a prefill).
 
     ``x`` (L, E) at positions ``start`` .. ``start + L - 1``, ``rotation`` (L, D/2) theirs; ``kv`` (2, S, H, M, D)
     the layer's cache: the rows' keys/values are written to ``slot`` at those positions, and each row attends to
@@ -149,10 +152,13 @@ def block_rows(x: torch.Tensor, rotation: torch.Tensor, kv: torch.Tensor, slot: 
     qk = rotate_complex(qkv[:, :2].reshape(rows, 2, heads, d // 2, 2), rotation).view(rows, 2, heads, d)
     kv[0, slot, :, start:end] = qk[:, 1].transpose(0, 1)
     kv[1, slot, :, start:end] = qkv[:, 2].transpose(0, 1)
-    causal = torch.arange(end)[None, :] <= torch.arange(start, end)[:, None]  # (L, T)
-    out = F.scaled_dot_product_attention(qk[:, 0].transpose(0, 1)[None], kv[0, slot, None, :, :end],
+    if last_only:  # the last row attends to every key: no mask
+        x, queries, causal = x[-1:], qk[-1:, 0], None
+    else:
+        queries, causal = qk[:, 0], torch.arange(end)[None, :] <= torch.arange(start, end)[:, None]  # (L, T)
+    out = F.scaled_dot_product_attention(queries.transpose(0, 1)[None], kv[0, slot, None, :, :end],
                                          kv[1, slot, None, :, :end], attn_mask=causal, scale=scale)
-    return _block_tail(out[0].transpose(0, 1).reshape(rows, e), x, *weights[4:], eps=eps, matmul=matmul)
+    return _block_tail(out[0].transpose(0, 1).reshape(x.shape[0], e), x, *weights[4:], eps=eps, matmul=matmul)
 
 
 def row_block(x: np.ndarray, rotation: np.ndarray, keys: np.ndarray, values: np.ndarray, position: int,
@@ -467,9 +473,10 @@ class CpuStep:
         Several rows multiply through the packed weights, about twice torch's speed on a prompt's 10–30 rows.
         """
         matmul = int8_matmul if self.int8 else self._matmul
+        final = len(self.global_blocks) - 1
         for i, weights in enumerate(self.global_blocks):
             x = block_rows(x, rotation, kv[i], slot, start, *weights, heads=self.n_head, eps=self.eps,
-                           scale=self.scales[0][i], matmul=matmul)
+                           scale=self.scales[0][i], matmul=matmul, last_only=i == final)
         norm_w, norm_b = self.global_final
         return F.layer_norm(x[-1], (x.shape[-1],), norm_w, norm_b, self.eps)
 
