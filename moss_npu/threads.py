@@ -8,7 +8,9 @@ adds little bandwidth, and whenever another process takes the other core, every 
 a frame from 45 to 240 ms). Whatever the setting, a one-slot CPU frame runs on one thread (``ThreadPools``):
 torch's spinning OpenMP workers and OpenBLAS's threads then fight over the cores (2 threads: 0.24–1.35 s per
 frame on that VM, against 41 ms on one), while prefill and the codec, which are compute-bound, keep the
-setting.
+setting. (Limiting torch alone and leaving numpy's BLAS at 2 threads speeds up a loop of frames, 31.8 against
+40.2 ms per frame on the quiet VM, but slows a stream, whose codec calls then meet OpenBLAS's still-spinning
+workers: 24 frames streamed in 2.1 s against 1.5–1.8 s; and with another process busy, 124 against 46 ms.)
 """
 
 from __future__ import annotations
