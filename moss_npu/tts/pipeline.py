@@ -357,7 +357,7 @@ class MossTTSNano:
         plan = self.plan(text, settings, prompt_audio, prompt_text)
         generator = self._generator(settings, generator)
         rows = self._stream_codec(max(settings.schedule().budgets), timer)
-        audio = AudioStreamer(self, plan, settings, clock, timer, rows)
+        audio = AudioStreamer(self, plan, settings, rows, clock)
         lm = self.model
         try:
             for index, chunk in enumerate(plan.chunks):
@@ -408,17 +408,16 @@ class AudioStreamer:
 
     The codec keeps its transformer state between calls, so each call decodes only the new frames. The first
     call decodes as soon as one frame exists (budget 1), which sets the time to first audio. Pauses between
-    text chunks are zeros. Alone (``push`` / ``end_chunk``) it decodes in a row of its own; the engine instead
+    text chunks are zeros. Alone (``push`` / ``end_chunk``) it decodes in its row of ``rows``; the engine instead
     collects ``due`` frames of many streamers, decodes them in one ``CodecRows`` call and hands each its audio
     through ``emit``.
     """
 
-    def __init__(self, tts: MossTTSNano, plan: Plan, settings: RunConfig,
-                 clock: Callable[[], float] = time.perf_counter, timer: Optional[PhaseTimer] = None,
-                 rows: Optional[CodecRows] = None) -> None:
+    def __init__(self, tts: MossTTSNano, plan: Plan, settings: RunConfig, rows: CodecRows,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         self.tts, self.plan, self.clock = tts, plan, clock
         self.schedule = settings.schedule()
-        self.rows = rows if rows is not None else CodecRows(tts.codec, 1, max(self.schedule.budgets), timer)
+        self.rows = rows
         self.row = 0
         self.emitted_s, self.first_emit = 0.0, None
         self.pending: list[torch.Tensor] = []
