@@ -17,15 +17,20 @@ readings of weight 2.11, is ``十九元`` + ``二点一六八点一点一`` ther
 from __future__ import annotations
 
 import importlib.metadata
+import logging
 import math
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from moss_npu.text.cuts import SEARCH_BUDGET, PieceCache, GrammarCuts, make_room, add_weights
+from moss_npu.text.grammar_cache import GrammarCache
+from moss_npu.text.lookahead import Lookahead, PreparationError
 from moss_npu.text.tokens import Token, parse_tokens, reorder
+
+log = logging.getLogger(__name__)
 
 DISTRIBUTION = "WeTextProcessing"
 OFFICIAL_VERSION = "1.2.0"  # the version the official outputs were produced with
@@ -79,22 +84,27 @@ class Grammars:
 class Grammar:
     """One language's text normalization: tag with the FST, order the fields, verbalize."""
 
-    def __init__(self, language: str, tagger: Any, verbalizer: Optional[Any]) -> None:
+    def __init__(self, language: str, tagger: "_PiecewiseSearch", verbalizer: Optional["_PiecewiseSearch"]) -> None:
         self.language = language
-        self._tagger = _PiecewiseSearch(tagger)
-        self._verbalizer = None if verbalizer is None else _PiecewiseSearch(verbalizer, VERBALIZER_BUDGET)
+        self._tagger = tagger
+        self._verbalizer = verbalizer
         self._lock = threading.Lock()  # OpenFst caches properties on the FSTs while composing
 
     @classmethod
-    def load(cls, language: str, grammars: Grammars) -> "Grammar":
-        """Read ``language``'s FSTs with kaldifst; raise ``WeTextUnavailable`` when that cannot be done."""
+    def load(cls, language: str, grammars: Grammars, cache: Optional[GrammarCache] = None) -> "Grammar":
+        """Read ``language``'s FSTs with kaldifst, prepared for lookahead search through ``cache`` (the user
+        cache unless given); raise ``WeTextUnavailable`` when they cannot be read."""
         try:
             import kaldifst
         except ImportError:
             raise WeTextUnavailable(f"kaldifst is not installed ({INSTALL_HINT})") from None
+        cache = GrammarCache() if cache is None else cache
         tagger_rel, verbalizer_rel = GRAMMAR_FILES[language]
-        verbalizer = None if verbalizer_rel is None else _read_fst(kaldifst, grammars.root / verbalizer_rel)
-        return cls(language, _read_fst(kaldifst, grammars.root / tagger_rel), verbalizer)
+        tagger = _PiecewiseSearch.load(kaldifst, grammars.root / tagger_rel, cache)
+        verbalizer = None
+        if verbalizer_rel is not None:
+            verbalizer = _PiecewiseSearch.load(kaldifst, grammars.root / verbalizer_rel, cache, VERBALIZER_BUDGET)
+        return cls(language, tagger, verbalizer)
 
     def normalize(self, text: str) -> str:
         """Return ``text`` read out in words (the official ``Normalizer.normalize``); ``""`` stays ``""``."""
@@ -124,10 +134,14 @@ class _PiecewiseSearch:
     (some piece weighted: the whole lattice is). Forced pieces (one path) cost no search; searched pieces
     are reused from ``PieceCache`` where that is provably the same."""
 
-    def __init__(self, fst: Any, budget: int = SEARCH_BUDGET) -> None:
+    def __init__(self, fst: Any, budget: int = SEARCH_BUDGET,
+                 prepare: Optional[Callable[[int], Optional[Lookahead]]] = None) -> None:
+        """``prepare``: given the boundary state, ``fst`` prepared for lookahead search (``lookahead``), or None;
+        the pieces' lattices are composed with it (the same lattices, found sooner), else with ``fst``."""
         import kaldifst
 
         self.cuts = GrammarCuts(fst, budget)
+        self.lookahead: Optional[Lookahead] = None
         self.pieces = PieceCache()
         self._fst = fst
         self._from_zero: dict[tuple[str, bool, bool], tuple[bool, bytes, bytes, float]] = {}
@@ -138,16 +152,33 @@ class _PiecewiseSearch:
         z = self.cuts.boundary
         if z is None:
             return
+        if prepare is not None:
+            self.lookahead = prepare(z)
         finals = [s for s in range(fst.num_states) if fst.final(s).value != float("inf")]
-        self._variants[True, True] = fst
+        composed = fst if self.lookahead is None else self.lookahead.fst
+        self._variants[True, True] = composed
         for from_start, to_end in ((True, False), (False, True), (False, False)):
-            variant = kaldifst.StdVectorFst(fst)
+            variant = kaldifst.StdVectorFst(composed)
             variant.start = fst.start if from_start else z
             if not to_end:  # the piece ends before a cut: its lattice ends at the boundary state
                 for s in finals:
                     variant.set_final(s, float("inf"))
                 variant.set_final(z, 0.0)
             self._variants[from_start, to_end] = variant
+
+    @classmethod
+    def load(cls, kaldifst: Any, path: Path, cache: GrammarCache, budget: int = SEARCH_BUDGET) -> "_PiecewiseSearch":
+        """Read the FST at ``path`` and its lookahead preparation from ``cache`` (built there on first use); a
+        preparation that fails gives one warning and the plain search (the same answers, slower)."""
+        def prepare(boundary: int) -> Optional[Lookahead]:
+            try:
+                return cache.lookahead(path, boundary)
+            except (OSError, PreparationError) as exc:
+                log.warning("text normalization: %s cannot be prepared for lookahead search (%s); searching it "
+                            "without (the same readings, slower)", path.name, exc)
+                return None
+
+        return cls(_read_fst(kaldifst, path), budget, prepare)
 
     def best(self, units: Sequence[str]) -> str:
         """Return the output of the lightest path over the text ``"".join(units)`` (pynini's shortestpath, as
@@ -192,7 +223,8 @@ class _PiecewiseSearch:
         key = (piece, first, last)
         found = self.pieces.get(key, weight)
         if found is None:
-            output, total, lattice = _lightest(piece, self._restricted(piece, first, last), weight)
+            output, total, lattice = _lightest(piece, self._restricted(piece, first, last), weight,
+                                               self.lookahead, last)
             self.pieces.put(key, weight, output, total, lattice)
             return output, total
         return found
@@ -226,7 +258,10 @@ class _PiecewiseSearch:
             sigma.add_state()
             sigma.start = 0
             sigma.set_final(0, 0.0)
-            for label in sorted(labels):
+            kept = sorted(labels)
+            if self.lookahead is not None:  # and the relabelled epsilons that a piece of these bytes can take
+                kept += self.lookahead.labels_meeting(labels, last)
+            for label in kept:
                 sigma.add_arc(0, kaldifst.StdArc(label, label, 0.0, 0))
             found = kaldifst.compose(sigma, variant)
         self._restrictions.put(key, found)
@@ -240,11 +275,11 @@ class _PiecewiseSearch:
         found = self._from_zero.get(key)
         if found is None:
             variant = self._restricted(piece, first, last)
-            output, total, lattice = _lightest(piece, variant, None if first else 0.0)
+            output, total, lattice = _lightest(piece, variant, None if first else 0.0, self.lookahead, last)
             if (first and last) or _has_weight(lattice):  # a whole text is read as OpenFst reads it
                 found = (True, output, output, total)
             else:
-                found = (False, output, _lightest(piece, variant, 1.0)[0], 0.0)
+                found = (False, output, _lightest(piece, variant, 1.0, self.lookahead, last)[0], 0.0)
             make_room(self._from_zero)
             self._from_zero[key] = found
         return found
@@ -343,16 +378,23 @@ def _best_output(text: str, fst: Any) -> tuple[str, float]:
     return output.decode("utf-8"), weight
 
 
-def _lightest(text: str, fst: Any, seed: Optional[float]) -> tuple[bytes, float, Any]:
+def _lightest(text: str, fst: Any, seed: Optional[float], lookahead: Optional[Lookahead] = None,
+              to_end: bool = True) -> tuple[bytes, float, Any]:
     """The output bytes and weight of the lightest path of ``fst`` over ``text``'s UTF-8 bytes, and the lattice
-    searched; a ``seed`` weight goes on a first epsilon arc, so that sums start from it as in a longer text."""
+    searched; a ``seed`` weight goes on a first epsilon arc, so that sums start from it as in a longer text.
+    With ``lookahead``, ``fst`` is one of its variants (ending at a final state if ``to_end``, else at the
+    boundary) and the chain has its lookahead loops: the same lattice, but for relabelled epsilon ilabels."""
     import kaldifst
 
-    chain = kaldifst.make_linear_acceptor(list(text.encode("utf-8")))
-    if seed is not None:
-        first = chain.add_state()
-        chain.add_arc(first, kaldifst.StdArc(0, 0, seed, chain.start))
-        chain.start = first
+    data = text.encode("utf-8")
+    if lookahead is not None:
+        chain = lookahead.chain(data, seed, to_end)
+    else:
+        chain = kaldifst.make_linear_acceptor(list(data))
+        if seed is not None:
+            first = chain.add_state()
+            chain.add_arc(first, kaldifst.StdArc(0, 0, seed, chain.start))
+            chain.start = first
     lattice = kaldifst.compose(chain, fst)
     best = kaldifst.shortest_path(lattice, n=1)
     found, _, output, weight = kaldifst.get_linear_symbol_sequence(best)
