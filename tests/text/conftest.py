@@ -29,11 +29,3 @@ def needs_wetext():
     if MISSING:
         missing(f"text normalization grammars missing: {MISSING}")
 
-
-@pytest.fixture(autouse=True, scope="session")
-def _grammar_cache(tmp_path_factory):
-    """Keep the grammars prepared by these tests out of the user's cache (prepared once per test session)."""
-    folder = tmp_path_factory.mktemp("moss-npu-cache")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("MOSS_NPU_CACHE_DIR", str(folder))
-        yield folder

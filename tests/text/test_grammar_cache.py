@@ -1,0 +1,92 @@
+"""The user cache of prepared grammars (moss_npu.text.grammar_cache): where it is, what a damaged one does."""
+
+import logging
+from pathlib import Path
+
+import pytest
+
+import moss_npu
+from moss_npu.text import grammar_cache
+from moss_npu.text.grammar_cache import CACHE_ENV, GrammarCache, default_cache_dir
+from tests.text.test_lookahead import small_grammar
+
+kaldifst = pytest.importorskip("kaldifst")
+
+
+def test_the_cache_folder_is_the_users_and_can_be_moved(monkeypatch, tmp_path):
+    monkeypatch.delenv(CACHE_ENV, raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert default_cache_dir() == tmp_path / "home" / ".cache" / "moss-npu"
+    assert Path(moss_npu.__file__).parent not in default_cache_dir().parents
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_cache_dir() == tmp_path / "xdg" / "moss-npu"
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "chosen"))
+    assert default_cache_dir() == tmp_path / "chosen"
+    assert GrammarCache().folder == tmp_path / "chosen" / "grammars"
+
+
+def load(cache: GrammarCache, source: Path):
+    found = cache.lookahead(source, boundary=5)
+    return [[(a.ilabel, a.nextstate) for a in kaldifst.ArcIterator(found.fst, s)] for s in range(found.fst.num_states)]
+
+
+def test_built_once_with_a_line_saying_how_long_then_read(tmp_path, caplog, monkeypatch):
+    source = small_grammar(tmp_path)
+    with caplog.at_level(logging.WARNING, logger=grammar_cache.__name__):
+        built = load(GrammarCache(tmp_path / "cache"), source)
+    assert [r.getMessage() for r in caplog.records if "prepared small.fst" in r.getMessage() and " s (once" in
+            r.getMessage()]
+    files = sorted(p.suffix for p in (tmp_path / "cache" / "grammars").iterdir())
+    assert files == [".fst", ".json"]
+    monkeypatch.setattr(grammar_cache, "relabel", lambda *a: pytest.fail("built again"))
+    caplog.clear()
+    assert load(GrammarCache(tmp_path / "cache"), source) == built
+    assert not caplog.records
+
+
+def test_another_grammar_file_gets_its_own_entry(tmp_path):
+    source = small_grammar(tmp_path)
+    cache = GrammarCache(tmp_path / "cache")
+    load(cache, source)
+    fst = kaldifst.StdVectorFst.read(str(source))
+    fst.add_arc(3, kaldifst.StdArc(ord("d"), ord("d"), 0.0, 3))
+    fst.write(str(source))
+    load(cache, source)
+    assert len(list((tmp_path / "cache" / "grammars").glob("small-*.fst"))) == 2
+
+
+@pytest.mark.parametrize("damage", ["truncate fst", "garbage fst", "remove fst", "garbage record", "edit record"])
+def test_a_damaged_cache_is_built_again_not_a_crash(tmp_path, caplog, damage):
+    source = small_grammar(tmp_path)
+    built = load(GrammarCache(tmp_path / "cache"), source)
+    folder = tmp_path / "cache" / "grammars"
+    fst_file, record = next(folder.glob("*.fst")), next(folder.glob("*.json"))
+    if damage == "truncate fst":
+        fst_file.write_bytes(fst_file.read_bytes()[:-7])
+    elif damage == "garbage fst":
+        fst_file.write_bytes(b"\0" * 300)
+    elif damage == "remove fst":
+        fst_file.unlink()
+    elif damage == "garbage record":
+        record.write_text("{not json")
+    else:
+        record.write_text(record.read_text().replace('"boundary": 5', '"boundary": 4'))
+    with caplog.at_level(logging.WARNING, logger=grammar_cache.__name__):
+        assert load(GrammarCache(tmp_path / "cache"), source) == built
+    assert any("building it again" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    assert load(GrammarCache(tmp_path / "cache"), source) == built  # the rebuilt one is read back
+    assert not caplog.records
+
+
+def test_a_cache_that_cannot_be_written_warns_once_and_prepares_in_memory(tmp_path, caplog):
+    source = small_grammar(tmp_path)
+    blocked = tmp_path / "a-file"
+    blocked.write_text("the cache folder cannot be made below a file")
+    cache = GrammarCache(blocked)
+    with caplog.at_level(logging.WARNING, logger=grammar_cache.__name__):
+        first, second = load(cache, source), load(cache, source)
+    assert first == second == load(GrammarCache(tmp_path / "cache"), source)
+    warnings = [r.getMessage() for r in caplog.records if "cannot write the grammar cache" in r.getMessage()]
+    assert len(warnings) == 1 and CACHE_ENV in warnings[0]
