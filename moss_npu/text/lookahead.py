@@ -4,12 +4,15 @@ can take.
 
 Composing a piece's byte chain with a grammar explores every (position, state) pair that epsilon arcs reach,
 although most of them can never read the next byte (English: ~15,000 pairs explored for a few hundred kept).
-Here each input-epsilon arc ``q -> r`` carries the label of its destination's *first set* F(r): the bytes on the
-non-epsilon arcs of the states that epsilon arcs lead to from r (r included), plus ``FINAL_BIT`` when a final
-state is among them and ``BOUNDARY_BIT`` when the boundary state is. The piece's chain gets, at each position p,
-a self-loop for every label whose set holds the byte read there, and at the end for every label whose set holds
-the end bit of the piece's variant (``FINAL_BIT`` for a piece that ends the text, whose lattice ends at a final
-state; ``BOUNDARY_BIT`` for one cut before its end, whose only final state is the boundary). Why the lattice
+Here each input-epsilon arc ``q -> r`` carries the label of a superset of its destination's *first set* F(r):
+the bytes on the non-epsilon arcs of the states that epsilon arcs lead to from r (r included), plus
+``FINAL_BIT`` when a final state is among them and ``BOUNDARY_BIT`` when the boundary state is. The sets are
+merged into at most ``SETS_KEPT`` supersets (``merge_sets``): each label costs a self-loop at every chain
+position whose byte its set holds, and with the English tagger's 199 exact sets a chain took as long to build
+as the composition it saved. The piece's chain gets, at each position p, a self-loop for every label whose set
+holds the byte read there, and at the end for every label whose set holds the end bit of the piece's variant
+(``FINAL_BIT`` for a piece that ends the text, whose lattice ends at a final state; ``BOUNDARY_BIT`` for one
+cut before its end, whose only final state is the boundary). Why the lattice
 searched is the very same, arc for arc, state for state, in the same order:
 
 - The chain is olabel-sorted (its byte arc, then its loops by label) and OpenFst knows it, the relabelled
@@ -25,9 +28,12 @@ searched is the very same, arc for arc, state for state, in the same order:
   before it in either composition.
 - The relabelled composition has a subset of the plain one's arcs, and it keeps every arc of a complete path
   (start to final). An epsilon arc (p, q) -> (p, r) on such a path is followed by reading byte p first
-  (then p is in F(r), so the chain at p has the loop) or, at the end, by arriving at a final state on epsilon
-  arcs (then the end bit is in F(r)). So both compositions, trimmed (``connect``), keep the same states
-  (accessible and coaccessible) and the same arcs (those between kept states).
+  (then byte p is in F(r), hence in its label's superset, so the chain at p has the loop) or, at the end, by
+  arriving at a final state on epsilon arcs (then the end bit is). So both compositions, trimmed
+  (``connect``), keep the same states (accessible and coaccessible) and the same arcs (those between kept
+  states). (Restricting the relabelled variant to a piece's labels, ``wetext._PiecewiseSearch._restricted``,
+  keeps the relabelled epsilons whose set meets those bytes or the end bit: by the same argument the only
+  ones a complete path of such a piece can take.)
 - Numbering: composition numbers states in the order it first meets them, expanding them in that order, and
   trimming keeps the survivors' order. A kept state is first met from a kept state (whatever reaches it from
   the start and leads on to it is kept), by the first kept arc into it, so the order of the kept states and

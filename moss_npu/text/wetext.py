@@ -5,9 +5,11 @@ custom build (``remove_interjections=False, remove_erhua=False, full_to_half=Fal
 only the Chinese *verbalizer*: the custom build's tagger is byte-identical to the ``zh_tn_tagger.fst`` that
 the WeTextProcessing wheel ships, and the custom verbalizer only concatenates the tagged values (keeping
 儿, interjections and full-width marks), which ``verbalize_chinese`` does directly. So this module needs
-no grammar compiler and no cache: kaldifst (wheels for x86-64 and aarch64) runs the wheel's tagger FSTs and
-its English verbalizer, and pynini (no aarch64 wheel) is never imported. Each FST's lightest path is
-found piece by piece (``cuts``), with the very same answer as kaldifst's search of the whole text. (The
+no grammar compiler: kaldifst (wheels for x86-64 and aarch64) runs the wheel's tagger FSTs and its English
+verbalizer, and pynini (no aarch64 wheel) is never imported. Each FST's lightest path is found piece by
+piece (``cuts``), with the very same answer as kaldifst's search of the whole text, each piece composed with
+the FST prepared for lookahead search (``lookahead``: the same lattice, found sooner), which is built once
+per grammar file (under a second) and kept in the user cache (``grammar_cache``). (The
 official runtime loads the files with pynini's ``optimize()``, which renumbers their states; in rare ties
 that breaks them otherwise: ``foo@example.org, CO2`` is tagged ``example.o`` + ``rg, Colorado`` there,
 ``example.or`` + ``g, Colorado`` here, by the whole search and the pieces alike; ``¥192.168.1.1``, two
@@ -132,7 +134,9 @@ class _PiecewiseSearch:
     whose own lattice has no weighted arc is read both ways: as found (last-in-first-out) and with a seed of
     1 (every sum stays a tie, in topological order); which one holds is known once every piece is read
     (some piece weighted: the whole lattice is). Forced pieces (one path) cost no search; searched pieces
-    are reused from ``PieceCache`` where that is provably the same."""
+    are reused from ``PieceCache`` where that is provably the same. Pieces are composed with the lookahead
+    variants when the grammar could be prepared (``lookahead``): the lattice searched, the weights, the
+    queue and so every answer stay the same; forced paths and cuts read the plain FST."""
 
     def __init__(self, fst: Any, budget: int = SEARCH_BUDGET,
                  prepare: Optional[Callable[[int], Optional[Lookahead]]] = None) -> None:
@@ -236,7 +240,9 @@ class _PiecewiseSearch:
 
         The piece's lattice is the same, arc for arc in the same order: an arc with another input label is
         never part of it, a trimmed state is never on one of its paths, and restricting an ilabel-sorted FST
-        by composition keeps each state's arcs in their order. The composition explores far fewer dead
+        by composition keeps each state's arcs in their order. With lookahead the variant is the relabelled
+        one and the labels kept are the relabelled epsilons that such a piece can take
+        (``Lookahead.labels_meeting``; the argument is in ``lookahead``). The composition explores far fewer dead
         states on it (a number: 5× faster). Built on a label set's second use, kept within a state budget."""
         variant = self._variants[first, last]
         if not self._sorted:
