@@ -63,13 +63,15 @@ class GrammarCuts:
     paths of one grammar FST (arcs read on demand; every answer is memoized, so a normalizer gets faster as
     it meets more contexts)."""
 
-    def __init__(self, fst: Any, budget: int = SEARCH_BUDGET) -> None:
+    def __init__(self, fst: Any, budget: int = SEARCH_BUDGET, boundary: Optional[int] = None) -> None:
+        """``boundary``: the boundary state when known already (``_find_boundary``'s answer, kept with a prepared
+        grammar), else it is looked for."""
         self._fst, self._budget = fst, budget
         self._arcs: dict[int, tuple[Arc, ...]] = {}
         self._labelled: dict[int, dict[int, tuple[Arc, ...]]] = {}
         self._reached: dict[tuple[int, Optional[int]], frozenset[int]] = {}
         self.start = fst.start
-        self.boundary = self._find_boundary()
+        self.boundary = self._find_boundary() if boundary is None else boundary
         self._step: dict[tuple[_ScanState, str], tuple[bool, _ScanState, Optional[frozenset[int]]]] = {}
         self._interned: dict[_ScanState, _ScanState] = {}
         self._bypassed: dict[tuple[frozenset[int], str], tuple[frozenset[int], bool]] = {}

@@ -3,8 +3,8 @@
 ``$MOSS_NPU_CACHE_DIR`` (else ``$XDG_CACHE_HOME/moss-npu``, else ``~/.cache/moss-npu``) holds, under
 ``grammars/``, each grammar prepared for lookahead search (``lookahead.relabel``) as two files named by the
 grammar file's name, the SHA-256 of its content and ``lookahead.FORMAT_VERSION``: the relabelled FST and a JSON
-record of what it was built from (that hash, the boundary state, the first sets) and of the FST file's own size
-and hash. A file that is missing, truncated, damaged or built from something else is built again; a cache folder
+record of what it was built from (that hash), of what the search needs to know of the grammar (its boundary
+state and final states, so that a warm start need not look for them) and of the FST file's own size and hash. A file that is missing, truncated, damaged or built from something else is built again; a cache folder
 that cannot be written gives one warning and the grammars are prepared in memory on each load.
 """
 
@@ -17,7 +17,7 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from moss_npu.text.lookahead import FORMAT_VERSION, SETS_KEPT, Lookahead, relabel
 
@@ -42,24 +42,28 @@ class GrammarCache:
         self.folder = Path(root if root is not None else default_cache_dir()) / "grammars"
         self._warned = False
 
-    def lookahead(self, source: Path, boundary: int) -> Lookahead:
-        """``source`` prepared for lookahead search around ``boundary``: read from the cache, else built (one line
-        saying so and how long it took) and written there. Raises ``lookahead.PreparationError`` for a file that
-        cannot be prepared."""
+    def lookahead(self, source: Path, find_boundary: Callable[[], Optional[int]]) -> Optional[Lookahead]:
+        """``source`` prepared for lookahead search: read from the cache, else built around the boundary state
+        that ``find_boundary`` gives (None: a grammar without one, nothing to prepare) and written there, with
+        one line saying so and how long it took. Raises ``lookahead.PreparationError`` for a file that cannot
+        be prepared."""
         import kaldifst
 
         data = source.read_bytes()
         digest = hashlib.sha256(data).hexdigest()
         stem = self.folder / f"{source.stem}-{digest[:16]}-v{FORMAT_VERSION}-{SETS_KEPT}"
         fst_path, record_path = stem.with_suffix(".fst"), stem.with_suffix(".json")
-        found = self._read(fst_path, record_path, digest, boundary)
+        found = self._read(fst_path, record_path, digest)
         if found is not None:
             return found
+        boundary = find_boundary()
+        if boundary is None:
+            return None
         start = time.perf_counter()
-        relabelled, signatures = relabel(data, boundary)
-        record = {"format": FORMAT_VERSION, "sets_kept": SETS_KEPT, "source": source.name, "source_sha256": digest, "boundary": boundary,
-                  "signatures": [format(mask, "x") for mask in signatures], "fst_bytes": len(relabelled),
-                  "fst_sha256": hashlib.sha256(relabelled).hexdigest()}
+        relabelled, signatures, finals = relabel(data, boundary)
+        record = {"format": FORMAT_VERSION, "sets_kept": SETS_KEPT, "source": source.name, "source_sha256": digest,
+                  "boundary": boundary, "finals": finals, "signatures": [format(mask, "x") for mask in signatures],
+                  "fst_bytes": len(relabelled), "fst_sha256": hashlib.sha256(relabelled).hexdigest()}
         written = self._write(fst_path, record_path, relabelled, record)
         if written:
             fst = kaldifst.StdVectorFst.read(str(fst_path))
@@ -70,9 +74,9 @@ class GrammarCache:
             raise OSError(f"the prepared {source.name} could not be read back")
         log.warning("text normalization: prepared %s for lookahead search in %.1f s (once%s)", source.name,
                     time.perf_counter() - start, f"; cached in {self.folder}" if written else "")
-        return Lookahead(fst, signatures)
+        return Lookahead(fst, signatures, boundary, finals)
 
-    def _read(self, fst_path: Path, record_path: Path, digest: str, boundary: int) -> Optional[Lookahead]:
+    def _read(self, fst_path: Path, record_path: Path, digest: str) -> Optional[Lookahead]:
         """The cached preparation, or None when it is missing or does not hold (then it is built again)."""
         import kaldifst
 
@@ -82,17 +86,17 @@ class GrammarCache:
             record = json.loads(record_path.read_text(encoding="utf-8"))
             fst_bytes = fst_path.read_bytes()
             holds = (record["format"] == FORMAT_VERSION and record["sets_kept"] == SETS_KEPT
-                     and record["source_sha256"] == digest
-                     and record["boundary"] == boundary and record["fst_bytes"] == len(fst_bytes)
+                     and record["source_sha256"] == digest and record["fst_bytes"] == len(fst_bytes)
                      and record["fst_sha256"] == hashlib.sha256(fst_bytes).hexdigest())
             signatures = [int(mask, 16) for mask in record["signatures"]]
+            boundary, finals = int(record["boundary"]), [int(s) for s in record["finals"]]
         except (OSError, ValueError, KeyError, TypeError):
             holds = False
         fst = kaldifst.StdVectorFst.read(str(fst_path)) if holds else None
         if fst is None:
             log.warning("text normalization: the cached %s is damaged or stale; building it again", fst_path.name)
             return None
-        return Lookahead(fst, signatures)
+        return Lookahead(fst, signatures, boundary, finals)
 
     def _write(self, fst_path: Path, record_path: Path, relabelled: bytes, record: dict[str, Any]) -> bool:
         """Write the FST, then its record (each whole or not at all); False, after one warning, if the folder

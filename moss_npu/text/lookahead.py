@@ -56,7 +56,8 @@ from typing import Any, Iterable, Optional
 
 import numpy as np
 
-FORMAT_VERSION = 1  # of the prepared grammar files (the labels and the first sets written with them)
+FORMAT_VERSION = 2  # of the prepared grammar files and their records (bump it when relabel, first_sets or
+# cuts.GrammarCuts' choice of the boundary state changes: the record keeps the boundary and is trusted)
 SETS_KEPT = 16  # first sets kept per grammar (merged into supersets beyond): the loops per chain position
 ARC_TUPLES_KEPT = 20_000  # chain arcs made, by position and byte, kept for the next chains
 LABEL_BASE = 1 << 16  # a relabelled epsilon arc's label: LABEL_BASE + its first set's index
@@ -193,9 +194,10 @@ def merge_sets(counts: dict[int, int], limit: int) -> dict[int, int]:
     return merged
 
 
-def relabel(data: bytes, boundary: int, limit: Optional[int] = SETS_KEPT) -> tuple[bytes, list[int]]:
+def relabel(data: bytes, boundary: int, limit: Optional[int] = SETS_KEPT) -> tuple[bytes, list[int], list[int]]:
     """The grammar file ``data`` with each input-epsilon arc's ilabel set to ``LABEL_BASE`` + the index of its
-    destination's first set, and those first sets (bit masks) by index."""
+    destination's first set (merged into at most ``limit`` sets), those first sets (bit masks) by index, and
+    the grammar's final states."""
     layout = read_layout(data)
     if layout.ilabels.min(initial=0) < 0 or layout.ilabels.max(initial=0) >= FINAL_BIT:
         raise PreparationError("input labels outside 0-255: not a byte grammar")
@@ -213,15 +215,17 @@ def relabel(data: bytes, boundary: int, limit: Optional[int] = SETS_KEPT) -> tup
     labels = np.array([LABEL_BASE + index.setdefault(mask, len(index)) for mask in targets], dtype="<i4")
     out = np.frombuffer(data, np.uint8).copy()
     out[layout.offsets[eps][:, None] + np.arange(4)] = labels.view(np.uint8).reshape(-1, 4)
-    return out.tobytes(), list(index)
+    return out.tobytes(), list(index), layout.finals.tolist()
 
 
 class Lookahead:
-    """A relabelled grammar FST and the chains that compose with it (``chain``)."""
+    """A relabelled grammar FST, the boundary state and final states of the grammar it was made from, and the
+    chains that compose with it (``chain``)."""
 
-    def __init__(self, fst: Any, signatures: list[int]) -> None:
+    def __init__(self, fst: Any, signatures: list[int], boundary: int, finals: list[int]) -> None:
         self.fst = fst
         self.signatures = signatures
+        self.boundary, self.finals = boundary, finals
         self._loops = [tuple(LABEL_BASE + i for i, mask in enumerate(signatures) if mask >> bit & 1)
                        for bit in range(BOUNDARY_BIT + 1)]
         self._arcs: dict[tuple[int, int], tuple[Any, ...]] = {}  # (position, byte or end bit) -> its arcs

@@ -25,7 +25,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from moss_npu.text.cuts import SEARCH_BUDGET, PieceCache, GrammarCuts, make_room, add_weights
 from moss_npu.text.grammar_cache import GrammarCache
@@ -138,14 +138,13 @@ class _PiecewiseSearch:
     variants when the grammar could be prepared (``lookahead``): the lattice searched, the weights, the
     queue and so every answer stay the same; forced paths and cuts read the plain FST."""
 
-    def __init__(self, fst: Any, budget: int = SEARCH_BUDGET,
-                 prepare: Optional[Callable[[int], Optional[Lookahead]]] = None) -> None:
-        """``prepare``: given the boundary state, ``fst`` prepared for lookahead search (``lookahead``), or None;
-        the pieces' lattices are composed with it (the same lattices, found sooner), else with ``fst``."""
+    def __init__(self, fst: Any, budget: int = SEARCH_BUDGET, lookahead: Optional[Lookahead] = None) -> None:
+        """``lookahead``: ``fst`` prepared for lookahead search (``lookahead``), with its boundary and final
+        states; the pieces' lattices are composed with it (the same lattices, found sooner), else with ``fst``."""
         import kaldifst
 
-        self.cuts = GrammarCuts(fst, budget)
-        self.lookahead: Optional[Lookahead] = None
+        self.cuts = GrammarCuts(fst, budget, None if lookahead is None else lookahead.boundary)
+        self.lookahead = lookahead
         self.pieces = PieceCache()
         self._fst = fst
         self._from_zero: dict[tuple[str, bool, bool], tuple[bool, bytes, bytes, float]] = {}
@@ -156,9 +155,10 @@ class _PiecewiseSearch:
         z = self.cuts.boundary
         if z is None:
             return
-        if prepare is not None:
-            self.lookahead = prepare(z)
-        finals = [s for s in range(fst.num_states) if fst.final(s).value != float("inf")]
+        if lookahead is not None:
+            finals = lookahead.finals
+        else:
+            finals = [s for s in range(fst.num_states) if fst.final(s).value != float("inf")]
         composed = fst if self.lookahead is None else self.lookahead.fst
         self._variants[True, True] = composed
         for from_start, to_end in ((True, False), (False, True), (False, False)):
@@ -174,15 +174,14 @@ class _PiecewiseSearch:
     def load(cls, kaldifst: Any, path: Path, cache: GrammarCache, budget: int = SEARCH_BUDGET) -> "_PiecewiseSearch":
         """Read the FST at ``path`` and its lookahead preparation from ``cache`` (built there on first use); a
         preparation that fails gives one warning and the plain search (the same answers, slower)."""
-        def prepare(boundary: int) -> Optional[Lookahead]:
-            try:
-                return cache.lookahead(path, boundary)
-            except (OSError, PreparationError) as exc:
-                log.warning("text normalization: %s cannot be prepared for lookahead search (%s); searching it "
-                            "without (the same readings, slower)", path.name, exc)
-                return None
-
-        return cls(_read_fst(kaldifst, path), budget, prepare)
+        fst = _read_fst(kaldifst, path)
+        try:
+            lookahead = cache.lookahead(path, lambda: GrammarCuts(fst, budget).boundary)
+        except (OSError, PreparationError) as exc:
+            log.warning("text normalization: %s cannot be prepared for lookahead search (%s); searching it "
+                        "without (the same readings, slower)", path.name, exc)
+            lookahead = None
+        return cls(fst, budget, lookahead)
 
     def best(self, units: Sequence[str]) -> str:
         """Return the output of the lightest path over the text ``"".join(units)`` (pynini's shortestpath, as

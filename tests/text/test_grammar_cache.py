@@ -26,8 +26,9 @@ def test_the_cache_folder_is_the_users_and_can_be_moved(monkeypatch, tmp_path):
     assert GrammarCache().folder == tmp_path / "chosen" / "grammars"
 
 
-def load(cache: GrammarCache, source: Path):
-    found = cache.lookahead(source, boundary=5)
+def load(cache: GrammarCache, source: Path, find_boundary=lambda: 5):
+    found = cache.lookahead(source, find_boundary)
+    assert (found.boundary, found.finals) == (5, [3])
     return [[(a.ilabel, a.nextstate) for a in kaldifst.ArcIterator(found.fst, s)] for s in range(found.fst.num_states)]
 
 
@@ -41,8 +42,13 @@ def test_built_once_with_a_line_saying_how_long_then_read(tmp_path, caplog, monk
     assert files == [".fst", ".json"]
     monkeypatch.setattr(grammar_cache, "relabel", lambda *a: pytest.fail("built again"))
     caplog.clear()
-    assert load(GrammarCache(tmp_path / "cache"), source) == built
+    assert load(GrammarCache(tmp_path / "cache"), source, lambda: pytest.fail("looked for the boundary")) == built
     assert not caplog.records
+
+
+def test_a_grammar_without_a_boundary_has_nothing_to_prepare(tmp_path):
+    assert GrammarCache(tmp_path / "cache").lookahead(small_grammar(tmp_path), lambda: None) is None
+    assert not (tmp_path / "cache" / "grammars").exists()
 
 
 def test_another_grammar_file_gets_its_own_entry(tmp_path):
@@ -71,7 +77,7 @@ def test_a_damaged_cache_is_built_again_not_a_crash(tmp_path, caplog, damage):
     elif damage == "garbage record":
         record.write_text("{not json")
     else:
-        record.write_text(record.read_text().replace('"boundary": 5', '"boundary": 4'))
+        record.write_text(record.read_text().replace('"fst_bytes": ', '"fst_bytes": 1'))
     with caplog.at_level(logging.WARNING, logger=grammar_cache.__name__):
         assert load(GrammarCache(tmp_path / "cache"), source) == built
     assert any("building it again" in r.getMessage() for r in caplog.records)

@@ -4,6 +4,7 @@ import pytest
 
 from moss_npu.text.lookahead import (BOUNDARY_BIT, FINAL_BIT, LABEL_BASE, Lookahead, PreparationError, first_sets,
                                      merge_sets, read_layout, relabel)
+from moss_npu.text.cuts import GrammarCuts
 from moss_npu.text.wetext import Grammar, Grammars, _lightest, _PiecewiseSearch
 
 kaldifst = pytest.importorskip("kaldifst")
@@ -39,7 +40,8 @@ def test_first_sets_follow_epsilon_arcs_to_bytes_finals_and_the_boundary(tmp_pat
 
 def test_relabel_changes_only_the_input_labels_of_epsilon_arcs(tmp_path):
     path = small_grammar(tmp_path)
-    data, sets = relabel(path.read_bytes(), boundary=5, limit=None)
+    data, sets, finals = relabel(path.read_bytes(), boundary=5, limit=None)
+    assert finals == [3]
     assert len(data) == len(path.read_bytes())
     out = tmp_path / "relabelled.fst"
     out.write_bytes(data)
@@ -111,6 +113,9 @@ PIECES = {"en": ["9:29 a.m. ", "$22.36 for", "723-7642", "Jan. 6rd, 1355. ", "3/
 def test_the_lookahead_lattice_is_the_plain_lattice_arc_for_arc(needs_wetext, language):
     search = Grammar.load(language, Grammars.locate())._tagger
     assert search.lookahead is not None
+    fst = search._fst  # the boundary and final states kept with the prepared grammar are the grammar's
+    assert search.cuts.boundary == GrammarCuts(fst).boundary
+    assert search.lookahead.finals == [s for s in range(fst.num_states) if fst.final(s).value != float("inf")]
     for piece in PIECES[language]:
         for first, last, seed in ((False, False, 1234.5), (True, False, None), (False, True, 77.25),
                                   (False, False, 0.0), (True, True, None)):
