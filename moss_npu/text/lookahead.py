@@ -59,7 +59,7 @@ import numpy as np
 FORMAT_VERSION = 2  # of the prepared grammar files and their records (bump it when relabel, first_sets or
 # cuts.GrammarCuts' choice of the boundary state changes: the record keeps the boundary and is trusted)
 SETS_KEPT = 16  # first sets kept per grammar (merged into supersets beyond): the loops per chain position
-ARC_TUPLES_KEPT = 20_000  # chain arcs made, by position and byte, kept for the next chains
+ARC_TUPLES_KEPT = 8_000  # chain arcs made, by position and byte, kept for the next chains (English: ~3,000)
 LABEL_BASE = 1 << 16  # a relabelled epsilon arc's label: LABEL_BASE + its first set's index
 FINAL_BIT = 256  # a final state of the grammar is reachable on epsilon arcs
 BOUNDARY_BIT = 257  # the boundary state is reachable on epsilon arcs
