@@ -4,12 +4,14 @@
 ``grammars/``, each grammar prepared for lookahead search (``lookahead.relabel``) as two files named by the
 grammar file's name, the SHA-256 of its content and ``lookahead.FORMAT_VERSION``: the relabelled FST and a JSON
 record of what it was built from (that hash), of what the search needs to know of the grammar (its boundary
-state and final states, so that a warm start need not look for them) and of the FST file's own size and hash. A file that is missing, truncated, damaged or built from something else is built again; a cache folder
+state, final states and which states lead to the boundary on epsilon arcs, so that a warm start need not
+work them out) and of the FST file's own size and hash. A file that is missing, truncated, damaged or built from something else is built again; a cache folder
 that cannot be written gives one warning and the grammars are prepared in memory on each load.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import logging
@@ -18,6 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional
+
+import numpy as np
 
 from moss_npu.text.lookahead import FORMAT_VERSION, SETS_KEPT, Lookahead, relabel
 
@@ -60,9 +64,10 @@ class GrammarCache:
         if boundary is None:
             return None
         start = time.perf_counter()
-        relabelled, signatures, finals = relabel(data, boundary)
+        relabelled, signatures, finals, to_boundary = relabel(data, boundary)
         record = {"format": FORMAT_VERSION, "sets_kept": SETS_KEPT, "source": source.name, "source_sha256": digest,
                   "boundary": boundary, "finals": finals, "signatures": [format(mask, "x") for mask in signatures],
+                  "states": len(to_boundary), "to_boundary": _pack(to_boundary),
                   "fst_bytes": len(relabelled), "fst_sha256": hashlib.sha256(relabelled).hexdigest()}
         written = self._write(fst_path, record_path, relabelled, record)
         if written:
@@ -74,7 +79,7 @@ class GrammarCache:
             raise OSError(f"the prepared {source.name} could not be read back")
         log.warning("text normalization: prepared %s for lookahead search in %.1f s (once%s)", source.name,
                     time.perf_counter() - start, f"; cached in {self.folder}" if written else "")
-        return Lookahead(fst, signatures, boundary, finals)
+        return Lookahead(fst, signatures, boundary, finals, to_boundary)
 
     def _read(self, fst_path: Path, record_path: Path, digest: str) -> Optional[Lookahead]:
         """The cached preparation, or None when it is missing or does not hold (then it is built again)."""
@@ -90,13 +95,14 @@ class GrammarCache:
                      and record["fst_sha256"] == hashlib.sha256(fst_bytes).hexdigest())
             signatures = [int(mask, 16) for mask in record["signatures"]]
             boundary, finals = int(record["boundary"]), [int(s) for s in record["finals"]]
+            to_boundary = _unpack(record["to_boundary"], int(record["states"]))
         except (OSError, ValueError, KeyError, TypeError):
             holds = False
         fst = kaldifst.StdVectorFst.read(str(fst_path)) if holds else None
         if fst is None:
             log.warning("text normalization: the cached %s is damaged or stale; building it again", fst_path.name)
             return None
-        return Lookahead(fst, signatures, boundary, finals)
+        return Lookahead(fst, signatures, boundary, finals, to_boundary)
 
     def _write(self, fst_path: Path, record_path: Path, relabelled: bytes, record: dict[str, Any]) -> bool:
         """Write the FST, then its record (each whole or not at all); False, after one warning, if the folder
@@ -124,6 +130,18 @@ def _replace(path: Path, data: bytes) -> None:
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def _pack(flags: bytes) -> str:
+    """One byte (0 or 1) per state, as base64 of its bits."""
+    return base64.b64encode(np.packbits(np.frombuffer(flags, np.uint8)).tobytes()).decode("ascii")
+
+
+def _unpack(packed: str, states: int) -> bytes:
+    bits = np.unpackbits(np.frombuffer(base64.b64decode(packed, validate=True), np.uint8))
+    if len(bits) < states or bits[states:].any():
+        raise ValueError("state flags of another length")
+    return bits[:states].tobytes()
 
 
 def _write_file(path: Path, data: bytes) -> str:

@@ -56,7 +56,7 @@ from typing import Any, Iterable, Optional
 
 import numpy as np
 
-FORMAT_VERSION = 2  # of the prepared grammar files and their records (bump it when relabel, first_sets or
+FORMAT_VERSION = 3  # of the prepared grammar files and their records (bump it when relabel, first_sets or
 # cuts.GrammarCuts' choice of the boundary state changes: the record keeps the boundary and is trusted)
 SETS_KEPT = 16  # first sets kept per grammar (merged into supersets beyond): the loops per chain position
 ARC_TUPLES_KEPT = 8_000  # chain arcs made, by position and byte, kept for the next chains (English: ~3,000)
@@ -194,10 +194,11 @@ def merge_sets(counts: dict[int, int], limit: int) -> dict[int, int]:
     return merged
 
 
-def relabel(data: bytes, boundary: int, limit: Optional[int] = SETS_KEPT) -> tuple[bytes, list[int], list[int]]:
+def relabel(data: bytes, boundary: int,
+            limit: Optional[int] = SETS_KEPT) -> tuple[bytes, list[int], list[int], bytes]:
     """The grammar file ``data`` with each input-epsilon arc's ilabel set to ``LABEL_BASE`` + the index of its
-    destination's first set (merged into at most ``limit`` sets), those first sets (bit masks) by index, and
-    the grammar's final states."""
+    destination's first set (merged into at most ``limit`` sets), those first sets (bit masks) by index, the
+    grammar's final states, and per state 1 if the boundary is reachable from it on epsilon arcs, else 0."""
     layout = read_layout(data)
     if layout.ilabels.min(initial=0) < 0 or layout.ilabels.max(initial=0) >= FINAL_BIT:
         raise PreparationError("input labels outside 0-255: not a byte grammar")
@@ -215,17 +216,19 @@ def relabel(data: bytes, boundary: int, limit: Optional[int] = SETS_KEPT) -> tup
     labels = np.array([LABEL_BASE + index.setdefault(mask, len(index)) for mask in targets], dtype="<i4")
     out = np.frombuffer(data, np.uint8).copy()
     out[layout.offsets[eps][:, None] + np.arange(4)] = labels.view(np.uint8).reshape(-1, 4)
-    return out.tobytes(), list(index), layout.finals.tolist()
+    to_boundary = bytes(mask >> BOUNDARY_BIT & 1 for mask in masks)
+    return out.tobytes(), list(index), layout.finals.tolist(), to_boundary
 
 
 class Lookahead:
-    """A relabelled grammar FST, the boundary state and final states of the grammar it was made from, and the
-    chains that compose with it (``chain``)."""
+    """A relabelled grammar FST, what the search needs to know of the grammar it was made from (its boundary
+    state, final states and the states from which epsilon arcs lead to the boundary: ``to_boundary[s]`` is 1),
+    and the chains that compose with it (``chain``)."""
 
-    def __init__(self, fst: Any, signatures: list[int], boundary: int, finals: list[int]) -> None:
+    def __init__(self, fst: Any, signatures: list[int], boundary: int, finals: list[int], to_boundary: bytes) -> None:
         self.fst = fst
         self.signatures = signatures
-        self.boundary, self.finals = boundary, finals
+        self.boundary, self.finals, self.to_boundary = boundary, finals, to_boundary
         self._loops = [tuple(LABEL_BASE + i for i, mask in enumerate(signatures) if mask >> bit & 1)
                        for bit in range(BOUNDARY_BIT + 1)]
         self._arcs: dict[tuple[int, int], tuple[Any, ...]] = {}  # (position, byte or end bit) -> its arcs

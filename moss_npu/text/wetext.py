@@ -143,7 +143,10 @@ class _PiecewiseSearch:
         states; the pieces' lattices are composed with it (the same lattices, found sooner), else with ``fst``."""
         import kaldifst
 
-        self.cuts = GrammarCuts(fst, budget, None if lookahead is None else lookahead.boundary)
+        if lookahead is None:
+            self.cuts = GrammarCuts(fst, budget)
+        else:
+            self.cuts = GrammarCuts(fst, budget, lookahead.boundary, lookahead.to_boundary)
         self.lookahead = lookahead
         self.pieces = PieceCache()
         self._fst = fst

@@ -28,7 +28,7 @@ def test_the_cache_folder_is_the_users_and_can_be_moved(monkeypatch, tmp_path):
 
 def load(cache: GrammarCache, source: Path, find_boundary=lambda: 5):
     found = cache.lookahead(source, find_boundary)
-    assert (found.boundary, found.finals) == (5, [3])
+    assert (found.boundary, found.finals, found.to_boundary) == (5, [3], bytes([0, 0, 0, 0, 0, 1]))
     return [[(a.ilabel, a.nextstate) for a in kaldifst.ArcIterator(found.fst, s)] for s in range(found.fst.num_states)]
 
 

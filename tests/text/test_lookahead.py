@@ -40,8 +40,8 @@ def test_first_sets_follow_epsilon_arcs_to_bytes_finals_and_the_boundary(tmp_pat
 
 def test_relabel_changes_only_the_input_labels_of_epsilon_arcs(tmp_path):
     path = small_grammar(tmp_path)
-    data, sets, finals = relabel(path.read_bytes(), boundary=5, limit=None)
-    assert finals == [3]
+    data, sets, finals, to_boundary = relabel(path.read_bytes(), boundary=5, limit=None)
+    assert finals == [3] and to_boundary == bytes([0, 0, 0, 0, 0, 1])
     assert len(data) == len(path.read_bytes())
     out = tmp_path / "relabelled.fst"
     out.write_bytes(data)
@@ -116,6 +116,9 @@ def test_the_lookahead_lattice_is_the_plain_lattice_arc_for_arc(needs_wetext, la
     fst = search._fst  # the boundary and final states kept with the prepared grammar are the grammar's
     assert search.cuts.boundary == GrammarCuts(fst).boundary
     assert search.lookahead.finals == [s for s in range(fst.num_states) if fst.final(s).value != float("inf")]
+    plain = GrammarCuts(fst)
+    for s in range(0, fst.num_states, 97):
+        assert search.lookahead.to_boundary[s] == (plain.boundary in plain._closure({s}, avoid=None)), s
     for piece in PIECES[language]:
         for first, last, seed in ((False, False, 1234.5), (True, False, None), (False, True, 77.25),
                                   (False, False, 0.0), (True, True, None)):
