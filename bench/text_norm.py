@@ -8,13 +8,13 @@ folder: each grammar file is read and prepared for lookahead search, then writte
 first use; the user's own cache is left alone) and with that cache warm (the prepared files read back, as on
 every later start). Then it times ``prepare`` (robust cleanup → WeTextProcessing → robust cleanup) on a
 Chinese and an English text of ``--chars`` characters holding dates, times, money, percentages, units, phone
-numbers, URLs and e-mail addresses, in three kinds: ``repeated`` (one paragraph over and over), ``varied`` (the same paragraph
-with fresh random numbers each time, so few pieces repeat) and ``fresh`` (other sentences, drawn at random
-with random numbers of random lengths: what a normalizer has not met). Each kind is timed on a fresh normalizer
-(``first``: its memo tables and piece readings still empty); a varied text is followed by ``--repeats``
-new varied texts (``next texts``, median: what a running normalizer meets), and each kind is then timed
-``--repeats`` times again (``same text again``, median). Prints one line per measurement and last lines
-``ms per 1000 chars (varied, next texts): zh X, en Y`` and the same for ``fresh``.
+numbers, URLs and e-mail addresses, in three kinds: ``repeated`` (one paragraph over and over), ``varied``
+(the same paragraph with fresh random numbers each time, so few pieces repeat) and ``fresh`` (other sentences,
+drawn at random with random numbers of random lengths: what a normalizer has not met). Each kind is timed on
+a fresh normalizer (``first``: its memo tables and piece readings still empty); a varied text is followed by
+``--repeats`` new varied texts (``next texts``, median: what a running normalizer meets), and each kind is
+then timed ``--repeats`` times again (``same text again``, median). Prints one line per measurement and last
+lines ``ms per 1000 chars (varied, next texts): zh X, en Y`` and the same for ``fresh``.
 Exit codes: 0 done; 1 WeTextProcessing missing (the robust stage alone would be timed).
 """
 

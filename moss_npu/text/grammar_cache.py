@@ -5,8 +5,9 @@
 grammar file's name, the SHA-256 of its content and ``lookahead.FORMAT_VERSION``: the relabelled FST and a JSON
 record of what it was built from (that hash), of what the search needs to know of the grammar (its boundary
 state, final states and which states lead to the boundary on epsilon arcs, so that a warm start need not
-work them out) and of the FST file's own size and hash. A file that is missing, truncated, damaged or built from something else is built again; a cache folder
-that cannot be written gives one warning and the grammars are prepared in memory on each load.
+work them out) and of the FST file's own size and hash. A file that is missing, truncated, damaged or built
+from something else is built again; a cache folder that cannot be written gives one warning and the grammars
+are prepared in memory on each load.
 """
 
 from __future__ import annotations

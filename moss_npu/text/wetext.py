@@ -162,7 +162,7 @@ class _PiecewiseSearch:
             finals = lookahead.finals
         else:
             finals = [s for s in range(fst.num_states) if fst.final(s).value != float("inf")]
-        composed = fst if self.lookahead is None else self.lookahead.fst
+        composed = fst if lookahead is None else lookahead.fst
         self._variants[True, True] = composed
         for from_start, to_end in ((True, False), (False, True), (False, False)):
             variant = kaldifst.StdVectorFst(composed)
@@ -244,8 +244,8 @@ class _PiecewiseSearch:
         never part of it, a trimmed state is never on one of its paths, and restricting an ilabel-sorted FST
         by composition keeps each state's arcs in their order. With lookahead the variant is the relabelled
         one and the labels kept are the relabelled epsilons that such a piece can take
-        (``Lookahead.labels_meeting``; the argument is in ``lookahead``). The composition explores far fewer dead
-        states on it (a number: 5× faster). Built on a label set's second use, kept within a state budget."""
+        (``Lookahead.labels_meeting``; the argument is in ``lookahead``). The composition explores far fewer
+        dead states on it (a number: 5× faster). Built on a label set's second use, kept within a state budget."""
         variant = self._variants[first, last]
         if not self._sorted:
             return variant
