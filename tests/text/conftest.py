@@ -28,4 +28,3 @@ def needs_wetext():
     """Skip (fail in CI) when kaldifst or the WeTextProcessing grammar files are not installed."""
     if MISSING:
         missing(f"text normalization grammars missing: {MISSING}")
-
