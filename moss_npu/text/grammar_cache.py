@@ -3,7 +3,7 @@
 ``$MOSS_NPU_CACHE_DIR`` (else ``$XDG_CACHE_HOME/moss-npu``, else ``~/.cache/moss-npu``) holds, under
 ``grammars/``, each grammar prepared for lookahead search (``lookahead.relabel``) as two files named by the
 grammar file's name, the SHA-256 of its content and ``lookahead.FORMAT_VERSION``: the relabelled FST and a JSON
-record of what it was built from (that hash), of what the search needs to know of the grammar (its boundary
+record (sealed by its own hash) of what it was built from (that hash), of what the search needs to know of the grammar (its boundary
 state, final states and which states lead to the boundary on epsilon arcs, so that a warm start need not
 work them out) and of the FST file's own size and hash. A file that is missing, truncated, damaged or built
 from something else is built again; a cache folder that cannot be written gives one warning and the grammars
@@ -70,6 +70,7 @@ class GrammarCache:
                   "boundary": boundary, "finals": finals, "signatures": [format(mask, "x") for mask in signatures],
                   "states": len(to_boundary), "to_boundary": _pack(to_boundary),
                   "fst_bytes": len(relabelled), "fst_sha256": hashlib.sha256(relabelled).hexdigest()}
+        record["record_sha256"] = _seal(record)
         written = self._write(fst_path, record_path, relabelled, record)
         if written:
             fst = kaldifst.StdVectorFst.read(str(fst_path))
@@ -91,7 +92,7 @@ class GrammarCache:
         try:
             record = json.loads(record_path.read_text(encoding="utf-8"))
             fst_bytes = fst_path.read_bytes()
-            holds = (record["format"] == FORMAT_VERSION and record["sets_kept"] == SETS_KEPT
+            holds = (record.pop("record_sha256") == _seal(record) and record["format"] == FORMAT_VERSION and record["sets_kept"] == SETS_KEPT
                      and record["source_sha256"] == digest and record["fst_bytes"] == len(fst_bytes)
                      and record["fst_sha256"] == hashlib.sha256(fst_bytes).hexdigest())
             signatures = [int(mask, 16) for mask in record["signatures"]]
@@ -100,6 +101,8 @@ class GrammarCache:
         except (OSError, ValueError, KeyError, TypeError):
             holds = False
         fst = kaldifst.StdVectorFst.read(str(fst_path)) if holds else None
+        if fst is not None and (fst.num_states != len(to_boundary) or not 0 <= boundary < fst.num_states):
+            fst = None
         if fst is None:
             log.warning("text normalization: the cached %s is damaged or stale; building it again", fst_path.name)
             return None
@@ -131,6 +134,11 @@ def _replace(path: Path, data: bytes) -> None:
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def _seal(record: dict[str, Any]) -> str:
+    """The SHA-256 of a record's fields (so that a damaged record is told from a sound one)."""
+    return hashlib.sha256(json.dumps(record, sort_keys=True).encode("utf-8")).hexdigest()
 
 
 def _pack(flags: bytes) -> str:

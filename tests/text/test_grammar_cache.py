@@ -62,7 +62,8 @@ def test_another_grammar_file_gets_its_own_entry(tmp_path):
     assert len(list((tmp_path / "cache" / "grammars").glob("small-*.fst"))) == 2
 
 
-@pytest.mark.parametrize("damage", ["truncate fst", "garbage fst", "remove fst", "garbage record", "edit record"])
+@pytest.mark.parametrize("damage", ["truncate fst", "garbage fst", "remove fst", "garbage record", "edit record",
+                                    "edit boundary"])
 def test_a_damaged_cache_is_built_again_not_a_crash(tmp_path, caplog, damage):
     source = small_grammar(tmp_path)
     built = load(GrammarCache(tmp_path / "cache"), source)
@@ -76,8 +77,11 @@ def test_a_damaged_cache_is_built_again_not_a_crash(tmp_path, caplog, damage):
         fst_file.unlink()
     elif damage == "garbage record":
         record.write_text("{not json")
-    else:
+    elif damage == "edit record":
         record.write_text(record.read_text().replace('"fst_bytes": ', '"fst_bytes": 1'))
+    else:  # a digit changed: the record's own hash no longer fits
+        assert '"boundary": 5' in record.read_text()
+        record.write_text(record.read_text().replace('"boundary": 5', '"boundary": 4'))
     with caplog.at_level(logging.WARNING, logger=grammar_cache.__name__):
         assert load(GrammarCache(tmp_path / "cache"), source) == built
     assert any("building it again" in r.getMessage() for r in caplog.records)
