@@ -79,8 +79,8 @@ class GrammarCache:
                 fst = kaldifst.StdVectorFst.read(_write_file(Path(folder) / "grammar.fst", relabelled))
         if fst is None:
             raise OSError(f"the prepared {source.name} could not be read back")
-        log.warning("text normalization: prepared %s for lookahead search in %.1f s (once%s)", source.name,
-                    time.perf_counter() - start, f"; cached in {self.folder}" if written else "")
+        log.warning("text normalization: prepared %s for lookahead search in %.1f s (%s)", source.name,
+                    time.perf_counter() - start, f"once; cached in {self.folder}" if written else "in memory only")
         return Lookahead(fst, signatures, boundary, finals, to_boundary)
 
     def _read(self, fst_path: Path, record_path: Path, digest: str) -> Optional[Lookahead]:
@@ -125,11 +125,13 @@ class GrammarCache:
 
 
 def _replace(path: Path, data: bytes) -> None:
-    """Write ``path`` through a temporary file beside it, so that a reader never sees half of it."""
+    """Write ``path`` through a temporary file beside it, so that a reader never sees half of it (readable by
+    all, as a file written by ``open`` under the usual umask: a shared cache folder serves every user)."""
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".part")
     try:
         with os.fdopen(handle, "wb") as out:
             out.write(data)
+        os.chmod(temporary, 0o644)
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)

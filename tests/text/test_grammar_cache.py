@@ -38,8 +38,9 @@ def test_built_once_with_a_line_saying_how_long_then_read(tmp_path, caplog, monk
         built = load(GrammarCache(tmp_path / "cache"), source)
     assert [r.getMessage() for r in caplog.records if "prepared small.fst" in r.getMessage() and " s (once" in
             r.getMessage()]
-    files = sorted(p.suffix for p in (tmp_path / "cache" / "grammars").iterdir())
-    assert files == [".fst", ".json"]
+    files = sorted((tmp_path / "cache" / "grammars").iterdir())
+    assert [p.suffix for p in files] == [".fst", ".json"]
+    assert all(p.stat().st_mode & 0o777 == 0o644 for p in files)  # a shared cache folder serves every user
     monkeypatch.setattr(grammar_cache, "relabel", lambda *a: pytest.fail("built again"))
     caplog.clear()
     assert load(GrammarCache(tmp_path / "cache"), source, lambda: pytest.fail("looked for the boundary")) == built
@@ -100,3 +101,4 @@ def test_a_cache_that_cannot_be_written_warns_once_and_prepares_in_memory(tmp_pa
     assert first == second == load(GrammarCache(tmp_path / "cache"), source)
     warnings = [r.getMessage() for r in caplog.records if "cannot write the grammar cache" in r.getMessage()]
     assert len(warnings) == 1 and CACHE_ENV in warnings[0]
+    assert sum("(in memory only)" in r.getMessage() for r in caplog.records) == 2
