@@ -63,13 +63,18 @@ class GrammarCuts:
     paths of one grammar FST (arcs read on demand; every answer is memoized, so a normalizer gets faster as
     it meets more contexts)."""
 
-    def __init__(self, fst: Any, budget: int = SEARCH_BUDGET) -> None:
+    def __init__(self, fst: Any, budget: int = SEARCH_BUDGET, boundary: Optional[int] = None,
+                 to_boundary: Optional[bytes] = None) -> None:
+        """``boundary``: the boundary state when known already (``_find_boundary``'s answer, kept with a prepared
+        grammar), else it is looked for; ``to_boundary``: per state 1 if epsilon arcs lead from it to the
+        boundary (``lookahead.first_sets``), else worked out when asked."""
         self._fst, self._budget = fst, budget
+        self._to_boundary = to_boundary
         self._arcs: dict[int, tuple[Arc, ...]] = {}
         self._labelled: dict[int, dict[int, tuple[Arc, ...]]] = {}
         self._reached: dict[tuple[int, Optional[int]], frozenset[int]] = {}
         self.start = fst.start
-        self.boundary = self._find_boundary()
+        self.boundary = self._find_boundary() if boundary is None else boundary
         self._step: dict[tuple[_ScanState, str], tuple[bool, _ScanState, Optional[frozenset[int]]]] = {}
         self._interned: dict[_ScanState, _ScanState] = {}
         self._bypassed: dict[tuple[frozenset[int], str], tuple[frozenset[int], bool]] = {}
@@ -240,7 +245,11 @@ class GrammarCuts:
 
     def _split(self, states: set[int]) -> tuple[frozenset[int], bool]:
         z = self.boundary
-        reached = z in states or z in self._closure(states - {z}, avoid=None)
+        if self._to_boundary is not None:
+            flags = self._to_boundary
+            reached = any(flags[s] for s in states)
+        else:
+            reached = z in states or z in self._closure(states - {z}, avoid=None)
         return frozenset(states - {z}), reached
 
     def _from_boundary_read(self, char: str) -> tuple[frozenset[int], bool]:

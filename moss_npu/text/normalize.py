@@ -11,8 +11,10 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
+from moss_npu.text.grammar_cache import GrammarCache
 from moss_npu.text.language import LANGUAGES, choose_language, guard_chinese_hyphens
 from moss_npu.text.robust import clean_for_speech
 from moss_npu.text.wetext import OFFICIAL_VERSION, Grammar, Grammars, NoReading, WeTextUnavailable
@@ -34,7 +36,10 @@ class NormalizedText:
 class TextNormalizer:
     """Prepares texts as the official command line does; owns the loaded grammars (read once, on first use)."""
 
-    def __init__(self) -> None:
+    def __init__(self, cache_dir: Optional[Path] = None) -> None:
+        """``cache_dir``: where the grammars prepared for faster search are kept (``grammar_cache``; by default
+        ``$MOSS_NPU_CACHE_DIR`` or ``~/.cache/moss-npu``)."""
+        self._cache = GrammarCache(cache_dir)
         self._lock = threading.Lock()
         self._grammars: dict[str, Grammar] = {}
         self._unavailable: Optional[str] = None
@@ -65,7 +70,7 @@ class TextNormalizer:
             if not self._grammars and self._unavailable is None:
                 try:
                     found = Grammars.locate()
-                    self._grammars = {lang: Grammar.load(lang, found) for lang in LANGUAGES}
+                    self._grammars = {lang: Grammar.load(lang, found, self._cache) for lang in LANGUAGES}
                 except WeTextUnavailable as exc:
                     self._unavailable = str(exc)
                     log.warning("text normalization: %s; numbers and symbols are read as written "

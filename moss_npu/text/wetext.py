@@ -5,9 +5,11 @@ custom build (``remove_interjections=False, remove_erhua=False, full_to_half=Fal
 only the Chinese *verbalizer*: the custom build's tagger is byte-identical to the ``zh_tn_tagger.fst`` that
 the WeTextProcessing wheel ships, and the custom verbalizer only concatenates the tagged values (keeping
 儿, interjections and full-width marks), which ``verbalize_chinese`` does directly. So this module needs
-no grammar compiler and no cache: kaldifst (wheels for x86-64 and aarch64) runs the wheel's tagger FSTs and
-its English verbalizer, and pynini (no aarch64 wheel) is never imported. Each FST's lightest path is
-found piece by piece (``cuts``), with the very same answer as kaldifst's search of the whole text. (The
+no grammar compiler: kaldifst (wheels for x86-64 and aarch64) runs the wheel's tagger FSTs and its English
+verbalizer, and pynini (no aarch64 wheel) is never imported. Each FST's lightest path is found piece by
+piece (``cuts``), with the very same answer as kaldifst's search of the whole text, each piece composed with
+the FST prepared for lookahead search (``lookahead``: the same lattice, found sooner), which is built once
+per grammar file (under a second) and kept in the user cache (``grammar_cache``). (The
 official runtime loads the files with pynini's ``optimize()``, which renumbers their states; in rare ties
 that breaks them otherwise: ``foo@example.org, CO2`` is tagged ``example.o`` + ``rg, Colorado`` there,
 ``example.or`` + ``g, Colorado`` here, by the whole search and the pieces alike; ``¥192.168.1.1``, two
@@ -17,6 +19,7 @@ readings of weight 2.11, is ``十九元`` + ``二点一六八点一点一`` ther
 from __future__ import annotations
 
 import importlib.metadata
+import logging
 import math
 import threading
 from collections import OrderedDict
@@ -25,7 +28,11 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from moss_npu.text.cuts import SEARCH_BUDGET, PieceCache, GrammarCuts, make_room, add_weights
+from moss_npu.text.grammar_cache import GrammarCache
+from moss_npu.text.lookahead import Lookahead, PreparationError
 from moss_npu.text.tokens import Token, parse_tokens, reorder
+
+log = logging.getLogger(__name__)
 
 DISTRIBUTION = "WeTextProcessing"
 OFFICIAL_VERSION = "1.2.0"  # the version the official outputs were produced with
@@ -79,22 +86,27 @@ class Grammars:
 class Grammar:
     """One language's text normalization: tag with the FST, order the fields, verbalize."""
 
-    def __init__(self, language: str, tagger: Any, verbalizer: Optional[Any]) -> None:
+    def __init__(self, language: str, tagger: "_PiecewiseSearch", verbalizer: Optional["_PiecewiseSearch"]) -> None:
         self.language = language
-        self._tagger = _PiecewiseSearch(tagger)
-        self._verbalizer = None if verbalizer is None else _PiecewiseSearch(verbalizer, VERBALIZER_BUDGET)
+        self._tagger = tagger
+        self._verbalizer = verbalizer
         self._lock = threading.Lock()  # OpenFst caches properties on the FSTs while composing
 
     @classmethod
-    def load(cls, language: str, grammars: Grammars) -> "Grammar":
-        """Read ``language``'s FSTs with kaldifst; raise ``WeTextUnavailable`` when that cannot be done."""
+    def load(cls, language: str, grammars: Grammars, cache: Optional[GrammarCache] = None) -> "Grammar":
+        """Read ``language``'s FSTs with kaldifst, prepared for lookahead search through ``cache`` (the user
+        cache unless given); raise ``WeTextUnavailable`` when they cannot be read."""
         try:
             import kaldifst
         except ImportError:
             raise WeTextUnavailable(f"kaldifst is not installed ({INSTALL_HINT})") from None
+        cache = GrammarCache() if cache is None else cache
         tagger_rel, verbalizer_rel = GRAMMAR_FILES[language]
-        verbalizer = None if verbalizer_rel is None else _read_fst(kaldifst, grammars.root / verbalizer_rel)
-        return cls(language, _read_fst(kaldifst, grammars.root / tagger_rel), verbalizer)
+        tagger = _PiecewiseSearch.load(kaldifst, grammars.root / tagger_rel, cache)
+        verbalizer = None
+        if verbalizer_rel is not None:
+            verbalizer = _PiecewiseSearch.load(kaldifst, grammars.root / verbalizer_rel, cache, VERBALIZER_BUDGET)
+        return cls(language, tagger, verbalizer)
 
     def normalize(self, text: str) -> str:
         """Return ``text`` read out in words (the official ``Normalizer.normalize``); ``""`` stays ``""``."""
@@ -122,12 +134,20 @@ class _PiecewiseSearch:
     whose own lattice has no weighted arc is read both ways: as found (last-in-first-out) and with a seed of
     1 (every sum stays a tie, in topological order); which one holds is known once every piece is read
     (some piece weighted: the whole lattice is). Forced pieces (one path) cost no search; searched pieces
-    are reused from ``PieceCache`` where that is provably the same."""
+    are reused from ``PieceCache`` where that is provably the same. Pieces are composed with the lookahead
+    variants when the grammar could be prepared (``lookahead``): the lattice searched, the weights, the
+    queue and so every answer stay the same; forced paths and cuts read the plain FST."""
 
-    def __init__(self, fst: Any, budget: int = SEARCH_BUDGET) -> None:
+    def __init__(self, fst: Any, budget: int = SEARCH_BUDGET, lookahead: Optional[Lookahead] = None) -> None:
+        """``lookahead``: ``fst`` prepared for lookahead search (``lookahead``), with its boundary and final
+        states; the pieces' lattices are composed with it (the same lattices, found sooner), else with ``fst``."""
         import kaldifst
 
-        self.cuts = GrammarCuts(fst, budget)
+        if lookahead is None:
+            self.cuts = GrammarCuts(fst, budget)
+        else:
+            self.cuts = GrammarCuts(fst, budget, lookahead.boundary, lookahead.to_boundary)
+        self.lookahead = lookahead
         self.pieces = PieceCache()
         self._fst = fst
         self._from_zero: dict[tuple[str, bool, bool], tuple[bool, bytes, bytes, float]] = {}
@@ -138,16 +158,33 @@ class _PiecewiseSearch:
         z = self.cuts.boundary
         if z is None:
             return
-        finals = [s for s in range(fst.num_states) if fst.final(s).value != float("inf")]
-        self._variants[True, True] = fst
+        if lookahead is not None:
+            finals = lookahead.finals
+        else:
+            finals = [s for s in range(fst.num_states) if fst.final(s).value != float("inf")]
+        composed = fst if lookahead is None else lookahead.fst
+        self._variants[True, True] = composed
         for from_start, to_end in ((True, False), (False, True), (False, False)):
-            variant = kaldifst.StdVectorFst(fst)
+            variant = kaldifst.StdVectorFst(composed)
             variant.start = fst.start if from_start else z
             if not to_end:  # the piece ends before a cut: its lattice ends at the boundary state
                 for s in finals:
                     variant.set_final(s, float("inf"))
                 variant.set_final(z, 0.0)
             self._variants[from_start, to_end] = variant
+
+    @classmethod
+    def load(cls, kaldifst: Any, path: Path, cache: GrammarCache, budget: int = SEARCH_BUDGET) -> "_PiecewiseSearch":
+        """Read the FST at ``path`` and its lookahead preparation from ``cache`` (built there on first use); a
+        preparation that fails gives one warning and the plain search (the same answers, slower)."""
+        fst = _read_fst(kaldifst, path)
+        try:
+            lookahead = cache.lookahead(path, lambda: GrammarCuts(fst, budget).boundary)
+        except (OSError, PreparationError) as exc:
+            log.warning("text normalization: %s cannot be prepared for lookahead search (%s); searching it "
+                        "without (the same readings, slower)", path.name, exc)
+            lookahead = None
+        return cls(fst, budget, lookahead)
 
     def best(self, units: Sequence[str]) -> str:
         """Return the output of the lightest path over the text ``"".join(units)`` (pynini's shortestpath, as
@@ -192,7 +229,8 @@ class _PiecewiseSearch:
         key = (piece, first, last)
         found = self.pieces.get(key, weight)
         if found is None:
-            output, total, lattice = _lightest(piece, self._restricted(piece, first, last), weight)
+            output, total, lattice = _lightest(piece, self._restricted(piece, first, last), weight,
+                                               self.lookahead, last)
             self.pieces.put(key, weight, output, total, lattice)
             return output, total
         return found
@@ -204,8 +242,10 @@ class _PiecewiseSearch:
 
         The piece's lattice is the same, arc for arc in the same order: an arc with another input label is
         never part of it, a trimmed state is never on one of its paths, and restricting an ilabel-sorted FST
-        by composition keeps each state's arcs in their order. The composition explores far fewer dead
-        states on it (a number: 5× faster). Built on a label set's second use, kept within a state budget."""
+        by composition keeps each state's arcs in their order. With lookahead the variant is the relabelled
+        one and the labels kept are the relabelled epsilons that such a piece can take
+        (``Lookahead.labels_meeting``; the argument is in ``lookahead``). The composition explores far fewer
+        dead states on it (a number: 5× faster). Built on a label set's second use, kept within a state budget."""
         variant = self._variants[first, last]
         if not self._sorted:
             return variant
@@ -226,7 +266,10 @@ class _PiecewiseSearch:
             sigma.add_state()
             sigma.start = 0
             sigma.set_final(0, 0.0)
-            for label in sorted(labels):
+            kept = sorted(labels)
+            if self.lookahead is not None:  # and the relabelled epsilons that a piece of these bytes can take
+                kept += self.lookahead.labels_meeting(labels, last)
+            for label in kept:
                 sigma.add_arc(0, kaldifst.StdArc(label, label, 0.0, 0))
             found = kaldifst.compose(sigma, variant)
         self._restrictions.put(key, found)
@@ -240,11 +283,11 @@ class _PiecewiseSearch:
         found = self._from_zero.get(key)
         if found is None:
             variant = self._restricted(piece, first, last)
-            output, total, lattice = _lightest(piece, variant, None if first else 0.0)
+            output, total, lattice = _lightest(piece, variant, None if first else 0.0, self.lookahead, last)
             if (first and last) or _has_weight(lattice):  # a whole text is read as OpenFst reads it
                 found = (True, output, output, total)
             else:
-                found = (False, output, _lightest(piece, variant, 1.0)[0], 0.0)
+                found = (False, output, _lightest(piece, variant, 1.0, self.lookahead, last)[0], 0.0)
             make_room(self._from_zero)
             self._from_zero[key] = found
         return found
@@ -343,16 +386,23 @@ def _best_output(text: str, fst: Any) -> tuple[str, float]:
     return output.decode("utf-8"), weight
 
 
-def _lightest(text: str, fst: Any, seed: Optional[float]) -> tuple[bytes, float, Any]:
+def _lightest(text: str, fst: Any, seed: Optional[float], lookahead: Optional[Lookahead] = None,
+              to_end: bool = True) -> tuple[bytes, float, Any]:
     """The output bytes and weight of the lightest path of ``fst`` over ``text``'s UTF-8 bytes, and the lattice
-    searched; a ``seed`` weight goes on a first epsilon arc, so that sums start from it as in a longer text."""
+    searched; a ``seed`` weight goes on a first epsilon arc, so that sums start from it as in a longer text.
+    With ``lookahead``, ``fst`` is one of its variants (ending at a final state if ``to_end``, else at the
+    boundary) and the chain has its lookahead loops: the same lattice, but for relabelled epsilon ilabels."""
     import kaldifst
 
-    chain = kaldifst.make_linear_acceptor(list(text.encode("utf-8")))
-    if seed is not None:
-        first = chain.add_state()
-        chain.add_arc(first, kaldifst.StdArc(0, 0, seed, chain.start))
-        chain.start = first
+    data = text.encode("utf-8")
+    if lookahead is not None:
+        chain = lookahead.chain(data, seed, to_end)
+    else:
+        chain = kaldifst.make_linear_acceptor(list(data))
+        if seed is not None:
+            first = chain.add_state()
+            chain.add_arc(first, kaldifst.StdArc(0, 0, seed, chain.start))
+            chain.start = first
     lattice = kaldifst.compose(chain, fst)
     best = kaldifst.shortest_path(lattice, n=1)
     found, _, output, weight = kaldifst.get_linear_symbol_sequence(best)

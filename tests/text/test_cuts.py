@@ -87,7 +87,8 @@ def test_a_restricted_grammar_gives_the_piece_the_same_lattice(needs_wetext, lan
     restricted = search._restricted(piece, False, False)
     assert restricted is not full and restricted.num_states < full.num_states / 4
     seed = 1234.5
-    whole, part = _lightest(piece, full, seed), _lightest(piece, restricted, seed)
+    whole = _lightest(piece, full, seed, search.lookahead, False)
+    part = _lightest(piece, restricted, seed, search.lookahead, False)
     assert part[:2] == whole[:2] and part[2].num_states == whole[2].num_states
 
 
@@ -119,10 +120,10 @@ def test_a_binade_proof_reads_the_lattice_once_and_holds_for_other_seeds(needs_w
     variant = search._variants[False, False]
     seeds = [1100.25, 1300.5, 1500.75, 2500.125]  # three in [1024, 2048), then one in [2048, 4096)
     for seed in seeds:
-        output, total, lattice = _lightest(piece, variant, seed)
+        output, total, lattice = _lightest(piece, variant, seed, search.lookahead, False)
         search.pieces.put(key, seed, output, total, lattice)
     assert len(reads) == 1  # read on the first proof (the third search), reused for the next binade's
     for seed in (1234.0625, 1600.5, 3000.25):  # seeds never searched, in both proven binades
-        output, total, _ = _lightest(piece, variant, seed)
+        output, total, _ = _lightest(piece, variant, seed, search.lookahead, False)
         assert search.pieces.get(key, seed) == (output, total)
 
