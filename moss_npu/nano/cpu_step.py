@@ -201,8 +201,9 @@ def row_block(x: np.ndarray, rotation: np.ndarray, keys: np.ndarray, values: np.
 
 def _row_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
     """LayerNorm of one row (E,) in float32."""
-    centered = x - x.mean(dtype=np.float32)
-    variance = np.dot(centered, centered) / np.float32(x.shape[0])
+    count = np.float32(x.shape[0])
+    centered = x - x.sum() / count  # the mean (ndarray.mean is a Python function, 2 µs slower)
+    variance = np.dot(centered, centered) / count
     centered *= np.float32(1.0) / np.sqrt(variance + np.float32(eps))
     centered *= weight
     centered += bias
