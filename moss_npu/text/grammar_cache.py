@@ -91,6 +91,8 @@ class GrammarCache:
             return None
         try:
             record = json.loads(record_path.read_text(encoding="utf-8"))
+            if not isinstance(record, dict):
+                raise ValueError("the record is not a JSON object")
             fst_bytes = fst_path.read_bytes()
             holds = (record.pop("record_sha256") == _seal(record) and record["format"] == FORMAT_VERSION and record["sets_kept"] == SETS_KEPT
                      and record["source_sha256"] == digest and record["fst_bytes"] == len(fst_bytes)

@@ -64,7 +64,7 @@ def test_another_grammar_file_gets_its_own_entry(tmp_path):
 
 
 @pytest.mark.parametrize("damage", ["truncate fst", "garbage fst", "remove fst", "garbage record", "edit record",
-                                    "edit boundary"])
+                                    "edit boundary", "record not an object"])
 def test_a_damaged_cache_is_built_again_not_a_crash(tmp_path, caplog, damage):
     source = small_grammar(tmp_path)
     built = load(GrammarCache(tmp_path / "cache"), source)
@@ -80,6 +80,8 @@ def test_a_damaged_cache_is_built_again_not_a_crash(tmp_path, caplog, damage):
         record.write_text("{not json")
     elif damage == "edit record":
         record.write_text(record.read_text().replace('"fst_bytes": ', '"fst_bytes": 1'))
+    elif damage == "record not an object":  # valid JSON all the same
+        record.write_text("null")
     else:  # a digit changed: the record's own hash no longer fits
         assert '"boundary": 5' in record.read_text()
         record.write_text(record.read_text().replace('"boundary": 5', '"boundary": 4'))
