@@ -31,20 +31,28 @@ log = logging.getLogger(__name__)
 CACHE_ENV = "MOSS_NPU_CACHE_DIR"
 
 
-def default_cache_dir() -> Path:
-    """``$MOSS_NPU_CACHE_DIR``, else ``$XDG_CACHE_HOME/moss-npu``, else ``~/.cache/moss-npu``."""
+def default_cache_dir() -> Optional[Path]:
+    """``$MOSS_NPU_CACHE_DIR``, else ``$XDG_CACHE_HOME/moss-npu``, else ``~/.cache/moss-npu``; None when there is no
+    home folder to find (no ``$HOME`` and no user entry: a container's arbitrary user id)."""
     chosen = os.environ.get(CACHE_ENV)
     if chosen:
         return Path(chosen)
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    base = os.environ.get("XDG_CACHE_HOME")
+    if not base:
+        try:
+            base = Path.home() / ".cache"
+        except RuntimeError:
+            return None
     return Path(base) / "moss-npu"
 
 
 class GrammarCache:
-    """Prepared grammars in ``root/grammars`` (``root``: ``default_cache_dir()`` unless given)."""
+    """Prepared grammars in ``root/grammars`` (``root``: ``default_cache_dir()`` unless given; no folder at all,
+    ``folder`` None, when that finds none: grammars are then prepared in memory, as for an unwritable one)."""
 
     def __init__(self, root: Optional[Path] = None) -> None:
-        self.folder = Path(root if root is not None else default_cache_dir()) / "grammars"
+        root = root if root is not None else default_cache_dir()
+        self.folder = None if root is None else Path(root) / "grammars"
         self._warned = False
 
     def lookahead(self, source: Path, find_boundary: Callable[[], Optional[int]]) -> Optional[Lookahead]:
@@ -56,9 +64,9 @@ class GrammarCache:
 
         data = source.read_bytes()
         digest = hashlib.sha256(data).hexdigest()
-        stem = self.folder / f"{source.stem}-{digest[:16]}-v{FORMAT_VERSION}-{SETS_KEPT}"
+        stem = Path(self.folder or "") / f"{source.stem}-{digest[:16]}-v{FORMAT_VERSION}-{SETS_KEPT}"
         fst_path, record_path = stem.with_suffix(".fst"), stem.with_suffix(".json")
-        found = self._read(fst_path, record_path, digest)
+        found = None if self.folder is None else self._read(fst_path, record_path, digest)
         if found is not None:
             return found
         boundary = find_boundary()
@@ -114,14 +122,17 @@ class GrammarCache:
         """Write the FST, then its record (each whole or not at all); False, after one warning, if the folder
         cannot be written."""
         try:
+            if self.folder is None:
+                raise OSError("no folder for it: $HOME is not set and this user has no home directory")
             self.folder.mkdir(parents=True, exist_ok=True)
             _replace(fst_path, relabelled)
             _replace(record_path, json.dumps(record).encode("utf-8"))
         except OSError as exc:
             if not self._warned:
                 self._warned = True
-                log.warning("text normalization: cannot write the grammar cache in %s (%s); preparing grammars in "
-                            "memory on each load (set %s to a writable folder)", self.folder, exc, CACHE_ENV)
+                log.warning("text normalization: cannot write the grammar cache%s (%s); preparing grammars in "
+                            "memory on each load (set %s to a writable folder)",
+                            "" if self.folder is None else f" in {self.folder}", exc, CACHE_ENV)
             return False
         return True
 

@@ -104,3 +104,18 @@ def test_a_cache_that_cannot_be_written_warns_once_and_prepares_in_memory(tmp_pa
     warnings = [r.getMessage() for r in caplog.records if "cannot write the grammar cache" in r.getMessage()]
     assert len(warnings) == 1 and CACHE_ENV in warnings[0]
     assert sum("(in memory only)" in r.getMessage() for r in caplog.records) == 2
+
+
+def test_without_a_home_folder_grammars_are_prepared_in_memory(tmp_path, monkeypatch, caplog):
+    """No $HOME and no user entry to find one (a container's arbitrary user id): no cache folder, one warning
+    naming the variable that sets one, and the normalizer still loads (Path.home() raises RuntimeError)."""
+    for name in (CACHE_ENV, "XDG_CACHE_HOME", "HOME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(Path, "home", classmethod(lambda cls: (_ for _ in ()).throw(RuntimeError("no home"))))
+    assert default_cache_dir() is None
+    cache = GrammarCache()
+    source = small_grammar(tmp_path)
+    with caplog.at_level(logging.WARNING, logger=grammar_cache.__name__):
+        assert load(cache, source) == load(cache, source) == load(GrammarCache(tmp_path / "cache"), source)
+    warnings = [r.getMessage() for r in caplog.records if "cannot write the grammar cache" in r.getMessage()]
+    assert len(warnings) == 1 and CACHE_ENV in warnings[0]
