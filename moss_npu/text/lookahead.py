@@ -44,8 +44,9 @@ searched is the very same, arc for arc, state for state, in the same order:
   weights and next states) and the output labels of the lightest path.
 
 The relabelled grammar is a byte-for-byte copy of the grammar file, ilabels of epsilon arcs patched, so it keeps
-the file's stored properties too; it is built once per grammar file and kept in the user cache
-(``grammar_cache``).
+the file's stored properties too, but for those about input labels that the patch changes (sorted, epsilons,
+determinism, acceptor: stored as unknown, since OpenFst trusts a stored one); it is built once per grammar file
+and kept in the user cache (``grammar_cache``).
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ from typing import Any, Iterable, Optional
 
 import numpy as np
 
-FORMAT_VERSION = 3  # of the prepared grammar files and their records (bump it when relabel, first_sets or
+FORMAT_VERSION = 4  # of the prepared grammar files and their records (bump it when relabel, first_sets or
 # cuts.GrammarCuts' choice of the boundary state changes: the record keeps the boundary and is trusted)
 SETS_KEPT = 16  # first sets kept per grammar (merged into supersets beyond): the loops per chain position
 ARC_TUPLES_KEPT = 8_000  # chain arcs made, by position and byte, kept for the next chains (English: ~3,000)
@@ -64,6 +65,10 @@ LABEL_BASE = 1 << 16  # a relabelled epsilon arc's label: LABEL_BASE + its first
 FINAL_BIT = 256  # a final state of the grammar is reachable on epsilon arcs
 BOUNDARY_BIT = 257  # the boundary state is reachable on epsilon arcs
 _MAGIC = 2125659606  # OpenFst's FST file magic number
+# The property bits stored in an FST file whose truth relabelling the input epsilons changes (kAcceptor,
+# kNotAcceptor, kIDeterministic, kNonIDeterministic, kEpsilons, kNoEpsilons, kIEpsilons, kNoIEpsilons,
+# kILabelSorted, kNotILabelSorted): OpenFst trusts stored ones, so the relabelled copy stores them as unknown.
+_INPUT_LABEL_PROPERTIES = 0x30000000 | 0x3000000 | 0xC00000 | 0xC0000 | 0x30000
 _ARC_BYTES = 16  # ilabel int32, olabel int32, weight float32, next state int32
 
 
@@ -81,6 +86,7 @@ class _Layout:
     nextstates: np.ndarray
     finals: np.ndarray  # the states whose final weight is not infinity
     num_states: int
+    properties_at: int  # byte offset of the header's stored properties (uint64)
 
 
 def _read_string(data: bytes, at: int) -> tuple[str, int]:
@@ -98,6 +104,7 @@ def read_layout(data: bytes) -> _Layout:
         version, flags, _, _, num_states, _ = struct.unpack_from("<iiQqqq", data, at)
     except struct.error:
         raise PreparationError("truncated FST header") from None
+    properties_at = at + 8
     if magic != _MAGIC or fst_type != "vector" or arc_type != "standard" or version != 2 or flags != 0:
         raise PreparationError(f"not a plain vector FST of standard arcs ({fst_type!r}, {arc_type!r}, "
                                f"version {version}, flags {flags})")
@@ -123,7 +130,7 @@ def read_layout(data: bytes) -> _Layout:
     def field(shift: int) -> np.ndarray:
         return raw[(offsets + shift)[:, None] + np.arange(4)].copy().view("<i4").ravel()
 
-    return _Layout(offsets, sources, field(0), field(12), np.array(finals, np.int64), num_states)
+    return _Layout(offsets, sources, field(0), field(12), np.array(finals, np.int64), num_states, properties_at)
 
 
 def first_sets(layout: _Layout, boundary: int) -> list[int]:
@@ -216,6 +223,8 @@ def relabel(data: bytes, boundary: int,
     labels = np.array([LABEL_BASE + index.setdefault(mask, len(index)) for mask in targets], dtype="<i4")
     out = np.frombuffer(data, np.uint8).copy()
     out[layout.offsets[eps][:, None] + np.arange(4)] = labels.view(np.uint8).reshape(-1, 4)
+    properties = out[layout.properties_at:layout.properties_at + 8].view("<u8")
+    properties &= ~np.uint64(_INPUT_LABEL_PROPERTIES)
     to_boundary = bytes(mask >> BOUNDARY_BIT & 1 for mask in masks)
     return out.tobytes(), list(index), layout.finals.tolist(), to_boundary
 

@@ -137,3 +137,45 @@ def test_the_verbalizer_lattice_is_the_plain_lattice_too(needs_wetext):
         for first, last, seed in ((True, False, None), (False, True, 321.125), (False, False, 2.5)):
             plain = plain_lattice(search, piece, first, last, seed)
             same_search(_lightest(piece, search._variants[first, last], seed, search.lookahead, last), plain)
+
+
+# OpenFst property bits that relabelling input epsilons changes the truth of (kAcceptor .. kNoIEpsilons,
+# kILabelSorted, kNotILabelSorted, all but the output-side ones).
+LABEL_PROPERTIES = 0x10000 | 0x20000 | 0x40000 | 0x80000 | 0x400000 | 0x800000 | 0x1000000 | 0x2000000 | 0x30000000
+
+
+def test_a_relabelled_grammar_claims_no_input_label_property_that_it_lost(tmp_path):
+    """OpenFst writes a grammar's known properties into the file (the small grammar stores kILabelSorted and
+    kIEpsilons) and trusts them when it reads it back: the relabelled copy, no longer sorted by input label
+    and without input epsilons, must not carry them over (composition would search it as sorted)."""
+    path = small_grammar(tmp_path)
+    plain = kaldifst.StdVectorFst.read(str(path))
+    assert plain.properties(0x10000000 | 0x1000000, False) == 0x10000000 | 0x1000000  # the premise
+    out = tmp_path / "relabelled.fst"
+    out.write_bytes(relabel(path.read_bytes(), boundary=5, limit=None)[0])
+    relabelled = kaldifst.StdVectorFst.read(str(out))
+    assert relabelled.properties(LABEL_PROPERTIES, False) == 0
+    assert relabelled.properties(QUEUE_PROPERTIES, False) == plain.properties(QUEUE_PROPERTIES, False)
+
+
+def test_grammar_files_that_store_their_properties_read_the_same(needs_wetext, tmp_path):
+    """The English grammars written back by OpenFst once their input-label sort is known (a file that stores
+    it): the lookahead search reads texts as the plain search does."""
+    from moss_npu.text.grammar_cache import GrammarCache
+    from moss_npu.text.wetext import GRAMMAR_FILES, VERBALIZER_BUDGET
+
+    class Root:
+        root = tmp_path / "grammars"
+
+    plain = []
+    for rel in GRAMMAR_FILES["en"]:
+        fst = kaldifst.StdVectorFst.read(str(Grammars.locate().root / rel))
+        assert fst.properties(0x10000000, True)  # computed, so kept and written with the file
+        (Root.root / rel).parent.mkdir(parents=True, exist_ok=True)
+        fst.write(str(Root.root / rel))
+        plain.append(kaldifst.StdVectorFst.read(str(Root.root / rel)))
+    reference = Grammar("en", _PiecewiseSearch(plain[0]), _PiecewiseSearch(plain[1], VERBALIZER_BUDGET))
+    prepared = Grammar.load("en", Root, GrammarCache(tmp_path / "cache"))
+    assert prepared._tagger.lookahead is not None
+    for text in ("I have 23 apples and $4.50 on 2024-05-01 at 3:30pm.", "Call 555-1234, it's 12% off."):
+        assert prepared.normalize(text) == reference.normalize(text)
