@@ -3,9 +3,9 @@
 ``$MOSS_NPU_CACHE_DIR`` (else ``$XDG_CACHE_HOME/moss-npu``, else ``~/.cache/moss-npu``) holds, under
 ``grammars/``, each grammar prepared for lookahead search (``lookahead.relabel``) as two files named by the
 grammar file's name, the SHA-256 of its content and ``lookahead.FORMAT_VERSION``: the relabelled FST and a JSON
-record (sealed by its own hash) of what it was built from (that hash), of what the search needs to know of the grammar (its boundary
-state, final states and which states lead to the boundary on epsilon arcs, so that a warm start need not
-work them out) and of the FST file's own size and hash. A file that is missing, truncated, damaged or built
+record (sealed by its own hash) of what it was built from (that hash), of what the search needs to know of
+the grammar (its boundary state, final states and which states lead to the boundary on epsilon arcs, so that
+a warm start need not work them out) and of the FST file's own size and hash. A file that is missing, truncated, damaged or built
 from something else is built again; a cache folder that cannot be written gives one warning and the grammars
 are prepared in memory on each load.
 """
@@ -102,8 +102,8 @@ class GrammarCache:
             if not isinstance(record, dict):
                 raise ValueError("the record is not a JSON object")
             fst_bytes = fst_path.read_bytes()
-            holds = (record.pop("record_sha256") == _seal(record) and record["format"] == FORMAT_VERSION and record["sets_kept"] == SETS_KEPT
-                     and record["source_sha256"] == digest and record["fst_bytes"] == len(fst_bytes)
+            holds = (record.pop("record_sha256") == _seal(record) and record["format"] == FORMAT_VERSION
+                     and record["sets_kept"] == SETS_KEPT and record["source_sha256"] == digest and record["fst_bytes"] == len(fst_bytes)
                      and record["fst_sha256"] == hashlib.sha256(fst_bytes).hexdigest())
             signatures = [int(mask, 16) for mask in record["signatures"]]
             boundary, finals = int(record["boundary"]), [int(s) for s in record["finals"]]
