@@ -186,15 +186,6 @@ class CpuBackend(Backend):
     def supports_dtype(self, dtype: torch.dtype) -> bool:
         return dtype in (torch.float32, torch.bfloat16) or _probe_matmul("cpu", dtype)
 
-    def native_bf16(self) -> Optional[bool]:
-        """Return whether the CPU computes bf16 natively (x86 AVX512-BF16 / AMX, ARM BF16); None if unknown."""
-        try:
-            with open("/proc/cpuinfo", encoding="utf-8") as f:
-                flags = {word for line in f if line.startswith(("flags", "Features")) for word in line.split()}
-        except OSError:
-            return None
-        return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"}) if flags else None
-
     def max_memory_allocated(self, index: int = 0) -> Optional[int]:
         try:
             import resource
@@ -504,9 +495,6 @@ def resolve_dtype(device: torch.device, name: Optional[str] = None) -> torch.dty
     b = backend(device)
     if not b.supports_dtype(dtype):
         raise DeviceError(f"--dtype {name}: not supported on {device} ({b.name(_index(device))}); use float32")
-    if device.type == "cpu" and dtype == torch.bfloat16 and b.native_bf16() is False:
-        log.warning("--dtype %s: this CPU (%s) has no native bf16 (AVX512-BF16, AMX or ARM BF16): torch emulates "
-                    "it, slower than float32; use --dtype float32", name, b.name())
     return dtype
 
 

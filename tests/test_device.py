@@ -190,16 +190,3 @@ def test_onnx_provider_names():
     assert device.onnx_provider("npu") == device.onnx_provider("cann") == "CANNExecutionProvider"
     with pytest.raises(DeviceError, match="unknown"):
         device.onnx_provider("tpu")
-
-
-def test_cpu_bf16_warns_where_it_is_emulated(monkeypatch, caplog):
-    """bf16 on a CPU without native bf16 runs, with one warning saying float32 is faster; with it, silently."""
-    import logging
-
-    cpu = device.backend(torch.device("cpu"))
-    for native, warned in ((False, True), (True, False), (None, False)):
-        monkeypatch.setattr(type(cpu), "native_bf16", lambda self, native=native: native)
-        caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="moss_npu.device"):
-            assert device.resolve_dtype(torch.device("cpu"), "bfloat16") == torch.bfloat16
-        assert any("no native bf16" in r.getMessage() for r in caplog.records) is warned

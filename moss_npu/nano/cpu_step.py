@@ -29,6 +29,7 @@ import logging
 import math
 import mmap
 import time
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import numpy as np
@@ -37,6 +38,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from moss_npu.errors import InputError
+from moss_npu.nano.matvec import (Bf16Matrix, Fp32Matrix, Int8Matrix, KernelUnavailable, MatVecKernels,
+                                  table_bytes)
 from moss_npu.nano.model import Block
 from moss_npu.nano.quantize import block_linears, int8_rows
 from moss_npu.packed import pack_linear, packed_matmul, packing_available
@@ -162,7 +165,7 @@ def block_rows(x: torch.Tensor, rotation: torch.Tensor, kv: torch.Tensor, slot: 
 
 
 def row_block(x: np.ndarray, rotation: np.ndarray, keys: np.ndarray, values: np.ndarray, position: int,
-              attended: int, qkv: Optional[np.ndarray], weights: tuple[np.ndarray, ...], *, heads: int, eps: float,
+              attended: int, qkv: Optional[np.ndarray], block: "RowBlock", *, heads: int, eps: float,
               scale: float) -> np.ndarray:
     """``block_step`` for one slot's one new row, in numpy; return (E,).
 
@@ -170,15 +173,13 @@ def row_block(x: np.ndarray, rotation: np.ndarray, keys: np.ndarray, values: np.
     floats costs ~1 µs where a torch one costs 5–20 (dispatch, and SDPA's blocking for a single query): this
     is that block with every operation in numpy. ``x`` (E,); ``rotation`` (D/2,) complex64 RoPE of the row's
     position; ``keys``/``values`` (H, M, D) the slot's cache of this layer, which receives the row at
-    ``position``; the first ``attended`` rows are attended. ``qkv`` (3E,) ready-made or None; ``weights`` as
-    in ``block_step``, as numpy arrays.
+    ``position``; the first ``attended`` rows are attended. ``qkv`` (3E,) ready-made or None; ``block`` its
+    norms and products (``RowBlock``).
     """
-    ln1_w, ln1_b, attn_w, attn_b, proj_w, proj_b, ln2_w, ln2_b, in_w, in_b, out_w, out_b = weights
     e = x.shape[0]
     d = e // heads
     if qkv is None:
-        qkv = _row_norm(x, ln1_w, ln1_b, eps) @ attn_w
-        qkv += attn_b
+        qkv = block.attn(_row_norm(x, block.ln1_w, block.ln1_b, eps))
     qk = (qkv[:2 * e].view(np.complex64).reshape(2, heads, d // 2) * rotation).view(np.float32)  # (2, H, D)
     keys[:, position] = qk[1]
     values[:, position] = qkv[2 * e:].reshape(heads, d)
@@ -187,16 +188,10 @@ def row_block(x: np.ndarray, rotation: np.ndarray, keys: np.ndarray, values: np.
     scores -= scores.max(axis=1, keepdims=True)
     np.exp(scores, out=scores)
     scores /= scores.sum(axis=1, keepdims=True)
-    out = np.matmul(scores[:, None], values[:, :attended]).reshape(e) @ proj_w
-    out += proj_b
-    out += x
-    hidden = _row_norm(out, ln2_w, ln2_b, eps) @ in_w
-    hidden += in_b
+    out = block.proj(np.matmul(scores[:, None], values[:, :attended]).reshape(e), x)
+    hidden = block.fc_in(_row_norm(out, block.ln2_w, block.ln2_b, eps))
     _gelu_tanh(hidden)
-    result = hidden @ out_w
-    result += out_b
-    result += out
-    return result
+    return block.fc_out(hidden, out)
 
 
 def _row_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
@@ -239,14 +234,16 @@ def _bias(layer: nn.Linear) -> torch.Tensor:
     return torch.zeros(layer.weight.shape[0]) if layer.bias is None else layer.bias.detach().clone()
 
 
-class WeightArena:
-    """Transposed (in, out) copies of linear weights, laid out one after another in one anonymous memory map in
-    the order a frame reads them, on transparent huge pages where the kernel offers them (``madvise``): a frame
-    streams ~750 MB, and 2 MB pages spare the page walks of 4 KB ones (3–5 % faster frames measured)."""
+class PageArena:
+    """One anonymous memory map of ``nbytes`` on transparent huge pages where the kernel offers them
+    (``madvise``), handing out arrays one after another (``array``) in the order a frame reads them: a frame
+    streams hundreds of MB of weights, and 2 MB pages spare the page walks of 4 KB ones (3–5 % faster frames
+    measured)."""
 
-    def __init__(self, layers: list[nn.Linear]) -> None:
-        total = sum(layer.weight.numel() for layer in layers)
-        size = max(total, 1) * 4
+    ALIGN = 64  # a cache line: every array starts on one
+
+    def __init__(self, nbytes: int) -> None:
+        size = max(nbytes, 1)
         # Private anonymous memory: a shared mapping (mmap's default) is shmem, which gets no huge pages.
         private = getattr(mmap, "MAP_PRIVATE", None)
         self._map = (mmap.mmap(-1, size) if private is None
@@ -256,22 +253,46 @@ class WeightArena:
                 self._map.madvise(mmap.MADV_HUGEPAGE)
             except OSError:
                 pass  # no transparent huge pages here: 4 KB pages work the same, a little slower
-        flat = torch.frombuffer(self._map, dtype=torch.float32)
+        self._used = 0
+
+    @classmethod
+    def room(cls, nbytes: int) -> int:
+        """Return the arena bytes an array of ``nbytes`` takes (aligned)."""
+        return -(-nbytes // cls.ALIGN) * cls.ALIGN
+
+    def array(self, shape: tuple, dtype) -> np.ndarray:
+        """Return the next uninitialized array of ``shape`` and ``dtype``; raises ValueError when full."""
+        count = math.prod(shape)
+        nbytes = count * np.dtype(dtype).itemsize
+        if self._used + nbytes > len(self._map):
+            raise ValueError(f"arena of {len(self._map)} bytes is full")
+        out = np.frombuffer(self._map, dtype=dtype, count=count, offset=self._used).reshape(shape)
+        self._used += self.room(nbytes)
+        return out
+
+    def nbytes(self) -> int:
+        return len(self._map)
+
+
+class WeightArena:
+    """Transposed (in, out) float32 copies of linear weights in one ``PageArena``, in the order a frame reads
+    them."""
+
+    def __init__(self, layers: list[nn.Linear]) -> None:
+        self._pages = PageArena(sum(PageArena.room(layer.weight.numel() * 4) for layer in layers))
         self._views: dict[nn.Linear, torch.Tensor] = {}
-        offset = 0
         for layer in layers:
             out_features, in_features = layer.weight.shape
-            view = flat[offset:offset + layer.weight.numel()].view(in_features, out_features)
+            view = torch.from_numpy(self._pages.array((in_features, out_features), np.float32))
             view.copy_(layer.weight.detach().t())
             self._views[layer] = view
-            offset += layer.weight.numel()
 
     def linear(self, layer: nn.Linear) -> tuple[torch.Tensor, torch.Tensor]:
         """Return ``layer``'s transposed weight (a view into the arena) and its bias."""
         return self._views[layer], _bias(layer)
 
     def nbytes(self) -> int:
-        return len(self._map)
+        return self._pages.nbytes()
 
 
 class Int8Weights:
@@ -300,6 +321,20 @@ def int8_matmul(x: torch.Tensor, weight: tuple[torch.Tensor, ...], bias: torch.T
     values, scale, unit = weight
     out = torch.addcmul(bias, torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), values, unit).float(), scale)
     return out if residual is None else out.add_(residual)
+
+
+@dataclass(frozen=True)
+class RowBlock:
+    """One block's norm weights (numpy) and its four one-row products (``matvec``), for ``row_block``."""
+
+    ln1_w: np.ndarray
+    ln1_b: np.ndarray
+    attn: Callable[..., np.ndarray]
+    proj: Callable[..., np.ndarray]
+    ln2_w: np.ndarray
+    ln2_b: np.ndarray
+    fc_in: Callable[..., np.ndarray]
+    fc_out: Callable[..., np.ndarray]
 
 
 def _block_weights(block: Block, weights) -> tuple:
@@ -339,16 +374,66 @@ class CpuStep:
         # numpy views of every arena weight and its bias, by the weight's address: a one-row product skips the
         # two tensor-to-array conversions per call (~3 µs each, ~116 products per frame).
         self._arrays = {w.data_ptr(): (w.numpy(), b.numpy()) for w, b in self._arena_pairs()}
-        # The same blocks as numpy arrays, for one row (row_block); int8 blocks keep torch's int8 kernel.
-        self._row_blocks = None if self.int8 else tuple(
-            [tuple(w.numpy() for w in block) for block in blocks] for blocks in (self.global_blocks, self.local_blocks))
+        self.weight_dtype = "int8" if self.int8 else getattr(model, "weight_dtype", "float32")
+        kernels = self._kernels()
+        # One row runs row_block on numpy norms and one-row products (``matvec``): bf16 or int8 weights through
+        # the compiled kernels, float32 through numpy's GEMV; int8 without the kernels keeps torch's int8 kernel.
+        self._row_blocks, self._compact = None, None
+        if kernels is not None:  # the bf16 or int8 tables, in one arena in reading order
+            itemsize = 1 if self.int8 else 2
+            compact = linears + ([] if self.int8 else list(model.audio_lm_heads))
+            self._compact = PageArena(sum(PageArena.room(table_bytes(layer.weight, itemsize)) for layer in compact))
+        if not self.int8 or kernels is not None:
+            self._row_blocks = ([self._row_block(b, kernels, reused=False) for b in model.transformer.h],
+                                [self._row_block(b, kernels, reused=True) for b in model.local_transformer.h])
+        # The heads are not quantized: int8 models read them in float32.
+        self._row_heads = [self._row_product(h, None if self.int8 else kernels) for h in model.audio_lm_heads]
         self._row_finals = tuple(tuple(w.numpy() for w in final) for final in (self.global_final, self.local_final))
         self.compiled = False
         if compile_mode == "on":  # auto = eager: compiled measured slower (module docstring)
-            if self.int8:
-                raise InputError("--compile on compiles the float32 products; with --quantize int8 use "
+            if self.weight_dtype != "float32":
+                flag = "--quantize int8" if self.int8 else "--dtype bfloat16"
+                raise InputError(f"--compile on compiles the float32 products; with {flag} use "
                                  "--compile auto or off")
             self._compile(compile_mode)
+
+    def _kernels(self) -> Optional[MatVecKernels]:
+        """Return the bf16/int8 one-row kernels for a model that stores such weights, else None; where they
+        cannot be built, one warning line says so and what runs instead."""
+        if self.weight_dtype == "float32":
+            return None
+        start = time.perf_counter()
+        try:
+            kernels = MatVecKernels.load()
+        except KernelUnavailable as exc:
+            fallback = ("torch's int8 kernel (bf16 activations)" if self.int8
+                        else "float32 products on the bf16-rounded weights: no faster than --dtype float32")
+            log.warning("%s one-row kernel unavailable: %s; using %s", self.weight_dtype, exc, fallback)
+            return None
+        took = time.perf_counter() - start
+        if took > COMPILE_NOTICE_S:
+            log.warning("compiled the bf16/int8 one-row kernels in %.1f s (once per machine and compiler)", took)
+        return kernels
+
+    def _row_product(self, layer: nn.Linear, kernels: Optional[MatVecKernels], reused: bool = False):
+        """Return ``layer``'s one-row product: bf16 or int8 through ``kernels`` where given, else float32 from
+        the arena. ``reused``: read at every local step (``matvec.Bf16Matrix``)."""
+        if kernels is None:
+            return Fp32Matrix(*self._arrays[self.arena.linear(layer)[0].data_ptr()])
+        if self.int8:
+            product = Int8Matrix(kernels, *int8_rows(layer.weight.detach()), layer.bias, reused, self._compact.array)
+        else:
+            product = Bf16Matrix(kernels, layer.weight, layer.bias, reused, self._compact.array)
+        return product
+
+    def _row_block(self, block: Block, kernels: Optional[MatVecKernels], reused: bool) -> RowBlock:
+        def product(layer: nn.Linear):
+            return self._row_product(layer, kernels, reused)
+
+        return RowBlock(*(w.detach().numpy() for w in (block.ln_1.weight, block.ln_1.bias)),
+                        product(block.attn.c_attn), product(block.attn.c_proj),
+                        *(w.detach().numpy() for w in (block.ln_2.weight, block.ln_2.bias)),
+                        product(block.mlp.fc_in), product(block.mlp.fc_out))
 
     @classmethod
     def build(cls, model: nn.Module, compile_mode: str = "auto") -> Optional["CpuStep"]:
@@ -371,9 +456,17 @@ class CpuStep:
         blocks = [] if self.int8 else self.global_blocks + self.local_blocks
         return [pair for w in blocks for pair in (w[2:4], w[4:6], w[8:10], w[10:12])] + self.heads
 
+    def label(self) -> str:
+        """Return what multiplies a one-slot frame, for reports: ``cpu-blas`` (float32), ``cpu-bf16``, ``cpu-int8``
+        (the compiled kernels), ``+compiled``, or ``-no-kernel`` where the kernels could not be built."""
+        name = {"float32": "cpu-blas", "bfloat16": "cpu-bf16", "int8": "cpu-int8"}[self.weight_dtype]
+        missing = self.weight_dtype != "float32" and self._compact is None
+        return name + ("+compiled" if self.compiled else "") + ("-no-kernel" if missing else "")
+
     def nbytes(self) -> int:
         """Return the bytes of the weight copies (transposed fp32 or int8 values with their scales, and packed)."""
-        return self.arena.nbytes() + self._int8_bytes + self._packed_bytes
+        compact = 0 if self._compact is None else self._compact.nbytes()
+        return self.arena.nbytes() + self._int8_bytes + self._packed_bytes + compact
 
     def _eager_block(self, *args, **kwargs) -> torch.Tensor:
         return block_step(*args, **kwargs, matmul=int8_matmul if self.int8 else self._matmul)
@@ -488,5 +581,7 @@ class CpuStep:
 
     def head(self, channel: int, x: torch.Tensor) -> torch.Tensor:
         """Return audio head ``channel``'s logits (n, V) of (n, E) local hidden states."""
+        if x.shape[0] == 1:
+            return torch.from_numpy(self._row_heads[channel](x.numpy()[0]))[None]
         weight, bias = self.heads[channel]
         return self._matmul(x, weight, bias)

@@ -1,13 +1,21 @@
-"""Int8 weight-only quantization of the LM's transformer blocks, a measured CPU opt-in (``--quantize int8``).
+"""Reduced-precision weights on the CPU, measured opt-ins: int8 (``--quantize int8``) and bf16 (``--dtype bfloat16``).
+
+Int8 weight-only quantization of the LM's transformer blocks:
 
 Each block's linear weights (q|k|v, output projection, MLP; both decoders) are rounded to a symmetric int8 grid
 with one scale per output channel (``scale = max|w| / 127``), and the rounded values are written back into the
 float32 parameters: every path (prefill, the reference algorithm, ``eval_accuracy.py``'s tier A) then computes
 with exactly the quantized weights. The embeddings, the tied heads and the norms stay as loaded. On the CPU
-the frame step (``nano.cpu_step``) multiplies with the int8 weights themselves through torch's
-``_weight_int8pack_mm`` (activations in bfloat16, a quarter of the fp32 weight bytes per frame), so the
-decode adds bf16 activation rounding to the weight rounding that tier A measures.
+the frame step (``nano.cpu_step``) multiplies with the int8 weights themselves (a quarter of the fp32 weight
+bytes per frame): one row through ``nano.matvec``'s kernel in float32 arithmetic, several rows (a prefill, a
+batch of slots) through torch's ``_weight_int8pack_mm``, which rounds their activations to bf16.
 Needs a torch with ``torch.ops.aten._weight_int8pack_mm`` (2.4+); older ones are refused with one line.
+
+bf16 on the CPU (``store_bf16``) means bf16 *weights* and float32 arithmetic: every parameter is rounded to bf16
+(what the official bf16 release holds already, so with it nothing changes) and the model stays float32, so
+activations, sums and the cache keep float32 precision; the frame step reads the weights as bf16 (half the
+bytes, ``nano.matvec``). Torch's own bf16 arithmetic would be no faster here (see ``nano.matvec``) and less
+accurate.
 """
 
 from __future__ import annotations
@@ -41,7 +49,7 @@ def int8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def check_int8(device: torch.device, dtype: torch.dtype) -> None:
     """Raise InputError unless int8 quantization can run for a model in ``dtype`` on ``device`` (before loading)."""
     if device.type != "cpu" or dtype != torch.float32:
-        raise InputError(f"--quantize int8 runs on the CPU in float32 (its kernel's activations are bf16), not "
+        raise InputError(f"--quantize int8 runs on the CPU in float32, not "
                          f"{str(dtype).removeprefix('torch.')} on {device}: use --device cpu --dtype float32")
     if not int8_kernel_available():
         raise InputError(f"--quantize int8 needs torch >= 2.4 (torch.ops.aten._weight_int8pack_mm); this is "
@@ -60,3 +68,24 @@ def quantize_int8(model: nn.Module) -> None:
             values, scale = int8_rows(layer.weight)
             layer.weight.copy_(values.float() * scale[:, None])
     model.quantization = "int8"
+
+
+def store_bf16(model: nn.Module) -> None:
+    """Round every parameter of a float32 CPU ``model`` to its nearest bf16 value in place; mark it
+    ``weight_dtype = "bfloat16"`` (see the module docstring)."""
+    weight = model.local_transformer.ln_f.weight
+    if weight.device.type != "cpu" or weight.dtype != torch.float32:
+        raise InputError(f"bf16 weights with float32 arithmetic are a CPU float32 model's; this one is "
+                         f"{weight.dtype} on {weight.device}")
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.copy_(parameter.to(torch.bfloat16).float())
+    model.weight_dtype = "bfloat16"
+
+
+def dtype_name(model: nn.Module) -> str:
+    """Return the dtype a user asked ``model`` for: ``bfloat16`` for bf16 weights with float32 arithmetic
+    (``store_bf16``), else the parameters' dtype (``float32``, ``bfloat16`` on an accelerator, ...)."""
+    if getattr(model, "weight_dtype", "float32") == "bfloat16":
+        return "bfloat16"
+    return str(next(model.parameters()).dtype).removeprefix("torch.")

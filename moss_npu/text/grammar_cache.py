@@ -24,26 +24,10 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from moss_npu.cache_dir import CACHE_ENV, default_cache_dir
 from moss_npu.text.lookahead import FORMAT_VERSION, SETS_KEPT, Lookahead, relabel
 
 log = logging.getLogger(__name__)
-
-CACHE_ENV = "MOSS_NPU_CACHE_DIR"
-
-
-def default_cache_dir() -> Optional[Path]:
-    """``$MOSS_NPU_CACHE_DIR``, else ``$XDG_CACHE_HOME/moss-npu``, else ``~/.cache/moss-npu``; None when there is no
-    home folder to find (no ``$HOME`` and no user entry: a container's arbitrary user id)."""
-    chosen = os.environ.get(CACHE_ENV)
-    if chosen:
-        return Path(chosen)
-    base = os.environ.get("XDG_CACHE_HOME")
-    if not base:
-        try:
-            base = Path.home() / ".cache"
-        except RuntimeError:
-            return None
-    return Path(base) / "moss-npu"
 
 
 class GrammarCache:

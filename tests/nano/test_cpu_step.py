@@ -13,6 +13,7 @@ from moss_npu.nano import cpu_step
 from moss_npu.nano.checkpoint import load_model
 from moss_npu.nano.cpu_step import CpuStep, WeightArena, blas_matmul
 from moss_npu.nano.decoder import FrameDecoder, RequestParams, generate
+from moss_npu.nano.matvec import Fp32Matrix
 
 from .test_decoder import model, prompts, steer  # noqa: F401 - the tiny steered model and its prompts (fixtures)
 
@@ -49,9 +50,11 @@ def test_row_block_is_block_step_for_one_row(keys, ready_qkv):
                                    eps=1e-5, scale=d ** -0.5, matmul=blas_matmul)
     before = kv.clone()
     cache = kv.numpy()
+    arrays = [w.numpy() for w in weights]
+    block = cpu_step.RowBlock(arrays[0], arrays[1], Fp32Matrix(*arrays[2:4]), Fp32Matrix(*arrays[4:6]), arrays[6],
+                              arrays[7], Fp32Matrix(*arrays[8:10]), Fp32Matrix(*arrays[10:12]))
     out = cpu_step.row_block(x.numpy()[0], rotation.numpy()[0], cache[0, 0], cache[1, 0], position, keys,
-                             None if qkv is None else qkv.numpy()[0], tuple(w.numpy() for w in weights),
-                             heads=heads, eps=1e-5, scale=d ** -0.5)
+                             None if qkv is None else qkv.numpy()[0], block, heads=heads, eps=1e-5, scale=d ** -0.5)
     torch.testing.assert_close(torch.from_numpy(out)[None], expected, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(kv, expected_kv, rtol=1e-5, atol=1e-6)
     written = torch.zeros_like(kv, dtype=torch.bool)
@@ -79,7 +82,7 @@ def test_arena_holds_each_weight_transposed(model):
         weight, bias = arena.linear(layer)
         assert torch.equal(weight, layer.weight.detach().t())
         assert torch.equal(bias, layer.bias.detach() if layer.bias is not None else torch.zeros(weight.shape[1]))
-    assert arena.nbytes() == sum(layer.weight.numel() * 4 for layer in layers)
+    assert arena.nbytes() == sum(cpu_step.PageArena.room(layer.weight.numel() * 4) for layer in layers)
 
 
 def decode(model, prompts, frames, use_cpu_step):

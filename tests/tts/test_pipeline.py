@@ -9,6 +9,7 @@ import torch
 
 from moss_npu import goldens
 from moss_npu.errors import ConfigError, InputError, NumericalError
+from moss_npu.nano.checkpoint import load_model
 from moss_npu.tts import LoadConfig, MossTTSNano, RunConfig
 from moss_npu.tts.settings import load_preset, merge
 
@@ -229,9 +230,12 @@ def test_settings_seed_makes_sampled_runs_repeatable_without_global_state(tts):
 
 @pytest.fixture(scope="module")
 def bf16_tts():
+    """A pipeline whose LM computes in bf16, as on an accelerator (on the CPU ``from_pretrained`` gives bf16
+    weights with float32 arithmetic instead), for the stability fallback that exists for it."""
     if not NANO.is_dir():
         pytest.skip(f"fixtures not found at {NANO} (set MOSS_NPU_FIXTURES)")
-    return MossTTSNano.from_pretrained(str(NANO / "tts"), str(NANO / "codec"), device="cpu", dtype="bfloat16")
+    tts = MossTTSNano.from_pretrained(str(NANO / "tts"), str(NANO / "codec"), device="cpu")
+    return MossTTSNano(load_model(NANO / "tts", device="cpu", dtype=torch.bfloat16), tts.tokenizer, tts.codec)
 
 
 @contextlib.contextmanager
