@@ -72,13 +72,13 @@ def _compiler() -> tuple[str, str]:
     return path, (version.splitlines() or [""])[0]
 
 
-def _build(compiler: str, target: Path) -> None:
+def _build(compiler: str, target: Path, flags: tuple[str, ...]) -> None:
     """Compile ``SOURCE`` into ``target`` through a temporary file beside it (readers never see half a file)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     handle, partial = tempfile.mkstemp(dir=target.parent, prefix=target.stem, suffix=".partial")
     os.close(handle)
     try:
-        done = subprocess.run([compiler, *FLAGS, "-o", partial, str(SOURCE)], capture_output=True, text=True,
+        done = subprocess.run([compiler, *flags, "-o", partial, str(SOURCE)], capture_output=True, text=True,
                               timeout=300)
         if done.returncode != 0:
             first = (done.stderr.strip().splitlines() or ["no message"])[0]
@@ -105,27 +105,28 @@ class MatVecKernels:
             function.argtypes, function.restype = [_POINTER] * 6 + [_LONG, _LONG], None
 
     @classmethod
-    def load(cls, cache: Optional[Path] = None) -> "MatVecKernels":
-        """Return the kernels, compiled into ``cache/kernels`` (default: the user cache) unless already there.
+    def load(cls, cache: Optional[Path] = None, flags: tuple[str, ...] = FLAGS) -> "MatVecKernels":
+        """Return the kernels, compiled with ``flags`` into ``cache/kernels`` (default: the user cache) unless
+        already there.
 
         An unwritable or missing cache folder builds them in a temporary folder for this process instead.
         Raises KernelUnavailable where they cannot be built.
         """
         compiler, version = _compiler()
-        key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(FLAGS), compiler, version,
+        key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(flags), compiler, version,
                                         _cpu_identity()]).encode()).hexdigest()[:16]
         root = cache if cache is not None else default_cache_dir()
         if root is not None:
             target = Path(root) / "kernels" / f"matvec-{key}.so"
             try:
                 if not target.is_file():
-                    _build(compiler, target)
+                    _build(compiler, target, flags)
                 return cls(ctypes.CDLL(str(target)))
             except OSError as exc:  # an unwritable folder, or a damaged file: build privately below
                 log.debug("kernel cache %s unusable (%s); building in a temporary folder", target.parent, exc)
         with tempfile.TemporaryDirectory(prefix="moss-npu-kernels-") as folder:
             target = Path(folder) / f"matvec-{key}.so"
-            _build(compiler, target)
+            _build(compiler, target, flags)
             return cls(ctypes.CDLL(str(target)))  # the mapping outlives the deleted file
 
 

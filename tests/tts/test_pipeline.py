@@ -238,6 +238,24 @@ def bf16_tts():
     return MossTTSNano(load_model(NANO / "tts", device="cpu", dtype=torch.bfloat16), tts.tokenizer, tts.codec)
 
 
+@needs_fixtures
+def test_cpu_bfloat16_is_bf16_weights_with_float32_arithmetic():
+    """On the CPU ``dtype="bfloat16"`` rounds every LM weight to bf16 and keeps float32 arithmetic; it decodes
+    like the float32 pipeline on the rounded weights (the same codes, greedy)."""
+    tts = MossTTSNano.from_pretrained(str(NANO / "tts"), str(NANO / "codec"), device="cpu", dtype="bfloat16")
+    lm = tts.model
+    assert lm.dtype == torch.float32 and lm.weight_dtype == "bfloat16"
+    assert all(torch.equal(p, p.bfloat16().float()) for p in lm.parameters())
+    fp32 = MossTTSNano.from_pretrained(str(NANO / "tts"), str(NANO / "codec"), device="cpu")
+    assert not all(torch.equal(p, p.bfloat16().float()) for p in fp32.model.parameters())
+    with torch.no_grad():
+        for mine, theirs in zip(fp32.model.parameters(), lm.parameters()):
+            mine.copy_(theirs)
+    settings = RunConfig(**GREEDY, max_new_frames=5)
+    assert torch.equal(tts.synthesize("Rounded.", settings=settings).codes,
+                       fp32.synthesize("Rounded.", settings=settings).codes)
+
+
 @contextlib.contextmanager
 def overflow_below_float32(module, after_calls=0):
     """Make ``module`` output NaN when it computes in less than float32 (after ``after_calls`` clean calls), as an

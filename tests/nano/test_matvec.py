@@ -1,0 +1,177 @@
+"""The bf16/int8 one-row kernels (``nano.matvec``) and the CPU step that uses them: the products are the float32
+products with those weights (any shape, AVX-512 or portable C), the kernels build once into the cache and never
+into a half-written file, and a CPU step on bf16 or int8 weights decodes like float32 math on the same weights,
+or falls back with one warning where no kernel can be built."""
+
+import copy
+import logging
+import platform
+
+import numpy as np
+import pytest
+import torch
+
+from moss_npu.errors import InputError
+from moss_npu.nano import matvec
+from moss_npu.nano.cpu_step import CpuStep
+from moss_npu.nano.decoder import FrameDecoder, RequestParams
+from moss_npu.nano.matvec import Bf16Matrix, Int8Matrix, KernelUnavailable, MatVecKernels
+from moss_npu.nano.quantize import dtype_name, int8_rows, quantize_int8, store_bf16
+
+from .test_decoder import model, prompts  # noqa: F401 - the tiny steered model and its prompts (fixtures)
+
+SHAPES = [(64, 16), (40, 24), (17, 33), (96, 200)]  # (out, in): padded columns, row tails of 1-7, several groups
+
+
+@pytest.fixture(scope="module")
+def kernels(tmp_path_factory):
+    try:
+        return MatVecKernels.load(tmp_path_factory.mktemp("kernels"))
+    except KernelUnavailable as exc:
+        pytest.skip(f"no kernels here: {exc}")
+
+
+def _case(out_features, in_features, seed):
+    gen = torch.Generator().manual_seed(seed)
+    weight = torch.randn(out_features, in_features, generator=gen)
+    bias = torch.randn(out_features, generator=gen)
+    x = torch.randn(in_features, generator=gen).numpy()
+    residual = torch.randn(out_features, generator=gen).numpy()
+    return weight, bias, x, residual
+
+
+def _expected(x, weight, bias, residual=None):
+    out = x.astype(np.float64) @ weight.double().numpy().T + bias.double().numpy()
+    return out if residual is None else out + residual
+
+
+@pytest.mark.parametrize("reused", [False, True], ids=["stream", "cached"])
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_bf16_matrix_multiplies_by_the_bf16_rounded_weight(kernels, shape, reused):
+    weight, bias, x, residual = _case(*shape, seed=shape[0])
+    rounded = weight.bfloat16().float()
+    matrix = Bf16Matrix(kernels, weight, bias, reused)
+    np.testing.assert_allclose(matrix(x), _expected(x, rounded, bias), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(matrix(x, residual), _expected(x, rounded, bias, residual), rtol=1e-5, atol=1e-5)
+    assert matrix(x).shape == (shape[0],)
+    assert not np.allclose(matrix(x), _expected(x, weight, bias), rtol=1e-6, atol=1e-6)  # it did round
+
+
+@pytest.mark.parametrize("reused", [False, True], ids=["stream", "cached"])
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_int8_matrix_multiplies_by_the_dequantized_weight(kernels, shape, reused):
+    weight, bias, x, residual = _case(*shape, seed=shape[1])
+    values, scale = int8_rows(weight)
+    matrix = Int8Matrix(kernels, values, scale, bias, reused)
+    dequantized = values.float() * scale[:, None]
+    np.testing.assert_allclose(matrix(x), _expected(x, dequantized, bias), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(matrix(x, residual), _expected(x, dequantized, bias, residual), rtol=1e-5, atol=1e-5)
+    no_bias = Int8Matrix(kernels, values, scale, None, reused)
+    np.testing.assert_allclose(no_bias(x), _expected(x, dequantized, torch.zeros(shape[0])), rtol=1e-5, atol=1e-5)
+
+
+def test_portable_c_gives_the_same_products(kernels, tmp_path):
+    """The vector-extension-free C (what a CPU without AVX-512 runs) agrees with the AVX-512 build."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("-mno-avx512f is an x86 flag")
+    portable = MatVecKernels.load(tmp_path, flags=("-O3", "-march=native", "-mno-avx512f", "-shared", "-fPIC"))
+    weight, bias, x, residual = _case(96, 200, seed=5)
+    values, scale = int8_rows(weight)
+    for reused in (False, True):
+        np.testing.assert_allclose(Bf16Matrix(portable, weight, bias, reused)(x, residual),
+                                   Bf16Matrix(kernels, weight, bias, reused)(x, residual), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(Int8Matrix(portable, values, scale, bias, reused)(x),
+                                   Int8Matrix(kernels, values, scale, bias, reused)(x), rtol=1e-5, atol=1e-5)
+
+
+def test_kernels_build_once_into_the_cache(tmp_path):
+    MatVecKernels.load(tmp_path)
+    built = list((tmp_path / "kernels").iterdir())
+    assert len(built) == 1 and built[0].suffix == ".so"  # no partial files left beside it
+    stamp = built[0].stat().st_mtime_ns
+    MatVecKernels.load(tmp_path)
+    assert list((tmp_path / "kernels").iterdir()) == built and built[0].stat().st_mtime_ns == stamp
+
+
+def test_an_unusable_cache_builds_them_privately(tmp_path):
+    blocked = tmp_path / "file"
+    blocked.write_text("not a folder")  # kernels/ cannot be made under it
+    kernels = MatVecKernels.load(blocked)
+    weight, bias, x, _ = _case(40, 24, seed=1)
+    np.testing.assert_allclose(Bf16Matrix(kernels, weight, bias)(x), _expected(x, weight.bfloat16().float(), bias),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_no_compiler_says_why(monkeypatch, tmp_path):
+    monkeypatch.setenv("CC", "no-such-compiler-here")
+    with pytest.raises(KernelUnavailable, match="no C compiler.*no-such-compiler-here"):
+        MatVecKernels.load(tmp_path)
+
+
+def test_a_failed_build_says_why(monkeypatch, tmp_path):
+    monkeypatch.setattr(matvec, "SOURCE", tmp_path / "broken.c")
+    (tmp_path / "broken.c").write_text("this is not C\n")
+    with pytest.raises(KernelUnavailable, match="compiling broken.c failed"):
+        MatVecKernels.load(tmp_path)
+    assert not any((tmp_path / "kernels").iterdir())
+
+
+def _decode(model, rows, frames, use_cpu_step):
+    decoder = FrameDecoder(model, slots=1, max_len=rows.shape[0] + frames + 1)
+    label = decoder.cpu_step.label()
+    if not use_cpu_step:
+        decoder.cpu_step = None  # the torch modules: float32 math on the same weights
+    decoder.admit(rows, RequestParams(max_new_frames=frames))
+    codes, hidden = [], []
+    while decoder.active_slots:
+        codes.append(decoder.step().codes)
+        hidden.append(decoder.state.hidden.clone())
+    return torch.stack(codes), torch.stack(hidden), label
+
+
+def test_bf16_weights_decode_like_float32_math_on_the_same_weights(model, prompts):
+    rounded = copy.deepcopy(model)
+    store_bf16(rounded)
+    assert rounded.weight_dtype == "bfloat16" and dtype_name(rounded) == "bfloat16"
+    assert all(torch.equal(p, p.bfloat16().float()) for p in rounded.parameters())
+    codes, hidden, label = _decode(rounded, prompts[0], 6, use_cpu_step=True)
+    ref_codes, ref_hidden, _ = _decode(rounded, prompts[0], 6, use_cpu_step=False)
+    assert label == "cpu-bf16"
+    assert torch.equal(codes, ref_codes)
+    torch.testing.assert_close(hidden, ref_hidden, rtol=1e-4, atol=1e-5)
+
+
+def test_int8_one_row_products_are_float32_math(model, prompts):
+    """One slot's frames multiply int8 weights in float32 (no bf16 activations): as close to the torch modules on
+    the same rounded weights as the float32 step is."""
+    quantized = copy.deepcopy(model)
+    quantize_int8(quantized)
+    decoder = FrameDecoder(quantized, slots=1, max_len=256)
+    assert decoder.cpu_step.label() == "cpu-int8"
+    x = torch.randn(1, quantized.config.hidden_size)
+    layer = quantized.local_transformer.h[0].mlp.fc_in
+    product = decoder.cpu_step._row_blocks[1][0].fc_in
+    np.testing.assert_allclose(product(x.numpy()[0]), torch.nn.functional.linear(x, layer.weight, layer.bias)[0],
+                               rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["bf16", "int8"])
+def test_without_kernels_one_warning_and_the_old_path(model, prompts, monkeypatch, caplog, kind):
+    def unavailable(cls, *args, **kwargs):
+        raise KernelUnavailable("no C compiler (test)")
+
+    monkeypatch.setattr(MatVecKernels, "load", classmethod(unavailable))
+    changed = copy.deepcopy(model)
+    (store_bf16 if kind == "bf16" else quantize_int8)(changed)
+    with caplog.at_level(logging.WARNING, logger="moss_npu.nano.cpu_step"):
+        codes, _, label = _decode(changed, prompts[0], 4, use_cpu_step=True)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "no C compiler (test)" in warnings[0]
+    assert label == f"cpu-{kind}-no-kernel" and codes.shape[0] == 4
+
+
+def test_compile_on_is_refused_for_bf16_weights(model):
+    rounded = copy.deepcopy(model)
+    store_bf16(rounded)
+    with pytest.raises(InputError, match="--dtype bfloat16 use --compile auto or off"):
+        CpuStep.build(rounded, "on")
