@@ -119,10 +119,14 @@ class MatVecKernels:
         if root is not None:
             target = Path(root) / "kernels" / f"matvec-{key}.so"
             try:
-                if not target.is_file():
-                    _build(compiler, target, flags)
+                if target.is_file():
+                    try:
+                        return cls(ctypes.CDLL(str(target)))
+                    except OSError:  # a damaged file (truncated, overwritten): build it again
+                        log.warning("kernel cache file %s is damaged; building it again", target)
+                _build(compiler, target, flags)
                 return cls(ctypes.CDLL(str(target)))
-            except OSError as exc:  # an unwritable folder, or a damaged file: build privately below
+            except OSError as exc:  # an unwritable folder: build privately below
                 log.debug("kernel cache %s unusable (%s); building in a temporary folder", target.parent, exc)
         with tempfile.TemporaryDirectory(prefix="moss-npu-kernels-") as folder:
             target = Path(folder) / f"matvec-{key}.so"

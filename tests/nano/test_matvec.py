@@ -5,7 +5,10 @@ or falls back with one warning where no kernel can be built."""
 
 import copy
 import logging
+import os
 import platform
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -100,6 +103,23 @@ def test_an_unusable_cache_builds_them_privately(tmp_path):
     weight, bias, x, _ = _case(40, 24, seed=1)
     np.testing.assert_allclose(Bf16Matrix(kernels, weight, bias)(x), _expected(x, weight.bfloat16().float(), bias),
                                rtol=1e-5, atol=1e-5)
+
+
+def test_a_damaged_cache_file_is_built_again(tmp_path):
+    """A truncated kernel file is compiled again with one warning (in fresh processes: a process never reopens a
+    library it has loaded)."""
+    script = ("import logging, sys, numpy, torch; logging.basicConfig(); from moss_npu.nano.matvec import *; "
+              "k = MatVecKernels.load(sys.argv[1]); "
+              "print(Bf16Matrix(k, torch.ones(32, 8), None)(numpy.ones(8, numpy.float32))[0])")
+    first = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, check=True)
+    (built,) = (tmp_path / "kernels").iterdir()
+    damaged = tmp_path / "damaged"
+    damaged.write_bytes(built.read_bytes()[:100])
+    os.replace(damaged, built)
+    again = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, check=True)
+    assert first.stdout == again.stdout == "8.0\n"
+    assert "is damaged" not in first.stderr and again.stderr.count("is damaged; building it again") == 1
+    assert built.stat().st_size > 100 and list((tmp_path / "kernels").iterdir()) == [built]
 
 
 def test_no_compiler_says_why(monkeypatch, tmp_path):
