@@ -384,8 +384,8 @@ class CpuStep:
             compact = linears + ([] if self.int8 else list(model.audio_lm_heads))
             self._compact = PageArena(sum(PageArena.room(table_bytes(layer.weight, itemsize)) for layer in compact))
         if not self.int8 or kernels is not None:
-            self._row_blocks = ([self._row_block(b, kernels, reused=False) for b in model.transformer.h],
-                                [self._row_block(b, kernels, reused=True) for b in model.local_transformer.h])
+            self._row_blocks = tuple([self._row_block(b, kernels) for b in blocks]
+                                     for blocks in (model.transformer.h, model.local_transformer.h))
         # The heads are not quantized: int8 models read them in float32.
         self._row_heads = [self._row_product(h, None if self.int8 else kernels) for h in model.audio_lm_heads]
         self._row_finals = tuple(tuple(w.numpy() for w in final) for final in (self.global_final, self.local_final))
@@ -415,20 +415,20 @@ class CpuStep:
             log.warning("compiled the bf16/int8 one-row kernels in %.1f s (once per machine and compiler)", took)
         return kernels
 
-    def _row_product(self, layer: nn.Linear, kernels: Optional[MatVecKernels], reused: bool = False):
+    def _row_product(self, layer: nn.Linear, kernels: Optional[MatVecKernels]):
         """Return ``layer``'s one-row product: bf16 or int8 through ``kernels`` where given, else float32 from
-        the arena. ``reused``: read at every local step (``matvec.Bf16Matrix``)."""
+        the arena."""
         if kernels is None:
             return Fp32Matrix(*self._arrays[self.arena.linear(layer)[0].data_ptr()])
         if self.int8:
-            product = Int8Matrix(kernels, *int8_rows(layer.weight.detach()), layer.bias, reused, self._compact.array)
+            product = Int8Matrix(kernels, *int8_rows(layer.weight.detach()), layer.bias, self._compact.array)
         else:
-            product = Bf16Matrix(kernels, layer.weight, layer.bias, reused, self._compact.array)
+            product = Bf16Matrix(kernels, layer.weight, layer.bias, self._compact.array)
         return product
 
-    def _row_block(self, block: Block, kernels: Optional[MatVecKernels], reused: bool) -> RowBlock:
+    def _row_block(self, block: Block, kernels: Optional[MatVecKernels]) -> RowBlock:
         def product(layer: nn.Linear):
-            return self._row_product(layer, kernels, reused)
+            return self._row_product(layer, kernels)
 
         return RowBlock(*(w.detach().numpy() for w in (block.ln_1.weight, block.ln_1.bias)),
                         product(block.attn.c_attn), product(block.attn.c_proj),

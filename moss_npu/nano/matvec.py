@@ -36,7 +36,8 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("matvec.c")
 FLAGS = ("-O3", "-march=native", "-shared", "-fPIC")
-GROUP = 32  # output columns per kernel step (matvec.c): matrices are padded to a multiple
+TILE = 256  # output columns per tile (matvec.c): matrices are padded to a multiple
+GROUP = 32  # bf16 columns interleaved together in a tile row (matvec.c)
 _POINTER, _LONG = ctypes.c_void_p, ctypes.c_long
 Allocate = Callable[[tuple, type], np.ndarray]  # (shape, dtype) -> an uninitialized array (np.empty's contract)
 
@@ -96,13 +97,9 @@ class MatVecKernels:
 
     def __init__(self, library: ctypes.CDLL) -> None:
         self._library = library
-        # name -> (weights streamed once per frame, weights read again and again): see matvec.c
-        self.bf16 = (library.matvec_bf16_stream, library.matvec_bf16_cached)
-        self.int8 = (library.matvec_int8_stream, library.matvec_int8_cached)
-        for function in self.bf16:
-            function.argtypes, function.restype = [_POINTER] * 5 + [_LONG, _LONG], None
-        for function in self.int8:
-            function.argtypes, function.restype = [_POINTER] * 6 + [_LONG, _LONG], None
+        self.bf16, self.int8 = library.matvec_bf16, library.matvec_int8
+        self.bf16.argtypes, self.bf16.restype = [_POINTER] * 5 + [_LONG, _LONG], None
+        self.int8.argtypes, self.int8.restype = [_POINTER] * 6 + [_LONG, _LONG], None
 
     @classmethod
     def load(cls, cache: Optional[Path] = None, flags: tuple[str, ...] = FLAGS) -> "MatVecKernels":
@@ -135,7 +132,13 @@ class MatVecKernels:
 
 
 def _padded(columns: int) -> int:
-    return -(-columns // GROUP) * GROUP
+    return -(-columns // TILE) * TILE
+
+
+def _tiles(table: np.ndarray) -> np.ndarray:
+    """Return an (in, padded out) table as matvec.c's tiles: (out / TILE, in, TILE), contiguous."""
+    rows, columns = table.shape
+    return np.ascontiguousarray(table.reshape(rows, columns // TILE, TILE).transpose(1, 0, 2))
 
 
 def table_bytes(weight: torch.Tensor, itemsize: int) -> int:
@@ -152,23 +155,22 @@ def _pad_vector(values: Optional[torch.Tensor], columns: int) -> np.ndarray:
 
 class Bf16Matrix:
     """``x @ weightᵀ + bias (+ residual)`` for one float32 row, the weight held as bf16 (exact for a weight whose
-    values are bf16 already, rounded to nearest otherwise), laid out for ``matvec_bf16``. ``reused``: the weight
-    is read many times per frame (the local decoder's), so it is likely in cache, which another kernel suits;
-    ``allocate`` gives the table's memory (``cpu_step.PageArena``: huge pages)."""
+    values are bf16 already, rounded to nearest otherwise), in ``matvec_bf16``'s tiles; ``allocate`` gives the
+    table's memory (``cpu_step.PageArena``: huge pages)."""
 
     def __init__(self, kernels: MatVecKernels, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                 reused: bool = False, allocate: Allocate = np.empty) -> None:
+                 allocate: Allocate = np.empty) -> None:
         out_features, self.in_features = weight.shape
         self.out_features, padded = out_features, _padded(out_features)
         table = torch.zeros(self.in_features, padded, dtype=torch.bfloat16)
         table[:, :out_features] = weight.detach().t()
         # Interleave each group of 32 columns [c0, c16, c1, c17, ...] (matvec.c's layout).
         grouped = table.view(self.in_features, padded // GROUP, 2, GROUP // 2).transpose(2, 3)
-        self.values = allocate((self.in_features, padded), np.uint16)
-        self.values[...] = grouped.contiguous().view(torch.int16).numpy().view(np.uint16).reshape(self.in_features,
-                                                                                                  padded)
+        interleaved = grouped.contiguous().view(torch.int16).numpy().view(np.uint16).reshape(self.in_features, padded)
+        self.values = allocate((padded // TILE, self.in_features, TILE), np.uint16)
+        self.values[...] = _tiles(interleaved)
         self.bias = _pad_vector(bias, out_features)
-        self._call, self._weight_at, self._bias_at = kernels.bf16[reused], self.values.ctypes.data, self.bias.ctypes.data
+        self._call, self._weight_at, self._bias_at = kernels.bf16, self.values.ctypes.data, self.bias.ctypes.data
 
     def __call__(self, x: np.ndarray, residual: Optional[np.ndarray] = None) -> np.ndarray:
         """Return the (out,) product of a float32 row ``x`` (in,); ``residual`` (out,) is added."""
@@ -183,17 +185,18 @@ class Bf16Matrix:
 class Int8Matrix:
     """``x @ (values · scale)ᵀ + bias (+ residual)`` for one float32 row, with int8 ``values`` (out, in) and
     per-output float32 ``scale``: the quantized weight (``nano.quantize``) in a quarter of the bytes.
-    ``reused`` and ``allocate`` (where the table goes) as for ``Bf16Matrix``."""
+    ``allocate`` as for ``Bf16Matrix``."""
 
     def __init__(self, kernels: MatVecKernels, values: torch.Tensor, scale: torch.Tensor,
-                 bias: Optional[torch.Tensor], reused: bool = False, allocate: Allocate = np.empty) -> None:
+                 bias: Optional[torch.Tensor], allocate: Allocate = np.empty) -> None:
         out_features, self.in_features = values.shape
         self.out_features, padded = out_features, _padded(out_features)
-        self.values = allocate((self.in_features, padded), np.int8)
-        self.values[:, out_features:] = 0
-        self.values[:, :out_features] = values.t().numpy()
+        table = np.zeros((self.in_features, padded), np.int8)
+        table[:, :out_features] = values.t().numpy()
+        self.values = allocate((padded // TILE, self.in_features, TILE), np.int8)
+        self.values[...] = _tiles(table)
         self.scale, self.bias = _pad_vector(scale, out_features), _pad_vector(bias, out_features)
-        self._call = kernels.int8[reused]
+        self._call = kernels.int8
         self._pointers = (self.values.ctypes.data, self.scale.ctypes.data, self.bias.ctypes.data)
 
     def __call__(self, x: np.ndarray, residual: Optional[np.ndarray] = None) -> np.ndarray:
