@@ -38,7 +38,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from moss_npu.errors import InputError
-from moss_npu.nano.matvec import (Bf16Matrix, Fp32Matrix, Int8Matrix, KernelUnavailable, MatVecKernels,
+from moss_npu.nano.matvec import (BlasGemv, Bf16Tiles, Fp32Tiles, Int8Tiles, KernelUnavailable, MatVecKernels,
                                   table_bytes)
 from moss_npu.nano.model import Block
 from moss_npu.nano.quantize import block_linears, int8_rows
@@ -375,56 +375,60 @@ class CpuStep:
         # two tensor-to-array conversions per call (~3 µs each, ~116 products per frame).
         self._arrays = {w.data_ptr(): (w.numpy(), b.numpy()) for w, b in self._arena_pairs()}
         self.weight_dtype = "int8" if self.int8 else getattr(model, "weight_dtype", "float32")
+        self.compiled = False
+        if compile_mode == "on" and self.weight_dtype != "float32":
+            flag = "--quantize int8" if self.int8 else "--dtype bfloat16"
+            raise InputError(f"--compile on compiles the float32 products; with {flag} use --compile auto or off")
+        # One row runs row_block on numpy norms and one-row products in the tiled formats of ``matvec`` (float32,
+        # bf16 or int8 as the model stores its weights; the heads are never quantized), all in one arena in
+        # reading order. Without the compiled kernels: numpy's GEMV on the float32 arena, and for int8 torch's
+        # int8 kernel in the torch block.
         kernels = self._kernels()
-        # One row runs row_block on numpy norms and one-row products (``matvec``): bf16 or int8 weights through
-        # the compiled kernels, float32 through numpy's GEMV; int8 without the kernels keeps torch's int8 kernel.
-        self._row_blocks, self._compact = None, None
-        if kernels is not None:  # the bf16 or int8 tables, in one arena in reading order
-            itemsize = 1 if self.int8 else 2
-            compact = linears + ([] if self.int8 else list(model.audio_lm_heads))
-            self._compact = PageArena(sum(PageArena.room(table_bytes(layer.weight, itemsize)) for layer in compact))
+        self._row_blocks, self._tiles = None, None
+        if kernels is not None:
+            heads = list(model.audio_lm_heads)
+            self._tiles = PageArena(sum(PageArena.room(table_bytes(layer.weight, self._itemsize(layer in heads)))
+                                        for layer in linears + heads))
         if not self.int8 or kernels is not None:
             self._row_blocks = tuple([self._row_block(b, kernels) for b in blocks]
                                      for blocks in (model.transformer.h, model.local_transformer.h))
-        # The heads are not quantized: int8 models read them in float32.
-        self._row_heads = [self._row_product(h, None if self.int8 else kernels) for h in model.audio_lm_heads]
+        self._row_heads = [self._row_product(h, kernels, head=True) for h in model.audio_lm_heads]
         self._row_finals = tuple(tuple(w.numpy() for w in final) for final in (self.global_final, self.local_final))
-        self.compiled = False
         if compile_mode == "on":  # auto = eager: compiled measured slower (module docstring)
-            if self.weight_dtype != "float32":
-                flag = "--quantize int8" if self.int8 else "--dtype bfloat16"
-                raise InputError(f"--compile on compiles the float32 products; with {flag} use "
-                                 "--compile auto or off")
             self._compile(compile_mode)
 
+    def _itemsize(self, head: bool) -> int:
+        """Bytes per stored weight value: int8 1 (its heads 4: not quantized), bf16 2, float32 4."""
+        return {"int8": 4 if head else 1, "bfloat16": 2, "float32": 4}[self.weight_dtype]
+
     def _kernels(self) -> Optional[MatVecKernels]:
-        """Return the bf16/int8 one-row kernels for a model that stores such weights, else None; where they
-        cannot be built, one warning line says so and what runs instead."""
-        if self.weight_dtype == "float32":
-            return None
+        """Return the one-row kernels (``matvec``), or None where they cannot be built: with one warning line for
+        bf16 or int8 weights, which lose their speed (float32 falls back to numpy's GEMV, a little slower)."""
         start = time.perf_counter()
         try:
             kernels = MatVecKernels.load()
         except KernelUnavailable as exc:
+            if self.weight_dtype == "float32":
+                log.info("one-row kernels unavailable (%s); one-slot frames use numpy's GEMV", exc)
+                return None
             fallback = ("torch's int8 kernel (bf16 activations)" if self.int8
                         else "float32 products on the bf16-rounded weights: no faster than --dtype float32")
-            log.warning("%s one-row kernel unavailable: %s; using %s", self.weight_dtype, exc, fallback)
+            log.warning("%s one-row kernels unavailable: %s; using %s", self.weight_dtype, exc, fallback)
             return None
         took = time.perf_counter() - start
         if took > COMPILE_NOTICE_S:
-            log.warning("compiled the bf16/int8 one-row kernels in %.1f s (once per machine and compiler)", took)
+            log.warning("compiled the one-row CPU kernels in %.1f s (once per machine and compiler)", took)
         return kernels
 
-    def _row_product(self, layer: nn.Linear, kernels: Optional[MatVecKernels]):
-        """Return ``layer``'s one-row product: bf16 or int8 through ``kernels`` where given, else float32 from
-        the arena."""
+    def _row_product(self, layer: nn.Linear, kernels: Optional[MatVecKernels], head: bool = False):
+        """Return ``layer``'s one-row product: tiles through ``kernels`` where given, else numpy's GEMV on the
+        float32 arena (int8 blocks: ``_row_blocks`` is then None and this is not asked)."""
         if kernels is None:
-            return Fp32Matrix(*self._arrays[self.arena.linear(layer)[0].data_ptr()])
-        if self.int8:
-            product = Int8Matrix(kernels, *int8_rows(layer.weight.detach()), layer.bias, self._compact.array)
-        else:
-            product = Bf16Matrix(kernels, layer.weight, layer.bias, self._compact.array)
-        return product
+            return BlasGemv(*self._arrays[self.arena.linear(layer)[0].data_ptr()])
+        if self.int8 and not head:
+            return Int8Tiles(kernels, *int8_rows(layer.weight.detach()), layer.bias, self._tiles.array)
+        tiles = Bf16Tiles if self.weight_dtype == "bfloat16" else Fp32Tiles
+        return tiles(kernels, layer.weight, layer.bias, self._tiles.array)
 
     def _row_block(self, block: Block, kernels: Optional[MatVecKernels]) -> RowBlock:
         def product(layer: nn.Linear):
@@ -457,16 +461,17 @@ class CpuStep:
         return [pair for w in blocks for pair in (w[2:4], w[4:6], w[8:10], w[10:12])] + self.heads
 
     def label(self) -> str:
-        """Return what multiplies a one-slot frame, for reports: ``cpu-blas`` (float32), ``cpu-bf16``, ``cpu-int8``
-        (the compiled kernels), ``+compiled``, or ``-no-kernel`` where the kernels could not be built."""
-        name = {"float32": "cpu-blas", "bfloat16": "cpu-bf16", "int8": "cpu-int8"}[self.weight_dtype]
-        missing = self.weight_dtype != "float32" and self._compact is None
+        """Return what multiplies a one-slot frame, for reports: ``cpu-fp32``, ``cpu-bf16``, ``cpu-int8`` (the
+        stored weights, through ``matvec``'s kernels), ``+compiled``, or ``-no-kernel`` where the kernels could not
+        be built (numpy's GEMV, or torch's int8 kernel)."""
+        name = {"float32": "cpu-fp32", "bfloat16": "cpu-bf16", "int8": "cpu-int8"}[self.weight_dtype]
+        missing = self._tiles is None
         return name + ("+compiled" if self.compiled else "") + ("-no-kernel" if missing else "")
 
     def nbytes(self) -> int:
         """Return the bytes of the weight copies (transposed fp32 or int8 values with their scales, and packed)."""
-        compact = 0 if self._compact is None else self._compact.nbytes()
-        return self.arena.nbytes() + self._int8_bytes + self._packed_bytes + compact
+        tiles = 0 if self._tiles is None else self._tiles.nbytes()
+        return self.arena.nbytes() + self._int8_bytes + self._packed_bytes + tiles
 
     def _eager_block(self, *args, **kwargs) -> torch.Tensor:
         return block_step(*args, **kwargs, matmul=int8_matmul if self.int8 else self._matmul)

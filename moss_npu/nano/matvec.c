@@ -77,6 +77,36 @@ static void int8_tile(const float *x, const int8_t *tile, float *sums, long in) 
 #endif
 }
 
+/* sums[0..TILE) = Σ_i x[i] · tile[i] for one float32 tile (in rows of TILE values). */
+static void f32_tile(const float *x, const float *tile, float *sums, long in) {
+#if defined(__AVX512F__)
+    __m512 acc[TILE / 16];
+    for (int a = 0; a < TILE / 16; a++) acc[a] = _mm512_setzero_ps();
+    for (long i = 0; i < in; i++) {
+        const __m512 xi = _mm512_set1_ps(x[i]);
+        const float *row = tile + i * TILE;
+        for (int a = 0; a < TILE / 16; a++) acc[a] = _mm512_fmadd_ps(xi, _mm512_loadu_ps(row + 16 * a), acc[a]);
+    }
+    for (int a = 0; a < TILE / 16; a++) _mm512_storeu_ps(sums + 16 * a, acc[a]);
+#else
+    memset(sums, 0, TILE * sizeof(float));
+    for (long i = 0; i < in; i++) {
+        const float xi = x[i];
+        const float *row = tile + i * TILE;
+        for (int j = 0; j < TILE; j++) sums[j] += xi * row[j];
+    }
+#endif
+}
+
+/* y = x · W + bias (+ residual), W in float32 tiles; `out` a multiple of TILE; bias and residual may be NULL. */
+void matvec_f32(const float *x, const float *w, const float *bias, const float *residual, float *y, long in,
+                long out) {
+    for (long j = 0; j < out; j += TILE) {
+        f32_tile(x, w + j * in, y + j, in);
+        for (long c = j; c < j + TILE; c++) y[c] += (bias ? bias[c] : 0.0f) + (residual ? residual[c] : 0.0f);
+    }
+}
+
 /* y = x · W + bias (+ residual), W in bf16 tiles; `out` a multiple of TILE; bias and residual may be NULL. */
 void matvec_bf16(const float *x, const uint16_t *w, const float *bias, const float *residual, float *y,
                  long in, long out) {

@@ -13,7 +13,7 @@ from moss_npu.nano import cpu_step
 from moss_npu.nano.checkpoint import load_model
 from moss_npu.nano.cpu_step import CpuStep, WeightArena, blas_matmul
 from moss_npu.nano.decoder import FrameDecoder, RequestParams, generate
-from moss_npu.nano.matvec import Fp32Matrix
+from moss_npu.nano.matvec import BlasGemv
 
 from .test_decoder import model, prompts, steer  # noqa: F401 - the tiny steered model and its prompts (fixtures)
 
@@ -51,8 +51,8 @@ def test_row_block_is_block_step_for_one_row(keys, ready_qkv):
     before = kv.clone()
     cache = kv.numpy()
     arrays = [w.numpy() for w in weights]
-    block = cpu_step.RowBlock(arrays[0], arrays[1], Fp32Matrix(*arrays[2:4]), Fp32Matrix(*arrays[4:6]), arrays[6],
-                              arrays[7], Fp32Matrix(*arrays[8:10]), Fp32Matrix(*arrays[10:12]))
+    block = cpu_step.RowBlock(arrays[0], arrays[1], BlasGemv(*arrays[2:4]), BlasGemv(*arrays[4:6]), arrays[6],
+                              arrays[7], BlasGemv(*arrays[8:10]), BlasGemv(*arrays[10:12]))
     out = cpu_step.row_block(x.numpy()[0], rotation.numpy()[0], cache[0, 0], cache[1, 0], position, keys,
                              None if qkv is None else qkv.numpy()[0], block, heads=heads, eps=1e-5, scale=d ** -0.5)
     torch.testing.assert_close(torch.from_numpy(out)[None], expected, rtol=1e-5, atol=1e-5)

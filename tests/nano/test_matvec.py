@@ -18,7 +18,7 @@ from moss_npu.errors import InputError
 from moss_npu.nano import matvec
 from moss_npu.nano.cpu_step import CpuStep
 from moss_npu.nano.decoder import FrameDecoder, RequestParams
-from moss_npu.nano.matvec import Bf16Matrix, Int8Matrix, KernelUnavailable, MatVecKernels
+from moss_npu.nano.matvec import Bf16Tiles, Fp32Tiles, Int8Tiles, KernelUnavailable, MatVecKernels
 from moss_npu.nano.quantize import dtype_name, int8_rows, quantize_int8, store_bf16
 
 from .test_decoder import model, prompts  # noqa: F401 - the tiny steered model and its prompts (fixtures)
@@ -49,10 +49,20 @@ def _expected(x, weight, bias, residual=None):
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_bf16_matrix_multiplies_by_the_bf16_rounded_weight(kernels, shape):
+def test_fp32_tiles_multiply_by_the_weight(kernels, shape):
+    weight, bias, x, residual = _case(*shape, seed=shape[0] + 1)
+    matrix = Fp32Tiles(kernels, weight, bias)
+    np.testing.assert_allclose(matrix(x), _expected(x, weight, bias), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(matrix(x, residual), _expected(x, weight, bias, residual), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(Fp32Tiles(kernels, weight, None)(x), _expected(x, weight, torch.zeros(shape[0])),
+                               rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_bf16_tiles_multiply_by_the_bf16_rounded_weight(kernels, shape):
     weight, bias, x, residual = _case(*shape, seed=shape[0])
     rounded = weight.bfloat16().float()
-    matrix = Bf16Matrix(kernels, weight, bias)
+    matrix = Bf16Tiles(kernels, weight, bias)
     np.testing.assert_allclose(matrix(x), _expected(x, rounded, bias), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(matrix(x, residual), _expected(x, rounded, bias, residual), rtol=1e-5, atol=1e-5)
     assert matrix(x).shape == (shape[0],)
@@ -60,14 +70,14 @@ def test_bf16_matrix_multiplies_by_the_bf16_rounded_weight(kernels, shape):
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_int8_matrix_multiplies_by_the_dequantized_weight(kernels, shape):
+def test_int8_tiles_multiply_by_the_dequantized_weight(kernels, shape):
     weight, bias, x, residual = _case(*shape, seed=shape[1])
     values, scale = int8_rows(weight)
-    matrix = Int8Matrix(kernels, values, scale, bias)
+    matrix = Int8Tiles(kernels, values, scale, bias)
     dequantized = values.float() * scale[:, None]
     np.testing.assert_allclose(matrix(x), _expected(x, dequantized, bias), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(matrix(x, residual), _expected(x, dequantized, bias, residual), rtol=1e-5, atol=1e-5)
-    no_bias = Int8Matrix(kernels, values, scale, None)
+    no_bias = Int8Tiles(kernels, values, scale, None)
     np.testing.assert_allclose(no_bias(x), _expected(x, dequantized, torch.zeros(shape[0])), rtol=1e-5, atol=1e-5)
 
 
@@ -78,10 +88,12 @@ def test_portable_c_gives_the_same_products(kernels, tmp_path):
     portable = MatVecKernels.load(tmp_path, flags=("-O3", "-march=native", "-mno-avx512f", "-shared", "-fPIC"))
     weight, bias, x, residual = _case(300, 200, seed=5)
     values, scale = int8_rows(weight)
-    np.testing.assert_allclose(Bf16Matrix(portable, weight, bias)(x, residual),
-                               Bf16Matrix(kernels, weight, bias)(x, residual), rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(Int8Matrix(portable, values, scale, bias)(x),
-                               Int8Matrix(kernels, values, scale, bias)(x), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(Bf16Tiles(portable, weight, bias)(x, residual),
+                               Bf16Tiles(kernels, weight, bias)(x, residual), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(Fp32Tiles(portable, weight, bias)(x, residual),
+                               Fp32Tiles(kernels, weight, bias)(x, residual), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(Int8Tiles(portable, values, scale, bias)(x),
+                               Int8Tiles(kernels, values, scale, bias)(x), rtol=1e-5, atol=1e-5)
 
 
 def test_kernels_build_once_into_the_cache(tmp_path):
@@ -98,7 +110,7 @@ def test_an_unusable_cache_builds_them_privately(tmp_path):
     blocked.write_text("not a folder")  # kernels/ cannot be made under it
     kernels = MatVecKernels.load(blocked)
     weight, bias, x, _ = _case(40, 24, seed=1)
-    np.testing.assert_allclose(Bf16Matrix(kernels, weight, bias)(x), _expected(x, weight.bfloat16().float(), bias),
+    np.testing.assert_allclose(Bf16Tiles(kernels, weight, bias)(x), _expected(x, weight.bfloat16().float(), bias),
                                rtol=1e-5, atol=1e-5)
 
 
@@ -107,7 +119,7 @@ def test_a_damaged_cache_file_is_built_again(tmp_path):
     library it has loaded)."""
     script = ("import logging, sys, numpy, torch; logging.basicConfig(); from moss_npu.nano.matvec import *; "
               "k = MatVecKernels.load(sys.argv[1]); "
-              "print(Bf16Matrix(k, torch.ones(32, 8), None)(numpy.ones(8, numpy.float32))[0])")
+              "print(Bf16Tiles(k, torch.ones(32, 8), None)(numpy.ones(8, numpy.float32))[0])")
     first = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, check=True)
     (built,) = (tmp_path / "kernels").iterdir()
     damaged = tmp_path / "damaged"
@@ -172,18 +184,20 @@ def test_int8_one_row_products_are_float32_math(model, prompts):
                                rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("kind", ["bf16", "int8"])
+@pytest.mark.parametrize("kind", ["fp32", "bf16", "int8"])
 def test_without_kernels_one_warning_and_the_old_path(model, prompts, monkeypatch, caplog, kind):
+    """bf16 and int8 say that they lost their speed; float32 (numpy's GEMV, a little slower) says nothing."""
     def unavailable(cls, *args, **kwargs):
         raise KernelUnavailable("no C compiler (test)")
 
     monkeypatch.setattr(MatVecKernels, "load", classmethod(unavailable))
     changed = copy.deepcopy(model)
-    (store_bf16 if kind == "bf16" else quantize_int8)(changed)
+    if kind != "fp32":
+        (store_bf16 if kind == "bf16" else quantize_int8)(changed)
     with caplog.at_level(logging.WARNING, logger="moss_npu.nano.cpu_step"):
         codes, _, label = _decode(changed, prompts[0], 4, use_cpu_step=True)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1 and "no C compiler (test)" in warnings[0]
+    assert len(warnings) == (kind != "fp32") and all("no C compiler (test)" in w for w in warnings)
     assert label == f"cpu-{kind}-no-kernel" and codes.shape[0] == 4
 
 
