@@ -295,6 +295,18 @@ class WeightArena:
         return self._pages.nbytes()
 
 
+class ModelWeights:
+    """The model's own linear weights as transposed (in, out) views, no copy: ``WeightArena``'s interface for a
+    CPU step whose one-row products have their own tiles (``matvec``)."""
+
+    def linear(self, layer: nn.Linear) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return ``layer``'s weight as an (in, out) view and its bias."""
+        return layer.weight.detach().t(), _bias(layer)
+
+    def nbytes(self) -> int:
+        return 0
+
+
 class Int8Weights:
     """The int8 values, float32 scales and bias of each block linear of an int8-quantized model (``quantize``),
     for ``int8_matmul``: a quarter of the fp32 weight bytes a frame streams."""
@@ -353,8 +365,17 @@ class CpuStep:
     def __init__(self, model: nn.Module, compile_mode: str) -> None:
         cfg = model.config.gpt2_config
         self.int8 = getattr(model, "quantization", "none") == "int8"
+        self.weight_dtype = "int8" if self.int8 else getattr(model, "weight_dtype", "float32")
+        self.compiled = False
+        if compile_mode == "on" and self.weight_dtype != "float32":
+            flag = "--quantize int8" if self.int8 else "--dtype bfloat16"
+            raise InputError(f"--compile on compiles the float32 products; with {flag} use --compile auto or off")
+        kernels = self._kernels()
         linears = block_linears(model)
-        self.arena = WeightArena((linears if not self.int8 else []) + list(model.audio_lm_heads))
+        # numpy's GEMV (no kernels) and the compiled blocks read a transposed float32 copy; with the kernels' tiles
+        # the torch blocks (several rows: packed copies or GEMM) read the model's own weights as well.
+        copied = (linears if not self.int8 else []) + list(model.audio_lm_heads)
+        self.arena = WeightArena(copied) if kernels is None or compile_mode == "on" else ModelWeights()
         weights = Int8Weights(linears) if self.int8 else self.arena
         self.global_blocks = [_block_weights(b, weights) for b in model.transformer.h]
         self.local_blocks = [_block_weights(b, weights) for b in model.local_transformer.h]
@@ -374,16 +395,10 @@ class CpuStep:
         # numpy views of every arena weight and its bias, by the weight's address: a one-row product skips the
         # two tensor-to-array conversions per call (~3 µs each, ~116 products per frame).
         self._arrays = {w.data_ptr(): (w.numpy(), b.numpy()) for w, b in self._arena_pairs()}
-        self.weight_dtype = "int8" if self.int8 else getattr(model, "weight_dtype", "float32")
-        self.compiled = False
-        if compile_mode == "on" and self.weight_dtype != "float32":
-            flag = "--quantize int8" if self.int8 else "--dtype bfloat16"
-            raise InputError(f"--compile on compiles the float32 products; with {flag} use --compile auto or off")
         # One row runs row_block on numpy norms and one-row products in the tiled formats of ``matvec`` (float32,
         # bf16 or int8 as the model stores its weights; the heads are never quantized), all in one arena in
         # reading order. Without the compiled kernels: numpy's GEMV on the float32 arena, and for int8 torch's
         # int8 kernel in the torch block.
-        kernels = self._kernels()
         self._row_blocks, self._tiles = None, None
         if kernels is not None:
             heads = list(model.audio_lm_heads)
