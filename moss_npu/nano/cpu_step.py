@@ -1,23 +1,25 @@
-"""The frame decoder's transformer blocks for float32 on the CPU: BLAS matrix-vector products, optionally compiled.
+"""The frame decoder's transformer blocks on the CPU: one-row products in tiles, optionally compiled.
 
 A frame at batch 1 is ~116 matrix-vector products over ~750 MB of fp32 weights, so its speed is the bandwidth
-of those products plus the cost of the ~700 small ops around them. On the CPU torch routes a one-row
-``F.linear`` to MKL's GEMM, which on AMD and other non-Intel CPUs streams the weights at about half the rate of
-the OpenBLAS GEMV bundled with numpy (≈13 vs ≈23 GB/s on a 2-vCPU EPYC, one thread). ``CpuStep`` therefore
-keeps every decode-step weight transposed to (in, out) and contiguous (the layout OpenBLAS streams fastest; one
-extra copy of the LM's linear weights, ~420 MB for the real model). One slot's row runs through numpy on views
-of it, the small operations between the products included (``row_block``: ~1 µs per operation where a torch
-one costs 5–20; frames 5–10 % faster measured); several rows (a batch of slots, or a prompt's prefill:
-``block_rows``) multiply through oneDNN with the weights packed (``moss_npu.packed``). An int8-quantized model
-(``nano.quantize``) multiplies its blocks through torch's int8 weight-only kernel instead (``int8_matmul``).
+of those products plus the cost of the ~700 small ops around them. One slot's row runs through numpy, the
+small operations between the products included (``row_block``: ~1 µs per operation where a torch one costs
+5–20), and its products through ``nano.matvec``'s kernels, which stream each weight once from tiles laid out
+for them (one more copy of the LM's linear weights in the format the model stores: float32, bf16 for
+``--dtype bfloat16``, int8 for ``--quantize int8``; one ``PageArena`` on huge pages, in reading order). Where
+no C compiler builds the kernels, one slot's products are numpy's OpenBLAS GEMV on a transposed float32 copy
+(``WeightArena``; torch's one-row ``F.linear`` goes to MKL's GEMM, which on AMD and other non-Intel CPUs
+streams at about half that rate). Several rows (a batch of slots, or a prompt's prefill: ``block_rows``)
+multiply through oneDNN with the weights packed (``moss_npu.packed``), an int8 model's through torch's int8
+weight-only kernel (``int8_matmul``).
 The block math for torch is written once, functionally (``block_step``: the same as ``model.Block`` on one new
-row per slot, with the tanh GELU the decode steps use), so that with ``compile`` torch.compile (inductor) turns each
-block's small ops into a few fused kernels: one graph serves every block of both decoders (the weights are
-inputs), the products stay BLAS calls through a custom op and RoPE is real arithmetic. Compiling needs ``torch.library.custom_op``
-(torch >= 2.4); without it, or when compiling fails, the blocks run eagerly (one log line). Measured on a
-2-vCPU EPYC (torch 2.13, real-size model, 1 thread): eager 36–38 ms per frame, compiled 51–54 ms after a 31 s
-first compile (the custom op's dispatch and the guards cost more than the fused small ops save), so
-``--compile auto`` runs eagerly and ``on`` is there to measure it again on other machines and torch versions.
+row per slot, with the tanh GELU the decode steps use), so that with ``compile`` torch.compile (inductor) turns
+each block's small ops into a few fused kernels: one graph serves every block of both decoders (the weights are
+inputs), the products stay BLAS calls through a custom op and RoPE is real arithmetic. Compiling needs
+``torch.library.custom_op`` (torch >= 2.4); without it, or when compiling fails, the blocks run eagerly (one log
+line). Measured on a 2-vCPU EPYC (torch 2.13, real-size model, 1 thread): eager 36–38 ms per frame with numpy's
+GEMV, compiled 51–54 ms after a 31 s first compile (the custom op's dispatch and the guards cost more than the
+fused small ops save), and the tiles 30–34 ms; so ``--compile auto`` runs eagerly and ``on`` is there to
+measure it again on other machines and torch versions (float32 only: it compiles the BLAS products).
 Results agree with the torch path to float rounding (another summation order), not bit for bit.
 Shapes: n slots, E hidden, H heads, D head dim, M cache rows, T keys attended.
 """
