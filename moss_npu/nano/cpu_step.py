@@ -432,9 +432,9 @@ class CpuStep:
                         else "float32 products on the bf16-rounded weights: no faster than --dtype float32")
             log.warning("%s one-row kernels unavailable: %s; using %s", self.weight_dtype, exc, fallback)
             return None
-        took = time.perf_counter() - start
-        if took > COMPILE_NOTICE_S:
-            log.warning("compiled the one-row CPU kernels in %.1f s (once per machine and compiler)", took)
+        if kernels.built is not None:
+            log.warning("compiled the one-row CPU kernels in %.1f s (once per CPU and compiler; kept in %s)",
+                        time.perf_counter() - start, kernels.built)
         return kernels
 
     def _row_product(self, layer: nn.Linear, kernels: Optional[MatVecKernels], head: bool = False):

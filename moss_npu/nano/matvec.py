@@ -99,8 +99,9 @@ def _build(compiler: str, target: Path, flags: tuple[str, ...]) -> None:
 class MatVecKernels:
     """The compiled kernels of ``matvec.c`` (``load``), called by ``Bf16Tiles`` and ``Int8Tiles``."""
 
-    def __init__(self, library: ctypes.CDLL) -> None:
+    def __init__(self, library: ctypes.CDLL, built: Optional[str] = None) -> None:
         self._library = library
+        self.built = built  # where this load compiled them ("a temporary folder" when private), None if cached
         self.f32, self.bf16, self.int8 = library.matvec_f32, library.matvec_bf16, library.matvec_int8
         for function in (self.f32, self.bf16):
             function.argtypes, function.restype = [_POINTER] * 5 + [_LONG, _LONG], None
@@ -127,23 +128,17 @@ class MatVecKernels:
                     except OSError:  # a damaged file (truncated, overwritten): build it again
                         log.warning("kernel cache file %s is damaged; building it again", target)
                 _build(compiler, target, flags)
-                return cls(ctypes.CDLL(str(target)))
+                return cls(ctypes.CDLL(str(target)), built=str(target.parent))
             except OSError as exc:  # an unwritable folder: build privately below
                 log.debug("kernel cache %s unusable (%s); building in a temporary folder", target.parent, exc)
         with tempfile.TemporaryDirectory(prefix="moss-npu-kernels-") as folder:
             target = Path(folder) / f"matvec-{key}.so"
             _build(compiler, target, flags)
-            return cls(ctypes.CDLL(str(target)))  # the mapping outlives the deleted file
+            return cls(ctypes.CDLL(str(target)), built="a temporary folder")  # the mapping outlives the file
 
 
 def _padded(columns: int) -> int:
     return -(-columns // TILE) * TILE
-
-
-def _tiles(table: np.ndarray) -> np.ndarray:
-    """Return an (in, padded out) table as matvec.c's tiles: (out / TILE, in, TILE), contiguous."""
-    rows, columns = table.shape
-    return np.ascontiguousarray(table.reshape(rows, columns // TILE, TILE).transpose(1, 0, 2))
 
 
 def table_bytes(weight: torch.Tensor, itemsize: int) -> int:
@@ -170,19 +165,23 @@ def _fitted(residual: np.ndarray, length: int) -> np.ndarray:
 class _Tiles:
     """A weight in one of matvec.c's tiled formats, multiplied by one float32 row at a time (``__call__``).
 
-    ``table`` (in, ≥ out) holds the stored values of the ``out_features`` columns (float32, bf16 bits, int8),
-    copied into memory from ``allocate`` (``cpu_step.PageArena``: huge pages); ``extra`` are the kernel's
+    ``weight`` (out, in) holds the stored values (float32, bf16 bits, int8), copied once into memory from
+    ``allocate`` (``cpu_step.PageArena``: huge pages) as tiles: (out / TILE, in, TILE), the columns padded with
+    zeros; ``order`` rearranges each tile row's columns (bf16's interleave). ``extra`` are the kernel's
     per-column vectors before the bias (int8's scales).
     """
 
-    def __init__(self, call, table: np.ndarray, out_features: int, bias: Optional[torch.Tensor],
-                 allocate: Allocate, *extra: np.ndarray) -> None:
-        self.in_features, self.out_features = table.shape[0], out_features
-        self._columns = _padded(out_features)
-        padded = np.zeros((self.in_features, self._columns), table.dtype)
-        padded[:, :table.shape[1]] = table
-        self.values = allocate((self._columns // TILE, self.in_features, TILE), table.dtype)
-        self.values[...] = _tiles(padded)
+    def __init__(self, call, weight: torch.Tensor, bias: Optional[torch.Tensor], allocate: Allocate,
+                 *extra: np.ndarray, order: Callable[[torch.Tensor], torch.Tensor] = lambda rows: rows) -> None:
+        self.out_features, self.in_features = weight.shape
+        self._columns = _padded(self.out_features)
+        if self._columns != self.out_features:
+            weight = torch.cat([weight, weight.new_zeros(self._columns - self.out_features, self.in_features)])
+        rows = order(weight.view(self._columns // TILE, TILE, self.in_features).transpose(1, 2))  # (tiles, in, TILE)
+        bits = rows.dtype == torch.bfloat16
+        self.values = allocate(tuple(rows.shape), np.uint16 if bits else rows.numpy().dtype)
+        target = torch.from_numpy(self.values.view(np.int16) if bits else self.values)
+        target.copy_(rows.view(torch.int16) if bits else rows)  # torch's blocked transpose: ~10x numpy's here
         self._vectors = (*extra, _pad_vector(bias, self.out_features))  # kept alive: the kernel reads them
         self._call, self._pointers = call, (self.values.ctypes.data, *(v.ctypes.data for v in self._vectors))
 
@@ -203,7 +202,13 @@ class Fp32Tiles(_Tiles):
 
     def __init__(self, kernels: MatVecKernels, weight: torch.Tensor, bias: Optional[torch.Tensor],
                  allocate: Allocate = np.empty) -> None:
-        super().__init__(kernels.f32, weight.detach().float().t().numpy(), weight.shape[0], bias, allocate)
+        super().__init__(kernels.f32, weight.detach().float(), bias, allocate)
+
+
+def _interleave(rows: torch.Tensor) -> torch.Tensor:
+    """Each group of 32 columns of (tiles, in, TILE) ``rows`` as [c0, c16, c1, c17, ...] (matvec.c's bf16)."""
+    tiles, in_features, _ = rows.shape
+    return rows.reshape(tiles, in_features, TILE // GROUP, 2, GROUP // 2).transpose(3, 4)
 
 
 class Bf16Tiles(_Tiles):
@@ -212,14 +217,8 @@ class Bf16Tiles(_Tiles):
 
     def __init__(self, kernels: MatVecKernels, weight: torch.Tensor, bias: Optional[torch.Tensor],
                  allocate: Allocate = np.empty) -> None:
-        out_features, in_features = weight.shape
-        columns = _padded(out_features)
-        table = torch.zeros(in_features, columns, dtype=torch.bfloat16)
-        table[:, :out_features] = weight.detach().t()
-        # Interleave each group of 32 columns [c0, c16, c1, c17, ...] (matvec.c's layout).
-        grouped = table.view(in_features, columns // GROUP, 2, GROUP // 2).transpose(2, 3).contiguous()
-        bits = grouped.view(torch.int16).numpy().view(np.uint16).reshape(in_features, columns)
-        super().__init__(kernels.bf16, bits, out_features, bias, allocate)
+        super().__init__(kernels.bf16, weight.detach().to(torch.bfloat16), bias, allocate,
+                         order=lambda rows: _interleave(rows).reshape(rows.shape))
 
 
 class Int8Tiles(_Tiles):
@@ -228,8 +227,7 @@ class Int8Tiles(_Tiles):
 
     def __init__(self, kernels: MatVecKernels, values: torch.Tensor, scale: torch.Tensor,
                  bias: Optional[torch.Tensor], allocate: Allocate = np.empty) -> None:
-        super().__init__(kernels.int8, values.t().numpy(), values.shape[0], bias, allocate,
-                         _pad_vector(scale, values.shape[0]))
+        super().__init__(kernels.int8, values, bias, allocate, _pad_vector(scale, values.shape[0]))
 
 
 class BlasGemv:

@@ -97,11 +97,11 @@ def test_portable_c_gives_the_same_products(kernels, tmp_path):
 
 
 def test_kernels_build_once_into_the_cache(tmp_path):
-    MatVecKernels.load(tmp_path)
+    assert MatVecKernels.load(tmp_path).built == str(tmp_path / "kernels")
     built = list((tmp_path / "kernels").iterdir())
     assert len(built) == 1 and built[0].suffix == ".so"  # no partial files left beside it
     stamp = built[0].stat().st_mtime_ns
-    MatVecKernels.load(tmp_path)
+    assert MatVecKernels.load(tmp_path).built is None
     assert list((tmp_path / "kernels").iterdir()) == built and built[0].stat().st_mtime_ns == stamp
 
 
@@ -206,3 +206,13 @@ def test_compile_on_is_refused_for_bf16_weights(model):
     store_bf16(rounded)
     with pytest.raises(InputError, match="--dtype bfloat16 use --compile auto or off"):
         CpuStep.build(rounded, "on")
+
+
+def test_the_first_build_says_so_once(model, monkeypatch, tmp_path, caplog):
+    monkeypatch.setenv("MOSS_NPU_CACHE_DIR", str(tmp_path))
+    for expected in (1, 0):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="moss_npu.nano.cpu_step"):
+            assert CpuStep.build(model).label() == "cpu-fp32"
+        lines = [r.getMessage() for r in caplog.records if "compiled the one-row CPU kernels" in r.getMessage()]
+        assert len(lines) == expected and all(str(tmp_path / "kernels") in line for line in lines)
