@@ -74,6 +74,7 @@ class GrammarCuts:
         self._to_boundary = to_boundary
         self._arcs: dict[int, tuple[Arc, ...]] = {}
         self._labelled: dict[int, dict[int, tuple[Arc, ...]]] = {}
+        self._next: dict[int, dict[int, States]] = {}  # per state, per input label: the next states of its arcs
         self._reached: dict[tuple[int, Optional[int]], States] = {}
         self.start = fst.start
         self.boundary = self._find_boundary() if boundary is None else boundary
@@ -192,6 +193,16 @@ class GrammarCuts:
             table = self._labelled[state] = {label: tuple(arcs) for label, arcs in table.items()}
         return table.get(label, ())
 
+    def _successors(self, state: int) -> dict[int, States]:
+        """The next states of ``state``'s arcs by input label (what the scan reads: no weights, no outputs)."""
+        found = self._next.get(state)
+        if found is None:
+            arcs: dict[int, list[int]] = {}
+            for label, _, _, nxt in self.arcs(state):
+                arcs.setdefault(label, []).append(nxt)
+            found = self._next[state] = {label: tuple(nexts) for label, nexts in arcs.items()}
+        return found
+
     def _find_boundary(self) -> Optional[int]:
         """A state, other than the start, whose token-name insertions equal the start's (or, for a grammar that
         inserts nothing there, that has every arc of the start); the first of them: any such state is sound,
@@ -231,8 +242,10 @@ class GrammarCuts:
         found = self._reached.get(key)
         if found is None:
             out, stack = {state}, [state]
+            table, successors = self._next, self._successors
             while stack:
-                for _, _, _, nxt in self.by_label(stack.pop(), EPSILON):
+                s = stack.pop()
+                for nxt in (table.get(s) or successors(s)).get(EPSILON, ()):
                     if nxt != avoid and nxt not in out:
                         out.add(nxt)
                         stack.append(nxt)
@@ -241,10 +254,16 @@ class GrammarCuts:
 
     def _read(self, states: Iterable[int], data: bytes) -> set[int]:
         """States after reading ``data`` from ``states`` (epsilon moves allowed between bytes, none after)."""
+        table, successors = self._next, self._successors
         for k, byte in enumerate(data):
             if k:
                 states = self._closure(states, avoid=None)
-            states = {arc[3] for s in states for arc in self.by_label(s, byte)}
+            after: set[int] = set()
+            for s in states:
+                found = (table.get(s) or successors(s)).get(byte)
+                if found:
+                    after.update(found)
+            states = after
         return states
 
     def _advance(self, open_states: States, char: str) -> tuple[States, bool]:
