@@ -86,7 +86,10 @@ class GrammarCuts:
         self._bypassed: dict[tuple[States, str], tuple[States, bool]] = {}
         self._from_boundary: dict[str, tuple[States, bool]] = {}
         self._boundary_prefix: dict[bytes, States] = {}
-        self._advanced: dict[tuple[int, str], tuple[States, bool]] = {}
+        # Per unit read, per open state: the open states after it and whether the boundary is reachable then
+        # (dicts by state, so that an open set is looked up in one ``map``, not state by state in Python).
+        self._advanced: dict[str, tuple[dict[int, States], dict[int, bool]]] = {}
+        self._advanced_entries = 0
         self._forced: dict[tuple[int, str], Optional[Path]] = {}
 
     def cut_positions(self, text: Sequence[str]) -> list[int]:
@@ -269,18 +272,22 @@ class GrammarCuts:
     def _advance(self, open_states: States, char: str) -> tuple[States, bool]:
         """Read ``char`` from the open states (no boundary on the way before it): the open states after it and
         whether the boundary is reachable after it (state by state: reading distributes over a union)."""
-        after: set[int] = set()
-        reached = False
-        for state in open_states:
-            key = (state, char)
-            found = self._advanced.get(key)
-            if found is None:
-                make_room(self._advanced)
-                found = self._split(self._read(self._reach(state, self.boundary), char.encode("utf-8")))
-                self._advanced[key] = found
-            after.update(found[0])
-            reached = reached or found[1]
-        return tuple(sorted(after)), reached
+        if self._advanced_entries >= MEMO_LIMIT:
+            self._advanced.clear()
+            self._advanced_entries = 0
+        memo = self._advanced.get(char)
+        if memo is None:
+            memo = self._advanced[char] = ({}, {})
+        nexts, reaches = memo
+        found = list(map(nexts.get, open_states))
+        if None in found:
+            data = char.encode("utf-8")
+            for i, state in enumerate(open_states):
+                if found[i] is None:
+                    after, reaches[state] = self._split(self._read(self._reach(state, self.boundary), data))
+                    found[i] = nexts[state] = after
+                    self._advanced_entries += 1
+        return tuple(sorted(set().union(*found))), any(map(reaches.__getitem__, open_states))
 
     def _split(self, states: set[int]) -> tuple[States, bool]:
         z = self.boundary
