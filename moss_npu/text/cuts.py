@@ -344,6 +344,7 @@ class GrammarCuts:
 
 
 def _sorted_union(a: States, b: States) -> States:
+    """The union of two sorted state tuples, sorted (one of them itself when the other is empty)."""
     if not b:
         return a
     if not a:
