@@ -467,12 +467,11 @@ class _LatticeSums:
     states in topological order from the seed arc's end, and its distinct arc weights. The same whatever the
     seed (only the seed arc's weight changes), so it is read out of OpenFst once per piece."""
 
-    def __init__(self, order: tuple[tuple[int, tuple[np.float32, ...], tuple[int, ...]], ...], first: int,
+    def __init__(self, order: tuple[tuple[int, tuple[tuple[np.float32, int], ...]], ...], first: int,
                  weights: frozenset[float]) -> None:
-        """``order``: per state its arcs' weights and next states (tuples, not lists, which the garbage collector
-        stops following after one pass)."""
+        """``order``: tuples, not lists, which the garbage collector stops following after one pass."""
         self.order, self.first, self.weights = order, first, weights
-        self.arcs = sum(len(nexts) for _, _, nexts in order)
+        self.arcs = sum(len(arcs) for _, arcs in order)
 
     @classmethod
     def of(cls, lattice: Any) -> Optional["_LatticeSums"]:
@@ -489,11 +488,13 @@ class _LatticeSums:
         if order is None or start in order:
             return None
         weights = frozenset(weight for s in order for weight, _ in arcs[s])
-        scalars = list(np.array([w for s in order for w, _ in arcs[s]], np.float32))  # float32 scalars, made at once
+        flat = [arc for s in order for arc in arcs[s]]
+        # (float32 weight, next state) pairs, the weights made in one numpy call
+        pairs = list(zip(np.array([w for w, _ in flat], np.float32), [nxt for _, nxt in flat]))
         rows, at = [], 0
         for s in order:
             count = len(arcs[s])
-            rows.append((s, tuple(scalars[at:at + count]), tuple(nxt for _, nxt in arcs[s])))
+            rows.append((s, tuple(pairs[at:at + count])))
             at += count
         return cls(tuple(rows), first, weights)
 
@@ -509,9 +510,9 @@ class _LatticeSums:
             return None
         low = high = np.float32(seed)
         best = {self.first: low}
-        for s, arc_weights, nexts in self.order:
+        for s, arcs in self.order:
             here = best[s]
-            for weight, nxt in zip(arc_weights, nexts):
+            for weight, nxt in arcs:
                 value = here + weight
                 if value < low:
                     low = value
