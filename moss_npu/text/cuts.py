@@ -293,7 +293,7 @@ class GrammarCuts:
         z = self.boundary
         if self._to_boundary is not None:
             flags = self._to_boundary
-            reached = any(flags[s] for s in states)
+            reached = any(map(flags.__getitem__, states))
         else:
             reached = z in states or z in self._closure(states - {z}, avoid=None)
         return tuple(sorted(states - {z})), reached
