@@ -278,6 +278,7 @@ class GrammarCuts:
         memo = self._advanced.get(char)
         if memo is None:
             memo = self._advanced[char] = ({}, {})
+            self._advanced_entries += 1  # a verbalizer meets endless tokens: their tables count too
         nexts, reaches = memo
         found = list(map(nexts.get, open_states))
         if None in found:
