@@ -42,7 +42,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 
@@ -55,7 +55,9 @@ Path = tuple[bytes, tuple[float, ...]]  # the output bytes and the non-zero arc 
 
 
 Arc = tuple[int, int, float, int]  # input label, output label, weight, next state
-_ScanState = tuple[frozenset[int], bool]  # open states, boundary reachable
+States = tuple[int, ...]  # a set of FST states, sorted: a tuple of ints, which the garbage collector stops
+# following after one pass (a frozenset it walks on every full collection, and the memo tables hold ~100,000)
+_ScanState = tuple[States, bool]  # open states, boundary reachable
 
 
 class GrammarCuts:
@@ -72,15 +74,22 @@ class GrammarCuts:
         self._to_boundary = to_boundary
         self._arcs: dict[int, tuple[Arc, ...]] = {}
         self._labelled: dict[int, dict[int, tuple[Arc, ...]]] = {}
-        self._reached: dict[tuple[int, Optional[int]], frozenset[int]] = {}
+        self._next: dict[int, dict[int, States]] = {}  # per state, per input label: the next states of its arcs
+        self._reached: dict[tuple[int, Optional[int]], States] = {}
         self.start = fst.start
         self.boundary = self._find_boundary() if boundary is None else boundary
-        self._step: dict[tuple[_ScanState, str], tuple[bool, _ScanState, Optional[frozenset[int]]]] = {}
-        self._interned: dict[_ScanState, _ScanState] = {}
-        self._bypassed: dict[tuple[frozenset[int], str], tuple[frozenset[int], bool]] = {}
-        self._from_boundary: dict[str, tuple[frozenset[int], bool]] = {}
-        self._boundary_prefix: dict[bytes, frozenset[int]] = {}
-        self._advanced: dict[tuple[int, str], tuple[frozenset[int], bool]] = {}
+        # The scan's states by number (``_scan_states[n]``, ``_numbered[state] == n``), so that the step
+        # memo's keys are (number, character) pairs, cheap to hash.
+        self._scan_states: list[_ScanState] = []
+        self._numbered: dict[_ScanState, int] = {}
+        self._step: dict[tuple[int, str], tuple[bool, int, Optional[States]]] = {}
+        self._bypassed: dict[tuple[States, str], tuple[States, bool]] = {}
+        self._from_boundary: dict[str, tuple[States, bool]] = {}
+        self._boundary_prefix: dict[bytes, States] = {}
+        # Per unit read, per open state: the open states after it and whether the boundary is reachable then
+        # (dicts by state, so that an open set is looked up in one ``map``, not state by state in Python).
+        self._advanced: dict[str, tuple[dict[int, States], dict[int, bool]]] = {}
+        self._advanced_entries = 0
         self._forced: dict[tuple[int, str], Optional[Path]] = {}
 
     def cut_positions(self, text: Sequence[str]) -> list[int]:
@@ -95,15 +104,14 @@ class GrammarCuts:
         cuts: list[int] = []
         if self.boundary is None:
             return cuts
-        state: _ScanState = (frozenset([self.start]), False)
-        pending: list[tuple[int, frozenset[int]]] = []  # candidates and their paths, not yet through the boundary
+        state = self._number(((self.start,), False))
+        pending: list[tuple[int, States]] = []  # candidates and their paths, not yet through the boundary
         for i, unit in enumerate(text):
-            key = (state, unit)
-            step = self._step.get(key)
+            step = self._step.get((state, unit))
             if step is None:
-                make_room(self._step)
-                make_room(self._interned)
-                step = self._step[key] = self._scan_step(state, unit)
+                if len(self._step) >= MEMO_LIMIT or len(self._numbered) >= MEMO_LIMIT:
+                    state = self._renumber(state)
+                step = self._step[state, unit] = self._scan_step(self._scan_states[state], unit)
             cut, state, bypass = step
             pending = self._follow(pending, unit, cuts)
             if i and cut:
@@ -113,8 +121,24 @@ class GrammarCuts:
                 del pending[:-CANDIDATES_FOLLOWED]  # an older one given up is just not a cut
         return sorted(cuts)
 
-    def _follow(self, pending: list[tuple[int, frozenset[int]]], unit: str,
-                cuts: list[int]) -> list[tuple[int, frozenset[int]]]:
+    def _number(self, state: _ScanState) -> int:
+        """The number of a scan state (given one when first met)."""
+        found = self._numbered.get(state)
+        if found is None:
+            found = self._numbered[state] = len(self._scan_states)
+            self._scan_states.append(state)
+        return found
+
+    def _renumber(self, current: int) -> int:
+        """Empty the step memo and the state numbers (grown to ``MEMO_LIMIT``); the new number of ``current``."""
+        state = self._scan_states[current]
+        self._step.clear()
+        self._numbered.clear()
+        self._scan_states.clear()
+        return self._number(state)
+
+    def _follow(self, pending: list[tuple[int, States]], unit: str,
+                cuts: list[int]) -> list[tuple[int, States]]:
         """Read ``unit`` on each candidate's paths: a candidate whose paths all end is a cut (added to ``cuts``),
         one from whose paths the boundary is reachable is not; the others stay pending."""
         still = []
@@ -133,16 +157,16 @@ class GrammarCuts:
                 cuts.append(at)
         return still
 
-    def _scan_step(self, state: _ScanState, unit: str) -> tuple[bool, _ScanState, Optional[frozenset[int]]]:
+    def _scan_step(self, state: _ScanState, unit: str) -> tuple[bool, int, Optional[States]]:
         """Whether a cut lies before ``unit`` in ``state`` (the open states and whether the boundary is
-        reachable), the state after it (interned, so that its hash is worked out once), and, where the
-        boundary is reachable but some open state reads ``unit`` around it, the states those paths reach."""
+        reachable), the number of the state after it, and, where the boundary is reachable but some open
+        state reads ``unit`` around it, the states those paths reach."""
         open_states, at_boundary = state
         after_open, boundary_after_open = self._advance(open_states, unit)
-        from_z, boundary_again = self._from_boundary_read(unit) if at_boundary else (frozenset(), False)
-        after = (after_open | from_z, boundary_after_open or boundary_again)
+        from_z, boundary_again = self._from_boundary_read(unit) if at_boundary else ((), False)
+        after = (_sorted_union(after_open, from_z), boundary_after_open or boundary_again)
         bypass = after_open if at_boundary and after_open and not boundary_after_open else None
-        return at_boundary and not after_open, self._interned.setdefault(after, after), bypass
+        return at_boundary and not after_open, self._number(after), bypass
 
     def forced(self, state: int, piece: str) -> Optional[Path]:
         """The single tagger path that reads ``piece`` from ``state`` and arrives at the boundary, or None when
@@ -172,6 +196,16 @@ class GrammarCuts:
             table = self._labelled[state] = {label: tuple(arcs) for label, arcs in table.items()}
         return table.get(label, ())
 
+    def _successors(self, state: int) -> dict[int, States]:
+        """The next states of ``state``'s arcs by input label (what the scan reads: no weights, no outputs)."""
+        found = self._next.get(state)
+        if found is None:
+            arcs: dict[int, list[int]] = {}
+            for label, _, _, nxt in self.arcs(state):
+                arcs.setdefault(label, []).append(nxt)
+            found = self._next[state] = {label: tuple(nexts) for label, nexts in arcs.items()}
+        return found
+
     def _find_boundary(self) -> Optional[int]:
         """A state, other than the start, whose token-name insertions equal the start's (or, for a grammar that
         inserts nothing there, that has every arc of the start); the first of them: any such state is sound,
@@ -199,60 +233,73 @@ class GrammarCuts:
             return None
         return found[0]
 
-    def _closure(self, states: set[int] | frozenset[int], avoid: Optional[int], strict: bool = False) -> set[int]:
+    def _closure(self, states: Iterable[int], avoid: Optional[int], strict: bool = False) -> set[int]:
         """States reachable by epsilon arcs (never entering ``avoid``); ``strict`` leaves the sources out."""
         if strict:
-            return set().union(*(self._reach(s, avoid) - {s} for s in states))
+            return {t for s in states for t in self._reach(s, avoid) if t != s}
         return set(states).union(*(self._reach(s, avoid) for s in states))
 
-    def _reach(self, state: int, avoid: Optional[int]) -> frozenset[int]:
+    def _reach(self, state: int, avoid: Optional[int]) -> States:
         """``state`` and the states its epsilon arcs lead to (never entering ``avoid``), memoized."""
         key = (state, avoid)
         found = self._reached.get(key)
         if found is None:
             out, stack = {state}, [state]
+            table, successors = self._next, self._successors
             while stack:
-                for _, _, _, nxt in self.by_label(stack.pop(), EPSILON):
+                s = stack.pop()
+                for nxt in (table.get(s) or successors(s)).get(EPSILON, ()):
                     if nxt != avoid and nxt not in out:
                         out.add(nxt)
                         stack.append(nxt)
-            found = self._reached[key] = frozenset(out)
+            found = self._reached[key] = tuple(sorted(out))
         return found
 
-    def _read(self, states: set[int], data: bytes) -> set[int]:
+    def _read(self, states: Iterable[int], data: bytes) -> set[int]:
         """States after reading ``data`` from ``states`` (epsilon moves allowed between bytes, none after)."""
+        table, successors = self._next, self._successors
         for k, byte in enumerate(data):
             if k:
                 states = self._closure(states, avoid=None)
-            states = {arc[3] for s in states for arc in self.by_label(s, byte)}
+            after: set[int] = set()
+            for s in states:
+                found = (table.get(s) or successors(s)).get(byte)
+                if found:
+                    after.update(found)
+            states = after
         return states
 
-    def _advance(self, open_states: frozenset[int], char: str) -> tuple[frozenset[int], bool]:
+    def _advance(self, open_states: States, char: str) -> tuple[States, bool]:
         """Read ``char`` from the open states (no boundary on the way before it): the open states after it and
         whether the boundary is reachable after it (state by state: reading distributes over a union)."""
-        after: set[int] = set()
-        reached = False
-        for state in open_states:
-            key = (state, char)
-            found = self._advanced.get(key)
-            if found is None:
-                make_room(self._advanced)
-                found = self._split(self._read(self._reach(state, self.boundary), char.encode("utf-8")))
-                self._advanced[key] = found
-            after |= found[0]
-            reached = reached or found[1]
-        return frozenset(after), reached
+        if self._advanced_entries >= MEMO_LIMIT:
+            self._advanced.clear()
+            self._advanced_entries = 0
+        memo = self._advanced.get(char)
+        if memo is None:
+            memo = self._advanced[char] = ({}, {})
+            self._advanced_entries += 1  # a verbalizer meets endless tokens: their tables count too
+        nexts, reaches = memo
+        found = list(map(nexts.get, open_states))
+        if None in found:
+            data = char.encode("utf-8")
+            for i, state in enumerate(open_states):
+                if found[i] is None:
+                    after, reaches[state] = self._split(self._read(self._reach(state, self.boundary), data))
+                    found[i] = nexts[state] = after
+                    self._advanced_entries += 1
+        return tuple(sorted(set().union(*found))), any(map(reaches.__getitem__, open_states))
 
-    def _split(self, states: set[int]) -> tuple[frozenset[int], bool]:
+    def _split(self, states: set[int]) -> tuple[States, bool]:
         z = self.boundary
         if self._to_boundary is not None:
             flags = self._to_boundary
-            reached = any(flags[s] for s in states)
+            reached = any(map(flags.__getitem__, states))
         else:
             reached = z in states or z in self._closure(states - {z}, avoid=None)
-        return frozenset(states - {z}), reached
+        return tuple(sorted(states - {z})), reached
 
-    def _from_boundary_read(self, char: str) -> tuple[frozenset[int], bool]:
+    def _from_boundary_read(self, char: str) -> tuple[States, bool]:
         """Read ``char`` from the boundary: the states after it (the boundary left out) and whether the boundary
         is reachable after it. Reads byte by byte, each prefix memoized: characters share their first bytes."""
         found = self._from_boundary.get(char)
@@ -263,8 +310,8 @@ class GrammarCuts:
                 prefix = data[:k]
                 known = self._boundary_prefix.get(prefix)
                 if known is None:
-                    known = frozenset(self._read(states if k == 1 else self._closure(states, avoid=None),
-                                                 prefix[-1:]))
+                    known = tuple(sorted(self._read(states if k == 1 else self._closure(states, avoid=None),
+                                                    prefix[-1:])))
                     make_room(self._boundary_prefix)
                     self._boundary_prefix[prefix] = known
                 states = known
@@ -295,6 +342,15 @@ class GrammarCuts:
             return None
         labels, weights = found[0]
         return bytes(labels), tuple(weights)
+
+
+def _sorted_union(a: States, b: States) -> States:
+    """The union of two sorted state tuples, sorted (one of them itself when the other is empty)."""
+    if not b:
+        return a
+    if not a:
+        return b
+    return tuple(sorted({*a, *b}))
 
 
 def make_room(memo: dict) -> None:
@@ -412,8 +468,9 @@ class _LatticeSums:
     states in topological order from the seed arc's end, and its distinct arc weights. The same whatever the
     seed (only the seed arc's weight changes), so it is read out of OpenFst once per piece."""
 
-    def __init__(self, order: list[tuple[int, list[tuple[np.float32, int]]]], first: int,
+    def __init__(self, order: tuple[tuple[int, tuple[tuple[np.float32, int], ...]], ...], first: int,
                  weights: frozenset[float]) -> None:
+        """``order``: tuples, not lists, which the garbage collector stops following after one pass."""
         self.order, self.first, self.weights = order, first, weights
         self.arcs = sum(len(arcs) for _, arcs in order)
 
@@ -432,7 +489,15 @@ class _LatticeSums:
         if order is None or start in order:
             return None
         weights = frozenset(weight for s in order for weight, _ in arcs[s])
-        return cls([(s, [(np.float32(w), nxt) for w, nxt in arcs[s]]) for s in order], first, weights)
+        flat = [arc for s in order for arc in arcs[s]]
+        # (float32 weight, next state) pairs, the weights made in one numpy call
+        pairs = list(zip(np.array([w for w, _ in flat], np.float32), [nxt for _, nxt in flat]))
+        rows, at = [], 0
+        for s in order:
+            count = len(arcs[s])
+            rows.append((s, tuple(pairs[at:at + count])))
+            at += count
+        return cls(tuple(rows), first, weights)
 
     def reading(self, seed: float, output: bytes, total: float) -> Optional[_Reading]:
         """Redo the search's sums from ``seed`` (float32, OpenFst's order: the seed arc, then each arc from a

@@ -2,6 +2,7 @@
 
 import pytest
 
+from moss_npu.text import cuts as cuts_module
 from moss_npu.text.cuts import PieceCache, _LatticeSums, add_weights
 from moss_npu.text.wetext import Grammar, Grammars, _best_output, _lightest, _Restrictions
 
@@ -34,6 +35,18 @@ def test_a_cut_is_found_where_the_paths_around_the_boundary_all_end(needs_wetext
     # every reading passes the boundary before "or" and "after", so the number pieces end there
     assert text.index(" or") in cuts and text.index(" after") in cuts and text.index("after") in cuts
     assert tagger.best(text) == _best_output(text, tagger._fst)[0]
+
+
+@pytest.mark.parametrize("language", sorted(TEXTS))
+def test_memo_tables_emptied_mid_scan_give_the_same_cuts(needs_wetext, monkeypatch, language):
+    text = TEXTS[language]
+    tagger = Grammar.load(language, Grammars.locate())._tagger
+    cuts, read = tagger.cuts.cut_positions(text), tagger.best(text)
+    monkeypatch.setattr(cuts_module, "MEMO_LIMIT", 3)  # every table is emptied again and again, mid-scan too
+    small = Grammar.load(language, Grammars.locate())._tagger
+    assert small.cuts.cut_positions(text) == cuts and small.cuts.cut_positions(text) == cuts
+    assert small.best(text) == read
+    assert len(small.cuts._scan_states) <= 3  # renumbered: the text meets hundreds of scan states
 
 
 # Verbalizer inputs whose lattices are unweighted (words only) or weighted only in a later token: OpenFst breaks
