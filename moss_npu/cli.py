@@ -233,6 +233,13 @@ class _StderrHandler(logging.StreamHandler):
     def stream(self, value) -> None:  # StreamHandler.__init__ assigns it; the live sys.stderr wins
         pass
 
+    def emit(self, record: logging.LogRecord) -> None:
+        """Write the line above any progress bar on stderr, which is drawn again below it."""
+        from tqdm import tqdm
+
+        with tqdm.external_write_mode(file=sys.stderr):
+            super().emit(record)
+
 
 def configure_logging(verbose: bool = False) -> None:
     """Show library warnings as ``warning: ...`` lines on stderr (info lines too when ``verbose``).

@@ -101,3 +101,20 @@ def test_an_aborted_run_prints_no_finished_lines():
     except KeyboardInterrupt:
         pass
     assert out.getvalue() == ""
+
+
+def test_a_library_warning_during_a_bar_gets_its_own_line(monkeypatch):
+    """A warning logged while the bar is drawn (the CPU kernels built at the first frame) is written on a line of
+    its own, not glued to the end of the bar's text."""
+    import logging
+
+    from moss_npu.cli import configure_logging
+
+    err = Terminal()
+    monkeypatch.setattr("sys.stderr", err)
+    configure_logging()
+    with Progress("bar", 12.5, stream=err) as p:
+        p.on_frame(0, 0)
+        logging.getLogger("moss_npu.test").warning("kernels built")
+    line = next(part for part in err.getvalue().split("\n") if "kernels built" in part)
+    assert line.split("\r")[-1] == "warning: kernels built"
