@@ -59,8 +59,10 @@ def _percentile(values: list[float], q: float) -> Optional[float]:
 class Target:
     """A server to load: started here (and stopped at the end) or given by ``--url``."""
 
-    def __init__(self, url: str, api_key: Optional[str], process: Optional[subprocess.Popen] = None) -> None:
+    def __init__(self, url: str, api_key: Optional[str], process: Optional[subprocess.Popen] = None,
+                 voices: Optional[tempfile.TemporaryDirectory] = None) -> None:
         self.url, self.api_key, self.process = url.rstrip("/"), api_key, process
+        self._voices = voices  # the started server's voice store, removed by stop()
 
     @property
     def headers(self) -> dict:
@@ -71,9 +73,10 @@ class Target:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
+        voices = tempfile.TemporaryDirectory(prefix="moss-npu-bench-voices-")
         command = [sys.executable, "-m", "moss_npu.serve", "--model", str(model), "--codec", str(codec),
                    "--device", args.device, "--port", str(port), "--max-batch", str(args.max_batch),
-                   "--max-queue", "1024", "--voices-dir", tempfile.mkdtemp(prefix="moss-npu-bench-voices-"),
+                   "--max-queue", "1024", "--voices-dir", voices.name,
                    "--log-level", "warning"]
         if args.num_threads:
             command += ["--num-threads", str(args.num_threads)]
@@ -81,7 +84,7 @@ class Target:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])}
         log = open(log_path, "wb")
         process = subprocess.Popen(command, cwd=repo, env=env, stdout=log, stderr=subprocess.STDOUT)
-        return cls(f"http://127.0.0.1:{port}", None, process)
+        return cls(f"http://127.0.0.1:{port}", None, process, voices)
 
     def wait_ready(self, deadline_s: float) -> dict:
         import httpx
@@ -106,6 +109,10 @@ class Target:
                 self.process.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 self.process.kill()
+                self.process.wait()
+        if self._voices is not None:
+            self._voices.cleanup()
+            self._voices = None
 
 
 def speak(target: Target, text: str, frames: int, concurrency: int) -> Sample:

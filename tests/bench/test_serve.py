@@ -37,3 +37,19 @@ def test_bad_levels_are_usage_errors(capsys):
     assert "error:" in capsys.readouterr().err
     assert serve.main(["--concurrency", "1,8", "--rounds", "0"]) == 2
     assert "--rounds" in capsys.readouterr().err
+
+
+def test_a_started_server_s_voice_store_is_removed_when_it_stops():
+    """Each run gives its server a fresh voice store in a temporary folder; stopping the server removes it
+    (runs used to leave one folder per run behind)."""
+    import tempfile
+    from pathlib import Path
+
+    from bench.serve import Target
+
+    voices = tempfile.TemporaryDirectory(prefix="moss-npu-bench-voices-")
+    (Path(voices.name) / "alice.json").write_text("{}")
+    target = Target("http://127.0.0.1:9", None, None, voices)
+    target.stop()
+    assert not Path(voices.name).exists()
+    target.stop()  # a second stop (the finally after an error) is harmless
