@@ -175,6 +175,7 @@ class _Tiles:
                  *extra: np.ndarray, order: Callable[[torch.Tensor], torch.Tensor] = lambda rows: rows) -> None:
         self.out_features, self.in_features = weight.shape
         self._columns = _padded(self.out_features)
+        weight = weight.contiguous()
         if self._columns != self.out_features:
             weight = torch.cat([weight, weight.new_zeros(self._columns - self.out_features, self.in_features)])
         rows = order(weight.view(self._columns // TILE, TILE, self.in_features).transpose(1, 2))  # (tiles, in, TILE)
