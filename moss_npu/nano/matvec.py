@@ -88,6 +88,7 @@ def _build(compiler: str, target: Path, flags: tuple[str, ...]) -> None:
         if done.returncode != 0:
             first = (done.stderr.strip().splitlines() or ["no message"])[0]
             raise KernelUnavailable(f"compiling {SOURCE.name} failed: {first}")
+        os.chmod(partial, 0o755)  # mkstemp makes 0600: another user sharing the cache loads it too
         os.replace(partial, target)
     except (OSError, subprocess.SubprocessError) as exc:
         raise KernelUnavailable(f"compiling {SOURCE.name} failed ({exc})") from exc
@@ -128,13 +129,20 @@ class MatVecKernels:
                     except OSError:  # a damaged file (truncated, overwritten): build it again
                         log.warning("kernel cache file %s is damaged; building it again", target)
                 _build(compiler, target, flags)
-                return cls(ctypes.CDLL(str(target)), built=str(target.parent))
+                try:
+                    return cls(ctypes.CDLL(str(target)), built=str(target.parent))
+                except OSError:  # not loadable here (a folder mounted noexec, $CC for another machine): not kept
+                    target.unlink(missing_ok=True)
+                    raise
             except OSError as exc:  # an unwritable folder: build privately below
                 log.debug("kernel cache %s unusable (%s); building in a temporary folder", target.parent, exc)
         with tempfile.TemporaryDirectory(prefix="moss-npu-kernels-") as folder:
             target = Path(folder) / f"matvec-{key}.so"
             _build(compiler, target, flags)
-            return cls(ctypes.CDLL(str(target)), built="a temporary folder")  # the mapping outlives the file
+            try:
+                return cls(ctypes.CDLL(str(target)), built="a temporary folder")  # the mapping outlives the file
+            except OSError as exc:
+                raise KernelUnavailable(f"the compiled {SOURCE.stem} library does not load ({exc})") from exc
 
 
 def _padded(columns: int) -> int:

@@ -145,6 +145,26 @@ def test_a_failed_build_says_why(monkeypatch, tmp_path):
     assert not any((tmp_path / "kernels").iterdir())
 
 
+def test_a_build_that_does_not_load_says_why(monkeypatch, tmp_path):
+    """A compiler that succeeds but makes a library this process cannot load ($CC a cross compiler, a folder
+    mounted noexec) is KernelUnavailable, the CPU step's fallback, not an OSError; nothing unloadable is kept."""
+    compiler = tmp_path / "cross-cc"
+    compiler.write_text('#!/bin/sh\n[ "$1" = --version ] && { echo cross-cc 1.0; exit 0; }\n'
+                        'while [ $# -gt 0 ]; do [ "$1" = -o ] && { shift; echo not-a-library > "$1"; }; shift; done\n')
+    compiler.chmod(0o755)
+    monkeypatch.setenv("CC", str(compiler))
+    with pytest.raises(KernelUnavailable, match="does not load"):
+        MatVecKernels.load(tmp_path / "cache")
+    assert not any((tmp_path / "cache" / "kernels").iterdir())
+
+
+def test_the_cached_kernels_are_readable_by_everyone(tmp_path):
+    """Another user sharing the cache (a prepared image, a team folder) can load them: not mkstemp's 0600."""
+    MatVecKernels.load(tmp_path)
+    (built,) = (tmp_path / "kernels").iterdir()
+    assert built.stat().st_mode & 0o755 == 0o755
+
+
 def _decode(model, rows, frames, use_cpu_step):
     decoder = FrameDecoder(model, slots=1, max_len=rows.shape[0] + frames + 1)
     label = decoder.cpu_step.label()
