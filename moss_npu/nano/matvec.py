@@ -25,6 +25,7 @@ import hashlib
 import logging
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -64,26 +65,35 @@ def _cpu_identity() -> str:
     return "\n".join(parts)
 
 
-def _compiler() -> tuple[str, str]:
-    """Return the C compiler to use and its version line; raise KernelUnavailable without one."""
+def _compiler() -> tuple[list[str], str]:
+    """Return the C compiler command to use and its version line; raise KernelUnavailable without one.
+
+    ``$CC`` is read as make reads it, a command that may carry options ("ccache gcc", "zig cc"); a path with
+    spaces that names a program is taken whole.
+    """
     name = os.environ.get("CC") or "cc"
-    path = shutil.which(name)
+    try:
+        words = [name] if shutil.which(name) else shlex.split(name)
+    except ValueError:  # unbalanced quotes: not a command
+        words = [name]
+    path = shutil.which(words[0]) if words else None
     if path is None:
         raise KernelUnavailable(f"no C compiler ({name!r} is not on PATH; install gcc or set $CC)")
+    command = [path, *words[1:]]
     try:
-        version = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30).stdout
+        version = subprocess.run([*command, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError) as exc:
         raise KernelUnavailable(f"the C compiler {path} does not run ({exc})") from exc
-    return path, (version.splitlines() or [""])[0]
+    return command, (version.splitlines() or [""])[0]
 
 
-def _build(compiler: str, target: Path, flags: tuple[str, ...]) -> None:
+def _build(compiler: list[str], target: Path, flags: tuple[str, ...]) -> None:
     """Compile ``SOURCE`` into ``target`` through a temporary file beside it (readers never see half a file)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     handle, partial = tempfile.mkstemp(dir=target.parent, prefix=target.stem, suffix=".partial")
     os.close(handle)
     try:
-        done = subprocess.run([compiler, *flags, "-o", partial, str(SOURCE)], capture_output=True, text=True,
+        done = subprocess.run([*compiler, *flags, "-o", partial, str(SOURCE)], capture_output=True, text=True,
                               timeout=300)
         if done.returncode != 0:
             first = (done.stderr.strip().splitlines() or ["no message"])[0]
@@ -117,7 +127,7 @@ class MatVecKernels:
         Raises KernelUnavailable where they cannot be built.
         """
         compiler, version = _compiler()
-        key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(flags), compiler, version,
+        key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(flags), " ".join(compiler), version,
                                         _cpu_identity()]).encode()).hexdigest()[:16]
         root = cache if cache is not None else default_cache_dir()
         if root is not None:

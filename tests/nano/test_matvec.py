@@ -7,6 +7,7 @@ import copy
 import logging
 import os
 import platform
+import shutil
 import subprocess
 import sys
 
@@ -135,6 +136,19 @@ def test_no_compiler_says_why(monkeypatch, tmp_path):
     monkeypatch.setenv("CC", "no-such-compiler-here")
     with pytest.raises(KernelUnavailable, match="no C compiler.*no-such-compiler-here"):
         MatVecKernels.load(tmp_path)
+
+
+def test_cc_may_carry_options(kernels, monkeypatch, tmp_path):
+    """$CC as make reads it: a command with options ("ccache gcc", "zig cc"), or a path with spaces."""
+    compiler = shutil.which("cc") or pytest.skip("no cc on PATH")
+    spaced = tmp_path / "my tools" / "cc"
+    spaced.parent.mkdir()
+    spaced.symlink_to(compiler)
+    for cc, cache in ((f"{compiler} -DMOSS_NPU_UNUSED=1", "options"), (str(spaced), "spaced")):
+        monkeypatch.setenv("CC", cc)
+        kernels = MatVecKernels.load(tmp_path / cache)
+        assert kernels.built == str(tmp_path / cache / "kernels")
+        np.testing.assert_allclose(Fp32Tiles(kernels, torch.ones(32, 8), None)(np.ones(8, np.float32)), 8.0)
 
 
 def test_a_failed_build_says_why(monkeypatch, tmp_path):
