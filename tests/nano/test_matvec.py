@@ -97,6 +97,48 @@ def test_portable_c_gives_the_same_products(kernels, tmp_path):
                                Int8Tiles(kernels, values, scale, bias)(x), rtol=1e-5, atol=1e-5)
 
 
+BIG_ENDIAN_CHECK = r"""
+#include "matvec.c"
+#include <stdio.h>
+enum { IN = 3, OUT = 512 };
+static float value(int c, int i) { return (float)((c * 7 + i * 3) % 11) - 5.0f; }
+int main(void) {
+    static uint16_t w[IN * OUT];
+    float x[IN] = {1.0f, 2.0f, 3.0f}, y[OUT];
+    for (int c = 0; c < OUT; c++)
+        for (int i = 0; i < IN; i++) {
+            float v = value(c, i); uint32_t bits; memcpy(&bits, &v, 4);
+            int tile = c / TILE, r = c % 32, g = (c % TILE) / 32;
+            int pos = 32 * g + (r < 16 ? 2 * r : 2 * (r - 16) + 1);
+            w[tile * IN * TILE + i * TILE + pos] = (uint16_t)(bits >> 16);
+        }
+    matvec_bf16(x, w, NULL, NULL, y, IN, OUT);
+    int bad = 0;
+    for (int c = 0; c < OUT; c++) {
+        float e = 0; for (int i = 0; i < IN; i++) e += x[i] * value(c, i);
+        if (y[c] != e) bad++;
+    }
+    printf("%d wrong of %d\n", bad, OUT);
+    return bad != 0;
+}
+"""
+
+
+def test_bf16_portable_c_on_a_big_endian_cpu(tmp_path):
+    """The portable bf16 path reads each column's 16 bits, not halves of 32-bit words, whose order depends on the
+    CPU's byte order: checked on s390x where a cross compiler and qemu are installed (apt: gcc-s390x-linux-gnu,
+    libc6-dev-s390x-cross, qemu-user-static)."""
+    compiler, emulator = shutil.which("s390x-linux-gnu-gcc"), shutil.which("qemu-s390x-static")
+    if compiler is None or emulator is None:
+        pytest.skip("no s390x cross compiler and qemu here")
+    (tmp_path / "matvec.c").write_text(matvec.SOURCE.read_text())
+    (tmp_path / "check.c").write_text(BIG_ENDIAN_CHECK)
+    subprocess.run([compiler, "-O3", "-static", "-o", str(tmp_path / "check"), str(tmp_path / "check.c")],
+                   check=True, capture_output=True)
+    done = subprocess.run([emulator, str(tmp_path / "check")], capture_output=True, text=True)
+    assert done.stdout == "0 wrong of 512\n"
+
+
 def test_kernels_build_once_into_the_cache(tmp_path):
     assert MatVecKernels.load(tmp_path).built == str(tmp_path / "kernels")
     built = list((tmp_path / "kernels").iterdir())
