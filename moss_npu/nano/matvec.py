@@ -43,6 +43,7 @@ SOURCE = Path(__file__).with_name("matvec.c")
 FLAGS = ("-O3", "-march=native", "-shared", "-fPIC")
 TILE = 256  # output columns per tile (matvec.c): matrices are padded to a multiple
 GROUP = 32  # bf16 columns interleaved together in a tile row (matvec.c)
+PRIVATE = "a temporary folder"  # MatVecKernels.built where the cache was unusable: compiled at every start
 _POINTER, _LONG = ctypes.c_void_p, ctypes.c_long
 Allocate = Callable[[tuple, type], np.ndarray]  # (shape, dtype) -> an uninitialized array (np.empty's contract)
 
@@ -112,7 +113,7 @@ class MatVecKernels:
 
     def __init__(self, library: ctypes.CDLL, built: Optional[str] = None) -> None:
         self._library = library
-        self.built = built  # where this load compiled them ("a temporary folder" when private), None if cached
+        self.built = built  # where this load compiled them (PRIVATE: a temporary folder), None if cached
         self.f32, self.bf16, self.int8 = library.matvec_f32, library.matvec_bf16, library.matvec_int8
         for function in (self.f32, self.bf16):
             function.argtypes, function.restype = [_POINTER] * 5 + [_LONG, _LONG], None
@@ -150,7 +151,7 @@ class MatVecKernels:
             target = Path(folder) / f"matvec-{key}.so"
             _build(compiler, target, flags)
             try:
-                return cls(ctypes.CDLL(str(target)), built="a temporary folder")  # the mapping outlives the file
+                return cls(ctypes.CDLL(str(target)), built=PRIVATE)  # the mapping outlives the file
             except OSError as exc:
                 raise KernelUnavailable(f"the compiled {SOURCE.stem} library does not load ({exc})") from exc
 

@@ -292,3 +292,15 @@ def test_the_first_build_says_so_once(model, monkeypatch, tmp_path, caplog):
             assert CpuStep.build(model).label() == "cpu-fp32"
         lines = [r.getMessage() for r in caplog.records if "compiled the one-row CPU kernels" in r.getMessage()]
         assert len(lines) == expected and all(str(tmp_path / "kernels") in line for line in lines)
+
+
+def test_a_private_build_does_not_claim_to_be_kept(model, monkeypatch, tmp_path, caplog):
+    """Where the cache folder is unusable the kernels are compiled again at every start: the line says so and
+    what to set, instead of "once per CPU and compiler"."""
+    blocked = tmp_path / "file"
+    blocked.write_text("not a folder")
+    monkeypatch.setenv("MOSS_NPU_CACHE_DIR", str(blocked))
+    with caplog.at_level(logging.WARNING, logger="moss_npu.nano.cpu_step"):
+        assert CpuStep.build(model).label() == "cpu-fp32"
+    (line,) = [r.getMessage() for r in caplog.records if "compiled the one-row CPU kernels" in r.getMessage()]
+    assert "once per" not in line and "every start" in line and "MOSS_NPU_CACHE_DIR" in line
