@@ -12,7 +12,8 @@ Measured, real-size model, 1 thread, a frame's products: float32 23 ms (numpy's 
 (its widening costs arithmetic where bf16's is two instructions).
 
 The kernels are compiled at first use with the system C compiler (``$CC``, else ``cc``; ``-O3 -march=native``:
-AVX-512 where the CPU has it, portable C the compiler vectorizes elsewhere) into the user cache
+AVX-512 where the CPU has it, portable C the compiler vectorizes elsewhere; ``-mcpu=native`` or neither where the
+compiler refuses it) into the user cache
 (``moss_npu.cache_dir``, ``kernels/``), named by the source, the flags, the compiler and this CPU, and loaded
 with ctypes (~0.4 s once, then milliseconds). Without a compiler ``MatVecKernels.load`` raises
 ``KernelUnavailable`` saying why; the CPU step then keeps numpy's GEMV (``BlasGemv``).
@@ -88,16 +89,30 @@ def _compiler() -> tuple[list[str], str]:
     return command, (version.splitlines() or [""])[0]
 
 
+def _native_variants(flags: tuple[str, ...]) -> list[tuple[str, ...]]:
+    """Return ``flags``, then, where they hold ``-march=native``, the same with ``-mcpu=native`` (gcc on POWER, which
+    refuses ``-march``) and with neither (a compiler that knows no "this CPU"): tried in turn until one builds."""
+    if "-march=native" not in flags:
+        return [flags]
+    swapped = tuple("-mcpu=native" if f == "-march=native" else f for f in flags)
+    return [flags, swapped, tuple(f for f in flags if f != "-march=native")]
+
+
 def _build(compiler: list[str], target: Path, flags: tuple[str, ...]) -> None:
     """Compile ``SOURCE`` into ``target`` through a temporary file beside it (readers never see half a file)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     handle, partial = tempfile.mkstemp(dir=target.parent, prefix=target.stem, suffix=".partial")
     os.close(handle)
     try:
-        done = subprocess.run([*compiler, *flags, "-o", partial, str(SOURCE)], capture_output=True, text=True,
-                              timeout=300)
-        if done.returncode != 0:
-            first = (done.stderr.strip().splitlines() or ["no message"])[0]
+        failures = []
+        for variant in _native_variants(flags):
+            done = subprocess.run([*compiler, *variant, "-o", partial, str(SOURCE)], capture_output=True, text=True,
+                                  timeout=300)
+            if done.returncode == 0:
+                break
+            failures.append(done)
+        else:  # the first attempt's message: the others differ from it only by the flag
+            first = (failures[0].stderr.strip().splitlines() or ["no message"])[0]
             raise KernelUnavailable(f"compiling {SOURCE.name} failed: {first}")
         os.chmod(partial, 0o755)  # mkstemp makes 0600: another user sharing the cache loads it too
         os.replace(partial, target)

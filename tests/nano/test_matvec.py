@@ -304,3 +304,17 @@ def test_a_private_build_does_not_claim_to_be_kept(model, monkeypatch, tmp_path,
         assert CpuStep.build(model).label() == "cpu-fp32"
     (line,) = [r.getMessage() for r in caplog.records if "compiled the one-row CPU kernels" in r.getMessage()]
     assert "once per" not in line and "every start" in line and "MOSS_NPU_CACHE_DIR" in line
+
+
+def test_a_compiler_without_march_native_still_builds(kernels, monkeypatch, tmp_path):
+    """gcc on POWER knows "this CPU" as -mcpu=native and refuses -march=native: the kernels are built with that
+    (or, failing it too, without either) instead of not at all."""
+    real = shutil.which("cc") or pytest.skip("no cc on PATH")
+    compiler = tmp_path / "power-cc"
+    compiler.write_text(f'#!/bin/sh\nfor a in "$@"; do case "$a" in -march=native)\n'
+                        f'  echo "error: unrecognized command-line option \'-march=native\'" >&2; exit 1;;\n'
+                        f'  -mcpu=native) echo "error: unknown -mcpu" >&2; exit 1;; esac; done\nexec {real} "$@"\n')
+    compiler.chmod(0o755)
+    monkeypatch.setenv("CC", str(compiler))
+    built = MatVecKernels.load(tmp_path / "cache")
+    np.testing.assert_allclose(Bf16Tiles(built, torch.ones(32, 8), None)(np.ones(8, np.float32)), 8.0)
