@@ -7,8 +7,8 @@
  * sums stay in registers for all `in` rows; y is written once.
  *
  * bf16 layout inside a tile row: groups of 32 columns interleaved [c0, c16, c1, c17, ...], so one 32-bit word
- * holds columns t (low half) and 16 + t (high half): `word << 16` is column t as a float32 and
- * `word & 0xffff0000` column 16 + t, two instructions for 32 values.
+ * holds columns t (low half) and 16 + t (high half) on a little-endian CPU: `word << 16` is column t as a
+ * float32 and `word & 0xffff0000` column 16 + t, two instructions for 32 values (AVX-512).
  * int8: per-column float32 scales, applied once at the end.
  */
 #include <stdint.h>
@@ -20,8 +20,12 @@
 
 #define TILE 256
 
-static inline float bf16_low(uint32_t word) { word <<= 16; float f; memcpy(&f, &word, 4); return f; }
-static inline float bf16_high(uint32_t word) { word &= 0xffff0000u; float f; memcpy(&f, &word, 4); return f; }
+static inline float bf16_value(uint16_t bits) {
+    uint32_t word = (uint32_t)bits << 16;
+    float f;
+    memcpy(&f, &word, 4);
+    return f;
+}
 
 /* sums[0..TILE) = Σ_i x[i] · tile[i] for one bf16 tile (in rows of TILE / 2 words). */
 static void bf16_tile(const float *x, const uint32_t *tile, float *sums, long in) {
@@ -40,14 +44,15 @@ static void bf16_tile(const float *x, const uint32_t *tile, float *sums, long in
     }
     for (int a = 0; a < TILE / 16; a++) _mm512_storeu_ps(sums + 16 * a, acc[a]);
 #else
+    /* Value by value, not word by word: which half of a word is column t depends on the byte order. */
     memset(sums, 0, TILE * sizeof(float));
     for (long i = 0; i < in; i++) {
         const float xi = x[i];
-        const uint32_t *row = tile + i * (TILE / 2);
+        const uint16_t *row = (const uint16_t *)tile + i * TILE;
         for (int g = 0; g < TILE / 32; g++)
             for (int t = 0; t < 16; t++) {
-                sums[32 * g + t] += xi * bf16_low(row[16 * g + t]);
-                sums[32 * g + 16 + t] += xi * bf16_high(row[16 * g + t]);
+                sums[32 * g + t] += xi * bf16_value(row[32 * g + 2 * t]);
+                sums[32 * g + 16 + t] += xi * bf16_value(row[32 * g + 2 * t + 1]);
             }
     }
 #endif

@@ -7,6 +7,7 @@ import copy
 import logging
 import os
 import platform
+import shutil
 import subprocess
 import sys
 
@@ -96,6 +97,48 @@ def test_portable_c_gives_the_same_products(kernels, tmp_path):
                                Int8Tiles(kernels, values, scale, bias)(x), rtol=1e-5, atol=1e-5)
 
 
+BIG_ENDIAN_CHECK = r"""
+#include "matvec.c"
+#include <stdio.h>
+enum { IN = 3, OUT = 512 };
+static float value(int c, int i) { return (float)((c * 7 + i * 3) % 11) - 5.0f; }
+int main(void) {
+    static uint16_t w[IN * OUT];
+    float x[IN] = {1.0f, 2.0f, 3.0f}, y[OUT];
+    for (int c = 0; c < OUT; c++)
+        for (int i = 0; i < IN; i++) {
+            float v = value(c, i); uint32_t bits; memcpy(&bits, &v, 4);
+            int tile = c / TILE, r = c % 32, g = (c % TILE) / 32;
+            int pos = 32 * g + (r < 16 ? 2 * r : 2 * (r - 16) + 1);
+            w[tile * IN * TILE + i * TILE + pos] = (uint16_t)(bits >> 16);
+        }
+    matvec_bf16(x, w, NULL, NULL, y, IN, OUT);
+    int bad = 0;
+    for (int c = 0; c < OUT; c++) {
+        float e = 0; for (int i = 0; i < IN; i++) e += x[i] * value(c, i);
+        if (y[c] != e) bad++;
+    }
+    printf("%d wrong of %d\n", bad, OUT);
+    return bad != 0;
+}
+"""
+
+
+def test_bf16_portable_c_on_a_big_endian_cpu(tmp_path):
+    """The portable bf16 path reads each column's 16 bits, not halves of 32-bit words, whose order depends on the
+    CPU's byte order: checked on s390x where a cross compiler and qemu are installed (apt: gcc-s390x-linux-gnu,
+    libc6-dev-s390x-cross, qemu-user-static)."""
+    compiler, emulator = shutil.which("s390x-linux-gnu-gcc"), shutil.which("qemu-s390x-static")
+    if compiler is None or emulator is None:
+        pytest.skip("no s390x cross compiler and qemu here")
+    (tmp_path / "matvec.c").write_text(matvec.SOURCE.read_text())
+    (tmp_path / "check.c").write_text(BIG_ENDIAN_CHECK)
+    subprocess.run([compiler, "-O3", "-static", "-o", str(tmp_path / "check"), str(tmp_path / "check.c")],
+                   check=True, capture_output=True)
+    done = subprocess.run([emulator, str(tmp_path / "check")], capture_output=True, text=True)
+    assert done.stdout == "0 wrong of 512\n"
+
+
 def test_kernels_build_once_into_the_cache(tmp_path):
     assert MatVecKernels.load(tmp_path).built == str(tmp_path / "kernels")
     built = list((tmp_path / "kernels").iterdir())
@@ -137,12 +180,45 @@ def test_no_compiler_says_why(monkeypatch, tmp_path):
         MatVecKernels.load(tmp_path)
 
 
+def test_cc_may_carry_options(kernels, monkeypatch, tmp_path):
+    """$CC as make reads it: a command with options ("ccache gcc", "zig cc"), or a path with spaces."""
+    compiler = shutil.which("cc") or pytest.skip("no cc on PATH")
+    spaced = tmp_path / "my tools" / "cc"
+    spaced.parent.mkdir()
+    spaced.symlink_to(compiler)
+    for cc, cache in ((f"{compiler} -DMOSS_NPU_UNUSED=1", "options"), (str(spaced), "spaced")):
+        monkeypatch.setenv("CC", cc)
+        kernels = MatVecKernels.load(tmp_path / cache)
+        assert kernels.built == str(tmp_path / cache / "kernels")
+        np.testing.assert_allclose(Fp32Tiles(kernels, torch.ones(32, 8), None)(np.ones(8, np.float32)), 8.0)
+
+
 def test_a_failed_build_says_why(monkeypatch, tmp_path):
     monkeypatch.setattr(matvec, "SOURCE", tmp_path / "broken.c")
     (tmp_path / "broken.c").write_text("this is not C\n")
     with pytest.raises(KernelUnavailable, match="compiling broken.c failed"):
         MatVecKernels.load(tmp_path)
     assert not any((tmp_path / "kernels").iterdir())
+
+
+def test_a_build_that_does_not_load_says_why(monkeypatch, tmp_path):
+    """A compiler that succeeds but makes a library this process cannot load ($CC a cross compiler, a folder
+    mounted noexec) is KernelUnavailable, the CPU step's fallback, not an OSError; nothing unloadable is kept."""
+    compiler = tmp_path / "cross-cc"
+    compiler.write_text('#!/bin/sh\n[ "$1" = --version ] && { echo cross-cc 1.0; exit 0; }\n'
+                        'while [ $# -gt 0 ]; do [ "$1" = -o ] && { shift; echo not-a-library > "$1"; }; shift; done\n')
+    compiler.chmod(0o755)
+    monkeypatch.setenv("CC", str(compiler))
+    with pytest.raises(KernelUnavailable, match="does not load"):
+        MatVecKernels.load(tmp_path / "cache")
+    assert not any((tmp_path / "cache" / "kernels").iterdir())
+
+
+def test_the_cached_kernels_are_readable_by_everyone(tmp_path):
+    """Another user sharing the cache (a prepared image, a team folder) can load them: not mkstemp's 0600."""
+    MatVecKernels.load(tmp_path)
+    (built,) = (tmp_path / "kernels").iterdir()
+    assert built.stat().st_mode & 0o755 == 0o755
 
 
 def _decode(model, rows, frames, use_cpu_step):
@@ -216,3 +292,29 @@ def test_the_first_build_says_so_once(model, monkeypatch, tmp_path, caplog):
             assert CpuStep.build(model).label() == "cpu-fp32"
         lines = [r.getMessage() for r in caplog.records if "compiled the one-row CPU kernels" in r.getMessage()]
         assert len(lines) == expected and all(str(tmp_path / "kernels") in line for line in lines)
+
+
+def test_a_private_build_does_not_claim_to_be_kept(model, monkeypatch, tmp_path, caplog):
+    """Where the cache folder is unusable the kernels are compiled again at every start: the line says so and
+    what to set, instead of "once per CPU and compiler"."""
+    blocked = tmp_path / "file"
+    blocked.write_text("not a folder")
+    monkeypatch.setenv("MOSS_NPU_CACHE_DIR", str(blocked))
+    with caplog.at_level(logging.WARNING, logger="moss_npu.nano.cpu_step"):
+        assert CpuStep.build(model).label() == "cpu-fp32"
+    (line,) = [r.getMessage() for r in caplog.records if "compiled the one-row CPU kernels" in r.getMessage()]
+    assert "once per" not in line and "every start" in line and "MOSS_NPU_CACHE_DIR" in line
+
+
+def test_a_compiler_without_march_native_still_builds(kernels, monkeypatch, tmp_path):
+    """gcc on POWER knows "this CPU" as -mcpu=native and refuses -march=native: the kernels are built with that
+    (or, failing it too, without either) instead of not at all."""
+    real = shutil.which("cc") or pytest.skip("no cc on PATH")
+    compiler = tmp_path / "power-cc"
+    compiler.write_text(f'#!/bin/sh\nfor a in "$@"; do case "$a" in -march=native)\n'
+                        f'  echo "error: unrecognized command-line option \'-march=native\'" >&2; exit 1;;\n'
+                        f'  -mcpu=native) echo "error: unknown -mcpu" >&2; exit 1;; esac; done\nexec {real} "$@"\n')
+    compiler.chmod(0o755)
+    monkeypatch.setenv("CC", str(compiler))
+    built = MatVecKernels.load(tmp_path / "cache")
+    np.testing.assert_allclose(Bf16Tiles(built, torch.ones(32, 8), None)(np.ones(8, np.float32)), 8.0)
