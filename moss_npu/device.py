@@ -186,6 +186,15 @@ class CpuBackend(Backend):
     def supports_dtype(self, dtype: torch.dtype) -> bool:
         return dtype in (torch.float32, torch.bfloat16) or _probe_matmul("cpu", dtype)
 
+    def native_bf16(self) -> Optional[bool]:
+        """Return whether the CPU computes bf16 natively (x86 AVX512-BF16 / AMX, ARM BF16); None if unknown."""
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8") as f:
+                flags = {word for line in f if line.startswith(("flags", "Features")) for word in line.split()}
+        except OSError:
+            return None
+        return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"}) if flags else None
+
     def max_memory_allocated(self, index: int = 0) -> Optional[int]:
         try:
             import resource
@@ -496,6 +505,14 @@ def resolve_dtype(device: torch.device, name: Optional[str] = None) -> torch.dty
     if not b.supports_dtype(dtype):
         raise DeviceError(f"--dtype {name}: not supported on {device} ({b.name(_index(device))}); use float32")
     return dtype
+
+
+def warn_if_bf16_is_emulated(device: torch.device, dtype: torch.dtype, who: str) -> None:
+    """Warn once where ``who`` will run torch's own bf16 arithmetic on a CPU without native bf16 (emulated:
+    slower than float32). The native CPU step never does: its bf16 is bf16 weights with float32 arithmetic."""
+    if device.type == "cpu" and dtype == torch.bfloat16 and backend(device).native_bf16() is False:
+        log.warning("%s: this CPU (%s) has no native bf16 (AVX512-BF16, AMX or ARM BF16): torch emulates it, "
+                    "slower than float32; use --dtype float32", who, backend(device).name())
 
 
 def default_dtype(device: torch.device) -> torch.dtype:

@@ -190,3 +190,19 @@ def test_onnx_provider_names():
     assert device.onnx_provider("npu") == device.onnx_provider("cann") == "CANNExecutionProvider"
     with pytest.raises(DeviceError, match="unknown"):
         device.onnx_provider("tpu")
+
+
+def test_emulated_bf16_warns_for_torch_arithmetic_on_the_cpu(monkeypatch, caplog):
+    """Torch's own bf16 arithmetic (the official code in bf16) on a CPU without native bf16 warns once that
+    float32 is faster; with native bf16, unknown, another dtype or another device, nothing is said."""
+    import logging
+
+    cpu = device.backend(torch.device("cpu"))
+    cases = [(False, torch.bfloat16, True), (True, torch.bfloat16, False), (None, torch.bfloat16, False),
+             (False, torch.float32, False)]
+    for native, dtype, warned in cases:
+        monkeypatch.setattr(type(cpu), "native_bf16", lambda self, native=native: native)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="moss_npu.device"):
+            device.warn_if_bf16_is_emulated(torch.device("cpu"), dtype, "the official code")
+        assert [("no native bf16" in r.getMessage()) for r in caplog.records] == ([True] if warned else [])

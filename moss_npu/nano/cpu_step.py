@@ -402,12 +402,15 @@ class CpuStep:
         # bf16 or int8 as the model stores its weights; the heads are never quantized), all in one arena in
         # reading order. Without the compiled kernels: numpy's GEMV on the float32 arena, and for int8 torch's
         # int8 kernel in the torch block.
+        # Compiled blocks (float32 only) multiply through the arena: only the heads need tiles then.
+        rows = (not self.int8 or kernels is not None) and compile_mode != "on"
         self._row_blocks, self._tiles = None, None
         if kernels is not None:
             heads = list(model.audio_lm_heads)
+            tiled = (linears if rows else []) + heads
             self._tiles = PageArena(sum(PageArena.room(table_bytes(layer.weight, self._itemsize(layer in heads)))
-                                        for layer in linears + heads))
-        if not self.int8 or kernels is not None:
+                                        for layer in tiled))
+        if rows:
             self._row_blocks = tuple([self._row_block(b, kernels) for b in blocks]
                                      for blocks in (model.transformer.h, model.local_transformer.h))
         self._row_heads = [self._row_product(h, kernels, head=True) for h in model.audio_lm_heads]

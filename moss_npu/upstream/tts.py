@@ -21,7 +21,7 @@ from typing import Any, Iterator, Optional
 
 import torch
 
-from moss_npu.device import attention_impl, backend, seed_everything
+from moss_npu.device import attention_impl, backend, seed_everything, warn_if_bf16_is_emulated
 from moss_npu.errors import CheckpointError, ConfigError, DeviceError, InputError
 from moss_npu.hub import DEFAULT_CODEC, resolve_model_dir
 from moss_npu.upstream.folder import mirror_folder
@@ -283,6 +283,7 @@ def load_upstream(model_dir_or_id: str, codec_dir_or_id: Optional[str] = None, *
     codec_dir = resolve_model_dir(codec_dir_or_id or DEFAULT_CODEC, role="codec", example=DEFAULT_CODEC)
     code = None if code_dir is None else Path(code_dir)
     impl = attention_impl(device, dtype, attn_implementation)
+    warn_if_bf16_is_emulated(device, dtype, "the official code in bfloat16")
     with tempfile.TemporaryDirectory(prefix="moss_npu_upstream_") as work, _torchaudio_stand_in():
         tts_mirror = mirror_folder("tts", model_dir, Path(work), patches, attn_implementation=impl, code_dir=code)
         # The official codec knows only sdpa and flash_attention_2 (it raises on eager), and runs in fp32.
