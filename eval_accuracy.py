@@ -38,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     side.add_argument("--model", default=DEFAULT_MODEL, help="TTS folder or hub id")
     side.add_argument("--codec", default=DEFAULT_CODEC, help="codec folder or hub id")
     side.add_argument("--device", type=device_spec, default="auto", help="target device: auto (default), cpu, cuda[:N], npu[:N], mps")
-    side.add_argument("--dtype", default="float32", help="target LM dtype: float32 (default), bfloat16, float16")
+    side.add_argument("--dtype", default="float32", help="target LM dtype: float32 (default), bfloat16, float16 "
+                      "(CPU bfloat16: bf16 weights, float32 math)")
     side.add_argument("--quantize", choices=("none", "int8"), default="none",
                       help="target LM: int8 rounds its block weights to int8 (CPU, float32; see README CPU speed)")
     side.add_argument("--reference-device", type=device_spec, help="reference device (default cpu); the reference runs float32")

@@ -72,7 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--codec", help=f"codec folder or hub id (default {DEFAULT_CODEC})")
     model.add_argument("--config", help="YAML preset (configs/cpu.yaml, cuda.yaml, npu.yaml; llama_cpp/*.yaml)")
     model.add_argument("--device", type=device_spec, help="auto (default), cpu, cuda[:N], npu[:N], mps")
-    model.add_argument("--dtype", help="float32 (default), bfloat16 or float16")
+    model.add_argument("--dtype", help="float32 (default), bfloat16 or float16 (on the CPU bfloat16 means bf16 "
+                                       "weights, float32 arithmetic)")
     model.add_argument("--quantize", choices=("none", "int8"),
                        help="int8: the LM's block weights rounded to int8, decoded by an int8 kernel (CPU, float32)")
     model.add_argument("--attn-implementation", choices=("sdpa", "eager"))

@@ -226,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(prog="python -m bench.run", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cpu", help="cpu (default), cuda[:N], npu[:N], auto")
-    p.add_argument("--dtype", help="LM compute dtype (default float32)")
+    p.add_argument("--dtype", help="LM dtype (default float32; bfloat16 on the CPU: bf16 weights, float32 arithmetic)")
     p.add_argument("--model", help="MOSS-TTS-Nano folder (default: a random real-size one the bench writes)")
     p.add_argument("--codec", help="codec folder (default: a random real-size one the bench writes)")
     p.add_argument("--size", choices=SIZES, default="real", help="size of the generated checkpoints")

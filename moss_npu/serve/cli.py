@@ -42,7 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=DEFAULT_MODEL, help="MOSS-TTS-Nano folder or hub id")
     p.add_argument("--codec", default=DEFAULT_CODEC, help="MOSS-Audio-Tokenizer-Nano folder or hub id")
     p.add_argument("--device", default="auto", help="device, or a comma-separated list: one worker each")
-    p.add_argument("--dtype", help="LM compute dtype (default: the device's, fp32 on CPU)")
+    p.add_argument("--dtype", help="LM dtype (default: the device's, fp32 on CPU; bfloat16 on the CPU: bf16 "
+                                   "weights, float32 arithmetic)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=os.environ.get("MOSS_NPU_API_KEY"),
