@@ -359,10 +359,12 @@ def _block_weights(block: Block, weights) -> tuple:
 
 
 class CpuStep:
-    """The decode blocks and audio heads of one fp32 CPU model (see the module docstring).
+    """The decode blocks and audio heads of one float32 CPU model, whose weights may hold bf16 or int8 values
+    (see the module docstring).
 
-    Built by ``CpuStep.build``; holds transposed copies of the weights read then (``FrameDecoder.refresh``
-    rebuilds it after the weights change). ``compiled`` says whether blocks run as compiled graphs.
+    Built by ``CpuStep.build``; holds copies of the weights read then (tiles, a transposed arena, packed or
+    int8 copies: ``FrameDecoder.refresh`` rebuilds it after the weights change). ``compiled`` says whether
+    blocks run as compiled graphs.
     """
 
     def __init__(self, model: nn.Module, compile_mode: str) -> None:
@@ -401,8 +403,8 @@ class CpuStep:
         # One row runs row_block on numpy norms and one-row products in the tiled formats of ``matvec`` (float32,
         # bf16 or int8 as the model stores its weights; the heads are never quantized), all in one arena in
         # reading order. Without the compiled kernels: numpy's GEMV on the float32 arena, and for int8 torch's
-        # int8 kernel in the torch block.
-        # Compiled blocks (float32 only) multiply through the arena: only the heads need tiles then.
+        # int8 kernel in the torch block. Compiled blocks (float32 only) multiply through the arena: only the
+        # heads need tiles then.
         rows = (not self.int8 or kernels is not None) and compile_mode != "on"
         self._row_blocks, self._tiles = None, None
         if kernels is not None:

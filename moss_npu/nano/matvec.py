@@ -124,7 +124,7 @@ def _build(compiler: list[str], target: Path, flags: tuple[str, ...]) -> None:
 
 
 class MatVecKernels:
-    """The compiled kernels of ``matvec.c`` (``load``), called by ``Bf16Tiles`` and ``Int8Tiles``."""
+    """The compiled kernels of ``matvec.c`` (``load``), called by ``Fp32Tiles``, ``Bf16Tiles`` and ``Int8Tiles``."""
 
     def __init__(self, library: ctypes.CDLL, built: Optional[str] = None) -> None:
         self._library = library
