@@ -338,6 +338,27 @@ def int8_matmul(x: torch.Tensor, weight: tuple[torch.Tensor, ...], bias: torch.T
     return out if residual is None else out.add_(residual)
 
 
+class Int8TileWeights:
+    """``Int8Weights``' interface over the int8 tiles (``matvec.Int8Tiles``, bias included) that one-slot
+    frames multiply by: several rows then go through the same kernel, row for row the same sums."""
+
+    def __init__(self, tiles: dict) -> None:
+        self._tiles = tiles
+
+    def linear(self, layer: nn.Linear) -> tuple[Int8Tiles, torch.Tensor]:
+        return self._tiles[layer], _bias(layer)
+
+    def nbytes(self) -> int:
+        return 0  # the tiles are counted with the tile arena
+
+
+def int8_tile_matmul(x: torch.Tensor, tiles: Int8Tiles, bias: torch.Tensor,
+                     residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Return ``x @ (values · scale)ᵀ + bias (+ residual)`` for (n, in) rows through the int8 tiles (which hold
+    the bias): float32 activations, each row what a one-slot frame computes for it."""
+    return torch.from_numpy(tiles.rows(x.detach().numpy(), None if residual is None else residual.numpy()))
+
+
 @dataclass(frozen=True)
 class RowBlock:
     """One block's norm weights (numpy) and its four one-row products (``matvec``), for ``row_block``."""
@@ -381,7 +402,26 @@ class CpuStep:
         # the torch blocks (several rows: packed copies or GEMM) read the model's own weights as well.
         copied = (linears if not self.int8 else []) + list(model.audio_lm_heads)
         self.arena = WeightArena(copied) if kernels is None or compile_mode == "on" else ModelWeights()
-        weights = Int8Weights(linears) if self.int8 else self.arena
+        # One row runs row_block on numpy norms and one-row products in the tiled formats of ``matvec`` (float32,
+        # bf16 or int8 as the model stores its weights; the heads are never quantized), all in one arena in
+        # reading order. Without the compiled kernels: numpy's GEMV on the float32 arena, and for int8 torch's
+        # int8 kernel in the torch block. Compiled blocks (float32 only) multiply through the arena: only the
+        # heads need tiles then. An int8 model's several rows use its tiles too (``Int8TileWeights``).
+        rows = (not self.int8 or kernels is not None) and compile_mode != "on"
+        self._tiles, self._int8_tiles = None, {}
+        if kernels is not None:
+            heads = list(model.audio_lm_heads)
+            tiled = (linears if rows else []) + heads
+            self._tiles = PageArena(sum(PageArena.room(table_bytes(layer.weight, self._itemsize(layer in heads)))
+                                        for layer in tiled))
+            if self.int8:
+                self._int8_tiles = {layer: Int8Tiles(kernels, *int8_rows(layer.weight.detach()), layer.bias,
+                                                     self._tiles.array) for layer in linears}
+        if self.int8:
+            weights = Int8TileWeights(self._int8_tiles) if self._int8_tiles else Int8Weights(linears)
+        else:
+            weights = self.arena
+        self._int8_matmul = int8_tile_matmul if self._int8_tiles else int8_matmul
         self.global_blocks = [_block_weights(b, weights) for b in model.transformer.h]
         self.local_blocks = [_block_weights(b, weights) for b in model.local_transformer.h]
         self._int8_bytes = weights.nbytes() if self.int8 else 0
@@ -400,18 +440,7 @@ class CpuStep:
         # numpy views of every arena weight and its bias, by the weight's address: a one-row product skips the
         # two tensor-to-array conversions per call (~3 µs each, ~116 products per frame).
         self._arrays = {w.data_ptr(): (w.numpy(), b.numpy()) for w, b in self._arena_pairs()}
-        # One row runs row_block on numpy norms and one-row products in the tiled formats of ``matvec`` (float32,
-        # bf16 or int8 as the model stores its weights; the heads are never quantized), all in one arena in
-        # reading order. Without the compiled kernels: numpy's GEMV on the float32 arena, and for int8 torch's
-        # int8 kernel in the torch block. Compiled blocks (float32 only) multiply through the arena: only the
-        # heads need tiles then.
-        rows = (not self.int8 or kernels is not None) and compile_mode != "on"
-        self._row_blocks, self._tiles = None, None
-        if kernels is not None:
-            heads = list(model.audio_lm_heads)
-            tiled = (linears if rows else []) + heads
-            self._tiles = PageArena(sum(PageArena.room(table_bytes(layer.weight, self._itemsize(layer in heads)))
-                                        for layer in tiled))
+        self._row_blocks = None
         if rows:
             self._row_blocks = tuple([self._row_block(b, kernels) for b in blocks]
                                      for blocks in (model.transformer.h, model.local_transformer.h))
@@ -453,7 +482,7 @@ class CpuStep:
         if kernels is None:
             return BlasGemv(*self._arrays[self.arena.linear(layer)[0].data_ptr()])
         if self.int8 and not head:
-            return Int8Tiles(kernels, *int8_rows(layer.weight.detach()), layer.bias, self._tiles.array)
+            return self._int8_tiles[layer]
         tiles = Bf16Tiles if self.weight_dtype == "bfloat16" else Fp32Tiles
         return tiles(kernels, layer.weight, layer.bias, self._tiles.array)
 
@@ -501,7 +530,7 @@ class CpuStep:
         return self.arena.nbytes() + self._int8_bytes + self._packed_bytes + tiles
 
     def _eager_block(self, *args, **kwargs) -> torch.Tensor:
-        return block_step(*args, **kwargs, matmul=int8_matmul if self.int8 else self._matmul)
+        return block_step(*args, **kwargs, matmul=self._int8_matmul if self.int8 else self._matmul)
 
     def _matmul(self, x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor,
                 residual: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -598,7 +627,7 @@ class CpuStep:
 
         Several rows multiply through the packed weights, about twice torch's speed on a prompt's 10–30 rows.
         """
-        matmul = int8_matmul if self.int8 else self._matmul
+        matmul = self._int8_matmul if self.int8 else self._matmul
         final = len(self.global_blocks) - 1
         for i, weights in enumerate(self.global_blocks):
             x = block_rows(x, rotation, kv[i], slot, start, *weights, heads=self.n_head, eps=self.eps,

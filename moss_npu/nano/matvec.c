@@ -122,12 +122,27 @@ void matvec_bf16(const float *x, const uint16_t *w, const float *bias, const flo
     }
 }
 
+static void int8_finish(float *y, const float *scale, const float *bias, const float *residual, long first) {
+    for (long c = first; c < first + TILE; c++)
+        y[c] = y[c] * scale[c] + (bias ? bias[c] : 0.0f) + (residual ? residual[c] : 0.0f);
+}
+
 /* y = (x · W) · scale + bias (+ residual), W in int8 tiles; as matvec_bf16 otherwise. */
 void matvec_int8(const float *x, const int8_t *w, const float *scale, const float *bias, const float *residual,
                  float *y, long in, long out) {
     for (long j = 0; j < out; j += TILE) {
         int8_tile(x, w + j * in, y + j, in);
-        for (long c = j; c < j + TILE; c++)
-            y[c] = y[c] * scale[c] + (bias ? bias[c] : 0.0f) + (residual ? residual[c] : 0.0f);
+        int8_finish(y, scale, bias, residual, j);
     }
+}
+
+/* matvec_int8 for n rows (x n × in, y and residual n × out): tile by tile, each tile for every row while it is
+ * in cache. Every row's sums are those matvec_int8 makes for it alone, bit for bit (the same tile function). */
+void matvec_int8_rows(const float *x, const int8_t *w, const float *scale, const float *bias,
+                      const float *residual, float *y, long n, long in, long out) {
+    for (long j = 0; j < out; j += TILE)
+        for (long r = 0; r < n; r++) {
+            int8_tile(x + r * in, w + j * in, y + r * out + j, in);
+            int8_finish(y + r * out, scale, bias, residual ? residual + r * out : NULL, j);
+        }
 }

@@ -133,6 +133,8 @@ class MatVecKernels:
         for function in (self.f32, self.bf16):
             function.argtypes, function.restype = [_POINTER] * 5 + [_LONG, _LONG], None
         self.int8.argtypes, self.int8.restype = [_POINTER] * 6 + [_LONG, _LONG], None
+        self.int8_rows = library.matvec_int8_rows
+        self.int8_rows.argtypes, self.int8_rows.restype = [_POINTER] * 6 + [_LONG, _LONG, _LONG], None
 
     @classmethod
     def load(cls, cache: Optional[Path] = None, flags: tuple[str, ...] = FLAGS) -> "MatVecKernels":
@@ -263,6 +265,21 @@ class Int8Tiles(_Tiles):
     def __init__(self, kernels: MatVecKernels, values: torch.Tensor, scale: torch.Tensor,
                  bias: Optional[torch.Tensor], allocate: Allocate = np.empty) -> None:
         super().__init__(kernels.int8, values, bias, allocate, _pad_vector(scale, values.shape[0]))
+        self._rows = kernels.int8_rows
+
+    def rows(self, x: np.ndarray, residual: Optional[np.ndarray] = None) -> np.ndarray:
+        """Return the (n, out) products of n float32 rows ``x`` (n, in), each bit for bit what ``__call__`` gives
+        for that row alone; ``residual`` (n, out) is added."""
+        x = np.ascontiguousarray(x, np.float32)
+        n = x.shape[0]
+        y = np.empty((n, self._columns), np.float32)
+        if residual is not None:
+            residual = np.ascontiguousarray(residual, np.float32)
+            if residual.shape[1] != self._columns:
+                residual = np.pad(residual, ((0, 0), (0, self._columns - residual.shape[1])))
+        self._rows(x.ctypes.data, *self._pointers, None if residual is None else residual.ctypes.data,
+                   y.ctypes.data, n, self.in_features, self._columns)
+        return y if self._columns == self.out_features else np.ascontiguousarray(y[:, :self.out_features])
 
 
 class BlasGemv:

@@ -318,3 +318,36 @@ def test_a_compiler_without_march_native_still_builds(kernels, monkeypatch, tmp_
     monkeypatch.setenv("CC", str(compiler))
     built = MatVecKernels.load(tmp_path / "cache")
     np.testing.assert_allclose(Bf16Tiles(built, torch.ones(32, 8), None)(np.ones(8, np.float32)), 8.0)
+
+
+def test_int8_rows_are_each_row_alone_bit_for_bit(kernels):
+    weight, bias, _, _ = _case(300, 200, seed=9)
+    values, scale = int8_rows(weight)
+    tiles = Int8Tiles(kernels, values, scale, bias)
+    gen = torch.Generator().manual_seed(3)
+    x, residual = torch.randn(5, 200, generator=gen).numpy(), torch.randn(5, 300, generator=gen).numpy()
+    rows = tiles.rows(x, residual)
+    assert rows.shape == (5, 300) and rows.flags.c_contiguous
+    for r in range(5):
+        assert np.array_equal(rows[r], tiles(x[r], residual[r]))
+    assert np.array_equal(tiles.rows(x[:1]), tiles(x[0])[None])
+
+
+def test_int8_batches_decode_what_each_request_decodes_alone(model, prompts):
+    """Several slots' int8 products go through the same tiles as one slot's (float32 activations), so a request
+    decodes in a batch what it decodes alone: the same codes, hidden states to float32 rounding (torch's int8
+    kernel rounded a batch's activations to bf16: differences ~1e-2)."""
+    quantized = copy.deepcopy(model)
+    quantize_int8(quantized)
+    alone = [_decode(quantized, rows, 5, use_cpu_step=True) for rows in prompts[:2]]
+    decoder = FrameDecoder(quantized, slots=2, max_len=max(p.shape[0] for p in prompts[:2]) + 6)
+    for rows in prompts[:2]:
+        decoder.admit(rows, RequestParams(max_new_frames=5))
+    codes, hidden = [], []
+    while decoder.active_slots:
+        codes.append(decoder.step().codes)
+        hidden.append(decoder.state.hidden[:2].clone())
+    codes, hidden = torch.stack(codes), torch.stack(hidden)
+    for slot in range(2):
+        assert torch.equal(codes[:, slot], alone[slot][0][:, 0])
+        torch.testing.assert_close(hidden[:, slot], alone[slot][1][:, 0], rtol=1e-5, atol=1e-5)
