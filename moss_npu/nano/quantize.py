@@ -7,8 +7,9 @@ with one scale per output channel (``scale = max|w| / 127``), and the rounded va
 float32 parameters: every path (prefill, the reference algorithm, ``eval_accuracy.py``'s tier A) then computes
 with exactly the quantized weights. The embeddings, the tied heads and the norms stay as loaded. On the CPU
 the frame step (``nano.cpu_step``) multiplies with the int8 weights themselves (a quarter of the fp32 weight
-bytes per frame): one row through ``nano.matvec``'s kernel in float32 arithmetic, several rows (a prefill, a
-batch of slots) through torch's ``_weight_int8pack_mm``, which rounds their activations to bf16.
+bytes per frame): frames, one slot or a batch, through ``nano.matvec``'s kernel in float32 arithmetic (a
+request decodes in a batch what it decodes alone), a prompt's prefill through torch's ``_weight_int8pack_mm``,
+which rounds its activations to bf16 (faster on many rows).
 Needs a torch with ``torch.ops.aten._weight_int8pack_mm`` (2.4+); older ones are refused with one line.
 
 bf16 on the CPU (``store_bf16``) means bf16 *weights* and float32 arithmetic: every parameter is rounded to bf16
@@ -33,9 +34,10 @@ def int8_kernel_available() -> bool:
     return hasattr(torch.ops.aten, "_weight_int8pack_mm")
 
 
-def block_linears(model: nn.Module) -> list[nn.Linear]:
-    """Return the linear layers that int8 quantization rounds: every block's of both decoders, in reading order."""
-    blocks = [*model.transformer.h, *model.local_transformer.h]
+def block_linears(model: nn.Module, local: bool = True) -> list[nn.Linear]:
+    """Return the linear layers that int8 quantization rounds: every block's of both decoders (or, ``local``
+    False, of the global one), in reading order."""
+    blocks = [*model.transformer.h, *(model.local_transformer.h if local else [])]
     return [layer for b in blocks for layer in (b.attn.c_attn, b.attn.c_proj, b.mlp.fc_in, b.mlp.fc_out)]
 
 
