@@ -429,11 +429,11 @@ class CpuStep:
         # A prompt's prefill (one request's rows, whether it decodes alone or in a batch) multiplies an int8
         # model's global blocks through torch's int8 kernel: bf16 activations, but ~20 % faster on 20–100 rows
         # than the tiles row by row (short-zh 64 against 82 ms, long-en 377 against 435 measured).
-        self._prefill_blocks, self._prefill_matmul = self.global_blocks, self._int8_matmul if self.int8 else None
+        self._prefill_blocks = self.global_blocks
         if self._int8_tiles:
             torch_int8 = Int8Weights(block_linears(model, local=False))
             self._prefill_blocks = [_block_weights(b, torch_int8) for b in model.transformer.h]
-            self._prefill_matmul, self._int8_bytes = int8_matmul, torch_int8.nbytes()
+            self._int8_bytes = torch_int8.nbytes()
         self.global_final = (model.transformer.ln_f.weight.detach(), model.transformer.ln_f.bias.detach())
         self.local_final = (model.local_transformer.ln_f.weight.detach(), model.local_transformer.ln_f.bias.detach())
         self.heads = [self.arena.linear(h) for h in model.audio_lm_heads]
@@ -637,7 +637,7 @@ class CpuStep:
         Several rows multiply through the packed weights, about twice torch's speed on a prompt's 10–30 rows
         (an int8 model's through torch's int8 kernel).
         """
-        matmul = self._prefill_matmul if self.int8 else self._matmul
+        matmul = int8_matmul if self.int8 else self._matmul
         final = len(self._prefill_blocks) - 1
         for i, weights in enumerate(self._prefill_blocks):
             x = block_rows(x, rotation, kv[i], slot, start, *weights, heads=self.n_head, eps=self.eps,

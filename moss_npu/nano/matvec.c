@@ -103,12 +103,17 @@ static void f32_tile(const float *x, const float *tile, float *sums, long in) {
 #endif
 }
 
+/* Columns [first, first + TILE) of y: the tile's sums plus bias and residual (either may be NULL). */
+static void add_finish(float *y, const float *bias, const float *residual, long first) {
+    for (long c = first; c < first + TILE; c++) y[c] += (bias ? bias[c] : 0.0f) + (residual ? residual[c] : 0.0f);
+}
+
 /* y = x · W + bias (+ residual), W in float32 tiles; `out` a multiple of TILE; bias and residual may be NULL. */
 void matvec_f32(const float *x, const float *w, const float *bias, const float *residual, float *y, long in,
                 long out) {
     for (long j = 0; j < out; j += TILE) {
         f32_tile(x, w + j * in, y + j, in);
-        for (long c = j; c < j + TILE; c++) y[c] += (bias ? bias[c] : 0.0f) + (residual ? residual[c] : 0.0f);
+        add_finish(y, bias, residual, j);
     }
 }
 
@@ -118,7 +123,7 @@ void matvec_bf16(const float *x, const uint16_t *w, const float *bias, const flo
     const uint32_t *words = (const uint32_t *)w;
     for (long j = 0; j < out; j += TILE) {
         bf16_tile(x, words + j / 2 * in, y + j, in);
-        for (long c = j; c < j + TILE; c++) y[c] += (bias ? bias[c] : 0.0f) + (residual ? residual[c] : 0.0f);
+        add_finish(y, bias, residual, j);
     }
 }
 

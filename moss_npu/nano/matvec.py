@@ -190,11 +190,12 @@ def _pad_vector(values: Optional[torch.Tensor], columns: int) -> np.ndarray:
 
 
 def _fitted(residual: np.ndarray, length: int) -> np.ndarray:
-    """Return ``residual`` as a contiguous float32 vector of the padded ``length`` (a copy only where needed)."""
-    if residual.shape[0] == length and residual.dtype == np.float32 and residual.flags.c_contiguous:
+    """Return ``residual`` (..., out) as contiguous float32 rows of the padded ``length`` (a copy only where
+    needed)."""
+    if residual.shape[-1] == length and residual.dtype == np.float32 and residual.flags.c_contiguous:
         return residual
-    padded = np.zeros(length, np.float32)
-    padded[:residual.shape[0]] = residual
+    padded = np.zeros((*residual.shape[:-1], length), np.float32)
+    padded[..., :residual.shape[-1]] = residual
     return padded
 
 
@@ -273,10 +274,7 @@ class Int8Tiles(_Tiles):
         x = np.ascontiguousarray(x, np.float32)
         n = x.shape[0]
         y = np.empty((n, self._columns), np.float32)
-        if residual is not None:
-            residual = np.ascontiguousarray(residual, np.float32)
-            if residual.shape[1] != self._columns:
-                residual = np.pad(residual, ((0, 0), (0, self._columns - residual.shape[1])))
+        residual = None if residual is None else _fitted(residual, self._columns)
         self._rows(x.ctypes.data, *self._pointers, None if residual is None else residual.ctypes.data,
                    y.ctypes.data, n, self.in_features, self._columns)
         return y if self._columns == self.out_features else np.ascontiguousarray(y[:, :self.out_features])
@@ -284,7 +282,7 @@ class Int8Tiles(_Tiles):
 
 class BlasGemv:
     """``x @ weight_t + bias (+ residual)`` for one float32 row through numpy's BLAS GEMV, ``weight_t`` (in, out)
-    as the weight arena holds it: the float32 counterpart of ``Bf16Tiles`` and ``Int8Tiles``."""
+    as the weight arena holds it: what one slot's products fall back to where the tiles' kernels cannot be built."""
 
     def __init__(self, weight_t: np.ndarray, bias: np.ndarray) -> None:
         self.weight_t, self.bias = weight_t, bias
