@@ -31,7 +31,8 @@ def _user_cache(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("MOSS_NPU_CACHE_DIR", str(folder))
         try:
-            from moss_npu.nano.matvec import KernelUnavailable, MatVecKernels
+            from moss_npu.nano.matvec import MatVecKernels
+            from moss_npu.native import KernelUnavailable
         except ImportError:  # a torch-free environment (the Delay fallback's checks)
             pass
         else:

@@ -42,10 +42,10 @@ import torch.nn.functional as F
 
 from moss_npu.cache_dir import CACHE_ENV
 from moss_npu.errors import InputError
-from moss_npu.nano.matvec import (PRIVATE, BlasGemv, Bf16Tiles, Fp32Tiles, Int8Tiles, KernelUnavailable,
-                                  MatVecKernels, table_bytes)
+from moss_npu.nano.matvec import BlasGemv, Bf16Tiles, Fp32Tiles, Int8Tiles, MatVecKernels, table_bytes
 from moss_npu.nano.model import Block
 from moss_npu.nano.quantize import block_linears, int8_rows
+from moss_npu.native import PRIVATE, KernelUnavailable
 from moss_npu.packed import pack_linear, packed_matmul, packing_available
 from moss_npu.threads import ThreadPools, limit_blas
 

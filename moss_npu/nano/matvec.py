@@ -11,116 +11,28 @@ and torch's int8 weight-only kernel rounds the activations to bf16.
 Measured, real-size model, 1 thread, a frame's products: float32 23 ms (numpy's GEMV 27–31), bf16 10, int8 10
 (its widening costs arithmetic where bf16's is two instructions).
 
-The kernels are compiled at first use with the system C compiler (``$CC``, else ``cc``; ``-O3 -march=native``:
-AVX-512 where the CPU has it, portable C the compiler vectorizes elsewhere; ``-mcpu=native`` or neither where the
-compiler refuses it) into the user cache
-(``moss_npu.cache_dir``, ``kernels/``), named by the source, the flags, the compiler and this CPU, and loaded
-with ctypes (~0.4 s once, then milliseconds). Without a compiler ``MatVecKernels.load`` raises
-``KernelUnavailable`` saying why; the CPU step then keeps numpy's GEMV (``BlasGemv``).
+The kernels are compiled at first use with the system C compiler and kept in the user cache (``moss_npu.native``:
+``-O3 -march=native``, so AVX-512 where the CPU has it, portable C the compiler vectorizes elsewhere). Without a
+compiler ``MatVecKernels.load`` raises ``KernelUnavailable`` saying why; the CPU step then keeps numpy's GEMV
+(``BlasGemv``).
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import logging
-import os
-import platform
-import shlex
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 from typing import Callable, Optional
 
 import numpy as np
 import torch
 
-from moss_npu.cache_dir import default_cache_dir
-
-log = logging.getLogger(__name__)
+from moss_npu.native import FLAGS, load_library
 
 SOURCE = Path(__file__).with_name("matvec.c")
-FLAGS = ("-O3", "-march=native", "-shared", "-fPIC")
 TILE = 256  # output columns per tile (matvec.c): matrices are padded to a multiple
 GROUP = 32  # bf16 columns interleaved together in a tile row (matvec.c)
-PRIVATE = "a temporary folder"  # MatVecKernels.built where the cache was unusable: compiled at every start
 _POINTER, _LONG = ctypes.c_void_p, ctypes.c_long
 Allocate = Callable[[tuple, type], np.ndarray]  # (shape, dtype) -> an uninitialized array (np.empty's contract)
-
-
-class KernelUnavailable(RuntimeError):
-    """The kernels could not be built or loaded here (no compiler, a failed build); the message says why."""
-
-
-def _cpu_identity() -> str:
-    """What ``-march=native`` depends on: the machine and, on Linux, the CPU's model and feature flags."""
-    parts = [platform.machine()]
-    try:
-        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
-            if line.split(":")[0].strip() in ("model name", "flags", "Features", "CPU part"):
-                parts.append(line)
-                if len(parts) > 4:
-                    break
-    except OSError:
-        parts.append(platform.processor())
-    return "\n".join(parts)
-
-
-def _compiler() -> tuple[list[str], str]:
-    """Return the C compiler command to use and its version line; raise KernelUnavailable without one.
-
-    ``$CC`` is read as make reads it, a command that may carry options ("ccache gcc", "zig cc"); a path with
-    spaces that names a program is taken whole.
-    """
-    name = os.environ.get("CC") or "cc"
-    try:
-        words = [name] if shutil.which(name) else shlex.split(name)
-    except ValueError:  # unbalanced quotes: not a command
-        words = [name]
-    path = shutil.which(words[0]) if words else None
-    if path is None:
-        raise KernelUnavailable(f"no C compiler ({name!r} is not on PATH; install gcc or set $CC)")
-    command = [path, *words[1:]]
-    try:
-        version = subprocess.run([*command, "--version"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise KernelUnavailable(f"the C compiler {path} does not run ({exc})") from exc
-    return command, (version.splitlines() or [""])[0]
-
-
-def _native_variants(flags: tuple[str, ...]) -> list[tuple[str, ...]]:
-    """Return ``flags``, then, where they hold ``-march=native``, the same with ``-mcpu=native`` (gcc on POWER, which
-    refuses ``-march``) and with neither (a compiler that knows no "this CPU"): tried in turn until one builds."""
-    if "-march=native" not in flags:
-        return [flags]
-    swapped = tuple("-mcpu=native" if f == "-march=native" else f for f in flags)
-    return [flags, swapped, tuple(f for f in flags if f != "-march=native")]
-
-
-def _build(compiler: list[str], target: Path, flags: tuple[str, ...]) -> None:
-    """Compile ``SOURCE`` into ``target`` through a temporary file beside it (readers never see half a file)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    handle, partial = tempfile.mkstemp(dir=target.parent, prefix=target.stem, suffix=".partial")
-    os.close(handle)
-    try:
-        failures = []
-        for variant in _native_variants(flags):
-            done = subprocess.run([*compiler, *variant, "-o", partial, str(SOURCE)], capture_output=True, text=True,
-                                  timeout=300)
-            if done.returncode == 0:
-                break
-            failures.append(done)
-        else:  # the first attempt's message: the others differ from it only by the flag
-            first = (failures[0].stderr.strip().splitlines() or ["no message"])[0]
-            raise KernelUnavailable(f"compiling {SOURCE.name} failed: {first}")
-        os.chmod(partial, 0o755)  # mkstemp makes 0600: another user sharing the cache loads it too
-        os.replace(partial, target)
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise KernelUnavailable(f"compiling {SOURCE.name} failed ({exc})") from exc
-    finally:
-        if os.path.exists(partial):
-            os.unlink(partial)
 
 
 class MatVecKernels:
@@ -139,38 +51,10 @@ class MatVecKernels:
     @classmethod
     def load(cls, cache: Optional[Path] = None, flags: tuple[str, ...] = FLAGS) -> "MatVecKernels":
         """Return the kernels, compiled with ``flags`` into ``cache/kernels`` (default: the user cache) unless
-        already there.
-
-        An unwritable or missing cache folder builds them in a temporary folder for this process instead.
-        Raises KernelUnavailable where they cannot be built.
-        """
-        compiler, version = _compiler()
-        key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(flags), " ".join(compiler), version,
-                                        _cpu_identity()]).encode()).hexdigest()[:16]
-        root = cache if cache is not None else default_cache_dir()
-        if root is not None:
-            target = Path(root) / "kernels" / f"matvec-{key}.so"
-            try:
-                if target.is_file():
-                    try:
-                        return cls(ctypes.CDLL(str(target)))
-                    except OSError:  # a damaged file (truncated, overwritten): build it again
-                        log.warning("kernel cache file %s is damaged; building it again", target)
-                _build(compiler, target, flags)
-                try:
-                    return cls(ctypes.CDLL(str(target)), built=str(target.parent))
-                except OSError:  # not loadable here (a folder mounted noexec, $CC for another machine): not kept
-                    target.unlink(missing_ok=True)
-                    raise
-            except OSError as exc:  # an unwritable folder: build privately below
-                log.debug("kernel cache %s unusable (%s); building in a temporary folder", target.parent, exc)
-        with tempfile.TemporaryDirectory(prefix="moss-npu-kernels-") as folder:
-            target = Path(folder) / f"matvec-{key}.so"
-            _build(compiler, target, flags)
-            try:
-                return cls(ctypes.CDLL(str(target)), built=PRIVATE)  # the mapping outlives the file
-            except OSError as exc:
-                raise KernelUnavailable(f"the compiled {SOURCE.stem} library does not load ({exc})") from exc
+        already there (``native.load_library``: an unwritable or missing cache folder builds them in a temporary
+        folder for this process). Raises KernelUnavailable where they cannot be built."""
+        library, built = load_library(SOURCE, cache, flags)
+        return cls(library, built)
 
 
 def _padded(columns: int) -> int:

@@ -19,7 +19,8 @@ from moss_npu.errors import InputError
 from moss_npu.nano import matvec
 from moss_npu.nano.cpu_step import CpuStep
 from moss_npu.nano.decoder import FrameDecoder, RequestParams
-from moss_npu.nano.matvec import Bf16Tiles, Fp32Tiles, Int8Tiles, KernelUnavailable, MatVecKernels
+from moss_npu.nano.matvec import Bf16Tiles, Fp32Tiles, Int8Tiles, MatVecKernels
+from moss_npu.native import KernelUnavailable
 from moss_npu.nano.quantize import dtype_name, int8_rows, quantize_int8, store_bf16
 
 from .test_decoder import model, prompts  # noqa: F401 - the tiny steered model and its prompts (fixtures)
