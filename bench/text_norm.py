@@ -3,15 +3,15 @@
     python -m bench.text_norm                  # 2,000-character mixed Chinese and English texts
     python -m bench.text_norm --chars 500 --repeats 5
 
-Loads the grammars in a fresh ``TextNormalizer`` twice: with a cold grammar cache (an empty temporary
-folder: each grammar file is read and prepared for lookahead search, then written there, as on a machine's
+Loads the grammars in a fresh ``TextNormalizer`` twice: with a cold cache (an empty temporary folder: the
+compiled search built and each grammar file read and prepared for it, then written there, as on a machine's
 first use; the user's own cache is left alone) and with that cache warm (the prepared files read back, as on
 every later start). Then it times ``prepare`` (robust cleanup → WeTextProcessing → robust cleanup) on a
 Chinese and an English text of ``--chars`` characters holding dates, times, money, percentages, units, phone
 numbers, URLs and e-mail addresses, in three kinds: ``repeated`` (one paragraph over and over), ``varied``
 (the same paragraph with fresh random numbers each time, so few pieces repeat) and ``fresh`` (other sentences,
 drawn at random with random numbers of random lengths: what a normalizer has not met). Each kind is timed on
-a fresh normalizer (``first``: its memo tables and piece readings still empty); a varied text is followed by
+a fresh normalizer (``first``: the search's working memory not yet mapped); a varied text is followed by
 ``--repeats`` new varied texts (``next texts``, median: what a running normalizer meets), and each kind is
 then timed ``--repeats`` times again (``same text again``, median). Prints one line per measurement and last
 lines ``ms per 1000 chars (varied, next texts): zh X, en Y`` and the same for ``fresh``.

@@ -14,10 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from moss_npu.native import KernelUnavailable
 from moss_npu.text.grammar_cache import GrammarCache
 from moss_npu.text.language import LANGUAGES, choose_language, guard_chinese_hyphens
+from moss_npu.text.lattice import LatticeKernels, NoReading
 from moss_npu.text.robust import clean_for_speech
-from moss_npu.text.wetext import OFFICIAL_VERSION, Grammar, Grammars, NoReading, WeTextUnavailable
+from moss_npu.text.wetext import OFFICIAL_VERSION, Grammar, Grammars, WeTextUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +39,9 @@ class TextNormalizer:
     """Prepares texts as the official command line does; owns the loaded grammars (read once, on first use)."""
 
     def __init__(self, cache_dir: Optional[Path] = None) -> None:
-        """``cache_dir``: where the grammars prepared for faster search are kept (``grammar_cache``; by default
-        ``$MOSS_NPU_CACHE_DIR`` or ``~/.cache/moss-npu``)."""
+        """``cache_dir``: where the grammars prepared for the compiled search and the search itself are kept
+        (``grammar_cache``, ``native``; by default ``$MOSS_NPU_CACHE_DIR`` or ``~/.cache/moss-npu``)."""
+        self._cache_dir = cache_dir
         self._cache = GrammarCache(cache_dir)
         self._lock = threading.Lock()
         self._grammars: dict[str, Grammar] = {}
@@ -70,7 +73,8 @@ class TextNormalizer:
             if not self._grammars and self._unavailable is None:
                 try:
                     found = Grammars.locate()
-                    self._grammars = {lang: Grammar.load(lang, found, self._cache) for lang in LANGUAGES}
+                    kernels = self._kernels()
+                    self._grammars = {lang: Grammar.load(lang, found, self._cache, kernels) for lang in LANGUAGES}
                 except WeTextUnavailable as exc:
                     self._unavailable = str(exc)
                     log.warning("text normalization: %s; numbers and symbols are read as written "
@@ -80,6 +84,15 @@ class TextNormalizer:
                         log.warning("text normalization: WeTextProcessing %s is installed; the official outputs "
                                     "come from %s, so some readings may differ", found.version, OFFICIAL_VERSION)
             return self._grammars.get(language)
+
+    def _kernels(self) -> Optional[LatticeKernels]:
+        """The compiled search; None, after one warning, where it cannot be built (kaldifst searches instead)."""
+        try:
+            return LatticeKernels.load(self._cache_dir)
+        except KernelUnavailable as exc:
+            log.warning("text normalization: the compiled search cannot be built (%s); searching with kaldifst "
+                        "instead (the same readings, about 100x slower)", exc)
+            return None
 
     @staticmethod
     def _clean(text: str, prompt_text: str) -> tuple[str, str]:

@@ -47,7 +47,7 @@ class Token:
         return self.name + " {" + "".join(f' {key}: "{value}"' for key, value in self.fields()) + " }"
 
 
-_TOKEN = re.compile(r'([A-Za-z_]*) \{ ((?:[A-Za-z_]+: "(?:[^"\\]|\\.)*" +)*)\}( |$)', re.DOTALL)
+_TOKEN = re.compile(r'([A-Za-z_]*) \{ +((?:[A-Za-z_]+: "(?:[^"\\]|\\.)*" +)*)\}( |$)', re.DOTALL)
 _FIELD = re.compile(r'([A-Za-z_]+): "((?:[^"\\]|\\.)*)" +', re.DOTALL)
 
 
