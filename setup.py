@@ -20,7 +20,7 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["moss_npu", "moss_npu.*"]),
-    package_data={"moss_npu.nano": ["matvec.c"]},  # compiled at first use (moss_npu.nano.matvec)
+    package_data={"moss_npu.nano": ["matvec.c"], "moss_npu.text": ["lattice.c"]},  # compiled at first use (moss_npu.native)
     # Torch-free core: the llama.cpp Delay fallback runs on exactly this plus the "llama" extra.
     install_requires=[
         "numpy",

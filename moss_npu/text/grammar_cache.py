@@ -39,17 +39,18 @@ class GrammarCache:
         self.folder = None if root is None else Path(root) / "grammars"
         self._warned = False
 
-    def prepared(self, source: Path, prepare: Callable[[bytes], Arrays]) -> Arrays:
-        """``source`` prepared: read from the cache, else made by ``prepare`` from the file's bytes and written
-        there, with one line saying so and how long it took. ``prepare``'s errors (``PreparationError``) pass."""
+    def prepared(self, source: Path, prepare: Callable[[], Arrays]) -> Arrays:
+        """``source`` prepared: read from the cache, else made by ``prepare`` and written there, with a line
+        before (it takes seconds) and one after saying how long it took. ``prepare``'s errors pass."""
         data = source.read_bytes()
         digest = hashlib.sha256(data).hexdigest()
         path = Path(self.folder or "") / f"{source.stem}-{digest[:16]}-v{FORMAT_VERSION}.npz"
         found = None if self.folder is None else self._read(path, digest)
         if found is not None:
             return found
+        log.warning("text normalization: preparing %s for search (once, a few seconds)", source.name)
         start = time.perf_counter()
-        arrays = prepare(data)
+        arrays = prepare()
         written = self._write(path, {**arrays, "source_sha256": np.frombuffer(bytes.fromhex(digest), np.uint8)})
         log.warning("text normalization: prepared %s for search in %.1f s (%s)", source.name,
                     time.perf_counter() - start, f"once; cached in {self.folder}" if written else "in memory only")

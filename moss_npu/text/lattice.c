@@ -125,7 +125,7 @@ done:
 
 typedef struct { int32_t q, pos, arcs, count; } LatticeState;  /* grammar state, position, its arcs' place, count */
 typedef struct { int32_t to, arc; } LatticeArc;                 /* lattice state reached, grammar arc taken */
-typedef struct { int32_t pos, id, index; } Slot;  /* a column's entry for one grammar state: its state, list index */
+typedef struct { int32_t pos, id; } Slot;  /* a column's entry for one grammar state: position, lattice state */
 
 typedef struct {
     LatticeState *states;
@@ -137,7 +137,7 @@ typedef struct {  /* the lattice states of one position: slots[q].pos == that po
     Slot *slots;
     int32_t *list;  /* in the order they were made, which is the order they are expanded in */
     long listed, cap;
-    int back;       /* whether an epsilon arc leads to a state listed before its source (see mark_live) */
+    int back;       /* whether an epsilon arc leads to a state made before its source (see mark_live) */
 } Column;
 
 static int grow(void **items, long *cap, long need, size_t size) {
@@ -158,7 +158,7 @@ static long state_at(Lattice *lat, Column *col, int32_t q, int32_t pos) {
         return NO_MEMORY;
     long id = lat->n_states++;
     lat->states[id] = (LatticeState){q, pos, 0, 0};
-    col->slots[q] = (Slot){pos, (int32_t)id, (int32_t)col->listed};
+    col->slots[q] = (Slot){pos, (int32_t)id};
     col->list[col->listed++] = (int32_t)id;
     return id;
 }
@@ -187,7 +187,7 @@ static int expand(const Grammar *g, Lattice *lat, Column *here, Column *there, l
         long to;
         if (take_eps) eps += 3; else byte += 3;
         if (!has(g->sets + WORDS * (long)g->first[arc[1]], take_eps ? now : then)) continue;
-        if (take_eps && here->slots[arc[1]].pos == p && here->slots[arc[1]].index <= k) here->back = 1;
+        if (take_eps && here->slots[arc[1]].pos == p && here->slots[arc[1]].id <= s) here->back = 1;
         to = take_eps ? state_at(lat, here, arc[1], (int32_t)p) : state_at(lat, there, arc[1], (int32_t)(p + 1));
         if (to < 0 || grow((void **)&lat->arcs, &lat->cap_arcs, lat->n_arcs + 1, sizeof(LatticeArc))) return NO_MEMORY;
         lat->arcs[lat->n_arcs++] = (LatticeArc){(int32_t)to, arc[2]};

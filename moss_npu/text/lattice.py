@@ -39,7 +39,7 @@ import numpy as np
 from moss_npu.native import FLAGS, load_library
 
 SOURCE = Path(__file__).with_name("lattice.c")
-FORMAT_VERSION = 2  # of the prepared arrays (grammar_cache names its files by it)
+FORMAT_VERSION = 3  # of the prepared arrays (grammar_cache names its files by it)
 WORDS = 5  # uint64 words of a first set (lattice.c)
 _NO_READING, _NO_MEMORY, _TOO_SMALL = -1, -2, -3
 _MAGIC = 2125659606  # OpenFst's file magic number

@@ -91,7 +91,7 @@ class TextNormalizer:
             return LatticeKernels.load(self._cache_dir)
         except KernelUnavailable as exc:
             log.warning("text normalization: the compiled search cannot be built (%s); searching with kaldifst "
-                        "instead (the same readings, about 100x slower)", exc)
+                        "instead (the same readings, about 100x slower, and a few seconds to load)", exc)
             return None
 
     @staticmethod

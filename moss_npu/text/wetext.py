@@ -9,16 +9,18 @@ no grammar compiler: it reads the wheel's tagger FSTs and its English verbalizer
 is never imported. Each FST's lightest path over a text is found by the compiled search (``lattice``: OpenFst's
 very answer, in milliseconds), its arrays prepared once per grammar file and kept in the user cache
 (``grammar_cache``); without a C compiler, by kaldifst (OpenFst itself, wheels for x86-64 and aarch64), slower.
-(The official runtime loads the files with pynini's ``optimize()``, which renumbers their states; in rare ties
-that breaks them otherwise: ``foo@example.org, CO2`` is tagged ``example.o`` + ``rg, Colorado`` there,
-``example.or`` + ``g, Colorado`` here; ``¥192.168.1.1``, two readings of weight 2.11, is ``十九元`` +
-``二点一六八点一点一`` there, ``一元`` + ``九二点一六八点一点一`` here.)
+The official runtime loads the files with pynini's ``optimize()``, which renumbers their states and so reorders
+the arcs of a few; the search here reads them so too (``optimize_order``), or in rare ties it would break them
+otherwise (``foo@example.org, CO2`` would be tagged ``example.or`` + ``g, Colorado`` instead of ``example.o`` +
+``rg, Colorado``; ``¥192.168.1.1``, two readings of weight 2.11, ``一元`` + ``九二点一六八点一点一`` instead of
+``十九元`` + ``二点一六八点一点一``).
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import logging
+import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +28,7 @@ from typing import Any, Optional, Protocol
 
 from moss_npu.text.grammar_cache import GrammarCache
 from moss_npu.text.lattice import CompiledGrammar, LatticeKernels, NoReading, PreparationError, prepare, read_vector_fst
+from moss_npu.text.optimize_order import optimize_order
 from moss_npu.text.tokens import Token, parse_tokens, reorder
 
 log = logging.getLogger(__name__)
@@ -104,27 +107,55 @@ class Grammar:
 
 
 def _load_search(path: Path, cache: GrammarCache, kernels: Optional[LatticeKernels]) -> Search:
-    """The grammar file at ``path`` ready to search: compiled where ``kernels`` are given, else kaldifst's."""
+    """The grammar file at ``path`` as the official runtime loads it (``optimized``), ready to search: compiled,
+    through ``cache``, where ``kernels`` are given, else kaldifst's."""
     if kernels is None:
-        return WholeTextSearch(path)
+        return WholeTextSearch(optimized(path))
     try:
-        arrays = cache.prepared(path, lambda data: prepare(kernels, read_vector_fst(kernels, data)))
+        arrays = cache.prepared(path, lambda: prepare(kernels, read_vector_fst(kernels, _file_bytes(optimized(path)))))
     except (OSError, PreparationError) as exc:
         raise WeTextUnavailable(f"cannot read {path} ({exc}); reinstall it: {INSTALL_HINT}") from None
     return CompiledGrammar(kernels, arrays)
+
+
+def optimized(path: Path) -> Any:
+    """The FST file at ``path`` read with kaldifst and put through pynini's ``optimize()`` as the official runtime
+    does (``optimize_order``: the same states and arc order, so that ties break the same way); an FST that rule
+    does not cover is kept as read, after one warning."""
+    kaldifst = _kaldifst()
+    fst = _read_fst(kaldifst, path)
+    try:
+        return optimize_order(fst)
+    except ValueError as exc:
+        log.warning("text normalization: %s is searched as read, not as pynini's optimize() gives it (%s); "
+                    "equally light readings may be broken otherwise than officially", path.name, exc)
+        return fst
+
+
+def _file_bytes(fst: Any) -> bytes:
+    """``fst`` as an OpenFst binary file (kaldifst writes to paths only)."""
+    with tempfile.TemporaryDirectory(prefix="moss_npu_grammar_") as folder:
+        target = Path(folder) / "grammar.fst"
+        if not fst.write(str(target)):
+            raise OSError(f"kaldifst could not write {target}")
+        return target.read_bytes()
+
+
+def _kaldifst() -> Any:
+    try:
+        import kaldifst
+    except ImportError:
+        raise WeTextUnavailable(f"kaldifst is not installed ({INSTALL_HINT})") from None
+    return kaldifst
 
 
 class WholeTextSearch:
     """The lightest path of an FST over a whole text with kaldifst (OpenFst's ``Compose`` and ``ShortestPath``, as
     pynini takes it): where the compiled search cannot be built; the same answers, a hundred times slower."""
 
-    def __init__(self, path: Path) -> None:
-        try:
-            import kaldifst
-        except ImportError:
-            raise WeTextUnavailable(f"kaldifst is not installed ({INSTALL_HINT})") from None
-        self._kaldifst = kaldifst
-        self._fst = _read_fst(kaldifst, path)
+    def __init__(self, fst: Any) -> None:
+        self._kaldifst = _kaldifst()
+        self._fst = fst
 
     def best(self, text: str) -> str:
         """Return the output of the lightest path over ``text``'s UTF-8 bytes; raise ``NoReading`` if none."""

@@ -41,7 +41,7 @@ def small_grammar(tmp_path, extra=()):
 
 def load(cache: GrammarCache, source: Path, kernels) -> list[str]:
     """Prepare ``source`` through ``cache`` and return its readings of a few texts (what a cache entry is for)."""
-    grammar = CompiledGrammar(kernels, cache.prepared(source, lambda data: prepare(kernels, read_vector_fst(kernels, data))))
+    grammar = CompiledGrammar(kernels, cache.prepared(source, lambda: prepare(kernels, read_vector_fst(kernels, source.read_bytes()))))
     return [grammar.best(text) for text in ("a", "b", "c")]
 
 
@@ -70,7 +70,7 @@ def test_built_once_with_a_line_saying_how_long_then_read(kernels, tmp_path, cap
     assert all(p.stat().st_mode & 0o777 == 0o644 for p in files)  # a shared cache folder serves every user
     caplog.clear()
     cache = GrammarCache(tmp_path / "cache")
-    assert CompiledGrammar(kernels, cache.prepared(source, lambda data: pytest.fail("built again"))).best("a") == built[0]
+    assert CompiledGrammar(kernels, cache.prepared(source, lambda: pytest.fail("built again"))).best("a") == built[0]
     assert not caplog.records
 
 
