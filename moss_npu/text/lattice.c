@@ -6,8 +6,9 @@
  * it reaches can go on: read the byte at its position, or at the end reach a final state, without reading another
  * byte first (its "first set"); a state not followed so is on no complete path. The lattice is then trimmed to
  * the states on a complete path and searched: in topological order (reverse depth-first finishing order) when
- * the grammar is known to be acyclic or some arc weighs neither 0 nor infinity, else last in, first out; float32 sums from the start, the first of
- * equally light ways into a state kept, the first final state reached at the lowest weight.
+ * the grammar is known to be acyclic or some arc weighs neither 0 nor infinity, else last in, first out; float32
+ * sums from the start, the first of equally light ways into a state kept, the first final state reached at the
+ * lowest weight.
  */
 #include <math.h>
 #include <stdint.h>
@@ -153,6 +154,7 @@ static int grow(void **items, long *cap, long need, size_t size) {
 /* The lattice state (pos, q): the column's, else a new one added to the lattice and the column. */
 static long state_at(Lattice *lat, Column *col, int32_t q, int32_t pos) {
     if (col->slots[q].pos == pos) return col->slots[q].id;
+    if (lat->n_states >= INT32_MAX) return NO_MEMORY;  /* states are numbered in int32 */
     if (grow((void **)&lat->states, &lat->cap_states, lat->n_states + 1, sizeof(LatticeState)) ||
         grow((void **)&col->list, &col->cap, col->listed + 1, sizeof(int32_t)))
         return NO_MEMORY;
@@ -189,7 +191,9 @@ static int expand(const Grammar *g, Lattice *lat, Column *here, Column *there, l
         if (!has(g->sets + WORDS * (long)g->first[arc[1]], take_eps ? now : then)) continue;
         if (take_eps && here->slots[arc[1]].pos == p && here->slots[arc[1]].id <= s) here->back = 1;
         to = take_eps ? state_at(lat, here, arc[1], (int32_t)p) : state_at(lat, there, arc[1], (int32_t)(p + 1));
-        if (to < 0 || grow((void **)&lat->arcs, &lat->cap_arcs, lat->n_arcs + 1, sizeof(LatticeArc))) return NO_MEMORY;
+        if (to < 0 || lat->n_arcs >= INT32_MAX ||
+            grow((void **)&lat->arcs, &lat->cap_arcs, lat->n_arcs + 1, sizeof(LatticeArc)))
+            return NO_MEMORY;
         lat->arcs[lat->n_arcs++] = (LatticeArc){(int32_t)to, arc[2]};
         lat->states[s].count++;
     }
@@ -363,9 +367,9 @@ static int weighted(const Grammar *g, const Lattice *lat, const uint8_t *live, c
  * then knows the lattice is, and takes topological order whatever the weights). Returns 0, NO_READING (no complete
  * path), NO_MEMORY, or TOO_SMALL (out_cap is short of *out_len: call again with more room). */
 int fst_best_path(void *workspace, long states, int32_t start, int acyclic, const int32_t *arc_start,
-                  const int32_t *olabel, const float *weight, const float *final_weight, const int32_t *epsilons, const int32_t *sorted,
-                  const int32_t *first, const uint64_t *sets, const uint8_t *text, long n, int32_t *out, long out_cap,
-                  long *out_len, float *total) {
+                  const int32_t *olabel, const float *weight, const float *final_weight, const int32_t *epsilons,
+                  const int32_t *sorted, const int32_t *first, const uint64_t *sets, const uint8_t *text, long n,
+                  int32_t *out, long out_cap, long *out_len, float *total) {
     Grammar g = {states, start, arc_start, olabel, weight, final_weight, epsilons, sorted, first, sets};
     Workspace *w = workspace;
     long placed = 0, m = 0, best_state = -1;

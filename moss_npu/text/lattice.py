@@ -22,8 +22,8 @@ Why it is the very same answer, arc for arc (OpenFst 1.8, as pynini and kaldifst
   among equally light ones (it replaces only a strictly lighter one) and the first final state taken among equally
   light ends; the output is the output labels along that path.
 
-The grammar's arrays (``prepare``: read from the FST file, epsilons and arcs by label, first sets) are kept in the
-user cache (``grammar_cache``). Without a C compiler ``LatticeKernels.load`` raises ``KernelUnavailable``; the
+The grammar's arrays (``prepare``: read from the FST file as pynini's ``optimize()`` gives it, epsilons and arcs
+by label, first sets) are kept in the user cache (``grammar_cache``). Without a C compiler ``LatticeKernels.load`` raises ``KernelUnavailable``; the
 grammar is then searched with kaldifst (OpenFst itself), the same answers at ~2 s per 2,000 English characters.
 """
 
@@ -152,11 +152,12 @@ def prepare(kernels: LatticeKernels, fst: dict[str, np.ndarray]) -> dict[str, np
                           _ptr(first)) < 0:
         raise MemoryError("no memory for the grammar's first sets")
     sets, numbers = np.unique(first.view(np.dtype((np.void, 8 * WORDS))).ravel(), return_inverse=True)
-    return {"header": np.array([fst["start"], states, fst["acyclic"]], np.int64), "arc_start": arc_start, "olabel": olabel,
-            "weight": fst["weight"], "final_weight": fst["final_weight"],
+    return {"header": np.array([fst["start"], states, fst["acyclic"]], np.int64), "arc_start": arc_start,
+            "olabel": olabel, "weight": fst["weight"], "final_weight": fst["final_weight"],
             "epsilons": np.bincount(owner[ilabel == 0], minlength=states).astype(np.int32),
             "sorted": np.stack([ilabel[by_label], fst["next"][by_label], by_label], axis=1).astype(np.int32),
-            "first": numbers.astype(np.int32).ravel(), "sets": np.frombuffer(sets.tobytes(), np.uint64).reshape(-1, WORDS)}
+            "first": numbers.astype(np.int32).ravel(),
+            "sets": np.frombuffer(sets.tobytes(), np.uint64).reshape(-1, WORDS)}
 
 
 def check(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -204,6 +205,8 @@ class CompiledGrammar:
         """Return the output of the lightest path over ``text``'s UTF-8 bytes; raise ``NoReading`` if none."""
         raw = text.encode("utf-8")
         data, size = np.frombuffer(raw or b"\0", np.uint8), len(raw)
+        if size >= 2 ** 31 - 1:
+            raise MemoryError(f"a text of {size} bytes is too long to search")
         length, total = _L(), ctypes.c_float()
         while True:
             status = self._kernels.best_path(self._workspace, self.states, self.start, self._acyclic, *self._pointers,

@@ -11,9 +11,9 @@ very answer, in milliseconds), its arrays prepared once per grammar file and kep
 (``grammar_cache``); without a C compiler, by kaldifst (OpenFst itself, wheels for x86-64 and aarch64), slower.
 The official runtime loads the files with pynini's ``optimize()``, which renumbers their states and so reorders
 the arcs of a few; the search here reads them so too (``optimize_order``), or in rare ties it would break them
-otherwise (``foo@example.org, CO2`` would be tagged ``example.or`` + ``g, Colorado`` instead of ``example.o`` +
-``rg, Colorado``; ``¥192.168.1.1``, two readings of weight 2.11, ``一元`` + ``九二点一六八点一点一`` instead of
-``十九元`` + ``二点一六八点一点一``).
+otherwise (``foo@example.org, CO2`` would be tagged ``example.or`` + ``g, Colorado`` instead of
+``example.o`` + ``rg, Colorado``; ``¥192.168.1.1``, two readings of weight 2.11, ``一元`` +
+``九二点一六八点一点一`` instead of ``十九元`` + ``二点一六八点一点一``).
 """
 
 from __future__ import annotations

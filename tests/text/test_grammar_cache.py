@@ -41,7 +41,8 @@ def small_grammar(tmp_path, extra=()):
 
 def load(cache: GrammarCache, source: Path, kernels) -> list[str]:
     """Prepare ``source`` through ``cache`` and return its readings of a few texts (what a cache entry is for)."""
-    grammar = CompiledGrammar(kernels, cache.prepared(source, lambda: prepare(kernels, read_vector_fst(kernels, source.read_bytes()))))
+    arrays = cache.prepared(source, lambda: prepare(kernels, read_vector_fst(kernels, source.read_bytes())))
+    grammar = CompiledGrammar(kernels, arrays)
     return [grammar.best(text) for text in ("a", "b", "c")]
 
 
