@@ -20,6 +20,7 @@
 #define NO_READING (-1)
 #define NO_MEMORY (-2)
 #define TOO_SMALL (-3)
+#define EPSILON_CYCLE (-4)
 
 /* The grammar as the search reads it (filled by fst_read_body and fst_prepare). */
 typedef struct {
@@ -66,18 +67,18 @@ long fst_read_body(const uint8_t *data, long size, long states, long max_arcs, i
 }
 
 /* Each state's first set: the bytes on the non-epsilon arcs of the states its epsilon arcs reach (itself included),
- * and END_BIT if a final state is among them; a fixed point over the epsilon arcs, taken children first (depth-first
- * post-order), so that an acyclic epsilon graph settles in one pass. Returns the passes, or NO_MEMORY. */
+ * and END_BIT if a final state is among them, worked out children first (depth-first post-order). Returns 0,
+ * NO_MEMORY, or EPSILON_CYCLE: then a text's lattice would be cyclic, which this search does not take. */
 int fst_first_sets(long states, const int32_t *arc_start, const int32_t *ilabel, const int32_t *next,
                    const float *final_weight, uint64_t *first) {
     size_t room = (size_t)(states > 0 ? states : 1);
     int32_t *order = malloc(sizeof(int32_t) * room), *stack = malloc(sizeof(int32_t) * room);
     int32_t *cursor = malloc(sizeof(int32_t) * room);
     uint8_t *seen = calloc(room, 1);
-    int passes = 0, changed = 1;
+    int status = 0;
     long placed = 0;
     if (!order || !stack || !cursor || !seen) {
-        passes = NO_MEMORY;
+        status = NO_MEMORY;
         goto done;
     }
     memset(first, 0, sizeof(uint64_t) * WORDS * room);
@@ -93,35 +94,31 @@ int fst_first_sets(long states, const int32_t *arc_start, const int32_t *ilabel,
         while (depth >= 0) {
             int32_t s = stack[depth];
             if (cursor[depth] == arc_start[s + 1]) {
-                order[placed++] = s, depth--;
+                seen[s] = 2, order[placed++] = s, depth--;
                 continue;
             }
             int32_t a = cursor[depth]++;
-            if (ilabel[a] == 0 && !seen[next[a]]) {
+            if (ilabel[a] != 0) continue;
+            if (seen[next[a]] == 1) {  /* back to a state on the path: an epsilon cycle */
+                status = EPSILON_CYCLE;
+                goto done;
+            }
+            if (!seen[next[a]]) {
                 seen[next[a]] = 1, depth++;
                 stack[depth] = next[a], cursor[depth] = arc_start[next[a]];
             }
         }
     }
-    while (changed) {
-        changed = 0, passes++;
-        for (long k = 0; k < states; k++) {
-            int32_t s = order[k];
-            uint64_t *into = first + WORDS * s;
-            for (int32_t a = arc_start[s]; a < arc_start[s + 1]; a++) {
-                if (ilabel[a] != 0) continue;
-                const uint64_t *from = first + WORDS * next[a];
-                for (int w = 0; w < WORDS; w++) {
-                    uint64_t merged = into[w] | from[w];
-                    changed |= merged != into[w];
-                    into[w] = merged;
-                }
-            }
-        }
+    for (long k = 0; k < states; k++) {  /* children first: each set is complete when it is read */
+        int32_t s = order[k];
+        uint64_t *into = first + WORDS * s;
+        for (int32_t a = arc_start[s]; a < arc_start[s + 1]; a++)
+            if (ilabel[a] == 0)
+                for (int w = 0; w < WORDS; w++) into[w] |= first[WORDS * next[a] + w];
     }
 done:
     free(order); free(stack); free(cursor); free(seen);
-    return passes;
+    return status;
 }
 
 typedef struct { int32_t q, pos, arcs, count; } LatticeState;  /* grammar state, position, its arcs' place, count */

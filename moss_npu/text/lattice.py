@@ -41,7 +41,7 @@ from moss_npu.native import FLAGS, load_library
 SOURCE = Path(__file__).with_name("lattice.c")
 FORMAT_VERSION = 3  # of the prepared arrays (grammar_cache names its files by it)
 WORDS = 5  # uint64 words of a first set (lattice.c)
-_NO_READING, _NO_MEMORY, _TOO_SMALL = -1, -2, -3
+_NO_READING, _NO_MEMORY, _TOO_SMALL, _EPSILON_CYCLE = -1, -2, -3, -4
 _MAGIC = 2125659606  # OpenFst's file magic number
 _ACYCLIC = 0x800000000  # OpenFst's kAcyclic property bit
 _P, _L = ctypes.c_void_p, ctypes.c_long
@@ -51,7 +51,8 @@ ARRAYS = {"header": np.int64, "arc_start": np.int32, "olabel": np.int32, "weight
 
 
 class PreparationError(ValueError):
-    """A grammar file this search cannot take (not an OpenFst vector FST of standard arcs, labels beyond bytes)."""
+    """A grammar file this search cannot take (not an OpenFst vector FST of standard arcs, labels beyond bytes, an
+    epsilon cycle)."""
 
 
 class NoReading(ValueError):
@@ -148,8 +149,11 @@ def prepare(kernels: LatticeKernels, fst: dict[str, np.ndarray]) -> dict[str, np
     owner = np.repeat(np.arange(states, dtype=np.int32), np.diff(arc_start))
     by_label = np.lexsort((np.arange(len(ilabel)), ilabel, owner)).astype(np.int32)
     first = np.empty((states, WORDS), np.uint64)
-    if kernels.first_sets(states, _ptr(arc_start), _ptr(ilabel), _ptr(fst["next"]), _ptr(fst["final_weight"]),
-                          _ptr(first)) < 0:
+    status = kernels.first_sets(states, _ptr(arc_start), _ptr(ilabel), _ptr(fst["next"]), _ptr(fst["final_weight"]),
+                                _ptr(first))
+    if status == _EPSILON_CYCLE:
+        raise PreparationError("an epsilon cycle (a text's lattice would be cyclic)")
+    if status < 0:
         raise MemoryError("no memory for the grammar's first sets")
     sets, numbers = np.unique(first.view(np.dtype((np.void, 8 * WORDS))).ravel(), return_inverse=True)
     return {"header": np.array([fst["start"], states, fst["acyclic"]], np.int64), "arc_start": arc_start,

@@ -113,8 +113,12 @@ def _load_search(path: Path, cache: GrammarCache, kernels: Optional[LatticeKerne
         return WholeTextSearch(optimized(path))
     try:
         arrays = cache.prepared(path, lambda: prepare(kernels, read_vector_fst(kernels, _file_bytes(optimized(path)))))
-    except (OSError, PreparationError) as exc:
+    except OSError as exc:
         raise WeTextUnavailable(f"cannot read {path} ({exc}); reinstall it: {INSTALL_HINT}") from None
+    except PreparationError as exc:  # kaldifst read it, the compiled search cannot take it
+        log.warning("text normalization: %s is searched with kaldifst (%s): the same readings, slower", path.name,
+                    exc)
+        return WholeTextSearch(optimized(path))
     return CompiledGrammar(kernels, arrays)
 
 

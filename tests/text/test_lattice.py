@@ -144,6 +144,16 @@ def test_a_damaged_file_is_a_preparation_error(kernels, tmp_path):
             read_vector_fst(kernels, bad)
 
 
+def test_an_epsilon_cycle_is_refused(kernels, tmp_path):
+    path = write_fst(tmp_path / "g.fst", 3, [(0, 0, X, 0.0, 1), (1, 0, Y, 0.0, 2), (2, 0, X, 0.0, 1), (1, A, A, 0.0, 2)],
+                     {2: 0.0})
+    with pytest.raises(PreparationError, match="epsilon cycle"):
+        prepare(kernels, read_vector_fst(kernels, path.read_bytes()))
+    looped = write_fst(tmp_path / "h.fst", 2, [(0, 0, X, 0.0, 0), (0, A, A, 0.0, 1)], {1: 0.0})
+    with pytest.raises(PreparationError, match="epsilon cycle"):
+        prepare(kernels, read_vector_fst(kernels, looped.read_bytes()))
+
+
 def test_labels_beyond_bytes_are_refused(kernels, tmp_path):
     path = write_fst(tmp_path / "g.fst", 2, [(0, 300, A, 0.0, 1)], {1: 0.0})
     with pytest.raises(PreparationError, match="input labels beyond bytes"):
