@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
-from moss_npu.cache_dir import default_cache_dir
+from moss_npu.cache_dir import CACHE_ENV, default_cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +102,16 @@ def _build(command: list[str], source: Path, target: Path, flags: tuple[str, ...
     finally:
         if os.path.exists(partial):
             os.unlink(partial)
+
+
+def report_build(logger: logging.Logger, what: str, built: Optional[str], took: float) -> None:
+    """Say on ``logger`` that ``what`` was compiled (``load_library``'s ``built``) and how long it took; nothing when it
+    was read from the cache."""
+    if built == PRIVATE:
+        logger.warning("compiled %s in %.1f s into a temporary folder: the cache folder is unusable, so every start "
+                       "compiles them again (set $%s to a writable folder)", what, took, CACHE_ENV)
+    elif built is not None:
+        logger.warning("compiled %s in %.1f s (once per CPU and compiler; kept in %s)", what, took, built)
 
 
 def load_library(source: Path, cache: Optional[Path] = None,

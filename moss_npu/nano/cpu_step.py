@@ -40,12 +40,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from moss_npu.cache_dir import CACHE_ENV
 from moss_npu.errors import InputError
 from moss_npu.nano.matvec import BlasGemv, Bf16Tiles, Fp32Tiles, Int8Tiles, MatVecKernels, table_bytes
 from moss_npu.nano.model import Block
 from moss_npu.nano.quantize import block_linears, int8_rows
-from moss_npu.native import PRIVATE, KernelUnavailable
+from moss_npu.native import KernelUnavailable, report_build
 from moss_npu.packed import pack_linear, packed_matmul, packing_available
 from moss_npu.threads import ThreadPools, limit_blas
 
@@ -476,13 +475,7 @@ class CpuStep:
                         else "float32 products on the bf16-rounded weights: no faster than --dtype float32")
             log.warning("%s one-row kernels unavailable: %s; using %s", self.weight_dtype, exc, fallback)
             return None
-        took = time.perf_counter() - start
-        if kernels.built == PRIVATE:
-            log.warning("compiled the one-row CPU kernels in %.1f s into a temporary folder: the cache folder is "
-                        "unusable, so every start compiles them again (set $%s to a writable folder)", took, CACHE_ENV)
-        elif kernels.built is not None:
-            log.warning("compiled the one-row CPU kernels in %.1f s (once per CPU and compiler; kept in %s)", took,
-                        kernels.built)
+        report_build(log, "the one-row CPU kernels", kernels.built, time.perf_counter() - start)
         return kernels
 
     def _row_product(self, layer: nn.Linear, kernels: Optional[MatVecKernels], head: bool = False):

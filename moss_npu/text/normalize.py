@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from moss_npu.native import KernelUnavailable
+from moss_npu.native import KernelUnavailable, report_build
 from moss_npu.text.grammar_cache import GrammarCache
 from moss_npu.text.language import LANGUAGES, choose_language, guard_chinese_hyphens
 from moss_npu.text.lattice import LatticeKernels, NoReading
@@ -87,12 +88,15 @@ class TextNormalizer:
 
     def _kernels(self) -> Optional[LatticeKernels]:
         """The compiled search; None, after one warning, where it cannot be built (kaldifst searches instead)."""
+        start = time.perf_counter()
         try:
-            return LatticeKernels.load(self._cache_dir)
+            kernels = LatticeKernels.load(self._cache_dir)
         except KernelUnavailable as exc:
             log.warning("text normalization: the compiled search cannot be built (%s); searching with kaldifst "
                         "instead (the same readings, about 100x slower, and a few seconds to load)", exc)
             return None
+        report_build(log, "the text normalization search", kernels.built, time.perf_counter() - start)
+        return kernels
 
     @staticmethod
     def _clean(text: str, prompt_text: str) -> tuple[str, str]:
