@@ -6,6 +6,8 @@ Tests that need them skip (saying so) in a clone without them, and fail in CI, w
 
 import pytest
 
+from moss_npu.native import KernelUnavailable
+from moss_npu.text.lattice import LatticeKernels
 from moss_npu.text.wetext import Grammars, WeTextUnavailable
 from tests.optional import missing
 
@@ -28,3 +30,12 @@ def needs_wetext():
     """Skip (fail in CI) when kaldifst or the WeTextProcessing grammar files are not installed."""
     if MISSING:
         missing(f"text normalization grammars missing: {MISSING}")
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    """The compiled search (``moss_npu.text.lattice``); skip where no C compiler builds it."""
+    try:
+        return LatticeKernels.load()
+    except KernelUnavailable as exc:
+        pytest.skip(f"no compiled search here: {exc}")

@@ -8,20 +8,11 @@ import numpy as np
 import pytest
 
 import moss_npu
-from moss_npu.native import KernelUnavailable
 from moss_npu.text import grammar_cache
 from moss_npu.text.grammar_cache import CACHE_ENV, GrammarCache, default_cache_dir
-from moss_npu.text.lattice import CompiledGrammar, LatticeKernels, PreparationError, prepare, read_vector_fst
+from moss_npu.text.lattice import CompiledGrammar, PreparationError, prepare, read_vector_fst
 
 kaldifst = pytest.importorskip("kaldifst")
-
-
-@pytest.fixture(scope="module")
-def kernels():
-    try:
-        return LatticeKernels.load()
-    except KernelUnavailable as exc:
-        pytest.skip(f"no compiled search here: {exc}")
 
 
 def small_grammar(tmp_path, extra=()):

@@ -19,14 +19,6 @@ from moss_npu.text.wetext import Grammars, WholeTextSearch
 kaldifst = pytest.importorskip("kaldifst")
 
 
-@pytest.fixture(scope="module")
-def kernels():
-    try:
-        return LatticeKernels.load()
-    except KernelUnavailable as exc:
-        pytest.skip(f"no compiled search here: {exc}")
-
-
 def write_fst(path, states, arcs, finals, start=0):
     """Write an FST of ``states`` states: ``arcs`` (source, ilabel, olabel, weight, target) in order, ``finals``
     {state: weight}."""
