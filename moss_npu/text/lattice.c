@@ -4,11 +4,11 @@
  * The lattice: states (position, grammar state), from (0, start); the arcs out of one are its grammar state's
  * arcs, in their order, that read nothing or the byte at that position. An arc is followed only where the state
  * it reaches can go on: read the byte at its position, or at the end reach a final state, without reading another
- * byte first (its "first set"); a state not followed so is on no complete path. The lattice is then trimmed to
- * the states on a complete path and searched: in topological order (reverse depth-first finishing order) when
- * the grammar is known to be acyclic or some arc weighs neither 0 nor infinity, else last in, first out; float32
- * sums from the start, the first of equally light ways into a state kept, the first final state reached at the
- * lowest weight.
+ * byte first (its "first set"), and then the byte after (its "pair set"); a state not followed so is on no
+ * complete path. The lattice is then trimmed to the states on a complete path and searched: in topological order
+ * (reverse depth-first finishing order) when the grammar is known to be acyclic or some arc weighs neither 0 nor
+ * infinity, else last in, first out; float32 sums from the start, the first of equally light ways into a state
+ * kept, the first final state reached at the lowest weight.
  */
 #include <math.h>
 #include <stdint.h>
@@ -16,6 +16,8 @@
 #include <string.h>
 
 #define WORDS 5        /* a first set: 256 byte bits and END_BIT */
+#define PAIR_WORDS 8   /* a pair set: PAIR_BITS */
+#define SET_WORDS (WORDS + PAIR_WORDS)  /* a state's lookahead: its first set, then its pair set */
 #define END_BIT 256
 #define NO_READING (-1)
 #define NO_MEMORY (-2)
@@ -34,11 +36,19 @@ typedef struct {
     const int32_t *sorted;     /* [3 * arcs]: each state's arcs by (ilabel, index): ilabel, next state, index */
     const int32_t *first;      /* by state: its first set's number in `sets` (few distinct sets: a table that stays in
                                   the cache, where a set per state would not) */
-    const uint64_t *sets;      /* [WORDS * sets] */
+    const uint64_t *sets;      /* [SET_WORDS * sets] */
 } Grammar;
 
 static int has(const uint64_t *set, int bit) { return (int)((set[bit >> 6] >> (bit & 63)) & 1u); }
 static void put(uint64_t *set, int bit) { set[bit >> 6] |= (uint64_t)1 << (bit & 63); }
+
+/* The bit of the pair (byte, then byte or END_BIT) in a pair set: a hash into PAIR_BITS bits, so that a pair set
+ * holds every pair a state can read first and, by collision, some others (a state is only ever let go when its
+ * set lacks a pair, so the others cost pruning, never a path). */
+#define PAIR_BITS 512
+static int pair_bit(int first, int second) {
+    return (int)(((uint32_t)(first * 257 + second) * 2654435761u) >> (32 - 9));
+}
 
 /* Read an OpenFst vector-format body (what follows its header): per state a float32 final weight, an int64 arc
  * count and that many (int32 ilabel, int32 olabel, float32 weight, int32 nextstate) records. Returns the number of
@@ -66,11 +76,12 @@ long fst_read_body(const uint8_t *data, long size, long states, long max_arcs, i
     return arcs;
 }
 
-/* Each state's first set: the bytes on the non-epsilon arcs of the states its epsilon arcs reach (itself included),
- * and END_BIT if a final state is among them, worked out children first (depth-first post-order). Returns 0,
- * NO_MEMORY, or EPSILON_CYCLE: then a text's lattice would be cyclic, which this search does not take. */
-int fst_first_sets(long states, const int32_t *arc_start, const int32_t *ilabel, const int32_t *next,
-                   const float *final_weight, uint64_t *first) {
+/* Each state's lookahead sets (SET_WORDS words): its first set, the bytes on the non-epsilon arcs of the states its
+ * epsilon arcs reach (itself included) and END_BIT if a final state is among them; and its pair set, the pairs
+ * (byte, what the state after it reads first) of those arcs. Worked out children first (depth-first post-order).
+ * Returns 0, NO_MEMORY, or EPSILON_CYCLE: then a text's lattice would be cyclic, which this search does not take. */
+int fst_lookahead_sets(long states, const int32_t *arc_start, const int32_t *ilabel, const int32_t *next,
+                       const float *final_weight, uint64_t *sets) {
     size_t room = (size_t)(states > 0 ? states : 1);
     int32_t *order = malloc(sizeof(int32_t) * room), *stack = malloc(sizeof(int32_t) * room);
     int32_t *cursor = malloc(sizeof(int32_t) * room);
@@ -81,11 +92,11 @@ int fst_first_sets(long states, const int32_t *arc_start, const int32_t *ilabel,
         status = NO_MEMORY;
         goto done;
     }
-    memset(first, 0, sizeof(uint64_t) * WORDS * room);
+    memset(sets, 0, sizeof(uint64_t) * SET_WORDS * room);
     for (long s = 0; s < states; s++) {
-        if (final_weight[s] != INFINITY) put(first + WORDS * s, END_BIT);
+        if (final_weight[s] != INFINITY) put(sets + SET_WORDS * s, END_BIT);
         for (int32_t a = arc_start[s]; a < arc_start[s + 1]; a++)
-            if (ilabel[a] > 0 && ilabel[a] < 256) put(first + WORDS * s, ilabel[a]);
+            if (ilabel[a] > 0 && ilabel[a] < 256) put(sets + SET_WORDS * s, ilabel[a]);
     }
     for (long root = 0; root < states; root++) {
         if (seen[root]) continue;
@@ -110,11 +121,22 @@ int fst_first_sets(long states, const int32_t *arc_start, const int32_t *ilabel,
         }
     }
     for (long k = 0; k < states; k++) {  /* children first: each set is complete when it is read */
-        int32_t s = order[k];
-        uint64_t *into = first + WORDS * s;
-        for (int32_t a = arc_start[s]; a < arc_start[s + 1]; a++)
+        uint64_t *into = sets + SET_WORDS * order[k];
+        for (int32_t a = arc_start[order[k]]; a < arc_start[order[k] + 1]; a++)
             if (ilabel[a] == 0)
-                for (int w = 0; w < WORDS; w++) into[w] |= first[WORDS * next[a] + w];
+                for (int w = 0; w < WORDS; w++) into[w] |= sets[SET_WORDS * next[a] + w];
+    }
+    for (long k = 0; k < states; k++) {  /* the pairs: a byte read, then one its arc's target reads first */
+        uint64_t *into = sets + SET_WORDS * order[k], *pairs = into + WORDS;
+        for (int32_t a = arc_start[order[k]]; a < arc_start[order[k] + 1]; a++) {
+            const uint64_t *then = sets + SET_WORDS * next[a];
+            if (ilabel[a] == 0) {
+                for (int w = 0; w < PAIR_WORDS; w++) pairs[w] |= then[WORDS + w];
+                continue;
+            }
+            for (int second = 0; second <= END_BIT; second++)
+                if (has(then, second)) put(pairs, pair_bit(ilabel[a], second));
+        }
     }
 done:
     free(order); free(stack); free(cursor); free(seen);
@@ -162,6 +184,12 @@ static long state_at(Lattice *lat, Column *col, int32_t q, int32_t pos) {
     return id;
 }
 
+/* Whether a path that reaches a state of lookahead `set` before the byte `next` (END_BIT: the end of the text), with
+ * `then` after it, can go on: it must read `next` first (or end at a final state), and `next` then `then`. */
+static int goes_on(const uint64_t *set, int next, int then) {
+    return has(set, next) && (next == END_BIT || has(set + WORDS, pair_bit(next, then)));
+}
+
 /* Add one lattice state's arcs: its grammar state's epsilon arcs and those reading text[p], merged back into the
  * grammar's order (`sorted` holds each state's epsilons first, then its arcs by label). */
 static int expand(const Grammar *g, Lattice *lat, Column *here, Column *there, long k, const uint8_t *text, long p,
@@ -170,6 +198,7 @@ static int expand(const Grammar *g, Lattice *lat, Column *here, Column *there, l
     const int32_t *eps = g->sorted + 3 * (long)g->arc_start[q], *end = g->sorted + 3 * (long)g->arc_start[q + 1];
     const int32_t *eps_end = eps + 3 * (long)g->epsilons[q], *byte = end, *byte_end = end;
     int now = p < n ? text[p] : END_BIT, then = p + 1 < n ? text[p + 1] : END_BIT;
+    int after = p + 2 < n ? text[p + 2] : END_BIT;
     if (p < n) {
         long lo = 0, hi = (end - eps_end) / 3;
         while (lo < hi) {
@@ -185,7 +214,8 @@ static int expand(const Grammar *g, Lattice *lat, Column *here, Column *there, l
         const int32_t *arc = take_eps ? eps : byte;
         long to;
         if (take_eps) eps += 3; else byte += 3;
-        if (!has(g->sets + WORDS * (long)g->first[arc[1]], take_eps ? now : then)) continue;
+        if (!goes_on(g->sets + SET_WORDS * (long)g->first[arc[1]], take_eps ? now : then, take_eps ? then : after))
+            continue;
         if (take_eps && here->slots[arc[1]].pos == p && here->slots[arc[1]].id <= s) here->back = 1;
         to = take_eps ? state_at(lat, here, arc[1], (int32_t)p) : state_at(lat, there, arc[1], (int32_t)(p + 1));
         if (to < 0 || lat->n_arcs >= INT32_MAX ||

@@ -8,8 +8,10 @@ Why it is the very same answer, arc for arc (OpenFst 1.8, as pynini and kaldifst
   no epsilons, so the composition filter adds nothing; matching on either side keeps the grammar state's order).
   Composition trims it (``connect``) to the states on a path from the start to a final state at the end.
 - Building it. ``lattice.c`` follows an arc only where the state it reaches can read the next byte (or, at the
-  end, reach a final state) through epsilon arcs alone: its first set, worked out once per grammar. A state not
-  followed so is on no complete path, so the trimmed lattice, its states and its arcs in their order, is the same.
+  end, reach a final state) through epsilon arcs alone, and the byte after it once that one is read: its first
+  set and its pair set, worked out once per grammar (the pair set hashed into 512 bits: a collision keeps a
+  state it could have dropped, never drops one). A state not followed so is on no complete path, so the trimmed
+  lattice, its states and its arcs in their order, is the same; the pairs halve the English lattice.
 - The queue. ``ShortestPath`` takes OpenFst's ``AutoQueue``. A lattice known to be acyclic, which composition
   knows when the grammar is known to be (its file says so: ``kAcyclic`` among the properties in its header), is
   taken in topological order: reverse depth-first finishing order. Otherwise (the WeTextProcessing grammars have
@@ -39,8 +41,8 @@ import numpy as np
 from moss_npu.native import FLAGS, load_library
 
 SOURCE = Path(__file__).with_name("lattice.c")
-FORMAT_VERSION = 3  # of the prepared arrays (grammar_cache names its files by it)
-WORDS = 5  # uint64 words of a first set (lattice.c)
+FORMAT_VERSION = 4  # of the prepared arrays (grammar_cache names its files by it)
+WORDS = 13  # uint64 words of a state's lookahead sets (lattice.c's SET_WORDS: first set, pair set)
 _NO_READING, _NO_MEMORY, _TOO_SMALL, _EPSILON_CYCLE = -1, -2, -3, -4
 _MAGIC = 2125659606  # OpenFst's file magic number
 _ACYCLIC = 0x800000000  # OpenFst's kAcyclic property bit
@@ -66,7 +68,7 @@ class LatticeKernels:
         self.built = built  # where this load compiled them (native.PRIVATE: a temporary folder), None if cached
         self.read_body = library.fst_read_body
         self.read_body.argtypes, self.read_body.restype = [_P, _L, _L, _L] + [_P] * 6, _L
-        self.first_sets = library.fst_first_sets
+        self.first_sets = library.fst_lookahead_sets
         self.first_sets.argtypes, self.first_sets.restype = [_L] + [_P] * 5, ctypes.c_int
         self.best_path = library.fst_best_path
         self.best_path.argtypes = [_P, _L, ctypes.c_int32, ctypes.c_int] + [_P] * 9 + [_L, _P, _L, _P, _P]
@@ -139,8 +141,8 @@ def read_vector_fst(kernels: LatticeKernels, data: bytes) -> dict[str, np.ndarra
 
 def prepare(kernels: LatticeKernels, fst: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """What the search reads of a grammar (``read_vector_fst``'s arrays): each state's epsilon count and its arcs
-    by (ilabel, position) as (ilabel, next state, arc) triples, and its first set as a number into a table of the
-    distinct sets (a few thousand: the table stays in the CPU cache where a set per state would not)."""
+    by (ilabel, position) as (ilabel, next state, arc) triples, and its lookahead sets (first set, pair set) as a
+    number into a table of the distinct ones (a few thousand: the table stays in the CPU cache)."""
     ilabel, olabel, arc_start = fst["ilabel"], fst["olabel"], fst["arc_start"]
     states = len(arc_start) - 1
     for name, labels in (("input", ilabel), ("output", olabel)):
