@@ -24,7 +24,7 @@
 #define TOO_SMALL (-3)
 #define EPSILON_CYCLE (-4)
 
-/* The grammar as the search reads it (filled by fst_read_body and fst_prepare). */
+/* The grammar as the search reads it (lattice.py's `prepare`). */
 typedef struct {
     long states;
     int32_t start;
@@ -48,32 +48,6 @@ static void put(uint64_t *set, int bit) { set[bit >> 6] |= (uint64_t)1 << (bit &
 #define PAIR_BITS 512
 static int pair_bit(int first, int second) {
     return (int)(((uint32_t)(first * 257 + second) * 2654435761u) >> (32 - 9));
-}
-
-/* Read an OpenFst vector-format body (what follows its header): per state a float32 final weight, an int64 arc
- * count and that many (int32 ilabel, int32 olabel, float32 weight, int32 nextstate) records. Returns the number of
- * arcs, or -1 where the data is short, holds more than max_arcs arcs or a nextstate out of range. */
-long fst_read_body(const uint8_t *data, long size, long states, long max_arcs, int32_t *arc_start, int32_t *ilabel,
-                   int32_t *olabel, float *weight, int32_t *next, float *final_weight) {
-    long at = 0, arcs = 0;
-    for (long s = 0; s < states; s++) {
-        int64_t count;
-        if (at + 12 > size) return -1;
-        memcpy(&final_weight[s], data + at, 4);
-        memcpy(&count, data + at + 4, 8);
-        at += 12;
-        if (count < 0 || count > max_arcs - arcs || count > (size - at) / 16) return -1;
-        arc_start[s] = (int32_t)arcs;
-        for (int64_t k = 0; k < count; k++, arcs++, at += 16) {
-            memcpy(&ilabel[arcs], data + at, 4);
-            memcpy(&olabel[arcs], data + at + 4, 4);
-            memcpy(&weight[arcs], data + at + 8, 4);
-            memcpy(&next[arcs], data + at + 12, 4);
-            if (next[arcs] < 0 || next[arcs] >= states) return -1;
-        }
-    }
-    arc_start[states] = (int32_t)arcs;
-    return arcs;
 }
 
 /* Each state's lookahead sets (SET_WORDS words): its first set, the bytes on the non-epsilon arcs of the states its

@@ -32,19 +32,18 @@ grammar is then searched with kaldifst (OpenFst itself), the same answers at ~2 
 from __future__ import annotations
 
 import ctypes
-import struct
 from pathlib import Path
 from typing import Optional
 
 import numpy as np
 
 from moss_npu.native import FLAGS, load_library
+from moss_npu.text.fst_file import FstArrays
 
 SOURCE = Path(__file__).with_name("lattice.c")
 FORMAT_VERSION = 4  # of the prepared arrays (grammar_cache names its files by it)
 WORDS = 13  # uint64 words of a state's lookahead sets (lattice.c's SET_WORDS: first set, pair set)
 _NO_READING, _NO_MEMORY, _TOO_SMALL, _EPSILON_CYCLE = -1, -2, -3, -4
-_MAGIC = 2125659606  # OpenFst's file magic number
 _ACYCLIC = 0x800000000  # OpenFst's kAcyclic property bit
 _P, _L = ctypes.c_void_p, ctypes.c_long
 ARRAYS = {"header": np.int64, "arc_start": np.int32, "olabel": np.int32, "weight": np.float32,
@@ -53,8 +52,8 @@ ARRAYS = {"header": np.int64, "arc_start": np.int32, "olabel": np.int32, "weight
 
 
 class PreparationError(ValueError):
-    """A grammar file this search cannot take (not an OpenFst vector FST of standard arcs, labels beyond bytes, an
-    epsilon cycle)."""
+    """A grammar this search cannot take (labels beyond bytes, an epsilon cycle, no states), or cached arrays that
+    do not describe one."""
 
 
 class NoReading(ValueError):
@@ -66,8 +65,6 @@ class LatticeKernels:
 
     def __init__(self, library: ctypes.CDLL, built: Optional[str] = None) -> None:
         self.built = built  # where this load compiled them (native.PRIVATE: a temporary folder), None if cached
-        self.read_body = library.fst_read_body
-        self.read_body.argtypes, self.read_body.restype = [_P, _L, _L, _L] + [_P] * 6, _L
         self.first_sets = library.fst_lookahead_sets
         self.first_sets.argtypes, self.first_sets.restype = [_L] + [_P] * 5, ctypes.c_int
         self.best_path = library.fst_best_path
@@ -90,78 +87,31 @@ def _ptr(array: np.ndarray) -> int:
     return array.ctypes.data
 
 
-def read_vector_fst(kernels: LatticeKernels, data: bytes) -> dict[str, np.ndarray]:
-    """The arrays of an OpenFst binary vector FST of standard (tropical float32) arcs: start, arcs by state
-    (``arc_start``), their labels, weights and next states, final weights (inf: not final), and whether its
-    header says it is acyclic."""
-    at = 0
-
-    def take(fmt: str) -> tuple:
-        nonlocal at
-        try:
-            values = struct.unpack_from(fmt, data, at)
-        except struct.error:
-            raise PreparationError("the file ends inside its header") from None
-        at += struct.calcsize(fmt)
-        return values
-
-    def string() -> bytes:
-        nonlocal at
-        (length,) = take("<i")
-        if not 0 <= length <= 64 or at + length > len(data):
-            raise PreparationError("not an OpenFst file")
-        at += length
-        return data[at - length:at]
-
-    if take("<i")[0] != _MAGIC:
-        raise PreparationError("not an OpenFst file")
-    kind, arc_type = string(), string()
-    if (kind, arc_type) != (b"vector", b"standard"):
-        raise PreparationError(f"a {kind.decode(errors='replace')} FST of {arc_type.decode(errors='replace')} arcs, "
-                               "not a vector FST of standard arcs")
-    _version, flags, properties, start, states, _arcs = take("<iiQqqq")
-    if flags & 0b11:
-        raise PreparationError("an FST with symbol tables")
-    if not 0 <= start < states or states >= 2 ** 31:
-        raise PreparationError(f"start state {start} of {states} states")
-    body = np.frombuffer(data, np.uint8, offset=at)
-    most = max(0, (len(body) - 12 * states) // 16)
-    fst = {"arc_start": np.empty(states + 1, np.int32), "ilabel": np.empty(most, np.int32),
-           "olabel": np.empty(most, np.int32), "weight": np.empty(most, np.float32), "next": np.empty(most, np.int32),
-           "final_weight": np.empty(states, np.float32)}
-    count = kernels.read_body(_ptr(body), len(body), states, most, *(_ptr(fst[k]) for k in (
-        "arc_start", "ilabel", "olabel", "weight", "next", "final_weight")))
-    if count < 0:
-        raise PreparationError("the file is truncated or damaged")
-    for key in ("ilabel", "olabel", "weight", "next"):
-        fst[key] = fst[key][:count]
-    fst["start"], fst["acyclic"] = np.int64(start), np.int64(bool(properties & _ACYCLIC))
-    return fst
-
-
-def prepare(kernels: LatticeKernels, fst: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """What the search reads of a grammar (``read_vector_fst``'s arrays): each state's epsilon count and its arcs
+def prepare(kernels: LatticeKernels, fst: FstArrays) -> dict[str, np.ndarray]:
+    """What the search reads of a grammar: each state's epsilon count and its arcs
     by (ilabel, position) as (ilabel, next state, arc) triples, and its lookahead sets (first set, pair set) as a
     number into a table of the distinct ones (a few thousand: the table stays in the CPU cache)."""
-    ilabel, olabel, arc_start = fst["ilabel"], fst["olabel"], fst["arc_start"]
-    states = len(arc_start) - 1
+    ilabel, olabel, arc_start = fst.ilabel, fst.olabel, fst.arc_start.astype(np.int32)
+    states = fst.states
+    if states == 0:
+        raise PreparationError("an empty FST (it reads nothing)")
     for name, labels in (("input", ilabel), ("output", olabel)):
         if len(labels) and (labels.min() < 0 or labels.max() > 255):
             raise PreparationError(f"{name} labels beyond bytes (0-255)")
     owner = np.repeat(np.arange(states, dtype=np.int32), np.diff(arc_start))
     by_label = np.lexsort((np.arange(len(ilabel)), ilabel, owner)).astype(np.int32)
     first = np.empty((states, WORDS), np.uint64)
-    status = kernels.first_sets(states, _ptr(arc_start), _ptr(ilabel), _ptr(fst["next"]), _ptr(fst["final_weight"]),
+    status = kernels.first_sets(states, _ptr(arc_start), _ptr(ilabel), _ptr(fst.next), _ptr(fst.final_weight),
                                 _ptr(first))
     if status == _EPSILON_CYCLE:
         raise PreparationError("an epsilon cycle (a text's lattice would be cyclic)")
     if status < 0:
         raise MemoryError("no memory for the grammar's first sets")
     sets, numbers = np.unique(first.view(np.dtype((np.void, 8 * WORDS))).ravel(), return_inverse=True)
-    return {"header": np.array([fst["start"], states, fst["acyclic"]], np.int64), "arc_start": arc_start,
-            "olabel": olabel, "weight": fst["weight"], "final_weight": fst["final_weight"],
+    return {"header": np.array([fst.start, states, bool(fst.properties & _ACYCLIC)], np.int64),
+            "arc_start": arc_start, "olabel": olabel, "weight": fst.weight, "final_weight": fst.final_weight,
             "epsilons": np.bincount(owner[ilabel == 0], minlength=states).astype(np.int32),
-            "sorted": np.stack([ilabel[by_label], fst["next"][by_label], by_label], axis=1).astype(np.int32),
+            "sorted": np.stack([ilabel[by_label], fst.next[by_label], by_label], axis=1).astype(np.int32),
             "first": numbers.astype(np.int32).ravel(),
             "sets": np.frombuffer(sets.tobytes(), np.uint64).reshape(-1, WORDS)}
 

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any, Optional, Protocol
 
 from moss_npu.text.grammar_cache import GrammarCache
-from moss_npu.text.lattice import CompiledGrammar, LatticeKernels, NoReading, PreparationError, prepare, read_vector_fst
+from moss_npu.text.fst_file import FstArrays, FstFileError
+from moss_npu.text.lattice import CompiledGrammar, LatticeKernels, NoReading, PreparationError, prepare
 from moss_npu.text.optimize_order import optimize_order
 from moss_npu.text.tokens import Token, parse_tokens, reorder
 
@@ -112,37 +113,30 @@ def _load_search(path: Path, cache: GrammarCache, kernels: Optional[LatticeKerne
     if kernels is None:
         return WholeTextSearch(optimized(path))
     try:
-        arrays = cache.prepared(path, lambda: prepare(kernels, read_vector_fst(kernels, _file_bytes(optimized(path)))))
+        arrays = cache.prepared(path, lambda: prepare(kernels, optimized(path)))
     except OSError as exc:
         raise WeTextUnavailable(f"cannot read {path} ({exc}); reinstall it: {INSTALL_HINT}") from None
-    except PreparationError as exc:  # kaldifst read it, the compiled search cannot take it
+    except PreparationError as exc:  # a readable grammar the compiled search cannot take
         log.warning("text normalization: %s is searched with kaldifst (%s): the same readings, slower", path.name,
                     exc)
         return WholeTextSearch(optimized(path))
     return CompiledGrammar(kernels, arrays)
 
 
-def optimized(path: Path) -> Any:
-    """The FST file at ``path`` read with kaldifst and put through pynini's ``optimize()`` as the official runtime
-    does (``optimize_order``: the same states and arc order, so that ties break the same way); an FST that rule
-    does not cover is kept as read, after one warning."""
-    kaldifst = _kaldifst()
-    fst = _read_fst(kaldifst, path)
+def optimized(path: Path) -> FstArrays:
+    """The FST file at ``path`` put through pynini's ``optimize()`` as the official runtime does (``optimize_order``:
+    the same states and arc order, so that ties break the same way); an FST that rule does not cover is kept as
+    read, after one warning. Raises ``WeTextUnavailable`` for a file that cannot be read."""
+    try:
+        fst = FstArrays.read(path.read_bytes())
+    except (OSError, FstFileError) as exc:
+        raise WeTextUnavailable(f"cannot read {path} ({exc}); reinstall it: {INSTALL_HINT}") from None
     try:
         return optimize_order(fst)
     except ValueError as exc:
         log.warning("text normalization: %s is searched as read, not as pynini's optimize() gives it (%s); "
                     "equally light readings may be broken otherwise than officially", path.name, exc)
         return fst
-
-
-def _file_bytes(fst: Any) -> bytes:
-    """``fst`` as an OpenFst binary file (kaldifst writes to paths only)."""
-    with tempfile.TemporaryDirectory(prefix="moss_npu_grammar_") as folder:
-        target = Path(folder) / "grammar.fst"
-        if not fst.write(str(target)):
-            raise OSError(f"kaldifst could not write {target}")
-        return target.read_bytes()
 
 
 def _kaldifst() -> Any:
@@ -157,9 +151,14 @@ class WholeTextSearch:
     """The lightest path of an FST over a whole text with kaldifst (OpenFst's ``Compose`` and ``ShortestPath``, as
     pynini takes it): where the compiled search cannot be built; the same answers, a hundred times slower."""
 
-    def __init__(self, fst: Any) -> None:
+    def __init__(self, fst: FstArrays) -> None:
         self._kaldifst = _kaldifst()
-        self._fst = fst
+        with tempfile.TemporaryDirectory(prefix="moss_npu_grammar_") as folder:  # kaldifst reads paths only
+            path = Path(folder) / "grammar.fst"
+            path.write_bytes(fst.write())
+            self._fst = self._kaldifst.StdVectorFst.read(str(path))
+        if self._fst is None:
+            raise WeTextUnavailable(f"kaldifst cannot read the grammar ({INSTALL_HINT})")
 
     def best(self, text: str) -> str:
         """Return the output of the lightest path over ``text``'s UTF-8 bytes; raise ``NoReading`` if none."""
@@ -170,19 +169,6 @@ class WholeTextSearch:
         if not found or best.num_states == 0:
             raise NoReading(f"the grammar has no reading of {text[:40]!r}")
         return bytes(output).decode("utf-8")
-
-
-def _read_fst(kaldifst: Any, path: Path) -> Any:
-    """Read one FST file; a missing or damaged file (kaldifst returns None) is ``WeTextUnavailable``."""
-    try:
-        fst = kaldifst.StdVectorFst.read(str(path))
-    except Exception as exc:
-        fst, why = None, str(exc)
-    else:
-        why = "not a readable FST"
-    if fst is None:
-        raise WeTextUnavailable(f"cannot read {path} ({why}); reinstall it: {INSTALL_HINT}")
-    return fst
 
 
 def verbalize_chinese(tokens: list[Token]) -> str:

@@ -10,7 +10,8 @@ import pytest
 import moss_npu
 from moss_npu.text import grammar_cache
 from moss_npu.text.grammar_cache import CACHE_ENV, GrammarCache, default_cache_dir
-from moss_npu.text.lattice import CompiledGrammar, PreparationError, prepare, read_vector_fst
+from moss_npu.text.fst_file import FstArrays, FstFileError
+from moss_npu.text.lattice import CompiledGrammar, prepare
 
 kaldifst = pytest.importorskip("kaldifst")
 
@@ -32,7 +33,7 @@ def small_grammar(tmp_path, extra=()):
 
 def load(cache: GrammarCache, source: Path, kernels) -> list[str]:
     """Prepare ``source`` through ``cache`` and return its readings of a few texts (what a cache entry is for)."""
-    arrays = cache.prepared(source, lambda: prepare(kernels, read_vector_fst(kernels, source.read_bytes())))
+    arrays = cache.prepared(source, lambda: prepare(kernels, FstArrays.read(source.read_bytes())))
     grammar = CompiledGrammar(kernels, arrays)
     return [grammar.best(text) for text in ("a", "b", "c")]
 
@@ -77,7 +78,7 @@ def test_another_grammar_file_gets_its_own_entry(kernels, tmp_path):
 def test_a_file_that_cannot_be_prepared_is_an_error_not_an_entry(kernels, tmp_path):
     source = tmp_path / "broken.fst"
     source.write_bytes(b"not an fst at all")
-    with pytest.raises(PreparationError):
+    with pytest.raises(FstFileError):
         load(GrammarCache(tmp_path / "cache"), source, kernels)
     assert not list((tmp_path / "cache").rglob("*.npz"))
 

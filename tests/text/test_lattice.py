@@ -12,8 +12,8 @@ import pytest
 
 from moss_npu.native import KernelUnavailable
 from moss_npu.text import TextNormalizer
-from moss_npu.text.lattice import (CompiledGrammar, LatticeKernels, NoReading, PreparationError, check, prepare,
-                                   read_vector_fst)
+from moss_npu.text.fst_file import FstArrays, FstFileError
+from moss_npu.text.lattice import CompiledGrammar, LatticeKernels, NoReading, PreparationError, check, prepare
 from moss_npu.text.wetext import Grammars, WholeTextSearch
 
 kaldifst = pytest.importorskip("kaldifst")
@@ -36,8 +36,8 @@ def write_fst(path, states, arcs, finals, start=0):
 
 def both(kernels, path):
     """The compiled search and kaldifst's whole-text search of the FST file at ``path``."""
-    return (CompiledGrammar(kernels, prepare(kernels, read_vector_fst(kernels, path.read_bytes()))),
-            WholeTextSearch(kaldifst.StdVectorFst.read(str(path))))
+    return (CompiledGrammar(kernels, prepare(kernels, FstArrays.read(path.read_bytes()))),
+            WholeTextSearch(FstArrays.read(path.read_bytes())))
 
 
 def reading(search, text):
@@ -129,33 +129,46 @@ def test_random_grammars_read_as_kaldifst_reads_them(kernels, tmp_path, weights)
     assert read > 100  # the grammars do read many of the texts: the comparison is not of failures alone
 
 
-def test_a_damaged_file_is_a_preparation_error(kernels, tmp_path):
+def test_a_damaged_file_is_refused(tmp_path):
     data = write_fst(tmp_path / "g.fst", 2, [(0, A, A, 0.0, 1)], {1: 0.0}).read_bytes()
-    for bad in (b"not an fst", data[:-5], data[:40], b"\0" * len(data)):
-        with pytest.raises(PreparationError):
-            read_vector_fst(kernels, bad)
+    for bad in (b"not an fst", data[:-5], data[:40], b"\0" * len(data), data[:-16] + b"\x09" * 16):
+        with pytest.raises(FstFileError):
+            FstArrays.read(bad)
+
+
+def test_files_read_and_written_as_kaldifst_reads_and_writes_them(tmp_path):
+    path = write_fst(tmp_path / "g.fst", 3, [(0, A, X, 0.5, 1), (0, 0, Y, -1.25, 2), (1, B, 0, INF, 2)], {2: 0.75})
+    fst = FstArrays.read(path.read_bytes())
+    assert (fst.start, fst.states, fst.arc_start.tolist(), fst.ilabel.tolist(), fst.next.tolist()) == (
+        0, 3, [0, 2, 3, 3], [A, 0, B], [1, 2, 2])
+    assert fst.weight.tolist() == [0.5, -1.25, INF] and fst.final_weight.tolist() == [INF, INF, 0.75]
+    (tmp_path / "again.fst").write_bytes(fst.write())
+    again = kaldifst.StdVectorFst.read(str(tmp_path / "again.fst"))
+    assert [(a.ilabel, a.olabel, a.weight.value, a.nextstate) for a in kaldifst.ArcIterator(again, 0)] == [
+        (A, X, 0.5, 1), (0, Y, -1.25, 2)]
+    assert again.final(2).value == 0.75 and again.num_states == 3
 
 
 def test_an_epsilon_cycle_is_refused(kernels, tmp_path):
     path = write_fst(tmp_path / "g.fst", 3, [(0, 0, X, 0.0, 1), (1, 0, Y, 0.0, 2), (2, 0, X, 0.0, 1), (1, A, A, 0.0, 2)],
                      {2: 0.0})
     with pytest.raises(PreparationError, match="epsilon cycle"):
-        prepare(kernels, read_vector_fst(kernels, path.read_bytes()))
+        prepare(kernels, FstArrays.read(path.read_bytes()))
     looped = write_fst(tmp_path / "h.fst", 2, [(0, 0, X, 0.0, 0), (0, A, A, 0.0, 1)], {1: 0.0})
     with pytest.raises(PreparationError, match="epsilon cycle"):
-        prepare(kernels, read_vector_fst(kernels, looped.read_bytes()))
+        prepare(kernels, FstArrays.read(looped.read_bytes()))
 
 
 def test_labels_beyond_bytes_are_refused(kernels, tmp_path):
     path = write_fst(tmp_path / "g.fst", 2, [(0, 300, A, 0.0, 1)], {1: 0.0})
     with pytest.raises(PreparationError, match="input labels beyond bytes"):
-        prepare(kernels, read_vector_fst(kernels, path.read_bytes()))
+        prepare(kernels, FstArrays.read(path.read_bytes()))
 
 
 @pytest.mark.parametrize("damage", ["next state", "first set", "arc start", "missing", "epsilons"])
 def test_arrays_that_would_send_the_search_astray_are_refused(kernels, tmp_path, damage):
     path = write_fst(tmp_path / "g.fst", 3, [(0, 0, A, 0.0, 1), (1, A, A, 0.0, 2)], {2: 0.0})
-    arrays = prepare(kernels, read_vector_fst(kernels, path.read_bytes()))
+    arrays = prepare(kernels, FstArrays.read(path.read_bytes()))
     check(arrays)
     arrays = {key: value.copy() for key, value in arrays.items()}
     if damage == "next state":
