@@ -297,7 +297,8 @@ static int build(const Grammar *g, Workspace *w, const uint8_t *text, long n) {
                             grow((void **)&w->backs, &w->cap_backs, p + 1, 1)))
             status = NO_MEMORY;
         if (status) break;
-        memcpy(w->expanded + w->n_expanded, here->list, sizeof(int32_t) * (size_t)here->listed);
+        if (here->listed)  /* an empty column may have no list yet: memcpy from NULL is undefined even for 0 bytes */
+            memcpy(w->expanded + w->n_expanded, here->list, sizeof(int32_t) * (size_t)here->listed);
         w->columns[p] = w->n_expanded, w->n_expanded += here->listed, w->columns[p + 1] = w->n_expanded;
         w->backs[p] = (uint8_t)here->back, here->back = 0;
     }
