@@ -98,6 +98,8 @@ def prepare(kernels: LatticeKernels, fst: FstArrays) -> dict[str, np.ndarray]:
     for name, labels in (("input", ilabel), ("output", olabel)):
         if len(labels) and (labels.min() < 0 or labels.max() > 255):
             raise PreparationError(f"{name} labels beyond bytes (0-255)")
+    if np.isnan(fst.weight).any() or np.isnan(fst.final_weight).any():
+        raise PreparationError("NaN weights (OpenFst stops with an error on them)")
     owner = np.repeat(np.arange(states, dtype=np.int32), np.diff(arc_start))
     by_label = np.lexsort((np.arange(len(ilabel)), ilabel, owner)).astype(np.int32)
     first = np.empty((states, WORDS), np.uint64)
@@ -142,6 +144,14 @@ def check(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return arrays
 
 
+def utf8(text: str) -> bytes:
+    """``text``'s UTF-8 bytes, which the grammars read; ``NoReading`` for a text that has none (a lone surrogate)."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise NoReading(f"the grammar has no reading of {text[:40]!r}: it is not valid Unicode") from None
+
+
 class CompiledGrammar:
     """One grammar searched by ``lattice.c``; owns the arrays and the C search's workspace (memory kept from one
     text to the next: not thread-safe, callers hold a lock)."""
@@ -159,7 +169,7 @@ class CompiledGrammar:
 
     def best(self, text: str) -> str:
         """Return the output of the lightest path over ``text``'s UTF-8 bytes; raise ``NoReading`` if none."""
-        raw = text.encode("utf-8")
+        raw = utf8(text)
         data, size = np.frombuffer(raw or b"\0", np.uint8), len(raw)
         if size >= 2 ** 31 - 1:
             raise MemoryError(f"a text of {size} bytes is too long to search")

@@ -28,7 +28,7 @@ from typing import Any, Optional, Protocol
 
 from moss_npu.text.grammar_cache import GrammarCache
 from moss_npu.text.fst_file import FstArrays, FstFileError
-from moss_npu.text.lattice import CompiledGrammar, LatticeKernels, NoReading, PreparationError, prepare
+from moss_npu.text.lattice import CompiledGrammar, LatticeKernels, NoReading, PreparationError, prepare, utf8
 from moss_npu.text.optimize_order import optimize_order
 from moss_npu.text.tokens import Token, parse_tokens, reorder
 
@@ -163,7 +163,7 @@ class WholeTextSearch:
     def best(self, text: str) -> str:
         """Return the output of the lightest path over ``text``'s UTF-8 bytes; raise ``NoReading`` if none."""
         kaldifst = self._kaldifst
-        lattice = kaldifst.compose(kaldifst.make_linear_acceptor(list(text.encode("utf-8"))), self._fst)
+        lattice = kaldifst.compose(kaldifst.make_linear_acceptor(list(utf8(text))), self._fst)
         best = kaldifst.shortest_path(lattice, n=1)
         found, _, output, _ = kaldifst.get_linear_symbol_sequence(best)
         if not found or best.num_states == 0:

@@ -92,6 +92,21 @@ def test_no_reading_is_no_reading(kernels, tmp_path):
     assert compiled.best("a") == "a"
 
 
+def test_a_text_that_is_not_valid_unicode_has_no_reading(kernels, tmp_path, needs_wetext):
+    path = write_fst(tmp_path / "g.fst", 2, [(0, A, A, 0.0, 1)], {1: 0.0})
+    for search in both(kernels, path):
+        with pytest.raises(NoReading, match="not valid Unicode"):
+            search.best("a\ud800")
+    normalizer = TextNormalizer()
+    assert normalizer.prepare("I have 2 apples \ud800", robust=False).text == "I have 2 apples \ud800"
+
+
+def test_nan_weights_are_refused(kernels, tmp_path):
+    path = write_fst(tmp_path / "g.fst", 2, [(0, A, A, float("nan"), 1)], {1: 0.0})
+    with pytest.raises(PreparationError, match="NaN"):
+        prepare(kernels, FstArrays.read(path.read_bytes()))
+
+
 def test_a_long_output_grows_the_output_buffer(kernels, tmp_path):
     path = write_fst(tmp_path / "g.fst", 2, [(0, A, X, 0.0, 1), (1, 0, Y, 0.0, 0)], {1: 0.0})
     compiled, whole = both(kernels, path)
