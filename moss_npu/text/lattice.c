@@ -21,7 +21,6 @@
 #define END_BIT 256
 #define NO_READING (-1)
 #define NO_MEMORY (-2)
-#define TOO_SMALL (-3)
 #define EPSILON_CYCLE (-4)
 
 /* The grammar as the search reads it (lattice.py's `prepare`). */
@@ -217,6 +216,8 @@ typedef struct {
     long *columns;      /* [n + 2]: position p's states are expanded[columns[p] .. columns[p + 1] - 1] */
     uint8_t *backs;     /* [n + 1]: the columns' back flags */
     long n_expanded, cap_expanded, cap_columns, cap_backs;
+    int32_t *out;       /* the last search's output labels (fst_workspace_output) */
+    long cap_out;
 } Workspace;
 
 #define KEPT_STATES (1L << 21)  /* a workspace grown past this many lattice states is given back after its search */
@@ -237,8 +238,12 @@ void fst_workspace_free(void *handle) {
     if (!w) return;
     release(w);
     for (int k = 0; k < 2; k++) free(w->cols[k].slots), free(w->cols[k].list);
+    free(w->out);
     free(w);
 }
+
+/* The output labels of the workspace's last search (fst_best_path's *out_len of them). */
+const int32_t *fst_workspace_output(const void *handle) { return ((const Workspace *)handle)->out; }
 
 /* A workspace for searches of a grammar of `states` states (NULL: no memory). */
 void *fst_workspace_new(long states) {
@@ -364,14 +369,13 @@ static int weighted(const Grammar *g, const Lattice *lat, const uint8_t *live, c
     return 0;
 }
 
-/* The lightest path over text[0:n): its output labels (those not 0) into out (out_cap of them at most; *out_len
- * gets how many there are) and its weight into *total. `acyclic`: the grammar's file says it is acyclic (OpenFst
- * then knows the lattice is, and takes topological order whatever the weights). Returns 0, NO_READING (no complete
- * path), NO_MEMORY, or TOO_SMALL (out_cap is short of *out_len: call again with more room). */
+/* The lightest path over text[0:n): its output labels (those not 0) into the workspace (fst_workspace_output),
+ * *out_len of them. `acyclic`: the grammar's file says it is acyclic (OpenFst then knows the lattice is, and takes
+ * topological order whatever the weights). Returns 0, NO_READING (no complete path) or NO_MEMORY. */
 int fst_best_path(void *workspace, long states, int32_t start, int acyclic, const int32_t *arc_start,
                   const int32_t *olabel, const float *weight, const float *final_weight, const int32_t *epsilons,
                   const int32_t *sorted, const int32_t *first, const uint64_t *sets, const uint8_t *text, long n,
-                  int32_t *out, long out_cap, long *out_len, float *total) {
+                  long *out_len) {
     Grammar g = {states, start, arc_start, olabel, weight, final_weight, epsilons, sorted, first, sets};
     Workspace *w = workspace;
     long placed = 0, m = 0, best_state = -1;
@@ -432,13 +436,13 @@ int fst_best_path(void *workspace, long states, int32_t start, int acyclic, cons
     }
     long length = 0;
     for (long r = best_state; parent[r] >= 0; r = source[r]) length += olabel[lat.arcs[parent[r]].arc] != 0;
-    *out_len = length, *total = best;
-    if (length > out_cap) {
-        status = TOO_SMALL;
+    if (grow((void **)&w->out, &w->cap_out, length, sizeof(int32_t))) {
+        status = NO_MEMORY;
         goto done;
     }
+    *out_len = length;
     for (long r = best_state, k = length; parent[r] >= 0; r = source[r])
-        if (olabel[lat.arcs[parent[r]].arc] != 0) out[--k] = olabel[lat.arcs[parent[r]].arc];
+        if (olabel[lat.arcs[parent[r]].arc] != 0) w->out[--k] = olabel[lat.arcs[parent[r]].arc];
 done:
     if (w && w->lat.cap_states > KEPT_STATES) release(w);
     return status;

@@ -43,7 +43,7 @@ from moss_npu.text.fst_file import FstArrays
 SOURCE = Path(__file__).with_name("lattice.c")
 FORMAT_VERSION = 4  # of the prepared arrays (grammar_cache names its files by it)
 WORDS = 13  # uint64 words of a state's lookahead sets (lattice.c's SET_WORDS: first set, pair set)
-_NO_READING, _NO_MEMORY, _TOO_SMALL, _EPSILON_CYCLE = -1, -2, -3, -4
+_NO_READING, _NO_MEMORY, _EPSILON_CYCLE = -1, -2, -4
 _ACYCLIC = 0x800000000  # OpenFst's kAcyclic property bit
 _P, _L = ctypes.c_void_p, ctypes.c_long
 ARRAYS = {"header": np.int64, "arc_start": np.int32, "olabel": np.int32, "weight": np.float32,
@@ -65,11 +65,13 @@ class LatticeKernels:
 
     def __init__(self, library: ctypes.CDLL, built: Optional[str] = None) -> None:
         self.built = built  # where this load compiled them (native.PRIVATE: a temporary folder), None if cached
-        self.first_sets = library.fst_lookahead_sets
-        self.first_sets.argtypes, self.first_sets.restype = [_L] + [_P] * 5, ctypes.c_int
+        self.lookahead_sets = library.fst_lookahead_sets
+        self.lookahead_sets.argtypes, self.lookahead_sets.restype = [_L] + [_P] * 5, ctypes.c_int
         self.best_path = library.fst_best_path
-        self.best_path.argtypes = [_P, _L, ctypes.c_int32, ctypes.c_int] + [_P] * 9 + [_L, _P, _L, _P, _P]
+        self.best_path.argtypes = [_P, _L, ctypes.c_int32, ctypes.c_int] + [_P] * 9 + [_L, _P]
         self.best_path.restype = ctypes.c_int
+        self.output = library.fst_workspace_output
+        self.output.argtypes, self.output.restype = [_P], ctypes.POINTER(ctypes.c_int32)
         self.workspace_new = library.fst_workspace_new
         self.workspace_new.argtypes, self.workspace_new.restype = [_L], _P
         self.workspace_free = library.fst_workspace_free
@@ -102,14 +104,14 @@ def prepare(kernels: LatticeKernels, fst: FstArrays) -> dict[str, np.ndarray]:
         raise PreparationError("NaN weights (OpenFst stops with an error on them)")
     owner = np.repeat(np.arange(states, dtype=np.int32), np.diff(arc_start))
     by_label = np.lexsort((np.arange(len(ilabel)), ilabel, owner)).astype(np.int32)
-    first = np.empty((states, WORDS), np.uint64)
-    status = kernels.first_sets(states, _ptr(arc_start), _ptr(ilabel), _ptr(fst.next), _ptr(fst.final_weight),
-                                _ptr(first))
+    lookahead = np.empty((states, WORDS), np.uint64)
+    status = kernels.lookahead_sets(states, _ptr(arc_start), _ptr(ilabel), _ptr(fst.next), _ptr(fst.final_weight),
+                                    _ptr(lookahead))
     if status == _EPSILON_CYCLE:
         raise PreparationError("an epsilon cycle (a text's lattice would be cyclic)")
     if status < 0:
-        raise MemoryError("no memory for the grammar's first sets")
-    sets, numbers = np.unique(first.view(np.dtype((np.void, 8 * WORDS))).ravel(), return_inverse=True)
+        raise MemoryError("no memory for the grammar's lookahead sets")
+    sets, numbers = np.unique(lookahead.view(np.dtype((np.void, 8 * WORDS))).ravel(), return_inverse=True)
     return {"header": np.array([fst.start, states, bool(fst.properties & _ACYCLIC)], np.int64),
             "arc_start": arc_start, "olabel": olabel, "weight": fst.weight, "final_weight": fst.final_weight,
             "epsilons": np.bincount(owner[ilabel == 0], minlength=states).astype(np.int32),
@@ -163,7 +165,6 @@ class CompiledGrammar:
         self._workspace = kernels.workspace_new(self.states)
         if not self._workspace:
             raise MemoryError("no memory for a search workspace")
-        self._out = np.empty(4096, np.int32)
         self._pointers = tuple(_ptr(self._arrays[key]) for key in (
             "arc_start", "olabel", "weight", "final_weight", "epsilons", "sorted", "first", "sets"))
 
@@ -173,19 +174,17 @@ class CompiledGrammar:
         data, size = np.frombuffer(raw or b"\0", np.uint8), len(raw)
         if size >= 2 ** 31 - 1:
             raise MemoryError(f"a text of {size} bytes is too long to search")
-        length, total = _L(), ctypes.c_float()
-        while True:
-            status = self._kernels.best_path(self._workspace, self.states, self.start, self._acyclic, *self._pointers,
-                                             _ptr(data), size, _ptr(self._out), len(self._out), ctypes.byref(length),
-                                             ctypes.byref(total))
-            if status != _TOO_SMALL:
-                break
-            self._out = np.empty(2 * length.value, np.int32)
+        length = _L()
+        status = self._kernels.best_path(self._workspace, self.states, self.start, self._acyclic, *self._pointers,
+                                         _ptr(data), size, ctypes.byref(length))
         if status == _NO_READING:
             raise NoReading(f"the grammar has no reading of {text[:40]!r}")
         if status == _NO_MEMORY:
             raise MemoryError(f"no memory to search a text of {size} bytes")
-        return self._out[:length.value].astype(np.uint8).tobytes().decode("utf-8")
+        if length.value == 0:
+            return ""
+        labels = np.ctypeslib.as_array(self._kernels.output(self._workspace), (length.value,))
+        return labels.astype(np.uint8).tobytes().decode("utf-8")
 
     def __del__(self) -> None:
         workspace, self._workspace = getattr(self, "_workspace", None), None
