@@ -10,7 +10,10 @@ float32 weight, int32 next state).
 from __future__ import annotations
 
 import struct
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -115,3 +118,24 @@ class FstArrays:
         words[arc_at + 2] = self.weight.astype("<f4").view(np.uint32)
         words[arc_at + 3] = self.next.astype("<i4").view(np.uint32)
         return head + words.astype("<u4").tobytes()
+
+    def to_kaldifst(self) -> Any:
+        """This FST as a ``kaldifst.StdVectorFst`` (through a file: kaldifst reads paths only)."""
+        import kaldifst
+
+        with tempfile.TemporaryDirectory(prefix="moss_npu_fst_") as folder:
+            path = Path(folder) / "grammar.fst"
+            path.write_bytes(self.write())
+            fst = kaldifst.StdVectorFst.read(str(path))
+        if fst is None:
+            raise FstFileError("kaldifst cannot read it")
+        return fst
+
+    @classmethod
+    def from_kaldifst(cls, fst: Any) -> "FstArrays":
+        """A ``kaldifst.StdVectorFst`` as arrays, with the properties kaldifst knows of it."""
+        with tempfile.TemporaryDirectory(prefix="moss_npu_fst_") as folder:
+            path = Path(folder) / "grammar.fst"
+            if not fst.write(str(path)):
+                raise OSError(f"kaldifst could not write {path}")
+            return cls.read(path.read_bytes())

@@ -40,9 +40,7 @@ an FST known to be deterministic, acyclic or unweighted) are refused, not guesse
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -63,34 +61,36 @@ def optimize_order(fst: FstArrays) -> FstArrays:
     """Return what ``pynini.Fst.read(path).optimize()`` returns for the FST read from ``path``: pynini's state
     numbers and arc order, so that a search breaks ties between equally light paths as the official runtime does.
     An FST taking a branch of pynini's rule that is not reproduced here raises ``ValueError``."""
-    import kaldifst
-
     if fst.properties & _ACCEPTOR:
         raise ValueError("optimize_order reproduces pynini's optimize() of a transducer, not of an acceptor")
-    work = fst if fst.properties & _NO_EPSILONS else _through_kaldifst(fst, kaldifst.rmepsilon)
+    work = fst if fst.properties & _NO_EPSILONS else _through_kaldifst(fst, _rmepsilon)
     if work.properties & (_I_DETERMINISTIC | _DO_NOT_ENCODE_WEIGHTS):
         raise ValueError("optimize_order reproduces pynini's optimize() with labels and weights encoded; this FST "
                          f"is known to be deterministic, acyclic or unweighted (properties {work.properties:#x})")
     encoded, codes = _encode(work)
-    minimal = _through_kaldifst(encoded, lambda f: kaldifst.minimize(f), kaldifst.determinize)
+    minimal = _through_kaldifst(encoded, _determinize_minimize)
     return _decode(minimal, codes)
 
 
-def _through_kaldifst(fst: FstArrays, change: Callable, make: Callable = None) -> FstArrays:
-    """``fst`` read by kaldifst, ``make`` (a function returning a new FST) then ``change`` (in place) applied, and
-    read back with the properties kaldifst then knows, as the operations pynini chains see them."""
+def _rmepsilon(fst: Any) -> Any:
     import kaldifst
 
-    with tempfile.TemporaryDirectory(prefix="moss_npu_optimize_") as folder:
-        source, target = Path(folder) / "in.fst", Path(folder) / "out.fst"
-        source.write_bytes(fst.write())
-        loaded = kaldifst.StdVectorFst.read(str(source))
-        if make is not None:
-            loaded = make(loaded)
-        change(loaded)
-        if not loaded.write(str(target)):
-            raise OSError(f"kaldifst could not write {target}")
-        return FstArrays.read(target.read_bytes())
+    kaldifst.rmepsilon(fst)
+    return fst
+
+
+def _determinize_minimize(fst: Any) -> Any:
+    import kaldifst
+
+    minimal = kaldifst.determinize(fst)
+    kaldifst.minimize(minimal)
+    return minimal
+
+
+def _through_kaldifst(fst: FstArrays, operate: Callable[[Any], Any]) -> FstArrays:
+    """``operate`` (kaldifst operations: an FST in, an FST out) applied to ``fst``, read back with the properties
+    kaldifst then knows, as the operations pynini chains see them."""
+    return FstArrays.from_kaldifst(operate(fst.to_kaldifst()))
 
 
 def _encode(fst: FstArrays) -> tuple[FstArrays, np.ndarray]:

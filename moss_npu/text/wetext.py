@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import logging
-import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -153,12 +152,10 @@ class WholeTextSearch:
 
     def __init__(self, fst: FstArrays) -> None:
         self._kaldifst = _kaldifst()
-        with tempfile.TemporaryDirectory(prefix="moss_npu_grammar_") as folder:  # kaldifst reads paths only
-            path = Path(folder) / "grammar.fst"
-            path.write_bytes(fst.write())
-            self._fst = self._kaldifst.StdVectorFst.read(str(path))
-        if self._fst is None:
-            raise WeTextUnavailable(f"kaldifst cannot read the grammar ({INSTALL_HINT})")
+        try:
+            self._fst = fst.to_kaldifst()
+        except FstFileError as exc:
+            raise WeTextUnavailable(f"{exc} ({INSTALL_HINT})") from None
 
     def best(self, text: str) -> str:
         """Return the output of the lightest path over ``text``'s UTF-8 bytes; raise ``NoReading`` if none."""
