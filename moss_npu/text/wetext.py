@@ -29,7 +29,7 @@ from moss_npu.text.grammar_cache import GrammarCache
 from moss_npu.text.fst_file import FstArrays, FstFileError
 from moss_npu.text.lattice import CompiledGrammar, LatticeKernels, NoReading, PreparationError, prepare, utf8
 from moss_npu.text.optimize_order import optimize_order
-from moss_npu.text.tokens import Token, parse_tokens, reorder
+from moss_npu.text.tokens import Token, parse_tokens, reorder, serialize
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ class Grammar:
             tokens = reorder(parse_tokens(self._tagger.best(text)), self.language)
             if self._verbalizer is None:
                 return verbalize_chinese(tokens)
-            return self._verbalizer.best(" ".join(token.serialize() for token in tokens))
+            return self._verbalizer.best(serialize(tokens))
 
 
 def _load_search(path: Path, cache: GrammarCache, kernels: Optional[LatticeKernels]) -> Search:
@@ -111,14 +111,21 @@ def _load_search(path: Path, cache: GrammarCache, kernels: Optional[LatticeKerne
     through ``cache``, where ``kernels`` are given, else kaldifst's."""
     if kernels is None:
         return WholeTextSearch(optimized(path))
+    fst: Optional[FstArrays] = None  # the optimized grammar, once the cache has to prepare it
+
+    def prepare_optimized() -> dict:
+        nonlocal fst
+        fst = optimized(path)
+        return prepare(kernels, fst)
+
     try:
-        arrays = cache.prepared(path, lambda: prepare(kernels, optimized(path)))
+        arrays = cache.prepared(path, prepare_optimized)
     except OSError as exc:
         raise WeTextUnavailable(f"cannot read {path} ({exc}); reinstall it: {INSTALL_HINT}") from None
-    except PreparationError as exc:  # a readable grammar the compiled search cannot take
+    except PreparationError as exc:  # a readable grammar the compiled search cannot take (raised by prepare)
         log.warning("text normalization: %s is searched with kaldifst (%s): the same readings, slower", path.name,
                     exc)
-        return WholeTextSearch(optimized(path))
+        return WholeTextSearch(fst)
     return CompiledGrammar(kernels, arrays)
 
 

@@ -233,3 +233,17 @@ def test_the_workspace_is_reused_and_the_answers_stay(kernels, tmp_path):
     compiled, whole = both(kernels, path)
     texts = ["a", "ab" * 500, "a", "abbbb" * 10, "", "b", "ab" * 500]
     assert [reading(compiled, t) for t in texts] == [reading(whole, t) for t in texts]
+
+
+def test_a_grammar_the_compiled_search_refuses_is_searched_by_kaldifst(kernels, tmp_path, caplog):
+    """An epsilon cycle: the grammar still loads, once optimized, and kaldifst reads it, after one warning."""
+    from moss_npu.text.grammar_cache import GrammarCache
+    from moss_npu.text.wetext import _load_search, optimized
+
+    path = write_fst(tmp_path / "g.fst", 3, [(0, B, X, 0.5, 1), (1, 0, Y, 0.25, 2), (2, 0, X, 1.0, 1),
+                                            (1, B, 0, 0.0, 1)], {1: 0.0})
+    with caplog.at_level(logging.WARNING):
+        search = _load_search(path, GrammarCache(tmp_path / "cache"), kernels)
+    assert isinstance(search, WholeTextSearch)
+    assert search.best("bb") == WholeTextSearch(optimized(path)).best("bb")
+    assert [r.getMessage() for r in caplog.records if "is searched with kaldifst (an epsilon cycle" in r.getMessage()]
