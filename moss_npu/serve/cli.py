@@ -76,8 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--header-timeout", type=float, default=10.0,
                    help="seconds a connection may take to send its request headers (then it is closed)")
     p.add_argument("--keep-alive", type=int, default=5, help="seconds an idle kept-alive connection stays open")
-    p.add_argument("--max-connections", type=int, default=256,
-                   help="open connections at most (then 503 at once)")
+    p.add_argument("--max-connections", type=int, default=1000,
+                   help="open connections and requests at most (then uvicorn answers 503 at once)")
     p.add_argument("--num-threads", type=int, default=0,
                    help="intra-op CPU threads per worker (0: the cores but one, shared among CPU workers)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
@@ -199,6 +199,7 @@ def serve(args: argparse.Namespace) -> int:
                           bind_host=args.host, allowed_hosts=args.allowed_hosts, cors_origins=args.cors_origins)
     limits = ConnectionLimits(header_timeout_s=args.header_timeout, keep_alive_s=args.keep_alive,
                               max_connections=args.max_connections)
+    limits.raise_file_limit()
     server = _server_class()(uvicorn.Config(create_app(config, pool, metrics), host=args.host, port=args.port,
                                            log_level=args.log_level, timeout_graceful_shutdown=5,
                                            **limits.uvicorn_options()))
