@@ -141,6 +141,18 @@ def metric(text: str, name: str) -> float:
     raise AssertionError(f"metric {name} not found")
 
 
+def wait_idle(server: ServerProcess, within_s: float) -> float:
+    """Seconds until the server has nothing in flight and no active slot (fails after ``within_s``)."""
+    start = time.monotonic()
+    with server.client() as http:
+        while time.monotonic() - start < within_s:
+            text = http.get("/metrics").text
+            if metric(text, "moss_npu_in_flight_requests") == 0 and metric(text, "moss_npu_active_slots") == 0:
+                return time.monotonic() - start
+            time.sleep(0.02)
+    raise AssertionError(f"still busy after {within_s} s")
+
+
 def assert_error(response, status: int, param: Optional[str] = None) -> dict:
     """The answer has ``status`` and the OpenAI error shape; return its error object."""
     assert response.status_code == status, response.text[:500]
