@@ -73,7 +73,11 @@ class ServerProcess:
         self._log_file = open(self.log, "wb")
         self.process = subprocess.Popen(command, cwd=REPO, env=env, stdout=self._log_file, stderr=subprocess.STDOUT)
         if wait:
-            self.wait_ready()
+            try:
+                self.wait_ready()
+            except BaseException:
+                self.stop()  # a server that never became ready must not outlive the test run
+                raise
 
     @property
     def headers(self) -> dict:
