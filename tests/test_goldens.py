@@ -36,10 +36,8 @@ def test_fixtures_present():
 def test_golden_case(fixture_dir, case_id):
     fx = _fixture(fixture_dir)
     outcome = goldens.run_case(fx.case(case_id), fx)
-    if outcome.status == "SKIP":
-        if outcome.missing_dependency:
-            missing(f"{case_id}: {outcome.detail}")
-        pytest.skip(f"{case_id}: {outcome.detail}")
+    if outcome.status == "SKIP":  # an optional package or a handler is missing: a skip here, a failure in CI
+        missing(f"{case_id}: {outcome.detail}")
     assert outcome.status == "PASS", f"{case_id} ({outcome.kind}): {outcome.detail}"
 
 
@@ -115,3 +113,13 @@ def test_runner_cli_reports_and_exits(tmp_path, capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[0].split()[:3] == ["bad", "no_such_kind", "FAIL"]
     assert out[-1] == "0 passed, 1 failed, 0 skipped"
+
+
+def test_a_case_without_handler_is_not_checked_and_the_runner_exits_1(tmp_path, capsys, monkeypatch):
+    """A kind whose handler is not written is a SKIP line and exit 1: a case nobody checked is never a success."""
+    (tmp_path / "cases.json").write_text('{"family": "text", "cases": [{"id": "t", "kind": "normalize_robust"}]}')
+    monkeypatch.setattr(goldens, "_handler", lambda target: None)
+    assert goldens.main([str(tmp_path)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split()[:3] == ["t", "normalize_robust", "SKIP"] and "not implemented" in out[0]
+    assert out[-1] == "0 passed, 0 failed, 1 skipped"

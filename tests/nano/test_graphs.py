@@ -17,6 +17,7 @@ from moss_npu.nano.graphs import WARMUP_FRAMES
 from moss_npu.nano.prompt import build_prompt_rows
 from moss_npu.nano.tokenizer import TextTokenizer
 from moss_npu.sampling import SamplingParams
+from tests.optional import allowed_skip
 
 from .test_decoder import TEXTS, steer
 
@@ -159,7 +160,7 @@ def accelerator():
     return None
 
 
-@pytest.mark.skipif(accelerator() is None, reason="needs a CUDA or NPU device with graph capture (not in CI)")
+@allowed_skip(accelerator() is None, "needs a CUDA or NPU device with graph capture (not in CI)")
 @pytest.mark.parametrize("sampling", [SamplingParams(), SAMPLED], ids=["greedy", "noise-fed"])
 def test_real_graphs_match_eager_frame_by_frame(tiny_ckpt, sampling):
     """On real hardware: captured frames give the same codes as eager ones, frame by frame, with requests joining."""
