@@ -4,10 +4,13 @@ Without fixtures (a user's clone) these tests skip and say so; in CI (``CI=true`
 folder fails, so parity can never be skipped silently there.
 """
 
+import re
+
 import pytest
 
 from moss_npu import goldens
 from moss_npu.errors import InputError
+from tests import fixture_sets
 from tests.optional import missing
 
 ROOT = goldens.fixtures_root()
@@ -27,9 +30,21 @@ def _fixture(path):
 
 
 def test_fixtures_present():
-    """The fixture folder exists with at least one cases.json (a hard failure in CI)."""
-    if not DIRS:
-        missing(f"golden fixtures not found under {ROOT}; set MOSS_NPU_FIXTURES to run the parity tests")
+    """Every fixture folder the tests expect is there (a hard failure in CI, naming each missing one): the cases
+    below come from whichever folders exist, so a partial fixtures root would otherwise test less, silently."""
+    problems = fixture_sets.missing_sets(ROOT)
+    if problems:
+        missing("; ".join(problems) + " (set MOSS_NPU_FIXTURES)")
+
+
+def test_the_expected_fixture_folders_name_every_folder_the_code_reads():
+    """Each folder named as ``fixtures_root() / <folder>`` in the tests and the package is in ``tests/fixture_sets.EXPECTED``, and
+    each folder there with a cases.json is one the runner reads."""
+    named = set()
+    for folder in ("tests", "moss_npu", "bench"):
+        for path in (goldens.REPO_ROOT / folder).rglob("*.py"):
+            named |= set(re.findall(r'fixtures_root\(\) / "([\w.-]+)"', path.read_text(encoding="utf-8")))
+    assert named and named <= set(fixture_sets.EXPECTED), named - set(fixture_sets.EXPECTED)
 
 
 @pytest.mark.parametrize("fixture_dir,case_id", PARAMS)
