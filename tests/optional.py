@@ -16,7 +16,6 @@ from __future__ import annotations
 import importlib
 import os
 from types import ModuleType
-from typing import Optional
 
 import pytest
 
@@ -59,7 +58,6 @@ def allowed_skip(skip: bool, reason: str) -> pytest.MarkDecorator:
 def check_marks(item: pytest.Item) -> None:
     """Apply an item's ``allowed_skip`` and ``needs`` marks (allowed skips first: a test CI cannot run at all
     does not fail for what else it would need)."""
-    reason: Optional[str]
     for mark in item.iter_markers(ALLOWED_SKIP):
         reason = mark.args[0]
         if reason:
