@@ -2,9 +2,9 @@
 
 ``python -m moss_npu.goldens FIXTURE_DIR`` reads ``FIXTURE_DIR/cases.json``, runs each case through the
 handler registered for its kind, prints one line per case (``id  kind  PASS/FAIL/SKIP  metric``) and a
-summary line ``N passed, M failed, K skipped``. It exits 1 if a case fails or a kind is unknown. A case whose
-optional package (llama-cpp-python for the Delay cases) is not installed is a SKIP that names the install
-command. Handlers
+summary line ``N passed, M failed, K skipped``. It exits 1 if a case fails, has an unknown kind, or cannot be
+checked: a SKIP (its optional package, llama-cpp-python for the Delay cases, is not installed: the line names the
+install command; or its handler is not written) is a case nobody checked, never a success. Handlers
 live beside the code they check (``nano/cases.py``, ``codec/cases.py``, ``tts/cases.py``,
 ``delay/cases.py``); this file only dispatches. Tolerances come from each fixture's README.
 """
@@ -200,16 +200,18 @@ def iter_outcomes(fx: Fixture) -> Iterator[Outcome]:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """Run the cases of FIXTURE_DIR and print the report; exit 1 if any case fails (moss_npu.cli policy)."""
+    """Run the cases of FIXTURE_DIR and print the report; exit 1 if any case fails or is skipped (moss_npu.cli
+    policy)."""
     return run_cli(lambda: run(argv))
 
 
 def run(argv: Optional[list[str]] = None) -> int:
-    """Parse flags, run the selected cases, print one line each and the summary; return 1 if any failed."""
+    """Parse flags, run the selected cases, print one line each and the summary; return 1 if any failed or could
+    not be checked."""
     parser = ArgumentParser(
         prog="python -m moss_npu.goldens",
-        description="Check moss-npu against golden outputs of the official code. Exit codes: 0 all checked "
-        "cases pass, 1 a case failed or has an unknown kind, 2 bad usage, 130 interrupted.",
+        description="Check moss-npu against golden outputs of the official code. Exit codes: 0 every case "
+        "passes, 1 a case failed, has an unknown kind or could not be checked (SKIP), 2 bad usage, 130 interrupted.",
     )
     parser.add_argument("fixture_dir", help="folder holding cases.json (e.g. ../shared/fixtures/nano-tiny)")
     parser.add_argument("--only", action="append", default=[], help="run only cases with this id or kind")
@@ -230,7 +232,7 @@ def run(argv: Optional[list[str]] = None) -> int:
         counts[outcome.status] += 1
         print(f"{outcome.case_id:<{width}}  {outcome.kind:<20}  {outcome.status}  {outcome.detail}", flush=True)
     print(f"{counts['PASS']} passed, {counts['FAIL']} failed, {counts['SKIP']} skipped")
-    return 1 if counts["FAIL"] else 0
+    return 1 if counts["FAIL"] or counts["SKIP"] else 0
 
 
 if __name__ == "__main__":

@@ -11,10 +11,11 @@ import torch
 from moss_npu.audio import load_reference_audio, read_audio, resample, to_channels
 from moss_npu.errors import AudioError
 from moss_npu.goldens import fixtures_root
+from tests.optional import needs
 
 AUDIO = fixtures_root() / "audio"
 NANO = fixtures_root() / "nano-tiny"
-needs_audio = pytest.mark.skipif(not AUDIO.is_dir(), reason=f"fixtures not found at {AUDIO} (set MOSS_NPU_FIXTURES)")
+needs_audio = needs(AUDIO.is_dir(), f"fixtures not found at {AUDIO} (set MOSS_NPU_FIXTURES)")
 
 
 def _direct_resample(x: np.ndarray, orig: int, new: int, width: int = 6, rolloff: float = 0.99) -> np.ndarray:
@@ -91,7 +92,7 @@ def test_pcm16_scales_by_32768(tmp_path):
     assert wave[0].tolist() == [-1.0, -1 / 32768, 0.0, 0.5, 32767 / 32768]
 
 
-@pytest.mark.skipif(not (NANO / "cases.json").is_file(), reason=f"fixture not found at {NANO}")
+@needs((NANO / "cases.json").is_file(), f"fixture not found at {NANO}")
 def test_reference_golden_of_the_official_loader():
     expected = np.load(NANO / "goldens" / "load_reference_output.npy")
     wave = load_reference_audio(NANO / "goldens" / "reference.wav", 48000, 2)

@@ -15,6 +15,7 @@ import soundfile as sf
 
 import inference
 from moss_npu import goldens
+from tests.optional import require
 
 REPO = Path(__file__).resolve().parents[2]
 DELAY = goldens.fixtures_root() / "delay-tiny"
@@ -74,7 +75,7 @@ def test_explicit_nano_without_torch_names_its_install(no_torch, tmp_path, capsy
 
 
 def test_auto_with_torch_never_quietly_drops_the_delay_flags(tmp_path, capsys):
-    pytest.importorskip("torch")
+    require("torch", "pip install torch (the README's install line)")
     code, _, err = run(["--weights", tmp_path, "--text", "hi", "--output", tmp_path / "x.wav"], capsys)
     assert code == 2 and "--weights belong to the llama-cpp backend" in err and "--backend llama-cpp" in err
 
