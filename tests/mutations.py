@@ -59,9 +59,9 @@ MUTATIONS = (
              ("tests/serve/test_parity.py", "-k", "continuation or stored_voice")),
     Mutation("cancel-never-sent", "the pool never sends the worker its cancel (serve/pool.py Ticket.abandon)",
              (Edit("moss_npu/serve/pool.py", r'self\.worker\.send\("cancel", self\.rid\)', "pass  # mutation"),),
-             ("tests/serve/test_limits.py", "tests/serve/test_cancel*.py"),
-             note="caught by the cancellation tests of issue 27 item 2 (a request that cannot finish inside the "
-                  "test's window, frames counted on the worker side)"),
+             ("tests/serve/test_hardening.py", "-k", "leaves"),
+             note="caught by the cancellation tests (a 7500-frame request that cannot finish inside the test's "
+                  "window, frames counted on the worker side)"),
     Mutation("handler-missing", "a golden case kind whose handler is missing (its module is not there): it "
              "becomes SKIP (not implemented)",
              (Edit("moss_npu/goldens.py", r'"moss_npu\.nano\.cases:check_split_text"',
