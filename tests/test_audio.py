@@ -10,7 +10,7 @@ import torch
 
 from moss_npu.audio import load_reference_audio, read_audio, resample, to_channels
 from moss_npu.errors import AudioError
-from moss_npu.goldens import fixtures_root
+from moss_npu_verify.goldens import fixtures_root
 
 AUDIO = fixtures_root() / "audio"
 NANO = fixtures_root() / "nano-tiny"

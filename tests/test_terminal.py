@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from moss_npu import goldens
+from moss_npu_verify import goldens
 
 REPO = Path(__file__).resolve().parent.parent
 NANO = goldens.fixtures_root() / "nano-tiny"

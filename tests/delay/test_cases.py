@@ -4,7 +4,7 @@ import shutil
 
 import pytest
 
-from moss_npu.goldens import fixtures_root, load_fixture, run_case
+from moss_npu_verify.goldens import fixtures_root, load_fixture, run_case
 
 DELAY = fixtures_root() / "delay-tiny"
 

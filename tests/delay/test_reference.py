@@ -16,7 +16,7 @@ import soundfile as sf
 
 from moss_npu.delay.reference import load_reference, loudness_normalize
 from moss_npu.errors import AudioError
-from moss_npu.goldens import fixtures_root
+from moss_npu_verify.goldens import fixtures_root
 from tests.optional import missing
 
 AUDIO = fixtures_root() / "audio"

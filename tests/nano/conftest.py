@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import sentencepiece as spm
 
-from moss_npu import goldens
+from moss_npu_verify import goldens
 from moss_npu.nano.checkpoint import write_random_checkpoint
 
 SYMBOLS = ["<|im_start|>", "<|im_end|>", "<|audio_start|>", "<|audio_end|>", "<|vision_pad|>", "<|video_pad|>",

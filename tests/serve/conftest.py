@@ -19,7 +19,7 @@ from typing import Optional
 
 import pytest
 
-from moss_npu import goldens
+from moss_npu_verify import goldens
 from tests.optional import missing, require
 
 SERVE_INSTALL = "pip install -e '.[dev]'"  # the serve extra plus openai and httpx
