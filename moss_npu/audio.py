@@ -1,10 +1,12 @@
-"""Audio in for the Nano backend: reference recordings as tensors, resampled like torchaudio (spec §10 step 4).
+"""Audio in for the Nano backend: reference recordings as tensors, resampled like torchaudio.
 
 Files are read by ``moss_npu.wavfile`` (torch-free, shared with the Delay fallback) and written by
 ``moss_npu.output``. ``resample`` is the windowed-sinc algorithm of ``torchaudio.functional.resample`` with its
 defaults, written out so torchaudio is never needed.
 
 Shapes: C channels, S samples.
+
+See docs/architecture.md#synthesis.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 ``python -m moss_npu_verify.make_test_codec DIR``. These graphs make noise, not speech: they exist so that
 the ONNX runner, the CLI and CI can run end to end without the 1.5 GB MOSS-Audio-Tokenizer-ONNX download.
-Layout as delay_spec §10.2: encoder ``input_values (B, 1, S)`` float32 + ``n_quantizers`` 0-d int64 ->
+Layout as docs/delay.md#codec: encoder ``input_values (B, 1, S)`` float32 + ``n_quantizers`` 0-d int64 ->
 codes ``(Q, B, S / 1920)`` int64 + lengths ``(B,)``; decoder ``audio_codes (Q, B, T)`` + ``n_quantizers`` ->
 audio ``(B, 1, T * 1920)`` float32 + lengths ``(B,)``. Codebooks at or above ``n_quantizers`` read 0,
 as the real graphs mask them.

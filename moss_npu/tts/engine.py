@@ -1,4 +1,4 @@
-"""The engine: many speech requests at once on one pipeline, for the server (design.md, "Serving").
+"""The engine: many speech requests at once on one pipeline, for the server (docs/architecture.md#frame-decoder).
 
 ``Engine.submit`` queues a ``SpeechRequest`` and returns its ``RequestStream`` at once. One background thread owns
 the ``FrameDecoder``: at every frame boundary it admits queued text chunks into free slots, steps all active
