@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parent.parent
 DOCS = sorted((REPO / "docs").glob("*.md"))
 # Documents that are not in the repository, which files used to cite ("spec §7", "design.md", ...).
 FOREIGN = re.compile(r"spec §|§\s*\d|design\.md|nano_spec|delay_spec|style\.md|bench/README")
-# A repository document named in code or prose: docs/NAME.md with an optional #section.
+# A repository document named in code or prose: docs/<name>.md with an optional #section.
 DOC_REF = re.compile(r"docs/([\w.-]+\.md)((?:#[\w-]+)?)")
 # Markdown links: [text](target), for relative targets.
 MD_LINK = re.compile(r"\]\(([^)\s]+)\)")
@@ -57,7 +57,7 @@ def test_no_file_cites_a_document_outside_the_repository():
 
 
 def test_every_docs_reference_names_an_existing_section():
-    """``docs/NAME.md#section`` anywhere (docstrings, comments, Markdown) points at a real file and heading."""
+    """``docs/<name>.md#section`` anywhere (docstrings, comments, Markdown) points at a real file and heading."""
     missing = []
     for path in _tracked_text_files():
         for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
