@@ -64,11 +64,11 @@ MUTATIONS = (
                   "window, frames counted on the worker side)"),
     Mutation("handler-missing", "a golden case kind whose handler is missing (its module is not there): it "
              "becomes SKIP (not implemented)",
-             (Edit("moss_npu/goldens.py", r'"moss_npu\.nano\.cases:check_split_text"',
-                   '"moss_npu.nano.no_such_cases:check_split_text"'),),
+             (Edit("moss_npu_verify/goldens.py", r'"moss_npu_verify\.cases\.nano:check_split_text"',
+                   '"moss_npu_verify.cases.no_such_cases:check_split_text"'),),
              ("tests/test_goldens.py", "-k", "nano-tiny")),
     Mutation("runner-passes-skips", "the conformance runner exits 0 on a case it could not check (goldens.run)",
-             (Edit("moss_npu/goldens.py", r'return 1 if counts\["FAIL"\] or counts\["SKIP"\] else 0',
+             (Edit("moss_npu_verify/goldens.py", r'return 1 if counts\["FAIL"\] or counts\["SKIP"\] else 0',
                    'return 1 if counts["FAIL"] else 0'),),
              ("tests/test_goldens.py", "-k", "handler or runner")),
     Mutation("graph-reads-host-keys", "the captured frame takes its key count from host state (the slots' lengths, "
@@ -118,7 +118,7 @@ def pytest_args(tests: tuple[str, ...], root: Path) -> list[str]:
 
 def run_tests(root: Path, tests: tuple[str, ...]) -> tuple[int, list[str], float]:
     """Run the tests in ``root`` under CI; return pytest's exit code, the failing tests, and the seconds taken."""
-    from moss_npu.goldens import fixtures_root
+    from moss_npu_verify.goldens import fixtures_root
 
     env = {**os.environ, "CI": "true", "MOSS_NPU_FIXTURES": str(fixtures_root()), "PYTHONPATH": str(root)}
     started = time.monotonic()

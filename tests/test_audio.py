@@ -10,7 +10,7 @@ import torch
 
 from moss_npu.audio import load_reference_audio, read_audio, resample, to_channels
 from moss_npu.errors import AudioError
-from moss_npu.goldens import fixtures_root
+from moss_npu_verify.goldens import fixtures_root
 from tests.optional import needs
 
 AUDIO = fixtures_root() / "audio"
@@ -68,7 +68,7 @@ def test_resample_keeps_a_passband_tone_and_removes_an_alias():
     ("zh_1.wav", "FLAC", 44100, 1), ("en_7.wav", "MP3", 44100, 2),
     ("en_3.wav", "WAV", 48000, 1), ("zh_3.wav", "WAV", 16000, 1)], ids=lambda v: str(v))
 def test_real_recordings_read_by_content(name, kind, rate, channels):
-    """File names lie (audio/README.md): format, rate and channels come from the content."""
+    """File names lie (the audio fixture holds MP3 and FLAC files named .wav): format, rate and channels come from the content."""
     assert soundfile.info(str(AUDIO / name)).format == kind
     wave, got_rate = read_audio(AUDIO / name)
     assert (got_rate, wave.shape[0], wave.dtype) == (rate, channels, torch.float32)

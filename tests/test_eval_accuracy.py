@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from moss_npu import device as devices
-from moss_npu import goldens
+from moss_npu_verify import goldens
 from moss_npu.evaluation import EvalInput, EvalRequest, SideSpec, Thresholds, evaluate, generation_settings, load_side
 from moss_npu.evaluation.sides import NativeSide, UpstreamSide
 from moss_npu.evaluation.sides import Capture, InputCapture

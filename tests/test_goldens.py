@@ -1,4 +1,4 @@
-"""Every case of every fixture folder, through the same runner as ``python -m moss_npu.goldens``.
+"""Every case of every fixture folder, through the same runner as ``python -m moss_npu_verify.goldens``.
 
 Without fixtures (a user's clone) these tests skip and say so; in CI (``CI=true``) a missing fixtures
 folder fails, so parity can never be skipped silently there.
@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from moss_npu import goldens
+from moss_npu_verify import goldens
 from moss_npu.errors import InputError
 from tests import fixture_sets
 from tests.optional import missing

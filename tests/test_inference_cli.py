@@ -13,7 +13,7 @@ import pytest
 import soundfile as sf
 
 import inference
-from moss_npu import goldens
+from moss_npu_verify import goldens
 from moss_npu.extras import LLAMA_INSTALL
 from tests.optional import missing, needs, require
 
@@ -209,7 +209,7 @@ DELAY = goldens.fixtures_root() / "delay-tiny"
 def test_llama_cpp_backend_end_to_end(tmp_path, capsys):
     """The README's Delay command with the tiny GGUF fixture and the package's noise-making test codec."""
     require("llama_cpp", LLAMA_INSTALL)
-    from moss_npu.delay.make_test_codec import main as make_test_codec
+    from moss_npu_verify.make_test_codec import main as make_test_codec
 
     codec = tmp_path / "codec"
     make_test_codec([str(codec)])
@@ -227,7 +227,7 @@ def test_llama_cpp_backend_without_the_package(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "llama_cpp", None)
     if not DELAY.is_dir():
         missing(f"fixtures not found at {DELAY}")
-    from moss_npu.delay.make_test_codec import main as make_test_codec
+    from moss_npu_verify.make_test_codec import main as make_test_codec
 
     make_test_codec([str(tmp_path / "codec")])
     capsys.readouterr()
@@ -355,7 +355,7 @@ def test_reference_that_is_not_a_regular_file(tmp_path, capsys):
 def test_llama_cpp_backend_honours_greedy_and_the_frame_cap(tmp_path, capsys):
     """--greedy is repeatable and --max-new-frames 3 gives exactly 3 frames (80 ms each at 24 kHz)."""
     require("llama_cpp", LLAMA_INSTALL)
-    from moss_npu.delay.make_test_codec import main as make_test_codec
+    from moss_npu_verify.make_test_codec import main as make_test_codec
 
     make_test_codec([str(tmp_path / "codec")])
     capsys.readouterr()

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from moss_npu import goldens
+from moss_npu_verify import goldens
 from tests.optional import needs
 
 REPO = Path(__file__).resolve().parent.parent

@@ -2,7 +2,7 @@
 
 import shutil
 
-from moss_npu.goldens import fixtures_root, load_fixture, run_case
+from moss_npu_verify.goldens import fixtures_root, load_fixture, run_case
 from tests.optional import needs
 
 DELAY = fixtures_root() / "delay-tiny"

@@ -14,15 +14,15 @@ import pytest
 import soundfile as sf
 
 import inference
-from moss_npu import goldens
+from moss_npu_verify import goldens
 from tests.optional import require
 
 REPO = Path(__file__).resolve().parents[2]
 DELAY = goldens.fixtures_root() / "delay-tiny"
 AUDIO = goldens.fixtures_root() / "audio"
 PRESET = REPO / "configs" / "llama_cpp" / "cpu-only.yaml"
-DELAY_PATH = ["inference", "moss_npu.delay.pipeline", "moss_npu.delay.flags", "moss_npu.delay.cases",
-              "moss_npu.delay.reference", "moss_npu.wavfile", "moss_npu.device", "moss_npu.goldens"]
+DELAY_PATH = ["inference", "moss_npu.delay.pipeline", "moss_npu.delay.flags", "moss_npu_verify.cases.delay",
+              "moss_npu.delay.reference", "moss_npu.wavfile", "moss_npu.device", "moss_npu_verify.goldens"]
 # Runs inference.main with torch unimportable; exits 3 if any torch module got loaded anyway.
 NO_TORCH_MAIN = ("import sys; sys.modules['torch'] = None; import inference; code = inference.main(sys.argv[1:]); "
                  "leaked = [m for m, v in sys.modules.items() if v is not None and m.split('.')[0] == 'torch']; "
@@ -43,7 +43,7 @@ def no_torch(monkeypatch):
 
 @pytest.fixture(scope="module")
 def codec_dir(tmp_path_factory):
-    from moss_npu.delay.make_test_codec import write_test_codec
+    from moss_npu_verify.make_test_codec import write_test_codec
 
     return write_test_codec(tmp_path_factory.mktemp("codec"))[0].parent
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import sentencepiece as spm
 
-from moss_npu import goldens
+from moss_npu_verify import goldens
 from moss_npu.nano.checkpoint import write_random_checkpoint
 from tests.optional import missing
 

@@ -1,6 +1,6 @@
 """Servers for the HTTP tests: real ``python -m moss_npu.serve`` processes on free loopback ports.
 
-They serve the tiny official-format models of the nano-tiny fixture (its README: greedy runs never stop
+They serve the tiny official-format models of the nano-tiny fixture (its tiny LM is biased so that greedy runs never stop
 before ``max_new_frames``, so a greedy request of N frames yields exactly N × 3840 samples per channel).
 Without the fixture or the serve packages (a user's clone) these tests skip; in CI (``CI=true``) they fail.
 """
@@ -19,7 +19,7 @@ from typing import Optional
 
 import pytest
 
-from moss_npu import goldens
+from moss_npu_verify import goldens
 from tests.optional import missing, require
 
 SERVE_INSTALL = "pip install -e '.[dev]'"  # the serve extra plus openai and httpx

@@ -126,7 +126,7 @@ def test_ref_audio_clones_a_voice_and_ref_text_continues(server, reference_bytes
 
 @pytest.fixture(scope="module")
 def reference_bytes():
-    from moss_npu import goldens
+    from moss_npu_verify import goldens
 
     return (goldens.fixtures_root() / "nano-tiny" / "goldens" / "reference.wav").read_bytes()
 

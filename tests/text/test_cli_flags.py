@@ -1,7 +1,7 @@
 """inference.py's text-normalization flags: what they set, what --print-normalized shows, where they apply."""
 
 import inference
-from moss_npu import goldens
+from moss_npu_verify import goldens
 from moss_npu.tts.settings import merge
 from tests.optional import missing
 

@@ -6,7 +6,7 @@ import time
 import pytest
 import torch
 
-from moss_npu import goldens
+from moss_npu_verify import goldens
 from moss_npu.errors import InputError, MossNpuError
 from moss_npu.tts import MossTTSNano, RunConfig
 from moss_npu.tts.engine import Cancelled, Engine, SpeechRequest

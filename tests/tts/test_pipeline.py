@@ -7,7 +7,7 @@ import pytest
 import soundfile as sf
 import torch
 
-from moss_npu import goldens
+from moss_npu_verify import goldens
 from moss_npu.errors import ConfigError, InputError, NumericalError
 from moss_npu.nano.checkpoint import load_model
 from moss_npu.tts import LoadConfig, MossTTSNano, RunConfig

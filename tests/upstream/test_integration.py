@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from moss_npu.goldens import fixtures_root
+from moss_npu_verify.goldens import fixtures_root
 from tests.optional import allowed_skip, needs
 
 from .conftest import tree_digest
