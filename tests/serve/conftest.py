@@ -8,6 +8,7 @@ Without the fixture or the serve packages (a user's clone) these tests skip; in 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -111,10 +112,17 @@ class ServerProcess:
             time.sleep(0.2)
         raise AssertionError(f"server not ready after {deadline_s} s:\n{self.output()}")
 
-    def output(self) -> str:
+    def worker_pid(self, index: int) -> int:
+        """The process id of worker ``index`` (its latest start), from the server's log: /health does not show it."""
+        pids = re.findall(rf"worker {index} ready on \S+ \(pid (\d+),", self.output(tail=None))
+        assert pids, f"worker {index} never said it was ready:\n{self.output()}"
+        return int(pids[-1])
+
+    def output(self, tail: Optional[int] = 4000) -> str:
         if not self._log_file.closed:
             self._log_file.flush()
-        return self.log.read_text(encoding="utf-8", errors="replace")[-4000:]
+        text = self.log.read_text(encoding="utf-8", errors="replace")
+        return text if tail is None else text[-tail:]
 
     def stop(self) -> int:
         if self.process.poll() is None:
