@@ -1,11 +1,20 @@
-"""C sources of this package compiled at first use with the system C compiler and loaded with ctypes.
+"""The package's C library (the one-row products of ``nano.matvec``, the text search of ``text.lattice``), loaded
+with ctypes.
 
-``load_library`` compiles a ``.c`` file of the package (``$CC``, else ``cc``; ``-O3 -march=native``, then
-``-mcpu=native`` or neither where the compiler refuses it) into the user cache (``moss_npu.cache_dir``,
-``kernels/``), named by the source, the flags, the compiler and this CPU, and loads it: ~0.4 s once, then
-milliseconds. Concurrent builds are safe (a file is written whole, then renamed), a damaged file is compiled
-again, an unwritable cache gives a build in a temporary folder for this process. Where nothing can be built
-it raises ``KernelUnavailable`` saying why; each caller then has its own slower path.
+The library is compiled when the package is built (``setup.py`` through ``native_build``: a wheel carries it,
+an editable install builds it into the source tree) and loaded from the package folder, the folder the
+package's Python modules come from: whoever can replace it there can replace those too. It holds the tile
+kernels once per instruction set of the architecture and picks one at run time (``choose_target``).
+
+``$MOSS_NPU_NATIVE_BUILD=1`` asks for a build for this very CPU instead (``-march=native``: the last percent,
+where a compiler is installed): compiled at first use into the user cache (``cache_dir``, ``kernels/``), named
+by the sources, the compiler and this CPU, ~2 s once, then milliseconds. That folder and the file are used only
+when this user owns them and nobody else can write them (a shared or group-writable cache could hand this
+process someone else's code); otherwise the build goes to a private temporary folder, for this process. A
+build that fails falls back to the installed library with one warning.
+
+Where no library can be loaded, ``load_library`` raises ``KernelUnavailable`` saying why; each caller then has
+its own slower path.
 """
 
 from __future__ import annotations
@@ -15,23 +24,35 @@ import hashlib
 import logging
 import os
 import platform
-import shlex
-import shutil
+import stat
 import subprocess
 import tempfile
 from pathlib import Path
 from typing import Optional
 
+import numpy as np
+
+from moss_npu import native_build
 from moss_npu.cache_dir import CACHE_ENV, default_cache_dir
+from moss_npu.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-FLAGS = ("-O3", "-march=native", "-shared", "-fPIC")
+BUILD_ENV = "MOSS_NPU_NATIVE_BUILD"  # "1": compile for this CPU at first use (module docstring)
+TARGET_ENV = "MOSS_NPU_KERNEL_TARGET"  # force one of the library's instruction sets (tests, measurements)
+NATIVE_FLAGS = ("-march=native",)
 PRIVATE = "a temporary folder"  # where a library was built when the cache was unusable: compiled at every start
+TARGETS = ("portable", "avx2", "avx512", "neon")  # matvec.c's numbering
+PREFERENCE = ("avx512", "avx2", "neon", "portable")  # the fastest first
 
 
 class KernelUnavailable(RuntimeError):
-    """A C library could not be built or loaded here (no compiler, a failed build); the message says why."""
+    """No C library could be loaded here (not installed with the package, a failed build); the message says why."""
+
+
+def installed_library() -> Path:
+    """Return where the package's build put the library (inside the package)."""
+    return native_build.PACKAGE / native_build.LIBRARY
 
 
 def cpu_identity() -> str:
@@ -48,101 +69,176 @@ def cpu_identity() -> str:
     return "\n".join(parts)
 
 
-def compiler() -> tuple[list[str], str]:
-    """Return the C compiler command to use and its version line; raise KernelUnavailable without one.
-
-    ``$CC`` is read as make reads it, a command that may carry options ("ccache gcc", "zig cc"); a path with
-    spaces that names a program is taken whole.
-    """
-    name = os.environ.get("CC") or "cc"
-    try:
-        words = [name] if shutil.which(name) else shlex.split(name)
-    except ValueError:  # unbalanced quotes: not a command
-        words = [name]
-    path = shutil.which(words[0]) if words else None
-    if path is None:
-        raise KernelUnavailable(f"no C compiler ({name!r} is not on PATH; install gcc or set $CC)")
-    command = [path, *words[1:]]
-    try:
-        version = subprocess.run([*command, "--version"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise KernelUnavailable(f"the C compiler {path} does not run ({exc})") from exc
-    return command, (version.splitlines() or [""])[0]
-
-
-def _native_variants(flags: tuple[str, ...]) -> list[tuple[str, ...]]:
-    """Return ``flags``, then, where they hold ``-march=native``, the same with ``-mcpu=native`` (gcc on POWER, which
-    refuses ``-march``) and with neither (a compiler that knows no "this CPU"): tried in turn until one builds."""
-    if "-march=native" not in flags:
-        return [flags]
-    swapped = tuple("-mcpu=native" if f == "-march=native" else f for f in flags)
-    return [flags, swapped, tuple(f for f in flags if f != "-march=native")]
-
-
-def _build(command: list[str], source: Path, target: Path, flags: tuple[str, ...]) -> None:
-    """Compile ``source`` into ``target`` through a temporary file beside it (readers never see half a file)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    handle, partial = tempfile.mkstemp(dir=target.parent, prefix=target.stem, suffix=".partial")
-    os.close(handle)
-    try:
-        failures = []
-        for variant in _native_variants(flags):
-            done = subprocess.run([*command, *variant, "-o", partial, str(source)], capture_output=True, text=True,
-                                  timeout=300)
-            if done.returncode == 0:
-                break
-            failures.append(done)
-        else:  # the first attempt's message: the others differ from it only by the flag
-            first = (failures[0].stderr.strip().splitlines() or ["no message"])[0]
-            raise KernelUnavailable(f"compiling {source.name} failed: {first}")
-        os.chmod(partial, 0o755)  # mkstemp makes 0600: another user sharing the cache loads it too
-        os.replace(partial, target)
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise KernelUnavailable(f"compiling {source.name} failed ({exc})") from exc
-    finally:
-        if os.path.exists(partial):
-            os.unlink(partial)
+def native_build_requested() -> bool:
+    """Whether ``$MOSS_NPU_NATIVE_BUILD`` asks for a build for this CPU ("1"; unset, "" or "0": no); any other
+    value is refused (ConfigError), not read as either."""
+    value = os.environ.get(BUILD_ENV, "")
+    if value not in ("", "0", "1"):
+        raise ConfigError(f"${BUILD_ENV}={value!r}: use 1 (compile the kernels for this CPU) or 0")
+    return value == "1"
 
 
 def report_build(logger: logging.Logger, what: str, built: Optional[str], took: float) -> None:
     """Say on ``logger`` that ``what`` was compiled (``load_library``'s ``built``) and how long it took; nothing when it
-    was read from the cache."""
+    was loaded as installed or from the cache."""
     if built == PRIVATE:
         logger.warning("compiled %s in %.1f s into a temporary folder: the cache folder is unusable, so every start "
-                       "compiles them again (set $%s to a writable folder)", what, took, CACHE_ENV)
+                       "compiles them again (set $%s to a folder of your own)", what, took, CACHE_ENV)
     elif built is not None:
-        logger.warning("compiled %s in %.1f s (once per CPU and compiler; kept in %s)", what, took, built)
+        logger.warning("compiled %s for this CPU in %.1f s (once per CPU and compiler; kept in %s)", what, took,
+                       built)
 
 
-def load_library(source: Path, cache: Optional[Path] = None,
-                 flags: tuple[str, ...] = FLAGS) -> tuple[ctypes.CDLL, Optional[str]]:
-    """Return ``source`` compiled with ``flags`` and loaded, and where this call built it: None when it was read
-    from ``cache/kernels`` (default: the user cache), that folder when built there, ``PRIVATE`` when built in a
-    temporary folder (an unwritable or missing cache). Raises KernelUnavailable where it cannot be built."""
-    command, version = compiler()
-    key = hashlib.sha256("\0".join([source.read_text(), " ".join(flags), " ".join(command), version,
-                                    cpu_identity()]).encode()).hexdigest()[:16]
-    root = cache if cache is not None else default_cache_dir()
-    if root is not None:
-        target = Path(root) / "kernels" / f"{source.stem}-{key}.so"
+def _trusted(info: os.stat_result) -> bool:
+    """Whether a cache folder or file is this user's alone: owned by this user, writable by nobody else."""
+    return info.st_uid == os.getuid() and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+
+
+def _open_trusted_folder(folder: Path) -> Optional[int]:
+    """Return a descriptor of ``folder`` (made 0700 where missing) if this user owns it and nobody else can write
+    it, else None (with a log line saying why)."""
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as exc:
+        log.debug("kernel cache %s unusable (%s)", folder, exc)
+        return None
+    if not _trusted(os.fstat(fd)):
+        os.close(fd)
+        log.warning("kernel cache %s is not used: it is owned by another user or writable by others (the kernels "
+                    "are built in a private folder instead)", folder)
+        return None
+    return fd
+
+
+def _load_trusted(folder_fd: int, name: str) -> Optional[ctypes.CDLL]:
+    """Load ``name`` inside the opened folder if it is a regular file this user owns that nobody else can write;
+    None where there is no such file. Loaded through its descriptor: the file checked is the file loaded."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=folder_fd)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or not _trusted(info):
+            log.warning("kernel cache file %s is not loaded: owned by another user or writable by others", name)
+            return None
+        path = f"/proc/self/fd/{fd}" if os.path.isdir("/proc/self/fd") else f"/dev/fd/{fd}"
         try:
-            if target.is_file():
-                try:
-                    return ctypes.CDLL(str(target)), None
-                except OSError:  # a damaged file (truncated, overwritten): build it again
-                    log.warning("kernel cache file %s is damaged; building it again", target)
-            _build(command, source, target, flags)
-            try:
-                return ctypes.CDLL(str(target)), str(target.parent)
-            except OSError:  # not loadable here (a folder mounted noexec, $CC for another machine): not kept
-                target.unlink(missing_ok=True)
-                raise
-        except OSError as exc:  # an unwritable folder: build privately below
-            log.debug("kernel cache %s unusable (%s); building in a temporary folder", target.parent, exc)
-    with tempfile.TemporaryDirectory(prefix="moss-npu-kernels-") as folder:
-        target = Path(folder) / f"{source.stem}-{key}.so"
-        _build(command, source, target, flags)
+            return ctypes.CDLL(path)
+        except OSError:  # a damaged file (truncated, overwritten): built again
+            log.warning("kernel cache file %s is damaged; building it again", name)
+            return None
+    finally:
+        os.close(fd)
+
+
+def _build_key(command: list[str]) -> str:
+    try:
+        version = subprocess.run([*command, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise KernelUnavailable(f"the C compiler {command[0]} does not run ({exc})") from exc
+    sources = "\0".join(p.read_text() for p in native_build.SOURCES)
+    return hashlib.sha256("\0".join([sources, " ".join(NATIVE_FLAGS), " ".join(command),
+                                     (version.splitlines() or [""])[0], cpu_identity()]).encode()).hexdigest()[:16]
+
+
+def _build(command: list[str], target: Path) -> None:
+    """Build with ``-march=native``, else ``-mcpu=native`` (gcc on POWER, which refuses -march), else neither (a
+    compiler that knows no "this CPU"); the first failure's message where all fail."""
+    failures = []
+    for flags in (NATIVE_FLAGS, ("-mcpu=native",), ()):
+        try:
+            native_build.build(target, command, platform.machine(), flags)
+            return
+        except (native_build.BuildError, OSError) as exc:
+            failures.append(exc)
+    raise KernelUnavailable(str(failures[0])) from failures[0]
+
+
+def build_for_this_cpu(cache: Optional[Path] = None) -> tuple[ctypes.CDLL, Optional[str]]:
+    """Return the library compiled for this CPU (``-march=native``) and where this call built it: None when it was
+    in ``cache/kernels`` already (default: the user cache), that folder when built there, ``PRIVATE`` when built
+    in a temporary folder (a missing, unwritable or untrusted cache). Raises KernelUnavailable where it cannot be
+    built or loaded."""
+    try:
+        command = native_build.compiler_command(os.environ.get("CC") or "cc")
+    except native_build.BuildError as exc:
+        raise KernelUnavailable(str(exc)) from exc
+    name = f"{Path(native_build.LIBRARY).stem}-{_build_key(command)}.so"
+    root = cache if cache is not None else default_cache_dir()
+    folder_fd = None if root is None else _open_trusted_folder(Path(root) / "kernels")
+    if folder_fd is not None:
+        folder = Path(root) / "kernels"
+        try:
+            library = _load_trusted(folder_fd, name)
+            if library is not None:
+                return library, None
+            _build(command, folder / name)
+            library = _load_trusted(folder_fd, name)
+            if library is not None:
+                return library, str(folder)
+            (folder / name).unlink(missing_ok=True)  # not loadable here (noexec, $CC for another machine)
+            raise KernelUnavailable(f"the compiled {native_build.LIBRARY} does not load")
+        finally:
+            os.close(folder_fd)
+    with tempfile.TemporaryDirectory(prefix="moss-npu-kernels-") as private:
+        target = Path(private) / name
+        _build(command, target)
         try:
             return ctypes.CDLL(str(target)), PRIVATE  # the mapping outlives the file
         except OSError as exc:
-            raise KernelUnavailable(f"the compiled {source.stem} library does not load ({exc})") from exc
+            raise KernelUnavailable(f"the compiled {native_build.LIBRARY} does not load ({exc})") from exc
+
+
+def load_library(cache: Optional[Path] = None) -> tuple[ctypes.CDLL, Optional[str]]:
+    """Return the package's C library and where this call compiled it (None: installed, or cached): the installed
+    one, or with ``$MOSS_NPU_NATIVE_BUILD=1`` the one built for this CPU (``build_for_this_cpu``; a failed build
+    says why once and takes the installed one). Raises KernelUnavailable where neither loads."""
+    if native_build_requested():
+        try:
+            return build_for_this_cpu(cache)
+        except KernelUnavailable as exc:
+            log.warning("$%s=1: the kernels for this CPU cannot be built (%s); using the installed ones", BUILD_ENV,
+                        exc)
+    path = installed_library()
+    if not path.is_file():
+        raise KernelUnavailable(f"the package's C library {path.name} is not installed beside it ({path.parent}): "
+                                f"reinstall moss-npu with a C compiler (pip install .), or set ${BUILD_ENV}=1")
+    try:
+        return ctypes.CDLL(str(path)), None
+    except OSError as exc:
+        raise KernelUnavailable(f"the installed {path.name} does not load ({exc}): reinstall moss-npu") from exc
+
+
+def runnable_targets(library: ctypes.CDLL) -> list[str]:
+    """Return the instruction sets of ``library``'s kernels that this CPU runs, the fastest first."""
+    library.moss_targets.restype, library.moss_targets.argtypes = ctypes.c_int, []
+    mask = library.moss_targets()
+    return [name for name in PREFERENCE if mask >> TARGETS.index(name) & 1]
+
+
+def choose_target(library: ctypes.CDLL) -> str:
+    """Return the instruction set the kernels run: ``$MOSS_NPU_KERNEL_TARGET`` where set (ConfigError if this CPU or
+    library has no such set), else the fastest this CPU runs."""
+    runnable = runnable_targets(library)
+    forced = os.environ.get(TARGET_ENV, "")
+    if forced and forced not in runnable:
+        raise ConfigError(f"${TARGET_ENV}={forced!r}: this CPU runs {', '.join(runnable)} (of {', '.join(TARGETS)})")
+    return forced or runnable[0]
+
+
+def require(array: np.ndarray, dtype, shape: tuple, name: str) -> None:
+    """Check that ``array`` is what a kernel reads: a C-contiguous numpy array of ``dtype`` and ``shape``, aligned
+    to its item size; raise ValueError naming ``name`` and what differs (a wrong pointer would read garbage or out
+    of bounds, never fail)."""
+    if not isinstance(array, np.ndarray):
+        raise ValueError(f"{name}: a numpy array expected, got {type(array).__name__}")
+    if array.dtype != dtype:
+        raise ValueError(f"{name}: dtype {array.dtype}, the kernel reads {np.dtype(dtype)}")
+    if array.shape != shape:
+        raise ValueError(f"{name}: shape {array.shape}, the kernel reads {shape}")
+    if not array.flags.c_contiguous:
+        raise ValueError(f"{name}: not C-contiguous (np.ascontiguousarray makes a copy that is)")
+    if array.ctypes.data % array.dtype.itemsize:
+        raise ValueError(f"{name}: address not aligned to its {array.dtype.itemsize}-byte items")

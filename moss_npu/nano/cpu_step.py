@@ -46,7 +46,7 @@ from moss_npu.nano.model import Block
 from moss_npu.nano.quantize import block_linears, int8_rows
 from moss_npu.native import KernelUnavailable, report_build
 from moss_npu.packed import pack_linear, packed_matmul, packing_available
-from moss_npu.threads import ThreadPools, limit_blas
+from moss_npu.threads import ThreadPools, limit_blas, usable_physical_cores
 
 log = logging.getLogger(__name__)
 
@@ -356,7 +356,8 @@ def int8_tile_matmul(x: torch.Tensor, tiles: Int8Tiles, bias: torch.Tensor,
                      residual: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Return ``x @ (values · scale)ᵀ + bias (+ residual)`` for (n, in) rows through the int8 tiles (which hold
     the bias): float32 activations, each row what a one-slot frame computes for it."""
-    return torch.from_numpy(tiles.rows(x.detach().numpy(), None if residual is None else residual.numpy()))
+    rows = np.ascontiguousarray(x.detach().numpy())
+    return torch.from_numpy(tiles.rows(rows, None if residual is None else np.ascontiguousarray(residual.numpy())))
 
 
 @dataclass(frozen=True)
@@ -396,7 +397,7 @@ class CpuStep:
         if compile_mode == "on" and self.weight_dtype != "float32":
             flag = "--quantize int8" if self.int8 else "--dtype bfloat16"
             raise InputError(f"--compile on compiles the float32 products; with {flag} use --compile auto or off")
-        kernels = self._kernels()
+        kernels = self._kernels_used = self._kernels()
         linears = block_linears(model)
         # numpy's GEMV (no kernels) and the compiled blocks read a transposed float32 copy; with the kernels' tiles
         # the torch blocks (several rows: packed copies or GEMM) read the model's own weights as well.
@@ -466,7 +467,7 @@ class CpuStep:
         bf16 or int8 weights, which lose their speed (float32 falls back to numpy's GEMV, a little slower)."""
         start = time.perf_counter()
         try:
-            kernels = MatVecKernels.load()
+            kernels = MatVecKernels.load(threads=usable_physical_cores())
         except KernelUnavailable as exc:
             if self.weight_dtype == "float32":
                 log.info("one-row kernels unavailable (%s); one-slot frames use numpy's GEMV", exc)
@@ -639,9 +640,16 @@ class CpuStep:
         return F.layer_norm(x[-1], (x.shape[-1],), norm_w, norm_b, self.eps)
 
     def threads(self, slots: int) -> contextlib.AbstractContextManager:
-        """Return the thread setting a frame of ``slots`` slots runs under: one thread for one slot (memory-bound;
-        see ``moss_npu.threads``), the process setting for more."""
+        """Return the thread setting a frame of ``slots`` slots runs under (``moss_npu.threads``): for one slot,
+        torch and numpy's BLAS on one thread and the kernels' products shared over the process setting; for more,
+        the process setting in torch and BLAS and the kernels on one thread (their pools would fight)."""
+        if self._kernels_used is not None:
+            self._kernels_used.threads.use(torch.get_num_threads() if slots == 1 else 1)
         return self.pools.limited(1) if slots == 1 else contextlib.nullcontext()
+
+    def kernel_target(self) -> str:
+        """Return the instruction set of the one-row kernels (``native.choose_target``), or ``none`` without them."""
+        return "none" if self._kernels_used is None else self._kernels_used.target
 
     def head(self, channel: int, x: torch.Tensor) -> torch.Tensor:
         """Return audio head ``channel``'s logits (n, V) of (n, E) local hidden states."""

@@ -11,10 +11,11 @@ and torch's int8 weight-only kernel rounds the activations to bf16.
 Measured, real-size model, 1 thread, a frame's products: float32 23 ms (numpy's GEMV 27–31), bf16 10, int8 10
 (its widening costs arithmetic where bf16's is two instructions).
 
-The kernels are compiled at first use with the system C compiler and kept in the user cache (``moss_npu.native``:
-``-O3 -march=native``, so AVX-512 where the CPU has it, portable C the compiler vectorizes elsewhere). Without a
-compiler ``MatVecKernels.load`` raises ``KernelUnavailable`` saying why; the CPU step then keeps numpy's GEMV
-(``BlasGemv``).
+The kernels are compiled when the package is built, once per instruction set (AVX-512, AVX2 with FMA, NEON, portable
+C), into the package's one C library (``moss_npu.native``), which picks the set this CPU runs; a product's tiles
+are shared out over a small pool of threads inside the library (``KernelThreads``). Every entry checks the arrays
+it hands over (``native.require``). Where the library is missing ``MatVecKernels.load`` raises
+``KernelUnavailable`` saying why; the CPU step then keeps numpy's GEMV (``BlasGemv``).
 """
 
 from __future__ import annotations
@@ -26,35 +27,78 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from moss_npu.native import FLAGS, load_library
+from moss_npu.native import choose_target, load_library, require, TARGETS
 
-SOURCE = Path(__file__).with_name("matvec.c")
-TILE = 256  # output columns per tile (matvec.c): matrices are padded to a multiple
-GROUP = 32  # bf16 columns interleaved together in a tile row (matvec.c)
-_POINTER, _LONG = ctypes.c_void_p, ctypes.c_long
+TILE = 256  # output columns per tile (matvec.h): matrices are padded to a multiple
+GROUP = 32  # bf16 columns interleaved together in a tile row (matvec_tiles.c)
+FORMATS = {"float32": 0, "bfloat16": 1, "int8": 2}  # matvec.c's numbering
+_POINTER, _LONG, _INT = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
 Allocate = Callable[[tuple, type], np.ndarray]  # (shape, dtype) -> an uninitialized array (np.empty's contract)
 
 
-class MatVecKernels:
-    """The compiled kernels of ``matvec.c`` (``load``), called by ``Fp32Tiles``, ``Bf16Tiles`` and ``Int8Tiles``."""
+class KernelThreads:
+    """A pool of threads inside the library that shares a product's tiles out (``matvec.c``): ``size`` threads in
+    all, the caller included, of which the products use ``use(n)``; freed with this object."""
 
-    def __init__(self, library: ctypes.CDLL, built: Optional[str] = None) -> None:
+    def __init__(self, library: ctypes.CDLL, size: int) -> None:
         self._library = library
-        self.built = built  # where this load compiled them (PRIVATE: a temporary folder), None if cached
-        self.f32, self.bf16, self.int8 = library.matvec_f32, library.matvec_bf16, library.matvec_int8
-        for function in (self.f32, self.bf16):
-            function.argtypes, function.restype = [_POINTER] * 5 + [_LONG, _LONG], None
-        self.int8.argtypes, self.int8.restype = [_POINTER] * 6 + [_LONG, _LONG], None
-        self.int8_rows = library.matvec_int8_rows
-        self.int8_rows.argtypes, self.int8_rows.restype = [_POINTER] * 6 + [_LONG, _LONG, _LONG], None
+        self._free = library.moss_pool_free
+        self.handle = library.moss_pool_new(max(1, size))
+        if not self.handle:
+            raise MemoryError(f"cannot start {size} kernel threads")
+        self.size = library.moss_pool_threads(self.handle)
+        self.used = 1
+        self.use(1)
+
+    def use(self, count: int) -> None:
+        """Share the products that follow over ``count`` threads (clipped to 1 .. ``size``)."""
+        self.used = max(1, min(count, self.size))
+        self._library.moss_pool_use(self.handle, self.used)
+
+    def __del__(self) -> None:
+        handle, self.handle = getattr(self, "handle", None), None
+        if handle:
+            self._free(handle)
+
+
+class MatVecKernels:
+    """The kernels of the package's C library (``load``), called by ``Fp32Tiles``, ``Bf16Tiles`` and ``Int8Tiles``:
+    ``target`` names the instruction set they run (``native.choose_target``), ``threads`` the pool they share
+    products over."""
+
+    def __init__(self, library: ctypes.CDLL, built: Optional[str] = None, threads: int = 1) -> None:
+        self._library = library
+        self.built = built  # where this load compiled them (PRIVATE: a temporary folder), None if installed/cached
+        self.target = choose_target(library)
+        self._target = TARGETS.index(self.target)
+        self._call = library.moss_matvec
+        self._call.argtypes = [_POINTER, _INT, _INT] + [_POINTER] * 6 + [_LONG] * 3
+        self._call.restype = _INT
+        library.moss_pool_new.argtypes, library.moss_pool_new.restype = [_INT], _POINTER
+        library.moss_pool_free.argtypes, library.moss_pool_free.restype = [_POINTER], None
+        library.moss_pool_threads.argtypes, library.moss_pool_threads.restype = [_POINTER], _INT
+        library.moss_pool_use.argtypes, library.moss_pool_use.restype = [_POINTER, _INT], None
+        self.threads = KernelThreads(library, threads)
 
     @classmethod
-    def load(cls, cache: Optional[Path] = None, flags: tuple[str, ...] = FLAGS) -> "MatVecKernels":
-        """Return the kernels, compiled with ``flags`` into ``cache/kernels`` (default: the user cache) unless
-        already there (``native.load_library``: an unwritable or missing cache folder builds them in a temporary
-        folder for this process). Raises KernelUnavailable where they cannot be built."""
-        library, built = load_library(SOURCE, cache, flags)
-        return cls(library, built)
+    def load(cls, cache: Optional[Path] = None, threads: int = 1) -> "MatVecKernels":
+        """Return the kernels with a pool of ``threads`` threads (``native.load_library``: the installed library, or
+        the one built for this CPU into ``cache/kernels`` where asked). Raises KernelUnavailable where there is
+        none."""
+        library, built = load_library(cache)
+        return cls(library, built, threads)
+
+    def multiply(self, format: str, x: np.ndarray, table: np.ndarray, vectors: tuple, residual: Optional[np.ndarray],
+                 y: np.ndarray, rows: int, in_features: int, columns: int) -> None:
+        """Run the product of checked arrays: ``y`` (rows, columns) = ``x`` (rows, in) times the ``format`` tiles of
+        ``table``, finished with ``vectors`` (scale, bias: int8; bias otherwise) and ``residual``."""
+        scale, bias = vectors if len(vectors) == 2 else (None, vectors[0])
+        status = self._call(self.threads.handle, self._target, FORMATS[format], x.ctypes.data, table.ctypes.data,
+                            None if scale is None else scale.ctypes.data, bias.ctypes.data,
+                            None if residual is None else residual.ctypes.data, y.ctypes.data, rows, in_features,
+                            columns)
+        if status != 0:
+            raise ValueError(f"the {format} kernel refused a product of {rows} × {in_features} → {columns}")
 
 
 def _padded(columns: int) -> int:
@@ -84,7 +128,7 @@ def _fitted(residual: np.ndarray, length: int) -> np.ndarray:
 
 
 class _Tiles:
-    """A weight in one of matvec.c's tiled formats, multiplied by one float32 row at a time (``__call__``).
+    """A weight in one of the library's tiled formats, multiplied by one float32 row at a time (``__call__``).
 
     ``weight`` (out, in) holds the stored values (float32, bf16 bits, int8), copied once into memory from
     ``allocate`` (``cpu_step.PageArena``: huge pages) as tiles: (out / TILE, in, TILE), the columns padded with
@@ -92,8 +136,9 @@ class _Tiles:
     per-column vectors before the bias (int8's scales).
     """
 
-    def __init__(self, call, weight: torch.Tensor, bias: Optional[torch.Tensor], allocate: Allocate,
-                 *extra: np.ndarray, order: Callable[[torch.Tensor], torch.Tensor] = lambda rows: rows) -> None:
+    def __init__(self, kernels: MatVecKernels, format: str, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                 allocate: Allocate, *extra: np.ndarray,
+                 order: Callable[[torch.Tensor], torch.Tensor] = lambda rows: rows) -> None:
         self.out_features, self.in_features = weight.shape
         self._columns = _padded(self.out_features)
         weight = weight.contiguous()
@@ -104,16 +149,21 @@ class _Tiles:
         self.values = allocate(tuple(rows.shape), np.uint16 if bits else rows.numpy().dtype)
         target = torch.from_numpy(self.values.view(np.int16) if bits else self.values)
         target.copy_(rows.view(torch.int16) if bits else rows)  # torch's blocked transpose: ~10x numpy's here
+        require(self.values, {"float32": np.float32, "bfloat16": np.uint16, "int8": np.int8}[format],
+                tuple(rows.shape), "tiles")
         self._vectors = (*extra, _pad_vector(bias, self.out_features))  # kept alive: the kernel reads them
-        self._call, self._pointers = call, (self.values.ctypes.data, *(v.ctypes.data for v in self._vectors))
+        self._kernels, self._format = kernels, format
 
     def __call__(self, x: np.ndarray, residual: Optional[np.ndarray] = None) -> np.ndarray:
-        """Return the (out,) product of a float32 row ``x`` (in,); ``residual`` (out,) is added."""
-        x = np.ascontiguousarray(x, np.float32)
+        """Return the (out,) product of a float32 row ``x`` (in,); ``residual`` (out,) is added. Both must be
+        C-contiguous float32 (ValueError otherwise)."""
+        require(x, np.float32, (self.in_features,), "x")
+        if residual is not None:
+            require(residual, np.float32, (self.out_features,), "residual")
+            residual = _fitted(residual, self._columns)
         y = np.empty(self._columns, np.float32)
-        residual = None if residual is None else _fitted(residual, self._columns)
-        self._call(x.ctypes.data, *self._pointers, None if residual is None else residual.ctypes.data,
-                   y.ctypes.data, self.in_features, self._columns)
+        self._kernels.multiply(self._format, x, self.values, self._vectors, residual, y, 1, self.in_features,
+                               self._columns)
         return y[:self.out_features]
 
 
@@ -124,7 +174,7 @@ class Fp32Tiles(_Tiles):
 
     def __init__(self, kernels: MatVecKernels, weight: torch.Tensor, bias: Optional[torch.Tensor],
                  allocate: Allocate = np.empty) -> None:
-        super().__init__(kernels.f32, weight.detach().float(), bias, allocate)
+        super().__init__(kernels, "float32", weight.detach().float(), bias, allocate)
 
 
 def _interleave(rows: torch.Tensor) -> torch.Tensor:
@@ -139,7 +189,7 @@ class Bf16Tiles(_Tiles):
 
     def __init__(self, kernels: MatVecKernels, weight: torch.Tensor, bias: Optional[torch.Tensor],
                  allocate: Allocate = np.empty) -> None:
-        super().__init__(kernels.bf16, weight.detach().to(torch.bfloat16), bias, allocate,
+        super().__init__(kernels, "bfloat16", weight.detach().to(torch.bfloat16), bias, allocate,
                          order=lambda rows: _interleave(rows).reshape(rows.shape))
 
 
@@ -149,18 +199,21 @@ class Int8Tiles(_Tiles):
 
     def __init__(self, kernels: MatVecKernels, values: torch.Tensor, scale: torch.Tensor,
                  bias: Optional[torch.Tensor], allocate: Allocate = np.empty) -> None:
-        super().__init__(kernels.int8, values, bias, allocate, _pad_vector(scale, values.shape[0]))
-        self._rows = kernels.int8_rows
+        super().__init__(kernels, "int8", values, bias, allocate, _pad_vector(scale, values.shape[0]))
 
     def rows(self, x: np.ndarray, residual: Optional[np.ndarray] = None) -> np.ndarray:
         """Return the (n, out) products of n float32 rows ``x`` (n, in), each bit for bit what ``__call__`` gives
-        for that row alone; ``residual`` (n, out) is added."""
-        x = np.ascontiguousarray(x, np.float32)
+        for that row alone; ``residual`` (n, out) is added. Both must be C-contiguous float32."""
+        if not isinstance(x, np.ndarray) or x.ndim != 2:
+            raise ValueError(f"x: (n, {self.in_features}) rows expected, got {getattr(x, 'shape', type(x))}")
         n = x.shape[0]
+        require(x, np.float32, (n, self.in_features), "x")
+        if residual is not None:
+            require(residual, np.float32, (n, self.out_features), "residual")
+            residual = _fitted(residual, self._columns)
         y = np.empty((n, self._columns), np.float32)
-        residual = None if residual is None else _fitted(residual, self._columns)
-        self._rows(x.ctypes.data, *self._pointers, None if residual is None else residual.ctypes.data,
-                   y.ctypes.data, n, self.in_features, self._columns)
+        self._kernels.multiply(self._format, x, self.values, self._vectors, residual, y, n, self.in_features,
+                               self._columns)
         return y if self._columns == self.out_features else np.ascontiguousarray(y[:, :self.out_features])
 
 
