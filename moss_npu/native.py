@@ -111,26 +111,29 @@ def _open_trusted_folder(folder: Path) -> Optional[int]:
     return fd
 
 
-def _load_trusted(folder_fd: int, name: str) -> Optional[ctypes.CDLL]:
+def _load_trusted(folder_fd: int, folder: Path, name: str) -> Optional[ctypes.CDLL]:
     """Load ``name`` inside the opened folder if it is a regular file this user owns that nobody else can write;
-    None where there is no such file. Loaded through its descriptor: the file checked is the file loaded."""
+    None where there is no such file. The folder is reached through its descriptor where the system has
+    /proc/self/fd, so the folder checked is the folder loaded from (its path could be swapped by the owner of a
+    folder above it); inside it only this user can change the file."""
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=folder_fd)
     except OSError:
         return None
     try:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or not _trusted(info):
-            log.warning("kernel cache file %s is not loaded: owned by another user or writable by others", name)
-            return None
-        path = f"/proc/self/fd/{fd}" if os.path.isdir("/proc/self/fd") else f"/dev/fd/{fd}"
-        try:
-            return ctypes.CDLL(path)
-        except OSError:  # a damaged file (truncated, overwritten): built again
-            log.warning("kernel cache file %s is damaged; building it again", name)
-            return None
     finally:
         os.close(fd)
+    if not stat.S_ISREG(info.st_mode) or not _trusted(info):
+        log.warning("kernel cache file %s is not loaded: owned by another user or writable by others", name)
+        return None
+    through = Path(f"/proc/self/fd/{folder_fd}")
+    path = through / name if through.is_dir() else folder / name
+    try:
+        return ctypes.CDLL(str(path))
+    except OSError:  # a damaged file (truncated, overwritten): built again
+        log.warning("kernel cache file %s is damaged; building it again", name)
+        return None
 
 
 def _build_key(command: list[str]) -> str:
@@ -171,11 +174,11 @@ def build_for_this_cpu(cache: Optional[Path] = None) -> tuple[ctypes.CDLL, Optio
     if folder_fd is not None:
         folder = Path(root) / "kernels"
         try:
-            library = _load_trusted(folder_fd, name)
+            library = _load_trusted(folder_fd, folder, name)
             if library is not None:
                 return library, None
             _build(command, folder / name)
-            library = _load_trusted(folder_fd, name)
+            library = _load_trusted(folder_fd, folder, name)
             if library is not None:
                 return library, str(folder)
             (folder / name).unlink(missing_ok=True)  # not loadable here (noexec, $CC for another machine)
