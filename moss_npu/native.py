@@ -231,6 +231,15 @@ def choose_target(library: ctypes.CDLL) -> str:
     return forced or runnable[0]
 
 
+def kernels_in_use() -> str:
+    """Return the instruction set the CPU kernels run in this process (``choose_target``), or ``none`` where the
+    library does not load: for reports (eval_accuracy, bench)."""
+    try:
+        return choose_target(load_library()[0])
+    except KernelUnavailable:
+        return "none"
+
+
 def require(array: np.ndarray, dtype, shape: tuple, name: str) -> None:
     """Check that ``array`` is what a kernel reads: a C-contiguous numpy array of ``dtype`` and ``shape``, aligned
     to its item size; raise ValueError naming ``name`` and what differs (a wrong pointer would read garbage or out
