@@ -1,14 +1,19 @@
-"""CPU threads: how many threads torch's intra-op pool and numpy's BLAS (the CPU frame step's matrix-vector
-products, ``nano.cpu_step``) use. One process-wide setting, made by the command lines (``--num-threads``).
+"""CPU threads: how many threads torch's intra-op pool, numpy's BLAS and the one-row kernels' pool (the CPU frame
+step's matrix-vector products, ``nano.matvec``) use. One process-wide setting, made by the command lines
+(``--num-threads``).
 
 Default (``--num-threads 0``): 1 thread on machines with at most 2 usable physical cores, else one per usable
 physical core. Measured on a 2-vCPU VM (bench/README): the batch-1 frame is memory-bound, so a second thread
 adds little bandwidth, and whenever another process takes the other core, every parallel region of a
 2-thread pool waits for the descheduled thread (a 1M-element ``torch.add`` went from 0.1 ms to 2.4–7.7 ms,
-a frame from 45 to 240 ms). Whatever the setting, a one-slot CPU frame runs on one thread (``ThreadPools``):
-torch's spinning OpenMP workers and OpenBLAS's threads then fight over the cores (2 threads: 0.24–1.35 s per
-frame on that VM, against 41 ms on one), while prefill and the codec, which are compute-bound, keep the
-setting. (Limiting torch alone and leaving numpy's BLAS at 2 threads speeds up a loop of frames, 31.8 against
+a frame from 45 to 240 ms). Whatever the setting, a one-slot CPU frame runs torch and numpy's BLAS on one
+thread (``ThreadPools``): torch's spinning OpenMP workers and OpenBLAS's threads then fight over the cores
+(2 threads: 0.24–1.35 s per frame on that VM, against 41 ms on one), while prefill and the codec, which are
+compute-bound, keep the setting. The frame's products instead share their tiles over the setting's threads in
+the kernels' own pool (``matvec.c``): each thread claims the next tile, so a thread that another process has
+descheduled delays a product by one tile, not to the end; batches of several slots keep those products on one
+thread (torch's pool is busy then). The default stays 1 thread on 2-core machines because prefill and the
+codec still meet the stall above; ``--num-threads 2`` there buys the frames what two cores read beyond one. (Limiting torch alone and leaving numpy's BLAS at 2 threads speeds up a loop of frames, 31.8 against
 40.2 ms per frame on the quiet VM, but slows a stream, whose codec calls then meet OpenBLAS's still-spinning
 workers: 24 frames streamed in 2.1 s against 1.5–1.8 s; and with another process busy, 124 against 46 ms.)
 """
