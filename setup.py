@@ -13,8 +13,11 @@ from setuptools.command.build_ext import build_ext
 
 try:
     from setuptools.command.bdist_wheel import bdist_wheel
-except ImportError:  # setuptools < 70.1: the wheel package's
-    from wheel.bdist_wheel import bdist_wheel
+except ImportError:  # setuptools < 70.1: the wheel package's, where installed
+    try:
+        from wheel.bdist_wheel import bdist_wheel
+    except ImportError:
+        bdist_wheel = None
 
 HERE = Path(__file__).resolve().parent
 
@@ -46,12 +49,16 @@ class BuildKernels(build_ext):
         return {}
 
 
-class KernelWheel(bdist_wheel):
-    """A wheel per architecture, not per Python: the library is loaded with ctypes (no Python C API)."""
+COMMANDS = {"build_ext": BuildKernels}
+if bdist_wheel is not None:
+    class KernelWheel(bdist_wheel):
+        """A wheel per architecture, not per Python: the library is loaded with ctypes (no Python C API)."""
 
-    def get_tag(self):
-        _, _, plat = super().get_tag()
-        return "py3", "none", plat
+        def get_tag(self):
+            _, _, plat = super().get_tag()
+            return "py3", "none", plat
+
+    COMMANDS["bdist_wheel"] = KernelWheel
 
 
 class BinaryDistribution(Distribution):
@@ -78,7 +85,7 @@ setup(
     # The C sources travel too: the opt-in build for this very CPU ($MOSS_NPU_NATIVE_BUILD) compiles them again.
     package_data={"moss_npu.nano": ["matvec.c", "matvec.h", "matvec_tiles.c"], "moss_npu.text": ["lattice.c"]},
     distclass=BinaryDistribution,
-    cmdclass={"build_ext": BuildKernels, "bdist_wheel": KernelWheel},
+    cmdclass=COMMANDS,
     # Torch-free core: the llama.cpp Delay fallback runs on exactly this plus the "llama" extra.
     install_requires=[
         "numpy",
