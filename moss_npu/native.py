@@ -20,6 +20,7 @@ its own slower path.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import logging
 import os
@@ -208,10 +209,23 @@ def load_library(cache: Optional[Path] = None) -> tuple[ctypes.CDLL, Optional[st
     if not path.is_file():
         raise KernelUnavailable(f"the package's C library {path.name} is not installed beside it ({path.parent}): "
                                 f"reinstall moss-npu with a C compiler (pip install .), or set ${BUILD_ENV}=1")
+    return _installed(str(path)), None
+
+
+@functools.lru_cache(maxsize=None)
+def _installed(path: str) -> ctypes.CDLL:
+    """Load the installed library at ``path`` once per process, with one warning when it was built from other
+    sources than those beside it (an editable install whose C sources changed since: ``pip install -e .`` builds
+    it again)."""
     try:
-        return ctypes.CDLL(str(path)), None
+        library = ctypes.CDLL(path)
     except OSError as exc:
-        raise KernelUnavailable(f"the installed {path.name} does not load ({exc}): reinstall moss-npu") from exc
+        raise KernelUnavailable(f"the installed {Path(path).name} does not load ({exc}): reinstall moss-npu") from exc
+    library.moss_sources.restype, library.moss_sources.argtypes = ctypes.c_char_p, []
+    if library.moss_sources().decode() != native_build.sources_digest():
+        log.warning("%s was built from other C sources than those beside it in %s: run pip install -e . to build "
+                    "it again", Path(path).name, Path(path).parent)
+    return library
 
 
 def runnable_targets(library: ctypes.CDLL) -> list[str]:

@@ -9,6 +9,7 @@ runs at run time (``matvec.c``). Standard library only: ``setup.py`` runs it bef
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shlex
 import shutil
@@ -65,6 +66,12 @@ def _run(command: Sequence[str], what: str) -> None:
         raise BuildError(f"compiling {what} failed: {first or (done.stderr.strip().splitlines() or ['no message'])[0]}")
 
 
+def sources_digest() -> str:
+    """Return a digest of the library's sources, compiled into it (``moss_sources``): the loader compares the two
+    and says when the library is older than the sources beside it (an editable install after a pull)."""
+    return hashlib.sha256(b"\0".join(path.read_bytes() for path in SOURCES)).hexdigest()[:16]
+
+
 def compile_objects(folder: Path, compiler: Sequence[str], machine: str, extra: Sequence[str] = ()) -> list[Path]:
     """Compile the library's objects for ``machine`` with ``compiler`` (argv) into ``folder``: the tile kernels once
     per instruction set of the architecture, with its flags, then the rest; ``extra`` flags go to every compile."""
@@ -77,7 +84,8 @@ def compile_objects(folder: Path, compiler: Sequence[str], machine: str, extra: 
         objects.append(obj)
     for source in (MATVEC, LATTICE):
         obj = Path(folder) / f"{source.stem}.o"
-        _run([*compiler, *BASE_FLAGS, *extra, "-c", str(source), "-o", str(obj)], source.name)
+        _run([*compiler, *BASE_FLAGS, *extra, f'-DMOSS_SOURCES="{sources_digest()}"', "-c", str(source), "-o",
+              str(obj)], source.name)
         objects.append(obj)
     return objects
 

@@ -239,3 +239,20 @@ def test_a_compiler_without_march_native_still_builds(native_build_on, monkeypat
     compiler.chmod(0o755)
     monkeypatch.setenv("CC", str(compiler))
     assert _product(MatVecKernels.load(tmp_path / "cache")) == 8.0
+
+
+def test_a_library_older_than_its_sources_says_so(installed, monkeypatch, caplog):
+    """An editable install after the C sources changed (a pull): one warning naming the command that rebuilds."""
+    native._installed.cache_clear()
+    monkeypatch.setattr(native_build, "sources_digest", lambda: "0123456789abcdef")
+    with caplog.at_level(logging.WARNING, logger="moss_npu.native"):
+        native.load_library()
+        native.load_library()
+    monkeypatch.undo()
+    native._installed.cache_clear()
+    stale = [r.getMessage() for r in caplog.records if "built from other C sources" in r.getMessage()]
+    assert len(stale) == 1 and "pip install -e ." in stale[0]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="moss_npu.native"):
+        native.load_library()
+    assert not caplog.records  # the library as built by this checkout's sources

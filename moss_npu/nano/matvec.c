@@ -48,6 +48,13 @@ static const TileFunction TABLE[TARGETS][FORMATS] = {ROW(portable), {0, 0, 0}, {
 
 static const long VALUE_BYTES[FORMATS] = {4, 2, 1};
 
+#ifndef MOSS_SOURCES
+#define MOSS_SOURCES "unknown"
+#endif
+
+/* The digest of the sources this library was built from (moss_npu/native_build.py). */
+const char *moss_sources(void) { return MOSS_SOURCES; }
+
 /* Bit t set: target t is in this library and this CPU runs it (AVX-512F, AVX2 with FMA; NEON is part of every
  * aarch64 CPU that Linux runs on). */
 int moss_targets(void) {
