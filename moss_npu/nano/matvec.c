@@ -27,11 +27,11 @@ enum { BAD_CALL = -1 };
 
 #define DECLARE(target)                                                                                         \
     void moss_tile_f32_##target(const float *, const void *, float *, const float *, const float *,          \
-                                const float *, long);                                                          \
+                                const float *, long, int);                                                          \
     void moss_tile_bf16_##target(const float *, const void *, float *, const float *, const float *,         \
-                                 const float *, long);                                                         \
+                                 const float *, long, int);                                                         \
     void moss_tile_int8_##target(const float *, const void *, float *, const float *, const float *,         \
-                                 const float *, long);
+                                 const float *, long, int);
 #define ROW(target) {moss_tile_f32_##target, moss_tile_bf16_##target, moss_tile_int8_##target}
 
 DECLARE(portable)
@@ -69,22 +69,25 @@ int moss_targets(void) {
     return mask;
 }
 
-/* One product, as the pool shares it out: tile j covers columns [j·TILE, (j+1)·TILE) of every row. */
+/* One product, as the pool shares it out: unit j covers columns [j·TILE, (j+1)·TILE) of every row, or with `halves`
+ * the first or second half of tile j / 2 (finer units keep two threads busy to the end of a 3-tile product). */
 typedef struct {
     TileFunction tile;
     const float *x, *scale, *bias, *residual;
     const char *w;
     float *y;
     long rows, in, out, tile_bytes;
+    int halves;
 } Job;
 
-static void run_tile(const Job *job, long j) {
-    const long first = j * TILE;
+static void run_tile(const Job *job, long unit) {
+    const long j = job->halves ? unit / 2 : unit, first = j * TILE;
+    const int part = job->halves ? (int)(unit % 2) : -1;
     const void *tile = job->w + j * job->tile_bytes;
     const float *scale = job->scale ? job->scale + first : NULL, *bias = job->bias ? job->bias + first : NULL;
     for (long r = 0; r < job->rows; r++)
         job->tile(job->x + r * job->in, tile, job->y + r * job->out + first, scale, bias,
-                  job->residual ? job->residual + r * job->out + first : NULL, job->in);
+                  job->residual ? job->residual + r * job->out + first : NULL, job->in, part);
 }
 
 /* The ticket says which product is on (its number, 24 bits), how many tiles it has and how many are claimed
@@ -249,18 +252,19 @@ int moss_matvec(void *pool, int target, int format, const float *x, const void *
                 const float *bias, const float *residual, float *y, long rows, long in, long out) {
     if (target < 0 || target >= TARGETS || format < 0 || format >= FORMATS || !(moss_targets() >> target & 1))
         return BAD_CALL;
-    if (rows < 1 || in < 1 || out < TILE || out % TILE != 0 || out / TILE > MAX_TILES) return BAD_CALL;
+    if (rows < 1 || in < 1 || out < TILE || out % TILE != 0 || 2 * (out / TILE) > MAX_TILES) return BAD_CALL;
     if (format == INT8 && scale == NULL) return BAD_CALL;
-    const Job job = {TABLE[target][format], x, scale, bias, residual, (const char *)w, y, rows, in, out,
-                     in * TILE * VALUE_BYTES[format]};
+    Job job = {TABLE[target][format], x, scale, bias, residual, (const char *)w, y, rows, in, out,
+               in * TILE * VALUE_BYTES[format], 0};
     const long tiles = out / TILE;
     Pool *shared = pool;
-    /* Alone: no pool, one thread asked for, one tile, or another thread's product holding the pool. */
-    if (shared == NULL || atomic_load(&shared->active) < 2 || tiles < 2 || pthread_mutex_trylock(&shared->caller)) {
+    /* Alone: no pool, one thread asked for, or another thread's product holding the pool. */
+    if (shared == NULL || atomic_load(&shared->active) < 2 || pthread_mutex_trylock(&shared->caller)) {
         for (long j = 0; j < tiles; j++) run_tile(&job, j);
         return 0;
     }
-    share(shared, &job, tiles);
+    job.halves = 1;
+    share(shared, &job, 2 * tiles);
     pthread_mutex_unlock(&shared->caller);
     return 0;
 }

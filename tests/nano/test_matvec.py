@@ -144,7 +144,7 @@ BIG_ENDIAN_CHECK = r"""
 #include <stdint.h>
 #define TILE 256
 void moss_tile_bf16_portable(const float *x, const void *tile, float *y, const float *scale, const float *bias,
-                             const float *residual, long in);
+                             const float *residual, long in, int part);
 enum { IN = 3 };
 static float value(int c, int i) { return (float)((c * 7 + i * 3) % 11) - 5.0f; }
 int main(void) {
@@ -156,7 +156,7 @@ int main(void) {
             int r = c % 32, g = c / 32;
             w[i * TILE + 32 * g + (r < 16 ? 2 * r : 2 * (r - 16) + 1)] = (uint16_t)(bits >> 16);
         }
-    moss_tile_bf16_portable(x, w, y, NULL, NULL, NULL, IN);
+    moss_tile_bf16_portable(x, w, y, NULL, NULL, NULL, IN, -1);
     int bad = 0;
     for (int c = 0; c < TILE; c++) {
         float e = 0; for (int i = 0; i < IN; i++) e += x[i] * value(c, i);
