@@ -23,15 +23,15 @@ HERE = Path(__file__).resolve().parent
 
 
 def _native_build():
-    """moss_npu/native_build.py, loaded by path: the package's dependencies are not installed yet."""
-    spec = importlib.util.spec_from_file_location("moss_npu_native_build", HERE / "moss_npu" / "native_build.py")
+    """moss_npu/cpu/native_build.py, loaded by path: the package's dependencies are not installed yet."""
+    spec = importlib.util.spec_from_file_location("moss_npu_native_build", HERE / "moss_npu" / "cpu" / "native_build.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
 class BuildKernels(build_ext):
-    """Compile the package's C library (moss_npu.native_build: every instruction set of the architecture in one
+    """Compile the package's C library (moss_npu.cpu.native_build: every instruction set of the architecture in one
     plain shared library, chosen at run time) into the package, beside the modules (in the source tree for an
     editable install)."""
 
@@ -40,7 +40,7 @@ class BuildKernels(build_ext):
         inplace = self.inplace or getattr(self, "editable_mode", False)
         root = HERE if inplace else Path(self.build_lib)
         compiler = recipe.compiler_command(os.environ.get("CC") or "cc")
-        self._built = recipe.build(root / "moss_npu" / recipe.LIBRARY, compiler, platform.machine())
+        self._built = recipe.build(root / "moss_npu" / "cpu" / recipe.LIBRARY, compiler, platform.machine())
 
     def get_outputs(self):
         return [str(self._built)] if getattr(self, "_built", None) else []
@@ -83,7 +83,7 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["moss_npu", "moss_npu.*"]),
     # The C sources travel too: the opt-in build for this very CPU ($MOSS_NPU_NATIVE_BUILD) compiles them again.
-    package_data={"moss_npu.nano": ["matvec.c", "matvec.h", "matvec_tiles.c"], "moss_npu.text": ["lattice.c"]},
+    package_data={"moss_npu.cpu": ["matvec.c", "matvec.h", "matvec_tiles.c"], "moss_npu.text": ["lattice.c"]},
     distclass=BinaryDistribution,
     cmdclass=COMMANDS,
     # Torch-free core: the llama.cpp Delay fallback runs on exactly this plus the "llama" extra.

@@ -10,8 +10,8 @@ from typing import Optional
 import numpy as np
 import torch
 
-from moss_npu.nano.matvec import Fp32Tiles, MatVecKernels
-from moss_npu.native import KernelUnavailable
+from moss_npu.cpu.matvec import Fp32Tiles, MatVecKernels
+from moss_npu.cpu.native import KernelUnavailable
 
 IN, OUT = 8192, 8192  # 256 MiB of float32 weights
 REPEATS = 5

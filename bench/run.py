@@ -125,8 +125,8 @@ def run_once(tts: MossTTSNano, case: str, config: BenchConfig, frames: int, stre
 
     from moss_npu import device as devices
     from moss_npu.nano.frames import PhaseTimer
-    from moss_npu.nano.quantize import dtype_name
-    from moss_npu.threads import set_threads
+    from moss_npu.cpu.quantize import dtype_name
+    from moss_npu.cpu.threads import set_threads
     from moss_npu.tts.settings import RunConfig
 
     if config.threads:
@@ -281,11 +281,11 @@ def measure(tts: MossTTSNano, args, cases: list[str], configs: list[BenchConfig]
             graphs: list[str], log) -> list:
     """Run warm-up and measured rounds, alternating configurations (drifting load hits each alike)."""
     from bench.batch import run_batch
-    from moss_npu.threads import set_threads
+    from moss_npu.cpu.threads import set_threads
 
     records: list = []
     serial = 0
-    set_threads(args.threads)  # 0: the default policy (moss_npu.threads)
+    set_threads(args.threads)  # 0: the default policy (moss_npu.cpu.threads)
     for round_index in range(args.warmup + args.runs):
         measured = round_index >= args.warmup
         for case in cases:

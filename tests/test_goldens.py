@@ -6,7 +6,8 @@ folder fails, so parity can never be skipped silently there.
 
 import pytest
 
-from moss_npu import goldens, native
+from moss_npu import goldens
+from moss_npu.cpu import native
 from moss_npu.errors import InputError
 from tests.optional import missing
 

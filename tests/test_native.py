@@ -1,4 +1,4 @@
-"""The package's C library (``moss_npu.native``, ``native_build``): loaded as installed without any compiler, its
+"""The package's C library (``moss_npu.cpu.native``, ``native_build``): loaded as installed without any compiler, its
 kernels right on every instruction set this CPU runs and, cross-built, on aarch64 under qemu-user; the opt-in
 build for this CPU kept only in a cache folder nobody else can write, built again when damaged, and falling
 back to the installed library when it cannot be built."""
@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-from moss_npu import native, native_build
+from moss_npu.cpu import native, native_build
 from moss_npu.errors import ConfigError
-from moss_npu.nano.matvec import Bf16Tiles, Fp32Tiles, MatVecKernels
+from moss_npu.cpu.matvec import Bf16Tiles, Fp32Tiles, MatVecKernels
 from tests.optional import missing
 
 CHECK = Path(__file__).parent / "native" / "check_kernels.c"
@@ -65,7 +65,7 @@ def test_the_aarch64_build_is_right_under_qemu(tmp_path):
 
 def test_the_installed_library_loads_with_no_compiler_anywhere(installed, tmp_path):
     """No cc on PATH and no $CC: the kernels and the text search load as installed, without a build line."""
-    script = ("import logging, numpy, torch; logging.basicConfig(); from moss_npu.nano.matvec import *; "
+    script = ("import logging, numpy, torch; logging.basicConfig(); from moss_npu.cpu.matvec import *; "
               "from moss_npu.text.lattice import LatticeKernels; k = MatVecKernels.load(); LatticeKernels.load(); "
               "print(k.built, Fp32Tiles(k, torch.ones(32, 8), None)(numpy.ones(8, numpy.float32))[0])")
     env = {**os.environ, "PATH": str(tmp_path), "PYTHONPATH": str(ROOT)}
@@ -134,7 +134,7 @@ def test_a_cache_folder_others_can_write_is_not_used(native_build_on, tmp_path, 
     folder = tmp_path / "kernels"
     folder.mkdir()
     folder.chmod(0o777)
-    with caplog.at_level(logging.WARNING, logger="moss_npu.native"):
+    with caplog.at_level(logging.WARNING, logger="moss_npu.cpu.native"):
         kernels = MatVecKernels.load(tmp_path)
     assert kernels.built == native.PRIVATE and _product(kernels) == 8.0
     assert list(folder.iterdir()) == []
@@ -147,7 +147,7 @@ def test_a_cache_file_of_another_user_is_not_loaded(native_build_on, tmp_path, c
     MatVecKernels.load(tmp_path)
     (built,) = (tmp_path / "kernels").iterdir()
     os.chown(built, 12345, 12345)
-    with caplog.at_level(logging.WARNING, logger="moss_npu.native"):
+    with caplog.at_level(logging.WARNING, logger="moss_npu.cpu.native"):
         kernels = MatVecKernels.load(tmp_path)
     assert kernels.built == str(tmp_path / "kernels")  # built again, over it, as this user's own
     assert built.stat().st_uid == os.getuid()
@@ -158,7 +158,7 @@ def test_a_group_writable_cache_file_is_not_loaded(native_build_on, tmp_path, ca
     MatVecKernels.load(tmp_path)
     (built,) = (tmp_path / "kernels").iterdir()
     built.chmod(0o775)
-    with caplog.at_level(logging.WARNING, logger="moss_npu.native"):
+    with caplog.at_level(logging.WARNING, logger="moss_npu.cpu.native"):
         assert MatVecKernels.load(tmp_path).built == str(tmp_path / "kernels")
     assert built.stat().st_mode & 0o022 == 0
 
@@ -166,7 +166,7 @@ def test_a_group_writable_cache_file_is_not_loaded(native_build_on, tmp_path, ca
 def test_a_damaged_cache_file_is_built_again(native_build_on, tmp_path):
     """A truncated kernel file is compiled again with one warning (in fresh processes: a process never reopens a
     library it has loaded)."""
-    script = ("import logging, sys, numpy, torch; logging.basicConfig(); from moss_npu.nano.matvec import *; "
+    script = ("import logging, sys, numpy, torch; logging.basicConfig(); from moss_npu.cpu.matvec import *; "
               "k = MatVecKernels.load(sys.argv[1]); "
               "print(Bf16Tiles(k, torch.ones(32, 8), None)(numpy.ones(8, numpy.float32))[0])")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -186,7 +186,7 @@ def test_a_damaged_cache_file_is_built_again(native_build_on, tmp_path):
 def test_without_a_compiler_it_says_why_and_takes_the_installed_one(native_build_on, installed, monkeypatch,
                                                                     tmp_path, caplog):
     monkeypatch.setenv("CC", "no-such-compiler-here")
-    with caplog.at_level(logging.WARNING, logger="moss_npu.native"):
+    with caplog.at_level(logging.WARNING, logger="moss_npu.cpu.native"):
         kernels = MatVecKernels.load(tmp_path)
     assert kernels.built is None and _product(kernels) == 8.0
     (line,) = [r.getMessage() for r in caplog.records]
@@ -245,7 +245,7 @@ def test_a_library_older_than_its_sources_says_so(installed, monkeypatch, caplog
     """An editable install after the C sources changed (a pull): one warning naming the command that rebuilds."""
     native._installed.cache_clear()
     monkeypatch.setattr(native_build, "sources_digest", lambda: "0123456789abcdef")
-    with caplog.at_level(logging.WARNING, logger="moss_npu.native"):
+    with caplog.at_level(logging.WARNING, logger="moss_npu.cpu.native"):
         native.load_library()
         native.load_library()
     monkeypatch.undo()
@@ -253,6 +253,6 @@ def test_a_library_older_than_its_sources_says_so(installed, monkeypatch, caplog
     stale = [r.getMessage() for r in caplog.records if "built from other C sources" in r.getMessage()]
     assert len(stale) == 1 and "pip install -e ." in stale[0]
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="moss_npu.native"):
+    with caplog.at_level(logging.WARNING, logger="moss_npu.cpu.native"):
         native.load_library()
     assert not caplog.records  # the library as built by this checkout's sources

@@ -26,7 +26,7 @@ Why it is the very same answer, arc for arc (OpenFst 1.8, as pynini and kaldifst
 
 The grammar's arrays (``prepare``: read from the FST file as pynini's ``optimize()`` gives it, epsilons and arcs
 by label, first sets) are kept in the user cache (``grammar_cache``). The search is part of the package's C library
-(``moss_npu.native``, built with the package); where it is missing ``LatticeKernels.load`` raises
+(``moss_npu.cpu.native``, built with the package); where it is missing ``LatticeKernels.load`` raises
 ``KernelUnavailable`` and the grammar is searched with kaldifst (OpenFst itself), the same answers at ~2 s per
 2,000 English characters.
 """
@@ -39,7 +39,7 @@ from typing import Optional
 
 import numpy as np
 
-from moss_npu.native import load_library, require
+from moss_npu.cpu.native import load_library, require
 from moss_npu.text.fst_file import FstArrays
 
 FORMAT_VERSION = 4  # of the prepared arrays (grammar_cache names its files by it)

@@ -1,4 +1,4 @@
-"""The one-row kernels (``nano.matvec``) and the CPU step that uses them: the products are the float32 products
+"""The one-row kernels (``cpu.matvec``) and the CPU step that uses them: the products are the float32 products
 with those weights (any shape, on every instruction set this CPU runs, on one thread or shared over two), a
 mismatched array is refused before the call, and a CPU step on bf16 or int8 weights decodes like float32 math
 on the same weights, or falls back with one warning where the library is missing. (Loading and building the
@@ -14,12 +14,12 @@ import pytest
 import torch
 
 from moss_npu.errors import InputError
-from moss_npu.nano.cpu_step import CpuStep
+from moss_npu.cpu.step import CpuStep
 from moss_npu.nano.decoder import FrameDecoder, RequestParams
-from moss_npu.nano.matvec import Bf16Tiles, Fp32Tiles, Int8Tiles, MatVecKernels
-from moss_npu.native_build import TILES
-from moss_npu.native import TARGET_ENV, KernelUnavailable, load_library, runnable_targets
-from moss_npu.nano.quantize import dtype_name, int8_rows, quantize_int8, store_bf16
+from moss_npu.cpu.matvec import Bf16Tiles, Fp32Tiles, Int8Tiles, MatVecKernels
+from moss_npu.cpu.native_build import TILES
+from moss_npu.cpu.native import TARGET_ENV, KernelUnavailable, load_library, runnable_targets
+from moss_npu.cpu.quantize import dtype_name, int8_rows, quantize_int8, store_bf16
 
 from .test_decoder import model, prompts  # noqa: F401 - the tiny steered model and its prompts (fixtures)
 
@@ -233,7 +233,7 @@ def test_without_kernels_one_warning_and_the_old_path(model, prompts, monkeypatc
     changed = copy.deepcopy(model)
     if kind != "fp32":
         (store_bf16 if kind == "bf16" else quantize_int8)(changed)
-    with caplog.at_level(logging.WARNING, logger="moss_npu.nano.cpu_step"):
+    with caplog.at_level(logging.WARNING, logger="moss_npu.cpu.step"):
         codes, _, label = _decode(changed, prompts[0], 4, use_cpu_step=True)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == (kind != "fp32") and all("no C compiler (test)" in w for w in warnings)

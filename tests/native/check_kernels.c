@@ -2,7 +2,7 @@
  * build under qemu-user): every target this CPU runs, the three formats, odd shapes, with and without bias and
  * residual, on one thread and shared over a pool of two; each column against a float64 sum of the same stored
  * values, and the pool's result bit for bit the one thread's. Built with the library's objects
- * (moss_npu/native_build.py); prints one line per target and exits 1 on any failure. */
+ * (moss_npu/cpu/native_build.py); prints one line per target and exits 1 on any failure. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>

@@ -1,4 +1,4 @@
-"""The package's C library (the one-row products of ``nano.matvec``, the text search of ``text.lattice``), loaded
+"""The package's C library (the one-row products of ``cpu.matvec``, the text search of ``text.lattice``), loaded
 with ctypes.
 
 The library is compiled when the package is built (``setup.py`` through ``native_build``: a wheel carries it,
@@ -33,7 +33,7 @@ from typing import Optional
 
 import numpy as np
 
-from moss_npu import native_build
+from moss_npu.cpu import native_build
 from moss_npu.cache_dir import CACHE_ENV, default_cache_dir
 from moss_npu.errors import ConfigError
 

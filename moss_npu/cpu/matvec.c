@@ -1,5 +1,5 @@
 /* One-row products y = x · W (+ bias, + residual) with W stored compactly: float32, bf16 or int8 values, float32
- * arithmetic; the entry points that moss_npu/nano/matvec.py calls through ctypes.
+ * arithmetic; the entry points that moss_npu/cpu/matvec.py calls through ctypes.
  *
  * W (in, out) is stored in tiles of TILE output columns (the caller pads `out` to a multiple): tile after tile,
  * and in each tile row after row, so a tile's weights are read once, front to back, in one stream, and its sums
@@ -52,7 +52,7 @@ static const long VALUE_BYTES[FORMATS] = {4, 2, 1};
 #define MOSS_SOURCES "unknown"
 #endif
 
-/* The digest of the sources this library was built from (moss_npu/native_build.py). */
+/* The digest of the sources this library was built from (moss_npu/cpu/native_build.py). */
 const char *moss_sources(void) { return MOSS_SOURCES; }
 
 /* Bit t set: target t is in this library and this CPU runs it (AVX-512F, AVX2 with FMA; NEON is part of every

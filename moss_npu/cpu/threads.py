@@ -1,5 +1,5 @@
 """CPU threads: how many threads torch's intra-op pool, numpy's BLAS and the one-row kernels' pool (the CPU frame
-step's matrix-vector products, ``nano.matvec``) use. One process-wide setting, made by the command lines
+step's matrix-vector products, ``cpu.matvec``) use. One process-wide setting, made by the command lines
 (``--num-threads``).
 
 Default (``--num-threads 0``): 1 thread on machines with at most 2 usable physical cores, else one per usable

@@ -3,13 +3,13 @@
 A frame at batch 1 is ~116 matrix-vector products over ~750 MB of fp32 weights, so its speed is the bandwidth
 of those products plus the cost of the ~700 small ops around them. One slot's row runs through numpy, the
 small operations between the products included (``row_block``: ~1 µs per operation where a torch one costs
-5–20), and its products through ``nano.matvec``'s kernels, which stream each weight once from tiles laid out
+5–20), and its products through ``cpu.matvec``'s kernels, which stream each weight once from tiles laid out
 for them (one more copy of the LM's linear weights in the format the model stores: float32, bf16 for
 ``--dtype bfloat16``, int8 for ``--quantize int8``; one ``PageArena`` on huge pages, in reading order). Where
 no C compiler builds the kernels, one slot's products are numpy's OpenBLAS GEMV on a transposed float32 copy
 (``WeightArena``; torch's one-row ``F.linear`` goes to MKL's GEMM, which on AMD and other non-Intel CPUs
 streams at about half that rate). Several rows (a batch of slots, or a prompt's prefill: ``block_rows``)
-multiply through oneDNN with the weights packed (``moss_npu.packed``); an int8 model's batches through its
+multiply through oneDNN with the weights packed (``moss_npu.cpu.packed``); an int8 model's batches through its
 int8 tiles (row for row what one slot computes), its prefill through torch's int8 weight-only kernel
 (``int8_matmul``).
 The block math for torch is written once, functionally (``block_step``: the same as ``model.Block`` on one new
@@ -41,12 +41,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from moss_npu.errors import InputError
-from moss_npu.nano.matvec import BlasGemv, Bf16Tiles, Fp32Tiles, Int8Tiles, MatVecKernels, table_bytes
+from moss_npu.cpu.matvec import BlasGemv, Bf16Tiles, Fp32Tiles, Int8Tiles, MatVecKernels, table_bytes
 from moss_npu.nano.model import Block
-from moss_npu.nano.quantize import block_linears, int8_rows
-from moss_npu.native import KernelUnavailable, report_build
-from moss_npu.packed import pack_linear, packed_matmul, packing_available
-from moss_npu.threads import ThreadPools, limit_blas, usable_physical_cores
+from moss_npu.cpu.quantize import block_linears, int8_rows
+from moss_npu.cpu.native import KernelUnavailable, report_build
+from moss_npu.cpu.packed import pack_linear, packed_matmul, packing_available
+from moss_npu.cpu.threads import ThreadPools, limit_blas, usable_physical_cores
 
 log = logging.getLogger(__name__)
 
@@ -538,7 +538,7 @@ class CpuStep:
     def _matmul(self, x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor,
                 residual: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``blas_matmul``, except that several rows (a batch of slots, a prompt) multiply through oneDNN with the
-        weight pre-packed (``moss_npu.packed``): a batch-8 frame measured 77–88 ms, against 127 ms with oneDNN on
+        weight pre-packed (``moss_npu.cpu.packed``): a batch-8 frame measured 77–88 ms, against 127 ms with oneDNN on
         plain weights and 163 ms with torch's GEMM (MKL's generic path on AMD)."""
         if x.shape[0] == 1:
             return gemv(x, *self._arrays[weight_t.data_ptr()], residual)
@@ -640,7 +640,7 @@ class CpuStep:
         return F.layer_norm(x[-1], (x.shape[-1],), norm_w, norm_b, self.eps)
 
     def threads(self, slots: int) -> contextlib.AbstractContextManager:
-        """Return the thread setting a frame of ``slots`` slots runs under (``moss_npu.threads``): for one slot,
+        """Return the thread setting a frame of ``slots`` slots runs under (``moss_npu.cpu.threads``): for one slot,
         torch and numpy's BLAS on one thread and the kernels' products shared over the process setting; for more,
         the process setting in torch and BLAS and the kernels on one thread (their pools would fight)."""
         if self._kernels_used is not None:

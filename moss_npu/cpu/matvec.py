@@ -12,7 +12,7 @@ Measured, real-size model, 1 thread, a frame's products: float32 23 ms (numpy's 
 (its widening costs arithmetic where bf16's is two instructions).
 
 The kernels are compiled when the package is built, once per instruction set (AVX-512, AVX2 with FMA, NEON, portable
-C), into the package's one C library (``moss_npu.native``), which picks the set this CPU runs; a product's tiles
+C), into the package's one C library (``moss_npu.cpu.native``), which picks the set this CPU runs; a product's tiles
 are shared out over a small pool of threads inside the library (``KernelThreads``). Every entry checks the arrays
 it hands over (``native.require``). Where the library is missing ``MatVecKernels.load`` raises
 ``KernelUnavailable`` saying why; the CPU step then keeps numpy's GEMV (``BlasGemv``).
@@ -27,7 +27,7 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from moss_npu.native import choose_target, load_library, require, TARGETS
+from moss_npu.cpu.native import choose_target, load_library, require, TARGETS
 
 TILE = 256  # output columns per tile (matvec.h): matrices are padded to a multiple
 GROUP = 32  # bf16 columns interleaved together in a tile row (matvec_tiles.c)
@@ -195,7 +195,7 @@ class Bf16Tiles(_Tiles):
 
 class Int8Tiles(_Tiles):
     """``x @ (values · scale)ᵀ + bias (+ residual)`` for one float32 row, with int8 ``values`` (out, in) and
-    per-output float32 ``scale``: the quantized weight (``nano.quantize``) in a quarter of the bytes."""
+    per-output float32 ``scale``: the quantized weight (``cpu.quantize``) in a quarter of the bytes."""
 
     def __init__(self, kernels: MatVecKernels, values: torch.Tensor, scale: torch.Tensor,
                  bias: Optional[torch.Tensor], allocate: Allocate = np.empty) -> None:
