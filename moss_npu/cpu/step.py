@@ -6,7 +6,7 @@ small operations between the products included (``row_block``: ~1 µs per operat
 5–20), and its products through ``cpu.matvec``'s kernels, which stream each weight once from tiles laid out
 for them (one more copy of the LM's linear weights in the format the model stores: float32, bf16 for
 ``--dtype bfloat16``, int8 for ``--quantize int8``; one ``PageArena`` on huge pages, in reading order). Where
-no C compiler builds the kernels, one slot's products are numpy's OpenBLAS GEMV on a transposed float32 copy
+the package's C library is missing (``native``), one slot's products are numpy's OpenBLAS GEMV on a transposed float32 copy
 (``WeightArena``; torch's one-row ``F.linear`` goes to MKL's GEMM, which on AMD and other non-Intel CPUs
 streams at about half that rate). Several rows (a batch of slots, or a prompt's prefill: ``block_rows``)
 multiply through oneDNN with the weights packed (``moss_npu.cpu.packed``); an int8 model's batches through its

@@ -92,7 +92,7 @@ class TextNormalizer:
         try:
             kernels = LatticeKernels.load(self._cache_dir)
         except KernelUnavailable as exc:
-            log.warning("text normalization: the compiled search cannot be built (%s); searching with kaldifst "
+            log.warning("text normalization: the compiled search cannot be built or loaded (%s); searching with kaldifst "
                         "instead (the same readings, about 100x slower, and a few seconds to load)", exc)
             return None
         report_build(log, "the text normalization search", kernels.built, time.perf_counter() - start)
