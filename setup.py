@@ -39,8 +39,14 @@ class BuildKernels(build_ext):
         recipe = _native_build()
         inplace = self.inplace or getattr(self, "editable_mode", False)
         root = HERE if inplace else Path(self.build_lib)
-        compiler = recipe.compiler_command(os.environ.get("CC") or "cc")
-        self._built = recipe.build(root / "moss_npu" / "cpu" / recipe.LIBRARY, compiler, platform.machine())
+        try:
+            compiler = recipe.compiler_command(os.environ.get("CC") or "cc")
+            self._built = recipe.build(root / "moss_npu" / "cpu" / recipe.LIBRARY, compiler, platform.machine())
+        except recipe.BuildError as exc:
+            # Installed without it, the package still runs: numpy's GEMV and kaldifst's search, slower, each saying
+            # so once. The tests fail in CI without it.
+            self.warn(f"moss-npu: the C library is not built ({exc}); the CPU kernels and the compiled text search "
+                      "will be missing (install gcc and reinstall)")
 
     def get_outputs(self):
         return [str(self._built)] if getattr(self, "_built", None) else []
