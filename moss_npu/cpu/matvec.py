@@ -38,27 +38,39 @@ Allocate = Callable[[tuple, type], np.ndarray]  # (shape, dtype) -> an uninitial
 
 class KernelThreads:
     """A pool of threads inside the library that shares a product's tiles out (``matvec.c``): ``size`` threads in
-    all, the caller included, of which the products use ``use(n)``; freed with this object."""
+    all, the caller included, of which the products use ``use(n)``; grown when more are asked for than it has (so
+    a large machine run on a few threads starts no idle ones), freed with this object. One caller thread at a
+    time: growing replaces the pool."""
 
     def __init__(self, library: ctypes.CDLL, size: int) -> None:
         self._library = library
-        self._free = library.moss_pool_free
-        self.handle = library.moss_pool_new(max(1, size))
-        if not self.handle:
-            raise MemoryError(f"cannot start {size} kernel threads")
-        self.size = library.moss_pool_threads(self.handle)
-        self.used = 1
+        self.handle, self.size, self.used = None, 0, 1
+        self._start(max(1, size))
         self.use(1)
 
+    def _start(self, size: int) -> None:
+        self._stop()
+        self.handle = self._library.moss_pool_new(size)
+        if not self.handle:
+            raise MemoryError(f"cannot start {size} kernel threads")
+        self.size = self._library.moss_pool_threads(self.handle)
+
+    def _stop(self) -> None:
+        handle, self.handle = self.handle, None
+        if handle:
+            self._library.moss_pool_free(handle)
+
     def use(self, count: int) -> None:
-        """Share the products that follow over ``count`` threads (clipped to 1 .. ``size``)."""
-        self.used = max(1, min(count, self.size))
-        self._library.moss_pool_use(self.handle, self.used)
+        """Share the products that follow over ``count`` threads (at least 1; the pool grows to ``count``)."""
+        count = max(1, count)
+        if count > self.size:
+            self._start(count)
+        self.used = count
+        self._library.moss_pool_use(self.handle, count)
 
     def __del__(self) -> None:
-        handle, self.handle = getattr(self, "handle", None), None
-        if handle:
-            self._free(handle)
+        if getattr(self, "handle", None):
+            self._stop()
 
 
 class MatVecKernels:

@@ -46,7 +46,7 @@ from moss_npu.nano.model import Block
 from moss_npu.cpu.quantize import block_linears, int8_rows
 from moss_npu.cpu.native import KernelUnavailable, report_build
 from moss_npu.cpu.packed import pack_linear, packed_matmul, packing_available
-from moss_npu.cpu.threads import ThreadPools, limit_blas, usable_physical_cores
+from moss_npu.cpu.threads import ThreadPools, limit_blas
 
 log = logging.getLogger(__name__)
 
@@ -467,7 +467,7 @@ class CpuStep:
         bf16 or int8 weights, which lose their speed (float32 falls back to numpy's GEMV, a little slower)."""
         start = time.perf_counter()
         try:
-            kernels = MatVecKernels.load(threads=usable_physical_cores())
+            kernels = MatVecKernels.load()
         except KernelUnavailable as exc:
             if self.weight_dtype == "float32":
                 log.info("one-row kernels unavailable (%s); one-slot frames use numpy's GEMV", exc)
