@@ -98,7 +98,7 @@ class RunRecord:
     peak_memory_bytes: Optional[int]
     load_avg: float
     dtype: str = "float32"
-    step: str = "torch"  # the frame step: cpu-fp32/avx2 (nano.cpu_step's label / its kernels' instruction set), torch, reference
+    step: str = "torch"  # the frame step: cpu-fp32/avx2 (cpu.step's label / its kernels' instruction set), torch, reference
     compile_s: float = 0.0  # time the CPU step spent compiling graphs so far (first compile; 0 when eager)
     local_ms: Optional[float] = None  # per frame: the 17 local steps with their decisions
     global_ms: Optional[float] = None  # per frame: the global step

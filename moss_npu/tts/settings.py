@@ -37,7 +37,7 @@ class LoadConfig:
     dtype: str = "auto"  # auto (float32), float32, bfloat16, float16: the LM's compute dtype
     attn_implementation: str = "sdpa"  # sdpa or eager
     num_threads: int = 0  # intra-op CPU threads (0: moss_npu.cpu.threads' default); process-wide, as torch has one pool
-    quantize: str = "none"  # none, or int8: the LM's block weights rounded to int8 (CPU, float32; nano.quantize)
+    quantize: str = "none"  # none, or int8: the LM's block weights rounded to int8 (CPU, float32; cpu.quantize)
 
     def __post_init__(self) -> None:
         if self.num_threads < 0:

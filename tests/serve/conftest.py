@@ -27,7 +27,7 @@ SERVE_INSTALL = "pip install -e '.[dev]'"  # the serve extra plus openai and htt
 REPO = Path(__file__).resolve().parents[2]
 API_KEY = "test-key"
 FRAME = 3840  # samples per codec frame at 48 kHz
-STARTUP_S = 120.0
+STARTUP_S = 300.0  # a loaded machine preparing the grammars for the first time takes minutes
 MODEL = "moss-tts-nano"  # the model id the server answers to
 # A request that runs for seconds (the frame cap, greedy so it does not stop early): to hold a slot busy.
 LONG = {"model": MODEL, "input": "A long one.", "max_new_frames": 375, "greedy": True, "response_format": "pcm"}
@@ -66,9 +66,10 @@ class ServerProcess:
         self.log = tmp / f"server-{self.port}.log"
         command = [sys.executable, "-m", "moss_npu.serve", "--model", str(model), "--codec", str(codec),
                    "--port", str(self.port), "--voices-dir", str(self.voices_dir), "--num-threads", "1", *args]
-        if api_key:
-            command += ["--api-key", api_key]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+        env.pop("MOSS_NPU_API_KEY", None)
+        if api_key:
+            env["MOSS_NPU_API_KEY"] = api_key  # not --api-key: that shows in ps (and the server warns)
         self._log_file = open(self.log, "wb")
         self.process = subprocess.Popen(command, cwd=REPO, env=env, stdout=self._log_file, stderr=subprocess.STDOUT)
         if wait:
@@ -138,6 +139,18 @@ def metric(text: str, name: str) -> float:
         if line.startswith(name + " "):
             return float(line.split()[1])
     raise AssertionError(f"metric {name} not found")
+
+
+def wait_idle(server: ServerProcess, within_s: float) -> float:
+    """Seconds until the server has nothing in flight and no active slot (fails after ``within_s``)."""
+    start = time.monotonic()
+    with server.client() as http:
+        while time.monotonic() - start < within_s:
+            text = http.get("/metrics").text
+            if metric(text, "moss_npu_in_flight_requests") == 0 and metric(text, "moss_npu_active_slots") == 0:
+                return time.monotonic() - start
+            time.sleep(0.02)
+    raise AssertionError(f"still busy after {within_s} s")
 
 
 def assert_error(response, status: int, param: Optional[str] = None) -> dict:

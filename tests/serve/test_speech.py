@@ -150,7 +150,9 @@ BAD_BODIES = [
     ({"model": MODEL, "input": "hi", "max_new_frames": 0}, 400, "max_new_frames"),
     ({"model": MODEL, "input": "hi", "sample_rate": 44100, "response_format": "opus"}, 400, "sample_rate"),
     ({"model": MODEL, "input": "hi", "channels": 3}, 400, "channels"),
-    ({"model": MODEL, "input": "hi", "audio_top_p": 7.0}, 400, None),
+    ({"model": MODEL, "input": "hi", "audio_top_p": 7.0}, 400, "audio_top_p"),
+    ({"model": MODEL, "input": "hi", "channels": True}, 422, "channels"),  # strict types: true is no count
+    ({"model": MODEL, "input": "hi", "max_new_frames": "3"}, 422, "max_new_frames"),
     ({"model": MODEL, "input": "hi", "volume": 11}, 422, "volume"),
     ({"model": MODEL, "input": 5}, 422, "input"),
     ({"model": "tts-1", "input": "hi"}, 404, "model"),
