@@ -262,7 +262,7 @@ def synthesize_nano(args: argparse.Namespace, text: str, target: AudioTarget) ->
     from moss_npu import device as devices
     from moss_npu.output import save_audio
     from moss_npu.text import TextNormalizer
-    from moss_npu.threads import set_threads
+    from moss_npu.cpu.threads import set_threads
     from moss_npu.tts import MossTTSNano
     from moss_npu.tts.settings import load_preset, merge
 
@@ -272,7 +272,7 @@ def synthesize_nano(args: argparse.Namespace, text: str, target: AudioTarget) ->
     if problem:
         raise InputError(f"--config {args.config} device {problem}")
     dev = devices.resolve_device(load.device)
-    set_threads(load.num_threads)  # a process-wide setting (0: the policy of moss_npu.threads): the CLI's to make
+    set_threads(load.num_threads)  # a process-wide setting (0: the policy of moss_npu.cpu.threads): the CLI's to make
     check_reference(args.prompt_audio_path)
     model, codec = args.model or DEFAULT_MODEL, args.codec or DEFAULT_CODEC
     if args.impl == "upstream":  # infer.py prepares the texts before the official model code sees them

@@ -98,7 +98,7 @@ class RunRecord:
     peak_memory_bytes: Optional[int]
     load_avg: float
     dtype: str = "float32"
-    step: str = "torch"  # the frame step: cpu-blas (nano.cpu_step), cpu-blas+compiled, cpu-int8, torch, reference
+    step: str = "torch"  # the frame step: cpu-fp32/avx2 (cpu.step's label / its kernels' instruction set), torch, reference
     compile_s: float = 0.0  # time the CPU step spent compiling graphs so far (first compile; 0 when eager)
     local_ms: Optional[float] = None  # per frame: the 17 local steps with their decisions
     global_ms: Optional[float] = None  # per frame: the global step
@@ -125,8 +125,8 @@ def run_once(tts: MossTTSNano, case: str, config: BenchConfig, frames: int, stre
 
     from moss_npu import device as devices
     from moss_npu.nano.frames import PhaseTimer
-    from moss_npu.nano.quantize import dtype_name
-    from moss_npu.threads import set_threads
+    from moss_npu.cpu.quantize import dtype_name
+    from moss_npu.cpu.threads import set_threads
     from moss_npu.tts.settings import RunConfig
 
     if config.threads:
@@ -153,7 +153,8 @@ def run_once(tts: MossTTSNano, case: str, config: BenchConfig, frames: int, stre
     sec = dict(timer.seconds)
     per_frame = {k: sec.get(k, 0.0) * 1e3 / max(n_frames, 1) for k in ("frame", "codec", "local", "global")}
     cpu_step = getattr(tts._decoder, "cpu_step", None) if config.speed != "reference" else None
-    step = "reference" if config.speed == "reference" else "torch" if cpu_step is None else cpu_step.label()
+    step = ("reference" if config.speed == "reference" else "torch" if cpu_step is None
+            else f"{cpu_step.label()}/{cpu_step.kernel_target()}")
     return RunRecord(
         case=case, config=config.label, threads=torch.get_num_threads(), chunks=n_chunks, frames=n_frames,
         wall_s=wall, rtf=wall / max(n_frames / tts.codec.frame_rate_hz, 1e-9), ttfa_ms=ttfa,
@@ -280,11 +281,11 @@ def measure(tts: MossTTSNano, args, cases: list[str], configs: list[BenchConfig]
             graphs: list[str], log) -> list:
     """Run warm-up and measured rounds, alternating configurations (drifting load hits each alike)."""
     from bench.batch import run_batch
-    from moss_npu.threads import set_threads
+    from moss_npu.cpu.threads import set_threads
 
     records: list = []
     serial = 0
-    set_threads(args.threads)  # 0: the default policy (moss_npu.threads)
+    set_threads(args.threads)  # 0: the default policy (moss_npu.cpu.threads)
     for round_index in range(args.warmup + args.runs):
         measured = round_index >= args.warmup
         for case in cases:
@@ -365,6 +366,11 @@ def run(argv: Optional[list[str]] = None) -> int:
         table = markdown(rows, ratios, base, other)
         report.update(summary=rows, speedups=ratios)
         last = f"speedup {other}/{base}: {statistics.median(ratios.values()):.2f}" if args.compare else None
+        if args.compare and {c.threads for c in configs} == {1, 2} and tts.device.type == "cpu":
+            from bench.bandwidth import bandwidth_line, read_bandwidth
+
+            report["read_bandwidth_gb_s"] = read_bandwidth()
+            table += "\n\n" + bandwidth_line(report["read_bandwidth_gb_s"])
     write_atomic(stem.with_suffix(".json"), json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     write_atomic(stem.with_suffix(".md"), f"Device: {info['name']} ({info['device']}), torch {info['torch']}\n\n"
                  + table + "\n")

@@ -109,7 +109,8 @@ def versions() -> dict[str, str]:
 def _side(info: dict[str, Any]) -> str:
     quantized = info.get("quantize") not in (None, "none")
     weights = f" with {info['quantize']} weights" if quantized else ""
-    return f"{info.get('impl')} {info.get('dtype')}{weights} on {info.get('device')} ({info.get('name')})"
+    kernels = f", kernels {info['cpu_kernels']}" if info.get("cpu_kernels") else ""
+    return f"{info.get('impl')} {info.get('dtype')}{weights} on {info.get('device')} ({info.get('name')}{kernels})"
 
 
 def _num(x: Any) -> str:

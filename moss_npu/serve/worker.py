@@ -23,8 +23,8 @@ import torch
 
 from moss_npu.errors import MossNpuError
 from moss_npu.serve.errors import kind_of
+from moss_npu.cpu.threads import set_threads
 from moss_npu.serve.spec import WorkerSpec
-from moss_npu.threads import set_threads
 from moss_npu.tts.engine import Engine, RequestStream, SpeechRequest
 from moss_npu.tts.pipeline import MossTTSNano
 from moss_npu.tts.settings import RunConfig

@@ -28,13 +28,13 @@ from moss_npu.nano.checkpoint import load_model
 from moss_npu.nano.decoder import FrameDecoder, RequestParams
 from moss_npu.nano.frames import PhaseTimer, left_pad, trim_codes
 from moss_npu.nano.model import NanoTTSModel
-from moss_npu.nano.quantize import check_int8, quantize_int8, store_bf16
+from moss_npu.cpu.quantize import check_int8, quantize_int8, store_bf16
 from moss_npu.nano.reference import reference_generate
 from moss_npu.nano.reuse import PrefixCache
 from moss_npu.nano.text import pause_samples
 from moss_npu.nano.tokenizer import TextTokenizer
 from moss_npu.output import save_audio
-from moss_npu.threads import set_threads
+from moss_npu.cpu.threads import set_threads
 from moss_npu.tts.prepare import Plan, Preparer, PromptAudio
 from moss_npu.tts.settings import LoadConfig, RunConfig
 from moss_npu.tts.streamer import AudioChunk, AudioStreamer
@@ -87,9 +87,9 @@ class MossTTSNano:
         These are the load-time settings (``LoadConfig``'s fields: ``from_pretrained(m, c, **asdict(load))``);
         every call's own settings are a ``RunConfig``. The LM computes in ``dtype`` (default fp32); the codec
         stays fp32 as in the official code. ``num_threads`` > 0 sets torch's intra-op threads and numpy's
-        BLAS threads (``moss_npu.threads``), which are process-wide. ``quantize="int8"`` rounds the LM's block
-        weights to int8 (CPU, float32; ``moss_npu.nano.quantize``). On the CPU ``dtype="bfloat16"`` means bf16
-        weights with float32 arithmetic (``nano.quantize.store_bf16``).
+        BLAS threads (``moss_npu.cpu.threads``), which are process-wide. ``quantize="int8"`` rounds the LM's block
+        weights to int8 (CPU, float32; ``moss_npu.cpu.quantize``). On the CPU ``dtype="bfloat16"`` means bf16
+        weights with float32 arithmetic (``cpu.quantize.store_bf16``).
         """
         load = LoadConfig(device=device or "auto", dtype=dtype or "auto",
                           attn_implementation=attn_implementation or "sdpa", num_threads=num_threads,
@@ -103,7 +103,7 @@ class MossTTSNano:
             check_int8(dev, dt)  # before minutes of loading
         model_dir = resolve_model_dir(model, required=("config.json", "tokenizer.model"), role="TTS model")
         codec_dir = resolve_model_dir(codec, required=("config.json",), role="codec", example=DEFAULT_CODEC)
-        cpu_bf16 = dev.type == "cpu" and dt == torch.bfloat16  # bf16 weights, float32 arithmetic (nano.quantize)
+        cpu_bf16 = dev.type == "cpu" and dt == torch.bfloat16  # bf16 weights, float32 arithmetic (cpu.quantize)
         lm = load_model(model_dir, device=dev, dtype=torch.float32 if cpu_bf16 else dt, attn_impl=attn)
         if cpu_bf16:
             store_bf16(lm)

@@ -19,9 +19,9 @@ from typing import Any, Mapping, NamedTuple, Optional
 from moss_npu.codec.streaming import OFFICIAL_SCHEDULE, DecodeSchedule
 from moss_npu.errors import ConfigError, InputError, MossNpuError
 from moss_npu.limits import MAX_NEW_FRAMES, MAX_SEED
-from moss_npu.nano.cpu_step import COMPILE_MODES
+from moss_npu.cpu.step import COMPILE_MODES
 from moss_npu.nano.graphs import GRAPH_MODES
-from moss_npu.nano.quantize import QUANTIZE_MODES
+from moss_npu.cpu.quantize import QUANTIZE_MODES
 from moss_npu.presets import check_types, read_yaml_mapping
 from moss_npu.sampling import SamplingParams
 
@@ -37,8 +37,8 @@ class LoadConfig:
     device: str = "auto"  # auto, cpu, cuda[:N], npu[:N], mps
     dtype: str = "auto"  # auto (float32), float32, bfloat16, float16: the LM's compute dtype
     attn_implementation: str = "sdpa"  # sdpa or eager
-    num_threads: int = 0  # intra-op CPU threads (0: moss_npu.threads' default); process-wide, as torch has one pool
-    quantize: str = "none"  # none, or int8: the LM's block weights rounded to int8 (CPU, float32; nano.quantize)
+    num_threads: int = 0  # intra-op CPU threads (0: moss_npu.cpu.threads' default); process-wide, as torch has one pool
+    quantize: str = "none"  # none, or int8: the LM's block weights rounded to int8 (CPU, float32; cpu.quantize)
 
     def __post_init__(self) -> None:
         if self.num_threads < 0:
