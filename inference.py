@@ -30,12 +30,24 @@ from moss_npu.extras import NANO_INSTALL
 from moss_npu.hub import DEFAULT_CODEC, DEFAULT_MODEL
 from moss_npu.limits import MAX_NEW_FRAMES, MAX_SEED
 from moss_npu.output import WAV_SUBTYPES, AtomicAudioWriter, AudioTarget, audio_target, refuse_own_inputs
+from moss_npu.tempo import MAX_SPEED, MIN_SPEED, check_speed
 
 SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "repetition_penalty")
 NO_AUDIO = "the model stopped before any audio; try another --seed"
 BACKENDS = ("auto", "nano", "llama-cpp")
 DELAY_ONLY_FLAGS = ("weights", "codec_onnx_dir")
 BACKEND_NAMES = {"nano": "nano (MOSS-TTS-Nano)", "llama-cpp": "llama-cpp (MOSS-TTS Delay)"}
+DECODERS = ("optimized", "reference")
+
+
+def speaking_rate(text: str) -> float:
+    """argparse type of ``--speed``: a rate in 0.25 .. 4.0; the decoder names it once took point to ``--decoder``."""
+    value = text if text in DECODERS else finite_float(text)
+    try:
+        check_speed(value)
+    except InputError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--speed ")) from None
+    return float(value)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -87,8 +99,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--nq", type=int, help="codebooks to generate (1..16)")
     gen.add_argument("--voice-clone-max-text-tokens", type=int, help="token budget of one long-text chunk")
     gen.add_argument("--tts-max-batch-size", type=int, help="most chunks generated at once (0 = memory-sized)")
-    gen.add_argument("--speed", choices=("optimized", "reference"),
+    gen.add_argument("--decoder", choices=DECODERS,
                      help="optimized (default: the frame decoder) or reference: the official algorithm, same codes up to rounding")
+    gen.add_argument("--speed", type=speaking_rate,
+                     help=f"speaking rate, pitch kept ({MIN_SPEED} .. {MAX_SPEED}; default 1.0: as the model speaks)")
     gen.add_argument("--num-threads", type=int_in(0, 4096),
                      help="intra-op CPU threads (on a busy 2-core machine, 1 is fastest)")
     gen.add_argument("--graph", choices=("auto", "on", "off"),
@@ -115,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
 # --- flags that act on one backend or implementation only -------------------------------------------------
 
 # flag -> argparse dest (the llama-cpp backend refuses its own set: moss_npu.delay.flags)
-NOT_UPSTREAM = {"--stream": "stream", "--host-rng": "host_rng", "--speed": "speed", "--graph": "graph",
+NOT_UPSTREAM = {"--stream": "stream", "--host-rng": "host_rng", "--decoder": "decoder", "--speed": "speed", "--graph": "graph",
                 "--compile": "compile", "--quantize": "quantize"}
 LLAMA_CPP_ONLY = {"--weights": "weights", "--codec-onnx-dir": "codec_onnx_dir"}
 # argparse dests of the values that only shape a random draw (the repetition penalty acts on greedy runs too)
@@ -195,7 +209,7 @@ def run_overrides(args: argparse.Namespace) -> dict:
         "voice_clone_max_text_tokens": args.voice_clone_max_text_tokens,
         "tts_max_batch_size": args.tts_max_batch_size,
         "do_sample": False if args.greedy else None, "host_rng": True if args.host_rng else None,
-        "graph": args.graph, "compile": args.compile, "speed": args.speed, "num_threads": args.num_threads,
+        "graph": args.graph, "compile": args.compile, "decoder": args.decoder, "speed": args.speed, "num_threads": args.num_threads,
         "text_normalization": False if args.no_text_normalization else None,
         "wetext": False if args.no_text_normalization or args.no_wetext else None,
         "audio_repetition_penalty": args.audio_repetition_penalty,

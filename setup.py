@@ -10,7 +10,10 @@ from setuptools import find_packages, setup
 # requirement has no aarch64 wheel and is not needed here.
 NANO = ["torch>=2.1", "sentencepiece", "safetensors", "psutil", "kaldifst>=1.7", "threadpoolctl>=3"]
 # The speech server (moss_npu.serve): its workers run the Nano backend.
-SERVE = ["fastapi", "uvicorn", "prometheus_client", "python-multipart"]
+SERVE = ["fastapi", "uvicorn", "prometheus_client", "python-multipart", "websockets"]  # websockets: /v1/audio/speech/stream
+# Speaking rate other than 1.0 (moss_npu.tempo): Rubber Band's real-time stretcher. Wheels for x86-64 (aarch64
+# builds it from source), so it is its own extra; the server and the dev install include it.
+TEMPO = ["pylibrb>=0.1.2"]
 
 setup(
     name="moss-npu",
@@ -39,11 +42,13 @@ setup(
         "llama": ["llama-cpp-python>=0.3.17", "tokenizers", "onnxruntime"],
         "onnx": ["onnx", "onnxruntime"],
         "upstream": NANO + ["transformers==4.57.1"],  # torchaudio not needed: audio goes through moss_npu.audio
-        "serve": NANO + SERVE,
+        "tempo": TEMPO,
+        "serve": NANO + SERVE + TEMPO,
         # The README's install line: everything Nano needs and the test runner; everything the README's test line
         # needs except llama-cpp-python (a ~6 min source build: the README's optional line). The server tests
         # call the server with the official openai client and httpx.
-        "dev": NANO + SERVE + ["pytest", "onnx", "onnxruntime", "tokenizers", "openai", "httpx"],
+        # selenium drives Debian's chromium for the page test (tests/serve/test_page.py).
+        "dev": NANO + SERVE + TEMPO + ["pytest", "onnx", "onnxruntime", "tokenizers", "openai", "httpx", "selenium"],
     },
     entry_points={"console_scripts": ["moss-npu-serve=moss_npu.serve.cli:main"]},
 )

@@ -33,7 +33,9 @@ REFUSED = {
     "nq": "the Delay model always generates all 32 codebooks",
     "voice_clone_max_text_tokens": "the Delay backend speaks the whole text in one pass (no chunks)",
     "tts_max_batch_size": "the Delay backend speaks the whole text in one pass (no chunks)",
-    "speed": "--speed picks a Nano algorithm; the Delay backend has one",
+    "decoder": "--decoder picks a Nano algorithm; the Delay backend has one",
+    "speed": "the speaking rate is applied by the Nano pipeline (its streams and its server); the Delay fallback "
+             "speaks at its own pace",
     "graph": "--graph captures the Nano frame decoder; llama.cpp runs the Delay backbone itself",
     "compile": "--compile compiles the Nano CPU frame step; llama.cpp runs the Delay backbone itself",
     "quantize": "the GGUF's quantisation sets the backbone's precision (choose another .gguf)",

@@ -39,6 +39,8 @@ from moss_npu.nano.tokenizer import TextTokenizer
 from moss_npu.output import save_audio
 from moss_npu.tts.settings import LoadConfig, RunConfig
 from moss_npu.text import TextNormalizer
+from moss_npu.tempo import stretch
+from moss_npu.tts.timeline import Timestamp, at_speed, whole_timestamps
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +60,7 @@ class SynthesisResult:
     text_chunks: list[str]
     mode: str
     batch_size: int
+    timestamps: tuple[Timestamp, ...] = ()  # each text chunk's start and end in ``waveform`` (speed included)
 
     def save(self, path: str | Path, *, wav_subtype: Optional[str] = None) -> Path:
         """Write the waveform to ``path`` atomically, in the format its extension names (see ``moss_npu.output``).
@@ -71,12 +74,23 @@ class SynthesisResult:
 
 @dataclass(frozen=True)
 class AudioChunk:
-    """One piece of a stream: ``waveform`` (C, n) float32 on the CPU; pauses between text chunks are zeros."""
+    """One piece of a stream: ``waveform`` (C, n) float32 on the CPU; pauses between text chunks are zeros.
+
+    ``text`` is the text chunk it speaks; ``source_samples`` the samples it stands for before a speed other than
+    1.0 stretched it (None: its own length).
+    """
 
     waveform: torch.Tensor
     sample_rate: int
     chunk_index: int
     is_pause: bool
+    text: str = ""
+    source_samples: Optional[int] = None
+
+    @property
+    def source_length(self) -> int:
+        """Samples this piece stands for at the model's own pace."""
+        return self.waveform.shape[-1] if self.source_samples is None else self.source_samples
 
 
 @dataclass(frozen=True)
@@ -245,7 +259,7 @@ class MossTTSNano:
                         timer: Optional[PhaseTimer]) -> list[torch.Tensor]:
         """Generate a batch of prompts with ``lm`` (decoder slots, or the oracle's left-padded batch); return each
         one's trimmed codes (F, Q) on the CPU."""
-        if settings.speed == "reference":
+        if settings.decoder == "reference":
             rows, mask = (prompts[0], None) if len(prompts) == 1 else left_pad(prompts, self.config)
             result = reference_generate(lm, rows.to(self.device), mask, sampling=settings.sampling(), nq=plan.nq,
                                         max_new_frames=settings.max_new_frames, generator=generator,
@@ -334,14 +348,20 @@ class MossTTSNano:
             # Decode the prompt audio too, so the continuation starts from the right codec context.
             full = torch.cat([plan.prompt_codes, chunk_codes[0]], dim=0)
             waveform = self._decode(full, plan.nq, skip_frames=plan.prompt_codes.shape[0], timer=timer)
+            lengths = [waveform.shape[-1]]
         else:
-            pieces = []
+            pieces, lengths = [], []
             for i, (chunk, codes) in enumerate(zip(plan.chunks, chunk_codes)):
                 pieces.append(self._decode(codes, plan.nq, timer=timer))
                 if i < len(plan.chunks) - 1:
                     pieces.append(torch.zeros(self.codec.channels, pause_samples(chunk, self.sample_rate)))
+                lengths.append(sum(p.shape[-1] for p in pieces) - sum(lengths))
             waveform = torch.cat(pieces, dim=1)
-        return SynthesisResult(waveform, self.sample_rate, torch.cat(chunk_codes, dim=0), plan.chunks, plan.mode, batch)
+        if settings.speed != 1.0:
+            waveform = torch.from_numpy(stretch(waveform.numpy(), self.sample_rate, settings.speed))
+        stamps = whole_timestamps(plan.chunks, lengths, self.sample_rate, settings.speed, waveform.shape[-1])
+        return SynthesisResult(waveform, self.sample_rate, torch.cat(chunk_codes, dim=0), plan.chunks, plan.mode, batch,
+                               stamps)
 
     def synthesize_stream(self, text: str, *, prompt_audio: Optional[PromptAudio] = None,
                           prompt_text: Optional[str] = None, settings: RunConfig = RunConfig(),
@@ -357,9 +377,18 @@ class MossTTSNano:
         Every frame is checked finite before the codec sees it. Audio already yielded cannot be taken back, so
         the stability fallback continues the text chunk in float32 from the frames generated so far (their
         repetition-penalty history starts again there) instead of generating the chunk again.
+
+        A ``settings.speed`` other than 1.0 runs the whole stream through one stretcher (``moss_npu.tempo``):
+        no restart at chunk joins, and the same length as ``synthesize`` at that speed.
         """
         plan = self.plan(text, settings, prompt_audio, prompt_text)
         generator = self._generator(settings, generator)
+        yield from at_speed(self._stream_plan(plan, settings, generator, clock, timer), settings.speed,
+                            self.sample_rate, self.codec.channels)
+
+    def _stream_plan(self, plan: Plan, settings: RunConfig, generator: Optional[torch.Generator],
+                     clock: Callable[[], float], timer: Optional[PhaseTimer]) -> Iterator[AudioChunk]:
+        """``synthesize_stream``'s audio at the model's own pace."""
         rows = self._stream_codec(max(settings.schedule().budgets), timer)
         audio = AudioStreamer(self, plan, settings, rows, clock)
         lm = self.model
@@ -399,7 +428,7 @@ class MossTTSNano:
             generated = torch.stack(done)
             slot = generated.new_full((generated.shape[0], 1), self.config.audio_assistant_slot_token_id)
             rows = torch.cat([prompt, torch.cat([slot, generated], dim=1)])  # the rows those frames fed back
-        if settings.speed == "reference":
+        if settings.decoder == "reference":
             yield from self._generate_batch(lm, [rows], 0, plan, settings, generator, None, timer)[0]
             return
         for _, codes in self._decode_frames(lm, [rows], settings.max_new_frames - len(done), plan, settings,
@@ -466,7 +495,7 @@ class AudioStreamer:
         """Wrap decoded audio (C, n) of this stream as the next chunk (and start the playback clock)."""
         self.first_emit = self.clock() if self.first_emit is None else self.first_emit
         self.emitted_s += wave.shape[-1] / self.tts.sample_rate
-        return AudioChunk(wave, self.tts.sample_rate, self.index, False)
+        return AudioChunk(wave, self.tts.sample_rate, self.index, False, self.plan.chunks[self.index])
 
     def pause(self, chunk: str) -> Optional[AudioChunk]:
         """The silence after text chunk ``chunk`` when more chunks follow, else None."""
@@ -474,7 +503,7 @@ class AudioStreamer:
             return None
         pause = torch.zeros(self.tts.codec.channels, pause_samples(chunk, self.tts.sample_rate))
         self.emitted_s += pause.shape[-1] / self.tts.sample_rate
-        return AudioChunk(pause, self.tts.sample_rate, self.index, True)
+        return AudioChunk(pause, self.tts.sample_rate, self.index, True, self.plan.chunks[self.index])
 
     def _decode_due(self, final: bool) -> Iterator[AudioChunk]:
         codes = self.due(final)
