@@ -29,7 +29,8 @@ from moss_npu.extras import LLAMA_INSTALL as DELAY_INSTALL
 from moss_npu.extras import NANO_INSTALL
 from moss_npu.hub import DEFAULT_CODEC, DEFAULT_MODEL
 from moss_npu.limits import MAX_NEW_FRAMES, MAX_SEED
-from moss_npu.output import WAV_SUBTYPES, AtomicAudioWriter, AudioTarget, audio_target, refuse_own_inputs
+from moss_npu.output import (WAV_SUBTYPES, AtomicAudioWriter, AudioTarget, audio_target, refuse_own_inputs,
+                             writable_file, write_json)
 from moss_npu.tempo import MAX_SPEED, MIN_SPEED, check_speed
 
 SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "repetition_penalty")
@@ -66,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     text.add_argument("--mode", choices=("auto", "continuation", "voice_clone"),
                       help="auto (default): voice_clone when a reference is given without --prompt-text")
     text.add_argument("--stream", action="store_true", help="decode and write audio while it is generated")
+    text.add_argument("--timestamps", metavar="FILE.json",
+                      help="also write each text chunk's text and start/end second in the audio (speed included)")
     text.add_argument("--no-text-normalization", action="store_true",
                       help="read the text as given (no robust cleanup, no WeTextProcessing)")
     text.add_argument("--no-wetext", action="store_true",
@@ -130,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 # flag -> argparse dest (the llama-cpp backend refuses its own set: moss_npu.delay.flags)
 NOT_UPSTREAM = {"--stream": "stream", "--host-rng": "host_rng", "--decoder": "decoder", "--speed": "speed", "--graph": "graph",
-                "--compile": "compile", "--quantize": "quantize"}
+                "--compile": "compile", "--quantize": "quantize", "--timestamps": "timestamps"}
 LLAMA_CPP_ONLY = {"--weights": "weights", "--codec-onnx-dir": "codec_onnx_dir"}
 # argparse dests of the values that only shape a random draw (the repetition penalty acts on greedy runs too)
 SAMPLING_ONLY = tuple(f"{kind}_{name}" for kind in ("text", "audio") for name in ("temperature", "top_p", "top_k")) + (
@@ -200,6 +203,19 @@ def refuse_output_over_input(args: argparse.Namespace, target: AudioTarget) -> N
                                                       for name in ("text_file", "prompt_audio_path", "config")})
 
 
+def timestamps_target(args: argparse.Namespace, target: AudioTarget) -> Optional[Path]:
+    """Check ``--timestamps`` before anything runs: a writable .json file that is neither an input nor --output."""
+    if args.timestamps is None:
+        return None
+    if Path(args.timestamps).suffix.lower() != ".json":
+        raise InputError(f"--timestamps {args.timestamps}: give a .json file name")
+    real = writable_file(args.timestamps, "--timestamps")
+    inputs = {f"--{name.replace('_', '-')}": getattr(args, name, None)
+              for name in ("text_file", "prompt_audio_path", "config")}
+    refuse_own_inputs(real, args.timestamps, {**inputs, "--output": str(target.real_path)}, flag="--timestamps")
+    return real
+
+
 def run_overrides(args: argparse.Namespace) -> dict:
     """Return the run settings set explicitly on the command line (None = not set)."""
     values = {
@@ -235,6 +251,7 @@ class Outcome:
     audio_s: float
     elapsed_s: float
     first_audio_s: Optional[float] = None
+    timestamps: tuple = ()  # moss_npu.tts.timeline.Timestamp of each text chunk (Nano only)
 
 
 def torch_imports() -> bool:
@@ -279,6 +296,7 @@ def synthesize_nano(args: argparse.Namespace, text: str, target: AudioTarget) ->
     from moss_npu.threads import set_threads
     from moss_npu.tts import MossTTSNano
     from moss_npu.tts.settings import load_preset, merge
+    from moss_npu.tts.timeline import Timeline
 
     preset = load_preset(args.config) if args.config else {}
     load, settings = merge(preset, run_overrides(args))
@@ -309,20 +327,21 @@ def synthesize_nano(args: argparse.Namespace, text: str, target: AudioTarget) ->
             raise GenerationError(NO_AUDIO)
         _warn_at_cap(progress, settings.max_new_frames)
         save_audio(target.path, result.waveform, result.sample_rate, target=target)
-        return Outcome(result.waveform.shape[-1] / result.sample_rate, elapsed)
-    first = None
+        return Outcome(result.waveform.shape[-1] / result.sample_rate, elapsed, timestamps=result.timestamps)
+    first, timeline, stamps = None, Timeline(tts.sample_rate, settings.speed), []
     with AtomicAudioWriter(target, tts.sample_rate, tts.codec.channels) as writer, progress:
         for chunk in tts.synthesize_stream(text, **request):
             first = time.perf_counter() - start if first is None else first
             writer.write(chunk.waveform)
+            stamps += timeline.add(chunk.chunk_index, chunk.text, chunk.source_length)
             if not chunk.is_pause:
-                progress.add_frames(chunk.chunk_index, chunk.waveform.shape[-1] // tts.codec.frame_size)
+                progress.add_frames(chunk.chunk_index, chunk.source_length // tts.codec.frame_size)
         if progress.total_frames == 0:
             raise GenerationError(NO_AUDIO)  # leaving the block removes the temp file
         samples = writer.samples_written
         elapsed = time.perf_counter() - start
     _warn_at_cap(progress, settings.max_new_frames)
-    return Outcome(samples / tts.sample_rate, elapsed, first)
+    return Outcome(samples / tts.sample_rate, elapsed, first, tuple(stamps + timeline.finish(samples)))
 
 
 def _progress(args: argparse.Namespace, frame_rate_hz: Optional[float], unit: str = "frame"):
@@ -414,12 +433,16 @@ def run(argv: Optional[list[str]] = None) -> int:
     text = read_text(args)
     target = audio_target(args.output, args.wav_subtype)
     refuse_output_over_input(args, target)
+    stamps_path = timestamps_target(args, target) if backend != "llama-cpp" else None
     check_reference(args.prompt_audio_path)
     warn_if_unspeakable(text)
     if backend == "llama-cpp":
         outcome = synthesize_delay(args, delay, text, target)
     else:
         outcome = synthesize_nano(args, text, target)
+    if stamps_path is not None:
+        write_json(stamps_path, {"audio_seconds": round(outcome.audio_s, 6),
+                                 "chunks": [stamp.public() for stamp in outcome.timestamps]})
     rtf = outcome.elapsed_s / outcome.audio_s if outcome.audio_s > 0 else float("inf")
     line = f"wrote {target.path}: {outcome.audio_s:.2f} s of audio in {outcome.elapsed_s:.2f} s (RTF {rtf:.2f})"
     if outcome.first_audio_s is not None:

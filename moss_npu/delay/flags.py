@@ -44,6 +44,7 @@ REFUSED = {
     "no_wetext": "text normalization is the Nano pipeline's (official infer.py); the Delay model reads the text "
                  "as given",
     "print_normalized": "the Delay model reads the text as given (no normalization to print)",
+    "timestamps": "the Delay model speaks the whole text in one pass, so it has no chunk times to write",
 }
 # Flags that set a DelayRunConfig key of the same meaning.
 SAMPLING_KEYS = ("text_temperature", "text_top_p", "text_top_k", "audio_temperature", "audio_top_p", "audio_top_k",

@@ -24,7 +24,7 @@ REFUSED_FLAGS = {
     "host_rng": ["--host-rng"], "nq": ["--nq", "8"], "voice_clone_max_text_tokens": ["--voice-clone-max-text-tokens", "9"],
     "tts_max_batch_size": ["--tts-max-batch-size", "2"], "decoder": ["--decoder", "reference"], "speed": ["--speed", "1.5"],
     "graph": ["--graph", "off"], "compile": ["--compile", "on"], "quantize": ["--quantize", "int8"], "no_text_normalization": ["--no-text-normalization"],
-    "no_wetext": ["--no-wetext"], "print_normalized": ["--print-normalized"],
+    "no_wetext": ["--no-wetext"], "print_normalized": ["--print-normalized"], "timestamps": ["--timestamps", "t.json"],
 }
 
 
