@@ -25,6 +25,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
+from moss_npu.serve import live
 from moss_npu.serve.errors import ApiError, from_engine
 from moss_npu.serve.formats import MEDIA_TYPES, StreamConverter, encode_file, pcm16, wav_stream_header
 from moss_npu.serve.metrics import CONTENT_TYPE, Metrics
@@ -195,6 +196,7 @@ def create_app(config: ServerConfig, pool: WorkerPool, metrics: Metrics) -> Fast
         headers.update({"X-Audio-Frames": str(info["frames"]), "X-Codes-SHA256": info["codes_sha256"]})
         return Response(data, media_type=MEDIA_TYPES[body.response_format], headers=headers)
 
+    live.install(app, pool, lambda body: _job(body, store, config), config)  # WS /v1/audio/speech/stream
     return _Edge(app, config, metrics)
 
 
@@ -279,7 +281,7 @@ class _Reply:
             elif event[0] == "done":
                 yield pcm16(self.converter.flush())
                 self._finish(event[1])
-            else:
+            elif event[0] == "error":
                 log.warning("stream cut: %s", event[2])
                 raise ConnectionAbortedError(event[2])
 
@@ -302,6 +304,8 @@ class _Reply:
                     tokens, frames = int(event[1]["input_tokens"]), int(event[1]["frames"])
                     yield _sse({"type": "speech.audio.done", "usage": {
                         "input_tokens": tokens, "output_tokens": frames, "total_tokens": tokens + frames}})
+                elif event[0] == "timestamp":  # a text chunk's start and end in this audio (speed included)
+                    yield _sse({"type": "speech.audio.timestamp", **event[1]})
                 else:
                     yield _sse({"type": "error", **from_engine(event[1], event[2]).body()})
         except ApiError as exc:  # the timeout
@@ -310,8 +314,9 @@ class _Reply:
     async def whole(self, first: tuple, request: Request) -> tuple[bytes, dict]:
         """Collect the whole utterance and encode it; return (file bytes, the worker's summary)."""
         pieces, event = [], first
-        while event[0] == "chunk":
-            pieces.append(self._convert(event[1]))
+        while event[0] in ("chunk", "timestamp"):
+            if event[0] == "chunk":
+                pieces.append(self._convert(event[1]))
             event = await _next(self.ticket, self.deadline, request)
         if event[0] == "error":
             raise from_engine(event[1], event[2])
