@@ -38,7 +38,8 @@ def check_speed(speed: Any) -> None:
         raise InputError(f"--speed {speed}: out of range; use {MIN_SPEED} .. {MAX_SPEED} (1.0: as the model speaks)")
 
 
-def _rubberband():
+def rubberband():
+    """Return the pylibrb module, or raise MissingDependency naming its install (a speed other than 1.0 needs it)."""
     try:
         import pylibrb
     except ImportError:
@@ -52,7 +53,7 @@ class Stretcher:
 
     def __init__(self, speed: float, sample_rate: int, channels: int) -> None:
         check_speed(speed)
-        rb = _rubberband()
+        rb = rubberband()
         options = rb.Option.PROCESS_REALTIME | rb.Option.ENGINE_FINER
         self.speed, self.channels = float(speed), channels
         self._rb = rb.RubberBandStretcher(int(sample_rate), channels, options, 1.0 / self.speed, 1.0)

@@ -2,7 +2,8 @@
 
 It talks to the server over one duplex pipe. In: ``("submit", rid, job)``, ``("cancel", rid)``,
 ``("encode", rid, audio bytes)``, ``("stop",)``. Out: ``("ready", info)`` or ``("failed", kind, message)`` once,
-then ``("chunk", rid, samples (C, n) float32)``, ``("done", rid, info)``, ``("error", rid, kind, message)``,
+then ``("chunk", rid, samples (C, n) float32)`` (at the request's speed), ``("timestamp", rid, chunk's times)``
+after each text chunk, ``("done", rid, info)``, ``("error", rid, kind, message)``,
 ``("encoded", rid, codes (F, Q) int64)`` and ``("stats", active_slots, queued)``. The server owns restarts;
 a worker ignores Ctrl-C (the server stops it) and exits when the pipe closes.
 """
@@ -27,6 +28,7 @@ from moss_npu.threads import set_threads
 from moss_npu.tts.engine import Engine, RequestStream, SpeechRequest
 from moss_npu.tts.pipeline import MossTTSNano
 from moss_npu.tts.settings import RunConfig
+from moss_npu.tts.timeline import Timestamp, timed
 
 log = logging.getLogger("moss_npu.serve.worker")
 WARMUP_TEXT = "Hello."
@@ -105,13 +107,17 @@ class WorkerLoop:
             self.channel.send("error", rid, kind_of(exc), str(exc))
             return
         self.streams[rid] = stream
-        threading.Thread(target=self._pump, args=(rid, stream, job["text"]), daemon=True).start()
+        threading.Thread(target=self._pump, args=(rid, stream, job["text"], request.settings.speed),
+                         daemon=True).start()
 
-    def _pump(self, rid: int, stream: RequestStream, text: str) -> None:
-        """Forward one request's chunks, then its summary or failure."""
+    def _pump(self, rid: int, stream: RequestStream, text: str, speed: float = 1.0) -> None:
+        """Forward one request's chunks at its speed and each text chunk's timestamp, then its summary or failure."""
         try:
-            for chunk in stream:
-                wave = chunk.waveform.detach().to("cpu", torch.float32)
+            for item in timed(stream, speed, self.tts.sample_rate, self.tts.codec.channels):
+                if isinstance(item, Timestamp):
+                    self.channel.send("timestamp", rid, item.public())
+                    continue
+                wave = item.waveform.detach().to("cpu", torch.float32)
                 self.channel.send("chunk", rid, wave.numpy())
             codes = stream.codes
             if codes is None:  # an engine may end a cancelled stream without raising
