@@ -23,7 +23,9 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["moss_npu", "moss_npu.*"]),
-    package_data={"moss_npu.nano": ["matvec.c"], "moss_npu.text": ["lattice.c"]},  # compiled at first use (moss_npu.native)
+    # matvec.c, lattice.c: compiled at first use (moss_npu.native); static/: the server's page at /
+    package_data={"moss_npu.nano": ["matvec.c"], "moss_npu.text": ["lattice.c"],
+                  "moss_npu.serve": ["static/*.html", "static/*.js", "static/*.css"]},
     # Torch-free core: the llama.cpp Delay fallback runs on exactly this plus the "llama" extra.
     install_requires=[
         "numpy",

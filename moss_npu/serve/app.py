@@ -25,7 +25,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from moss_npu.serve import live
+from moss_npu.serve import live, page
 from moss_npu.serve.errors import ApiError, from_engine
 from moss_npu.serve.formats import MEDIA_TYPES, StreamConverter, encode_file, pcm16, wav_stream_header
 from moss_npu.serve.metrics import CONTENT_TYPE, Metrics
@@ -197,6 +197,7 @@ def create_app(config: ServerConfig, pool: WorkerPool, metrics: Metrics) -> Fast
         return Response(data, media_type=MEDIA_TYPES[body.response_format], headers=headers)
 
     live.install(app, pool, lambda body: _job(body, store, config), config)  # WS /v1/audio/speech/stream
+    page.install(app, config)  # the page at /
     return _Edge(app, config, metrics)
 
 
