@@ -145,7 +145,11 @@ class Session:
         buffer = ""
         try:
             while True:
-                message = await self._receive()
+                try:
+                    message = await asyncio.wait_for(self._receive(), self.config.request_timeout_s)
+                except asyncio.TimeoutError:
+                    raise ApiError(400, f"no message for {self.config.request_timeout_s:g} s; send input.text or "
+                                   "input.done", code="timeout") from None
                 kind = message["type"]
                 if kind == "input.text":
                     if not isinstance(message.get("text"), str):

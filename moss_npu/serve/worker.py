@@ -16,7 +16,7 @@ import os
 import signal
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from typing import Any, Optional
 
@@ -98,16 +98,17 @@ class WorkerLoop:
 
     def _submit(self, rid: int, job: dict) -> None:
         codes = job.get("prompt_codes")
+        speed = job["settings"].speed  # applied here to the engine's chunks (``timed``)
         request = SpeechRequest(text=job["text"], prompt_audio=job.get("prompt_audio"),
                                 prompt_codes=None if codes is None else torch.from_numpy(codes),
-                                prompt_text=job.get("prompt_text"), settings=job["settings"])
+                                prompt_text=job.get("prompt_text"), settings=replace(job["settings"], speed=1.0))
         try:
             stream = self.engine.submit(request)
         except MossNpuError as exc:
             self.channel.send("error", rid, kind_of(exc), str(exc))
             return
         self.streams[rid] = stream
-        threading.Thread(target=self._pump, args=(rid, stream, job["text"], request.settings.speed),
+        threading.Thread(target=self._pump, args=(rid, stream, job["text"], speed),
                          daemon=True).start()
 
     def _pump(self, rid: int, stream: RequestStream, text: str, speed: float = 1.0) -> None:

@@ -23,7 +23,7 @@ from typing import Optional
 import torch
 
 from moss_npu.codec.rows import CodecRows
-from moss_npu.errors import MossNpuError
+from moss_npu.errors import InputError, MossNpuError
 from moss_npu.nano.decoder import FrameDecoder, RequestParams
 from moss_npu.nano.reuse import PrefixCache
 from moss_npu.tts.pipeline import AudioChunk, AudioStreamer, MossTTSNano, Plan, PromptAudio
@@ -135,6 +135,9 @@ class Engine:
 
     def submit(self, request: SpeechRequest) -> RequestStream:
         """Queue ``request``; return its stream at once (thread-safe)."""
+        if request.settings.speed != 1.0:  # a setting the engine would not act on
+            raise InputError("speed: the engine streams at the model's pace; stretch its chunks with "
+                             "moss_npu.tts.timeline.at_speed, as the server's workers do")
         stream = RequestStream(self)
         with self._cond:
             if self._closed:
