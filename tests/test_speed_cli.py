@@ -66,3 +66,18 @@ def test_bad_timestamps_path_exits_2_before_running(tmp_path, capsys, flags, fra
     out = tmp_path / "x.wav"
     code, _, err = run(model_args(tmp_path, "--text", "hi", "--output", out, *flags), capsys)
     assert code == 2 and fragment in err and not out.exists()
+
+
+def test_a_preset_with_the_old_speed_names_the_decoder(tmp_path):
+    from moss_npu.errors import ConfigError, InputError
+    from moss_npu.tts import RunConfig
+    from moss_npu.tts.settings import load_preset
+
+    preset = tmp_path / "old.yaml"
+    preset.write_text("speed: reference\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="decoder algorithm is now --decoder reference"):
+        load_preset(preset)
+    preset.write_text("decoder: reference\nspeed: 1.5\n", encoding="utf-8")
+    assert load_preset(preset) == {"decoder": "reference", "speed": 1.5}
+    with pytest.raises(InputError, match="--speed 0.1: out of range"):
+        RunConfig(speed=0.1)

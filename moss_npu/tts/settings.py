@@ -149,7 +149,7 @@ def load_preset(path: Path | str) -> dict[str, Any]:
         try:
             check_speed(data["speed"])
         except InputError as exc:
-            raise ConfigError(f"--config {path}: {str(exc).replace('--speed ', 'speed: ')}") from None
+            raise ConfigError(f"--config {path}: {str(exc).replace('--speed ', 'speed ', 1)}") from None
     check_types(data, RunConfig, f"--config {path}")
     try:
         merge(data)  # the preset alone must be valid, even where a command-line flag replaces a value
