@@ -91,6 +91,9 @@ class Session:
             await self._fail(exc)
         except WebSocketDisconnect:
             pass
+        except Exception:  # noqa: BLE001 - a bug: the client gets the error event, the log the traceback
+            log.exception("WebSocket session failed")
+            await self._fail(ApiError(500, "internal server error; see the server log", code="internal_error"))
         finally:
             for task in tasks:
                 task.cancel()
