@@ -2,7 +2,9 @@
 
 Files are read by ``moss_npu.wavfile`` (torch-free, shared with the Delay fallback) and written by
 ``moss_npu.output``. ``resample`` is the windowed-sinc algorithm of ``torchaudio.functional.resample`` with its
-defaults, written out so torchaudio is never needed.
+defaults, written out so torchaudio is never needed. Its filter bank grows with the product of the two rates
+divided by their gcd squared: cheap for the common rates, but ~9 GB for 44099 Hz → 48 kHz. Where the bank would
+exceed ``OFFICIAL_KERNEL_LIMIT`` elements, ``resample_reference`` uses soxr instead (linear in the audio).
 
 Shapes: C channels, S samples.
 """
@@ -10,16 +12,21 @@ Shapes: C channels, S samples.
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 from pathlib import Path
 from typing import Union
 
 import numpy as np
+import soxr
 import torch
 import torch.nn.functional as F
 
 from moss_npu.errors import AudioError
 from moss_npu.wavfile import PathLike, read_wav, read_wav_bytes
+
+log = logging.getLogger(__name__)
+OFFICIAL_KERNEL_LIMIT = 2**20  # filter-bank elements (4 MiB in float32); 44.1 kHz → 48 kHz needs 25,760
 
 # A recording as a file path, the bytes of such a file, or a (waveform (C, S) or (S,), sample_rate) pair.
 AudioSource = Union[str, Path, bytes, tuple]
@@ -119,6 +126,30 @@ def resample(wave: torch.Tensor, orig_hz: int, new_hz: int, *, lowpass_filter_wi
     return out.reshape(*shape[:-1], out.shape[-1])
 
 
+def official_kernel_size(orig_hz: int, new_hz: int, lowpass_filter_width: int = 6, rolloff: float = 0.99) -> int:
+    """Elements of ``resample``'s filter bank for these rates (what it allocates and convolves with)."""
+    gcd = math.gcd(int(orig_hz), int(new_hz))
+    orig, new = int(orig_hz) // gcd, int(new_hz) // gcd
+    width = math.ceil(lowpass_filter_width * orig / (min(orig, new) * rolloff))
+    return new * (2 * width + orig)
+
+
+def resample_reference(wave: torch.Tensor, orig_hz: int, new_hz: int, *, source: str = "audio") -> torch.Tensor:
+    """Resample a reference ``(C, S)`` as the official code does, unless its filter bank would be too large.
+
+    The official windowed sinc (``resample``) keeps voice-clone codes identical to the official ones; for
+    rates whose bank exceeds ``OFFICIAL_KERNEL_LIMIT`` (rates sharing few factors with ``new_hz``, e.g. 44099
+    Hz) soxr's very-high-quality resampler is used, with one log line saying so.
+    """
+    if orig_hz == new_hz or official_kernel_size(orig_hz, new_hz) <= OFFICIAL_KERNEL_LIMIT:
+        return resample(wave, orig_hz, new_hz)
+    log.warning("%s at %d Hz: the official resampler would need a %d-element filter bank; resampled with soxr "
+                "instead (codes may differ slightly from the official runtime's)", source, orig_hz,
+                official_kernel_size(orig_hz, new_hz))
+    out = soxr.resample(wave.detach().cpu().numpy().T.astype(np.float32), orig_hz, new_hz, quality="VHQ")
+    return torch.from_numpy(np.ascontiguousarray(out.T)).to(wave.dtype)
+
+
 def to_channels(wave: torch.Tensor, channels: int, *, source: str = "audio") -> torch.Tensor:
     """Match ``(C, S)`` to ``channels``: mono repeats to stereo, stereo averages to mono, more than 2 raises."""
     have = wave.shape[0]
@@ -155,7 +186,8 @@ def load_reference_audio(source: AudioSource, sample_rate: int = 48000, channels
         raise AudioError(f"reference audio {path}: no samples; record at least {min_samples / sample_rate:.2f} s")
     if wave.shape[0] > 2:
         wave = to_channels(wave, channels, source=f"reference audio {path}")
-    wave = to_channels(resample(wave, rate, sample_rate), channels, source=f"reference audio {path}")
+    wave = to_channels(resample_reference(wave, rate, sample_rate, source=f"reference audio {path}"), channels,
+                       source=f"reference audio {path}")
     if wave.shape[-1] < min_samples:
         raise AudioError(f"reference audio {path}: {wave.shape[-1] / sample_rate:.3f} s is shorter than the "
                          f"{min_samples / sample_rate:.3f} s minimum; use a longer recording")

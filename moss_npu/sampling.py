@@ -16,12 +16,19 @@ Two ways to draw:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
 from moss_npu.errors import InputError
+
+
+# Above these a distribution is already flat (temperature) or crushed (penalty); far above, float32 overflows.
+MAX_TEMPERATURE = 100.0
+MAX_PENALTY = 100.0
+MAX_TOP_K = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -40,15 +47,18 @@ class TokenParams:
             object.__setattr__(self, "top_k", 0)
         if self.top_p is None:
             object.__setattr__(self, "top_p", 1.0)
-        if self.do_sample and not self.temperature > 0:
-            raise InputError(f"temperature={self.temperature} with sampling on; use a value > 0 "
+        if self.do_sample and not 0 < self.temperature <= MAX_TEMPERATURE:
+            raise InputError(f"temperature={self.temperature} with sampling on; use a value in (0, {MAX_TEMPERATURE:g}] "
                              "(or turn sampling off for greedy decoding)")
+        if not math.isfinite(self.temperature):
+            raise InputError(f"temperature={self.temperature} is not a finite number; use e.g. 1.0")
         if not 0.0 < self.top_p <= 1.0:
             raise InputError(f"top_p={self.top_p} is outside (0, 1]; use e.g. 0.95, or 1.0 to disable it")
-        if self.top_k < 0:
-            raise InputError(f"top_k={self.top_k} is negative; use 0 to disable it or a positive count")
-        if not self.repetition_penalty > 0:
-            raise InputError(f"repetition_penalty={self.repetition_penalty} must be > 0; use 1.0 to disable it")
+        if not 0 <= self.top_k <= MAX_TOP_K:
+            raise InputError(f"top_k={self.top_k} is outside 0..{MAX_TOP_K}; use 0 to disable it or a positive count")
+        if not 0 < self.repetition_penalty <= MAX_PENALTY:
+            raise InputError(f"repetition_penalty={self.repetition_penalty} is outside (0, {MAX_PENALTY:g}]; use 1.0 "
+                             "to disable it")
 
 
 @dataclass(frozen=True)

@@ -1,16 +1,18 @@
 """The HTTP API: OpenAI's ``/v1/audio/speech`` plus voices, models, health and metrics.
 
-Handlers check a request completely before it takes a slot, then wait for the worker's first event before
-answering, so every failure that happens before audio exists still gets its proper status. After the first
-audio has left, a failure ends the stream (SSE: an ``error`` event; raw audio: the connection closes without
-the final chunk, so a client never mistakes a cut stream for a whole one).
+What the headers decide (host, origin, key, body limits) is decided before the body is read, by
+``moss_npu.serve.edge``. Handlers then check a request completely before it takes a slot, and wait for its
+first audio before answering, so every failure before audio exists, a model that stops before any audio
+included, still gets its proper status. After the first audio has left, a failure ends the stream (SSE: an
+``error`` event; raw audio: the connection closes without the final chunk, so a client never mistakes a cut
+stream for a whole one). A client that goes away frees its slot at the next frame, whole-file or streamed.
+File reads (voices) and recording checks run off the event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import hmac
 import json
 import logging
 import time
@@ -20,27 +22,28 @@ from pathlib import Path
 from typing import AsyncIterator, Optional
 
 import torch
-from fastapi import Depends, FastAPI, File, Form, Request, UploadFile
+from fastapi import FastAPI, File, Form, Request, UploadFile
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
+from starlette.middleware.cors import CORSMiddleware
 
 from moss_npu.serve import live, page
+from moss_npu.serve.edge import Edge, EdgePolicy
 from moss_npu.serve.errors import ApiError, from_engine
 from moss_npu.serve.formats import MEDIA_TYPES, StreamConverter, encode_file, pcm16, wav_stream_header
 from moss_npu.serve.metrics import CONTENT_TYPE, Metrics
 from moss_npu.serve.pool import Ticket, WorkerPool
 from moss_npu.serve.recordings import probe_recording
-from moss_npu.serve.schema import DEFAULT_VOICE, SpeechBody, check_body, decode_ref_audio, run_config
+from moss_npu.serve.schema import DEFAULT_VOICE, SpeechBody, check_body, check_text, decode_ref_audio, run_config
 from moss_npu.serve.voices import VoiceStore
 
 log = logging.getLogger("moss_npu.serve")
-DISCONNECT_POLL_S = 0.1
 
 
 @dataclass(frozen=True)
 class ServerConfig:
-    """Limits and names of one server."""
+    """Limits, names and the access policy of one server."""
 
     voices_dir: Path
     model_names: tuple[str, ...] = ("moss-tts-nano",)
@@ -50,51 +53,24 @@ class ServerConfig:
     request_timeout_s: float = 300.0
     max_upload_bytes: int = 10 * 2**20
     max_voice_seconds: float = 30.0
+    body_timeout_s: float = 60.0
+    bind_host: str = "127.0.0.1"
+    allowed_hosts: tuple[str, ...] = ()
+    cors_origins: tuple[str, ...] = ()
 
     @property
     def max_body_bytes(self) -> int:
         """Largest request body: an upload in base64 plus room for the other fields."""
         return self.max_upload_bytes * 4 // 3 + 2**16
 
+    def policy(self) -> EdgePolicy:
+        """What the edge enforces before a body is read."""
+        return EdgePolicy(api_key=self.api_key, max_body_bytes=self.max_body_bytes, body_timeout_s=self.body_timeout_s,
+                          bind_host=self.bind_host, allowed_hosts=self.allowed_hosts, cors_origins=self.cors_origins)
+
 
 class Disconnected(Exception):
     """The client went away while its request was waiting."""
-
-
-class _Edge:
-    """ASGI middleware: refuse oversized bodies with 413 before reading them, and count answers by status."""
-
-    ROUTES = ("/health", "/metrics", "/v1/models", "/v1/audio/speech", "/v1/audio/voices")
-
-    def __init__(self, app, config: ServerConfig, metrics: Metrics) -> None:
-        self.app, self.config, self.metrics = app, config, metrics
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        path = scope["path"]
-        route = next((r for r in self.ROUTES if path == r or path.startswith(r + "/")), "other")
-        status = [500]
-
-        async def counted(message) -> None:
-            if message["type"] == "http.response.start":
-                status[0] = message["status"]
-            await send(message)
-
-        try:
-            length = dict(scope["headers"]).get(b"content-length", b"0")
-            if length.isdigit() and int(length) > self.config.max_body_bytes:
-                error = ApiError(413, f"request body is larger than {self.config.max_body_bytes} bytes",
-                                 code="request_too_large")
-                await _json(error.body(), 413)(scope, receive, counted)
-                return
-            await self.app(scope, receive, counted)
-        finally:
-            self.metrics.requests.labels(route=route, status=str(status[0])).inc()
-
-
-def _json(body: dict, status: int = 200, headers: Optional[dict] = None) -> JSONResponse:
-    return JSONResponse(body, status_code=status, headers=headers)
 
 
 def create_app(config: ServerConfig, pool: WorkerPool, metrics: Metrics) -> FastAPI:
@@ -112,16 +88,11 @@ def create_app(config: ServerConfig, pool: WorkerPool, metrics: Metrics) -> Fast
     app = FastAPI(title="moss-npu speech server", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
     _install_error_handlers(app)
-
-    def authorize(request: Request) -> None:
-        if config.api_key is None:
-            return
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), config.api_key.encode()):
-            raise ApiError(401, "invalid or missing API key; send the header 'Authorization: Bearer <key>'",
-                           code="invalid_api_key")
-
-    guarded = [Depends(authorize)]
+    app.add_middleware(Edge, policy=config.policy(), metrics=metrics)
+    if config.cors_origins:  # outermost: preflights are answered, and refusals carry the CORS headers
+        app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["*"],
+                           allow_headers=["Authorization", "Content-Type"],
+                           expose_headers=["X-Sample-Rate", "X-Channels", "X-Audio-Frames", "X-Codes-SHA256"])
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -129,76 +100,85 @@ def create_app(config: ServerConfig, pool: WorkerPool, metrics: Metrics) -> Fast
         return _json({"status": "ready" if ready else "starting", "workers": [w.describe() for w in pool.workers]},
                      200 if ready else 503)
 
-    @app.get("/v1/models", dependencies=guarded)
+    @app.get("/v1/models")
     async def models() -> JSONResponse:
         return _json({"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "moss-npu"}
                                                  for name in config.model_names]})
 
-    @app.get("/metrics", dependencies=guarded)
+    @app.get("/metrics")
     async def prometheus() -> Response:
         metrics.workers_ready.set(sum(w.state == "ready" for w in pool.workers))
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
-    @app.get("/v1/audio/voices", dependencies=guarded)
+    @app.get("/v1/audio/voices")
     async def list_voices() -> JSONResponse:
-        return _json({"object": "list", "data": [v.public() for v in store.list()]})
+        voices = await asyncio.to_thread(store.list)
+        return _json({"object": "list", "data": [v.public() for v in voices]})
 
-    @app.get("/v1/audio/voices/{voice_id}", dependencies=guarded)
+    @app.get("/v1/audio/voices/{voice_id}")
     async def get_voice(voice_id: str) -> JSONResponse:
-        return _json(store.find(voice_id)[0].public())
+        check_text(voice_id, "voice_id")
+        voice, _ = await asyncio.to_thread(store.find, voice_id)
+        return _json(voice.public())
 
-    @app.delete("/v1/audio/voices/{voice_id}", dependencies=guarded)
+    @app.delete("/v1/audio/voices/{voice_id}")
     async def delete_voice(voice_id: str) -> JSONResponse:
-        voice = store.delete(voice_id)
+        check_text(voice_id, "voice_id")
+        voice = await asyncio.to_thread(store.delete, voice_id)
         return _json({"id": voice.id, "name": voice.name, "object": "voice", "deleted": True})
 
-    @app.post("/v1/audio/voices", dependencies=guarded)
+    @app.post("/v1/audio/voices")
     async def add_voice(name: str = Form(...), audio: UploadFile = File(...),
                         transcript: Optional[str] = Form(None)) -> JSONResponse:
+        check_text(name, "name")
+        check_text(transcript, "transcript")
         data = await audio.read(config.max_upload_bytes + 1)
         if len(data) > config.max_upload_bytes:
             raise ApiError(413, f"audio is larger than {config.max_upload_bytes // 2**20} MiB", param="audio",
                            code="file_too_large")
-        duration = probe_recording(data, config.max_voice_seconds, param="audio")
+        duration = await asyncio.to_thread(probe_recording, data, config.max_voice_seconds, param="audio")
         codes = await pool.encode(data, config.request_timeout_s)
-        voice = store.add(name, torch.from_numpy(codes), duration, transcript)
+        voice = await asyncio.to_thread(store.add, name, torch.from_numpy(codes), duration, transcript)
         return _json(voice.public())
 
-    @app.post("/v1/audio/speech", dependencies=guarded)
+    @app.post("/v1/audio/speech")
     async def speech(body: SpeechBody, request: Request) -> Response:
         arrived = time.perf_counter()
         rate, channels = pool.audio_format()
         check_body(body, model_names=config.model_names, max_chars=config.max_input_chars, sample_rate=rate,
                    channels=channels)
-        job = _job(body, store, config)
+        job = await asyncio.to_thread(_job, body, store, config)
         ticket = pool.submit(job)
         deadline = asyncio.get_running_loop().time() + config.request_timeout_s
+        watcher = asyncio.ensure_future(_watch_disconnect(request, ticket))
         try:
-            first = await _next(ticket, deadline, request)
+            head = await _first_audio(ticket, deadline)
         except BaseException:
+            watcher.cancel()
             ticket.abandon()
             raise
-        if first[0] == "error":
-            raise from_engine(first[1], first[2])
-        reply = _Reply(body, ticket, rate, channels, arrived, deadline, metrics)
+        reply = _Reply(body, ticket, rate, channels, arrived, deadline, metrics, watcher)
         headers = {"X-Sample-Rate": str(reply.out_rate), "X-Channels": str(reply.out_channels)}
         if body.stream_format == "sse":
-            return StreamingResponse(reply.sse(first), media_type="text/event-stream",
+            return StreamingResponse(reply.sse(head), media_type="text/event-stream",
                                      headers={**headers, "Cache-Control": "no-cache"})
         if body.streams():
-            return StreamingResponse(reply.audio(first), media_type=MEDIA_TYPES[body.response_format],
+            return StreamingResponse(reply.audio(head), media_type=MEDIA_TYPES[body.response_format],
                                      headers=headers)
         try:
-            data, info = await reply.whole(first, request)
-        except BaseException:
-            ticket.abandon()
-            raise
+            data, info = await reply.whole(head)
+        finally:
+            reply.close()
         headers.update({"X-Audio-Frames": str(info["frames"]), "X-Codes-SHA256": info["codes_sha256"]})
         return Response(data, media_type=MEDIA_TYPES[body.response_format], headers=headers)
 
     live.install(app, pool, lambda body: _job(body, store, config), config)  # WS /v1/audio/speech/stream
     page.install(app, config)  # the page at /
-    return _Edge(app, config, metrics)
+    return app
+
+
+def _json(body: dict, status: int = 200, headers: Optional[dict] = None) -> JSONResponse:
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 def _job(body: SpeechBody, store: VoiceStore, config: ServerConfig) -> dict:
@@ -218,32 +198,64 @@ def _job(body: SpeechBody, store: VoiceStore, config: ServerConfig) -> dict:
     return job
 
 
-async def _next(ticket: Ticket, deadline: float, request: Optional[Request] = None) -> tuple:
-    """The ticket's next event before ``deadline``; with ``request``, notice a client that went away."""
-    loop = asyncio.get_running_loop()
-    while True:
-        remaining = deadline - loop.time()
-        if remaining <= 0:
-            raise ApiError(504, "the request took longer than the server's timeout; shorten the text or raise "
-                           "--request-timeout", code="timeout")
+async def _next(ticket: Ticket, deadline: float) -> tuple:
+    """The ticket's next event before ``deadline`` (504 after it)."""
+    remaining = deadline - asyncio.get_running_loop().time()
+    if remaining > 0:
         try:
-            return await ticket.next(min(remaining, DISCONNECT_POLL_S) if request is not None else remaining)
+            return await ticket.next(remaining)
         except asyncio.TimeoutError:
-            if request is not None and await request.is_disconnected():
-                raise Disconnected() from None
+            pass
+    raise ApiError(504, "the request took longer than the server's timeout; shorten the text or raise "
+                   "--request-timeout", code="timeout")
+
+
+async def _watch_disconnect(request: Request, ticket: Ticket) -> None:
+    """Wait for the client's ``http.disconnect`` and then stop its request (its slot frees at the next frame)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            ticket.gone()
+            return
+
+
+async def _first_audio(ticket: Ticket, deadline: float) -> list[tuple]:
+    """The events up to the first audible chunk (or the end); raise the request's failure as an answer.
+
+    A request whose model stops before any audio is refused here (422), before a status line goes out: a
+    success is never empty.
+    """
+    head: list[tuple] = []
+    while True:
+        event = await _next(ticket, deadline)
+        if event[0] == "gone":
+            raise Disconnected()
+        if event[0] == "error":
+            raise from_engine(event[1], event[2])
+        if event[0] == "done" and int(event[1]["frames"]) == 0:
+            raise ApiError(422, "the model stopped before any audio; try another seed or reword the text",
+                           code="no_audio")
+        head.append(event)
+        if event[0] == "done" or (event[0] == "chunk" and not event[2]):
+            return head
 
 
 class _Reply:
     """The audio of one answered request, in the asked format, rate and channels."""
 
     def __init__(self, body: SpeechBody, ticket: Ticket, rate: int, channels: int, arrived: float, deadline: float,
-                 metrics: Metrics) -> None:
+                 metrics: Metrics, watcher: asyncio.Future) -> None:
         self.body, self.ticket, self.rate, self.metrics = body, ticket, rate, metrics
         self.out_rate = body.sample_rate or rate
         self.out_channels = channels if body.channels is None else body.channels
         self.converter = StreamConverter(rate, self.out_rate, self.out_channels)
-        self.arrived, self.deadline = arrived, deadline
+        self.arrived, self.deadline, self.watcher = arrived, deadline, watcher
         self.samples = 0  # at the model's rate, for RTF
+
+    def close(self) -> None:
+        """Stop watching the client and stop the request if it still runs."""
+        self.watcher.cancel()
+        self.ticket.abandon()
 
     def _convert(self, samples) -> torch.Tensor:
         wave = torch.from_numpy(samples)
@@ -252,47 +264,49 @@ class _Reply:
         self.samples += wave.shape[1]
         return self.converter.push(wave)
 
-    def _finish(self, info: dict) -> None:
+    def _finish(self) -> None:
         seconds = self.samples / self.rate
         if seconds > 0:
             self.metrics.rtf.observe((time.perf_counter() - self.arrived) / seconds)
-        self.metrics.frames.inc(info["frames"])
         self.metrics.audio_seconds.inc(seconds)
 
-    async def _events(self, first: tuple) -> AsyncIterator[tuple]:
-        event = first
+    async def _events(self, head: list[tuple]) -> AsyncIterator[tuple]:
+        """The request's events from the first ones (``head``) to its end; stops quietly when the client left."""
         try:
-            while True:
+            for event in head:
                 yield event
-                if event[0] in ("done", "error"):
-                    return
+            event = head[-1]
+            while event[0] not in ("done", "error"):
                 event = await _next(self.ticket, self.deadline)
+                if event[0] == "gone":
+                    return
+                yield event
         finally:
-            self.ticket.abandon()
+            self.close()
 
-    async def audio(self, first: tuple) -> AsyncIterator[bytes]:
+    async def audio(self, head: list[tuple]) -> AsyncIterator[bytes]:
         """Raw PCM chunks (after a streaming WAV header for ``wav``)."""
         if self.body.response_format == "wav":
             yield wav_stream_header(self.out_rate, self.out_channels)
-        async for event in self._events(first):
+        async for event in self._events(head):
             if event[0] == "chunk":
                 data = pcm16(self._convert(event[1]))
                 if data:
                     yield data
             elif event[0] == "done":
                 yield pcm16(self.converter.flush())
-                self._finish(event[1])
+                self._finish()
             elif event[0] == "error":
                 log.warning("stream cut: %s", event[2])
                 raise ConnectionAbortedError(event[2])
 
-    async def sse(self, first: tuple) -> AsyncIterator[bytes]:
+    async def sse(self, head: list[tuple]) -> AsyncIterator[bytes]:
         """``speech.audio.delta`` events (base64 audio), then ``speech.audio.done`` with usage."""
         if self.body.response_format == "wav":
             yield _sse({"type": "speech.audio.delta", "audio": _b64(wav_stream_header(self.out_rate,
                                                                                       self.out_channels))})
         try:
-            async for event in self._events(first):
+            async for event in self._events(head):
                 if event[0] == "chunk":
                     data = pcm16(self._convert(event[1]))
                     if data:
@@ -301,7 +315,7 @@ class _Reply:
                     tail = pcm16(self.converter.flush())
                     if tail:
                         yield _sse({"type": "speech.audio.delta", "audio": _b64(tail)})
-                    self._finish(event[1])
+                    self._finish()
                     tokens, frames = int(event[1]["input_tokens"]), int(event[1]["frames"])
                     yield _sse({"type": "speech.audio.done", "usage": {
                         "input_tokens": tokens, "output_tokens": frames, "total_tokens": tokens + frames}})
@@ -312,17 +326,22 @@ class _Reply:
         except ApiError as exc:  # the timeout
             yield _sse({"type": "error", **exc.body()})
 
-    async def whole(self, first: tuple, request: Request) -> tuple[bytes, dict]:
+    async def whole(self, head: list[tuple]) -> tuple[bytes, dict]:
         """Collect the whole utterance and encode it; return (file bytes, the worker's summary)."""
-        pieces, event = [], first
-        while event[0] in ("chunk", "timestamp"):
+        pieces, event = [], head[-1]
+        for early in head:
+            if early[0] == "chunk":
+                pieces.append(self._convert(early[1]))
+        while event[0] not in ("done", "error"):
+            event = await _next(self.ticket, self.deadline)
+            if event[0] == "gone":
+                raise Disconnected()
             if event[0] == "chunk":
                 pieces.append(self._convert(event[1]))
-            event = await _next(self.ticket, self.deadline, request)
         if event[0] == "error":
             raise from_engine(event[1], event[2])
         pieces.append(self.converter.flush())
-        self._finish(event[1])
+        self._finish()
         wave = torch.cat(pieces, dim=1)
         return await asyncio.to_thread(encode_file, wave, self.out_rate, self.body.response_format), event[1]
 

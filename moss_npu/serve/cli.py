@@ -1,7 +1,11 @@
 """Command line of the speech server (``python -m moss_npu.serve`` / ``moss-npu-serve``).
 
     python -m moss_npu.serve --model DIR --codec DIR --device npu:0            # 127.0.0.1:8000
-    python -m moss_npu.serve --model DIR --codec DIR --device npu:0,npu:1 --host 0.0.0.0 --api-key KEY
+    MOSS_NPU_API_KEY=KEY python -m moss_npu.serve --model DIR --codec DIR --device npu:0,npu:1 --host 0.0.0.0
+
+A server on a non-loopback address needs an API key (MOSS_NPU_API_KEY, --api-key-file, or --api-key, which
+shows in ps). A keyless server answers only requests whose Host names it (--allowed-hosts adds names) and
+refuses browser writes from other origins (--cors-origins allows some).
 
 One worker process per listed device (``--device cpu,cpu`` runs two on the CPU, sharing its cores). The
 server listens at once; ``GET /health`` answers 200 once a worker has loaded and warmed up. Exit codes: 0
@@ -12,7 +16,9 @@ Ctrl-C or SIGTERM (after a graceful stop). Every failure is one ``error:`` line 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
+import math
 import os
 import socket
 import sys
@@ -46,8 +52,13 @@ def build_parser() -> argparse.ArgumentParser:
                                    "weights, float32 arithmetic)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--api-key", default=os.environ.get("MOSS_NPU_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' on every route but /health (env MOSS_NPU_API_KEY)")
+    p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every route but /health; visible in "
+                                     "ps, so prefer the environment variable MOSS_NPU_API_KEY or --api-key-file")
+    p.add_argument("--api-key-file", type=Path, help="read the API key from this file (first line)")
+    p.add_argument("--allowed-hosts", default="",
+                   help="comma-separated Host names a keyless server also answers to ('*': any)")
+    p.add_argument("--cors-origins", default="",
+                   help="comma-separated origins allowed to call from a browser, e.g. https://app.example ('*': any)")
     p.add_argument("--model-name", default="moss-tts-nano", help="the model id clients send and /v1/models lists")
     p.add_argument("--voices-dir", type=Path, default=default_voices_dir(),
                    help="where uploaded voices are stored (may be shared by several servers)")
@@ -59,6 +70,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="default and upper limit of a request's frames per text chunk (12.5 per second)")
     p.add_argument("--max-upload-mb", type=float, default=10.0, help="largest voice upload / ref_audio")
     p.add_argument("--max-voice-seconds", type=float, default=30.0, help="longest voice recording")
+    p.add_argument("--body-timeout", type=float, default=60.0, help="seconds a request body may take to arrive "
+                                                                    "(then 408)")
+    p.add_argument("--header-timeout", type=float, default=10.0,
+                   help="seconds a connection may take to send its request headers (then it is closed)")
+    p.add_argument("--keep-alive", type=int, default=5, help="seconds an idle kept-alive connection stays open")
+    p.add_argument("--max-connections", type=int, default=256,
+                   help="open connections at most (then 503 at once)")
     p.add_argument("--num-threads", type=int, default=0,
                    help="intra-op CPU threads per worker (0: the cores but one, shared among CPU workers)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
@@ -80,10 +98,18 @@ def _check(args: argparse.Namespace) -> list[str]:
                              ("--max-new-frames", args.max_new_frames, 1), ("--num-threads", args.num_threads, 0)):
         if value < low:
             raise InputError(f"{name} {value}: use at least {low}")
-    if args.request_timeout <= 0 or args.max_upload_mb <= 0 or args.max_voice_seconds <= 0:
-        raise InputError("--request-timeout, --max-upload-mb and --max-voice-seconds must be positive")
-    if args.api_key is not None and not args.api_key.strip():
-        raise InputError("--api-key is empty; pass a key or leave the flag out")
+    for name, value in (("--request-timeout", args.request_timeout), ("--max-upload-mb", args.max_upload_mb),
+                        ("--max-voice-seconds", args.max_voice_seconds), ("--body-timeout", args.body_timeout),
+                        ("--header-timeout", args.header_timeout), ("--keep-alive", args.keep_alive),
+                        ("--max-connections", args.max_connections)):
+        if not (math.isfinite(value) and value > 0):
+            raise InputError(f"{name} {value}: use a positive number")
+    args.api_key = _api_key(args)
+    args.allowed_hosts = _listed(args.allowed_hosts)
+    args.cors_origins = _listed(args.cors_origins)
+    if args.api_key is None and not _is_loopback(args.host):
+        raise InputError(f"--host {args.host} without an API key would let anyone who reaches this address use and "
+                         "fill the server; set MOSS_NPU_API_KEY (or --api-key-file), or listen on 127.0.0.1")
     try:
         args.voices_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -93,6 +119,43 @@ def _check(args: argparse.Namespace) -> list[str]:
     args.model = str(resolve_model_dir(args.model, required=("config.json", "tokenizer.model")))
     args.codec = str(resolve_model_dir(args.codec, required=("config.json",)))
     return devices
+
+
+def _api_key(args: argparse.Namespace) -> Optional[str]:
+    """The key from --api-key-file, --api-key (warned: it shows in ps) or MOSS_NPU_API_KEY, in that order."""
+    if args.api_key_file is not None and args.api_key is not None:
+        raise InputError("pass --api-key-file or --api-key, not both")
+    if args.api_key_file is not None:
+        try:
+            lines = args.api_key_file.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InputError(f"--api-key-file {args.api_key_file}: cannot read it ({exc})") from None
+        key = lines[0].strip() if lines else ""
+        if not key:
+            raise InputError(f"--api-key-file {args.api_key_file}: the first line is empty; write the key there")
+        return key
+    if args.api_key is not None:
+        if not args.api_key.strip():
+            raise InputError("--api-key is empty; pass a key or leave the flag out")
+        print("warning: --api-key shows in the process list (ps); prefer MOSS_NPU_API_KEY or --api-key-file",
+              file=sys.stderr)
+        return args.api_key.strip()
+    key = os.environ.get("MOSS_NPU_API_KEY", "").strip()
+    return key or None
+
+
+def _listed(value: str) -> tuple[str, ...]:
+    return tuple(item.strip() for item in value.split(",") if item.strip())
+
+
+def _is_loopback(host: str) -> bool:
+    """Whether ``host`` only listens on this machine (a loopback address or ``localhost``)."""
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -107,6 +170,7 @@ def serve(args: argparse.Namespace) -> int:
         import uvicorn
 
         from moss_npu.serve.app import ServerConfig, create_app
+        from moss_npu.serve.connections import ConnectionLimits
         from moss_npu.serve.metrics import Metrics
         from moss_npu.serve.pool import WorkerPool, specs_for
         from moss_npu.serve.worker import WorkerSpec
@@ -129,9 +193,13 @@ def serve(args: argparse.Namespace) -> int:
     config = ServerConfig(voices_dir=args.voices_dir, model_names=(args.model_name,), api_key=args.api_key,
                           max_input_chars=args.max_input_chars, max_new_frames=args.max_new_frames,
                           request_timeout_s=args.request_timeout, max_upload_bytes=int(args.max_upload_mb * 2**20),
-                          max_voice_seconds=args.max_voice_seconds)
+                          max_voice_seconds=args.max_voice_seconds, body_timeout_s=args.body_timeout,
+                          bind_host=args.host, allowed_hosts=args.allowed_hosts, cors_origins=args.cors_origins)
+    limits = ConnectionLimits(header_timeout_s=args.header_timeout, keep_alive_s=args.keep_alive,
+                              max_connections=args.max_connections)
     server = _server_class()(uvicorn.Config(create_app(config, pool, metrics), host=args.host, port=args.port,
-                                           log_level=args.log_level, timeout_graceful_shutdown=5))
+                                           log_level=args.log_level, timeout_graceful_shutdown=5,
+                                           **limits.uvicorn_options()))
     holder["server"] = server
     problem = _port_problem(args.host, args.port)
     if problem:

@@ -6,7 +6,8 @@ from typing import Optional
 
 from moss_npu.errors import RUNTIME_FAILURE, AudioError, ConfigError, InputError, MossNpuError
 
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+          404: "invalid_request_error", 408: "timeout_error",
           409: "invalid_request_error", 413: "invalid_request_error", 422: "invalid_request_error",
           429: "rate_limit_error", 500: "server_error", 503: "server_error", 504: "timeout_error"}
 

@@ -1,7 +1,8 @@
 """Audio out of the server: resample / downmix on the fly, then PCM, streaming WAV, or a whole encoded file.
 
-The model speaks 48 kHz stereo float. A request may ask for another rate and channel count; the conversion
-runs chunk by chunk (``StreamConverter``) so streamed audio equals the converted whole to float rounding.
+The model speaks 48 kHz stereo float. A request may ask for any rate from 8 kHz to 192 kHz (mp3 and opus: the
+rates their encoders take) and mono or stereo; the conversion runs chunk by chunk (``StreamConverter``), so a
+whole file is the joined stream.
 Formats: ``pcm`` (s16le, interleaved, no header), ``wav`` (16-bit; a streaming header with unknown sizes when
 streamed), ``flac``, ``mp3``, ``opus`` (Ogg) through soundfile, whole files only.
 """
@@ -9,15 +10,15 @@ streamed), ``flac``, ``mp3``, ``opus`` (Ogg) through soundfile, whole files only
 from __future__ import annotations
 
 import io
-import math
 import struct
 from typing import Optional
 
 import numpy as np
 import soundfile
+import soxr
 import torch
 
-from moss_npu.audio import resample, to_channels
+from moss_npu.audio import to_channels
 
 FORMATS = ("wav", "pcm", "flac", "mp3", "opus")
 STREAMABLE = ("wav", "pcm")
@@ -29,7 +30,6 @@ _SOUNDFILE = {"wav": ("WAV", "PCM_16"), "flac": ("FLAC", "PCM_16"), "mp3": ("MP3
 RATES = {"mp3": (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000),
          "opus": (8000, 12000, 16000, 24000, 48000)}
 MIN_RATE, MAX_RATE = 8000, 192000
-_LOWPASS_WIDTH, _ROLLOFF = 6, 0.99  # moss_npu.audio.resample's defaults
 
 
 def check_output(fmt: str, sample_rate: int, channels: int) -> Optional[str]:
@@ -48,48 +48,36 @@ def check_output(fmt: str, sample_rate: int, channels: int) -> Optional[str]:
 class StreamConverter:
     """Resample ``(C, n)`` chunks from ``source_hz`` to ``target_hz`` and map them to ``channels``.
 
-    Resampling works on whole blocks of the gcd-reduced rates: a block's outputs are emitted once the filter's
-    right context has arrived, and enough left context is kept, so the pieces equal ``resample`` of the whole.
+    soxr's streaming resampler (HQ) keeps its filter state between chunks and never revisits what it emitted,
+    so time and memory are linear in the audio at any pair of rates, and the pieces of a stream join into
+    what one call over the whole gives. The output is not the official resampler's: no official output
+    exists at other rates.
     """
 
     def __init__(self, source_hz: int, target_hz: int, channels: int) -> None:
         self.source_hz, self.target_hz, self.channels = source_hz, target_hz, channels
-        gcd = math.gcd(source_hz, target_hz)
-        self._orig, self._new = source_hz // gcd, target_hz // gcd
-        cutoff = min(self._orig, self._new) * _ROLLOFF
-        self._width = math.ceil(_LOWPASS_WIDTH * self._orig / cutoff)
-        self._buffer: Optional[torch.Tensor] = None
-        self._start = 0  # input index of the buffer's first sample (a block boundary)
-        self._done = 0  # blocks emitted so far
-        self._total = 0  # input samples seen
+        self._stream: Optional[soxr.ResampleStream] = None
+        self._source_channels: Optional[int] = None
 
     def push(self, wave: torch.Tensor) -> torch.Tensor:
         """Convert the next chunk; return the samples that are final now (possibly none)."""
         if self.source_hz == self.target_hz:
             return to_channels(wave, self.channels)
-        self._buffer = wave if self._buffer is None else torch.cat([self._buffer, wave], dim=1)
-        self._total += wave.shape[1]
-        ready = max(self._done, (self._total - self._width) // self._orig)
-        return self._emit(ready, final=False)
+        if self._stream is None:
+            self._source_channels = wave.shape[0]
+            self._stream = soxr.ResampleStream(self.source_hz, self.target_hz, wave.shape[0], dtype="float32",
+                                               quality="HQ")
+        return self._resampled(wave.detach().cpu().numpy().T, last=False)
 
     def flush(self) -> torch.Tensor:
         """Return the rest once the input has ended."""
-        if self.source_hz == self.target_hz or self._buffer is None:
+        if self._stream is None:
             return torch.zeros(self.channels, 0)
-        return self._emit(None, final=True)
+        return self._resampled(np.zeros((0, self._source_channels), dtype=np.float32), last=True)
 
-    def _emit(self, ready: Optional[int], final: bool) -> torch.Tensor:
-        first = self._start // self._orig
-        out = resample(self._buffer, self.source_hz, self.target_hz)
-        begin = (self._done - first) * self._new
-        end = out.shape[1] if final else (ready - first) * self._new
-        piece = out[:, begin:end]
-        if not final:
-            self._done = ready
-            keep = max(0, (self._done * self._orig - self._width) // self._orig * self._orig)
-            self._buffer = self._buffer[:, keep - self._start:]
-            self._start = keep
-        return to_channels(piece, self.channels)
+    def _resampled(self, samples: np.ndarray, last: bool) -> torch.Tensor:
+        out = self._stream.resample_chunk(np.ascontiguousarray(samples, dtype=np.float32), last=last)
+        return to_channels(torch.from_numpy(np.ascontiguousarray(out.T)), self.channels)
 
 
 def pcm16(wave: torch.Tensor) -> bytes:

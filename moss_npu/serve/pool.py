@@ -3,7 +3,9 @@
 Each request gets a ``Ticket``: an asyncio queue the worker's events land in (from the pipe's reader thread).
 Admission is bounded: ``workers × max_batch`` requests can hold a slot and ``max_queue`` more may wait; past
 that a request is refused with 429. A worker whose pipe closes (it died) fails its requests with 503 at once
-and is started again; one that fails to load is not (its error is fatal for the server).
+and is started again after a delay that doubles with each crash in a row (``Backoff``); after
+``Backoff.limit`` crashes in a row it stays down as ``crash_loop``, with the cause in ``/health`` and the log.
+One that fails to load the first time is not restarted (its error is fatal for the server).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import multiprocessing
 import os
 import threading
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional
 
 from moss_npu.serve import worker as worker_process
@@ -24,7 +26,21 @@ from moss_npu.serve.metrics import Metrics
 from moss_npu.serve.worker import WorkerSpec
 
 log = logging.getLogger("moss_npu.serve")
-RESTART_DELAY_S = 0.5
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """When a dead worker is started again: ``first_s`` after the first crash, doubling up to ``max_s``; a
+    worker that stayed up ``stable_s`` has its count reset; ``limit`` crashes in a row stop the restarts."""
+
+    first_s: float = 0.5
+    max_s: float = 30.0
+    stable_s: float = 60.0
+    limit: int = 5
+
+    def delay(self, crashes: int) -> float:
+        """Seconds to wait before restart number ``crashes`` (1-based) of a crash series."""
+        return min(self.max_s, self.first_s * 2 ** (crashes - 1))
 
 
 class Ticket:
@@ -34,6 +50,7 @@ class Ticket:
         self.pool, self.worker, self.rid, self.loop = pool, worker, rid, loop
         self.events: asyncio.Queue = asyncio.Queue()
         self.finished = False
+        self._cancel_sent = False
         self._getter: Optional[asyncio.Future] = None
 
     def deliver(self, event: tuple) -> None:
@@ -41,7 +58,8 @@ class Ticket:
         self.loop.call_soon_threadsafe(self.events.put_nowait, event)
 
     async def next(self, timeout: Optional[float]) -> tuple:
-        """The next event: ``("chunk", samples)``, ``("done", info)``, ``("error", kind, message)``, …
+        """The next event: ``("chunk", samples, is_pause)``, ``("done", info)``, ``("error", kind, message, info)``,
+        ``("encoded", codes)``, or ``("gone",)`` once the client disconnected.
 
         Raises ``asyncio.TimeoutError`` after ``timeout`` seconds; the event is not lost, the next call gets it.
         """
@@ -53,12 +71,21 @@ class Ticket:
         event, self._getter = self._getter.result(), None
         return event
 
+    def gone(self) -> None:
+        """The client disconnected (called on the event loop): stop the request and wake whoever waits on it."""
+        self._cancel()
+        self.events.put_nowait(("gone",))
+
     def abandon(self) -> None:
         """The client is gone or answered: stop the request if it still runs (its slot frees within a frame)."""
         if self._getter is not None:
             self._getter.cancel()
             self._getter = None
-        if not self.finished:
+        self._cancel()
+
+    def _cancel(self) -> None:
+        if not self.finished and not self._cancel_sent:
+            self._cancel_sent = True
             self.worker.send("cancel", self.rid)
 
 
@@ -72,6 +99,9 @@ class Worker:
         self.tickets: dict[int, Ticket] = {}
         self.active = self.queued = 0
         self.restarts = 0
+        self.crashes = 0  # crashes in a row (reset once the worker stays up Backoff.stable_s)
+        self.cause: Optional[str] = None  # why it is down (dead, crash_loop, failed)
+        self.started_at = 0.0
         self.process: Optional[multiprocessing.process.BaseProcess] = None
         self._conn = None
         self._lock = threading.Lock()
@@ -81,9 +111,12 @@ class Worker:
         return len(self.tickets)
 
     def describe(self) -> dict:
-        return {"index": self.index, "device": self.spec.device, "state": self.state, "in_flight": self.load,
-                "active_slots": self.active, "queued": self.queued, "restarts": self.restarts,
-                "pid": self.process.pid if self.process is not None else None}
+        """What ``/health`` shows of this worker: its state and load, never process details."""
+        state = {"index": self.index, "device": self.spec.device, "state": self.state, "in_flight": self.load,
+                 "active_slots": self.active, "queued": self.queued, "restarts": self.restarts}
+        if self.cause is not None:
+            state["cause"] = self.cause
+        return state
 
     def send(self, *message: Any) -> bool:
         with self._lock:
@@ -100,9 +133,10 @@ class WorkerPool:
     """Starts one worker per device spec and routes requests to them."""
 
     def __init__(self, specs: list[WorkerSpec], *, max_queue: int, metrics: Metrics,
-                 on_fatal: Callable[[str, bool], None] = lambda message, user_fault: None) -> None:
+                 on_fatal: Callable[[str, bool], None] = lambda message, user_fault: None,
+                 backoff: Backoff = Backoff()) -> None:
         self.workers = [Worker(i, spec) for i, spec in enumerate(specs)]
-        self.max_queue, self.metrics, self.on_fatal = max_queue, metrics, on_fatal
+        self.max_queue, self.metrics, self.on_fatal, self.backoff = max_queue, metrics, on_fatal, backoff
         self._ids = itertools.count(1)
         self._closing = False
         self._context = multiprocessing.get_context("spawn")
@@ -135,6 +169,7 @@ class WorkerPool:
         w.process = self._context.Process(target=worker_process.main, args=(child, w.spec), daemon=True,
                                           name=f"moss-npu-worker-{w.index}")
         w.state, w.active, w.queued = "starting", 0, 0
+        w.started_at = time.monotonic()
         w.process.start()
         child.close()  # the worker's death must close the pipe for the reader
         w._conn = parent
@@ -154,12 +189,15 @@ class WorkerPool:
     def _on_message(self, w: Worker, message: tuple) -> None:
         kind = message[0]
         if kind == "ready":
-            w.info, w.state = message[1], "ready"
+            w.info, w.state, w.cause = message[1], "ready", None
             log.info("worker %d ready on %s (pid %s, loaded in %.1f s)", w.index, w.info["device"],
                      w.info["pid"], w.info["load_s"])
         elif kind == "failed":
-            w.state = "failed"
-            self.on_fatal(f"worker {w.index} ({w.spec.device}): {message[2]}", message[1] != INTERNAL)
+            w.state, w.cause = "failed", f"loading failed: {message[2]}"
+            if w.restarts == 0:  # a first load: the server cannot serve as configured
+                self.on_fatal(f"worker {w.index} ({w.spec.device}): {message[2]}", message[1] != INTERNAL)
+            else:
+                log.error("worker %d (%s) failed to load again, stays down: %s", w.index, w.spec.device, message[2])
         elif kind == "stats":
             w.active, w.queued = message[1], message[2]
             self.metrics.set_load(sum(x.active for x in self.workers), sum(x.queued for x in self.workers))
@@ -169,6 +207,8 @@ class WorkerPool:
                 return
             if kind in ("done", "error", "encoded"):
                 self._release(w, ticket)
+                if kind != "encoded":
+                    self.metrics.frames.inc(int(message[-1].get("frames", 0)))
             ticket.deliver((kind, *message[2:]))
 
     def _release(self, w: Worker, ticket: Ticket) -> None:
@@ -192,16 +232,25 @@ class WorkerPool:
             w.state = "stopped" if self._closing else w.state
             return
         was_ready = w.state == "ready"
-        w.state = "dead"
         code = w.process.exitcode if w.process is not None else None
-        log.warning("worker %d (%s) exited (code %s) with %d requests in flight", w.index, w.spec.device, code,
-                    len(lost))
-        if not was_ready:
-            self.on_fatal(f"worker {w.index} ({w.spec.device}) exited while loading (code {code})", False)
+        cause = f"exited with code {code}" if code is None or code >= 0 else f"killed by signal {-code}"
+        log.warning("worker %d (%s) %s with %d requests in flight", w.index, w.spec.device, cause, len(lost))
+        if not was_ready and w.restarts == 0:
+            w.state, w.cause = "failed", f"{cause} while loading"
+            self.on_fatal(f"worker {w.index} ({w.spec.device}) {cause} while loading", False)
             return
+        if time.monotonic() - w.started_at >= self.backoff.stable_s:
+            w.crashes = 0
+        w.crashes += 1
+        if w.crashes > self.backoff.limit:
+            w.state, w.cause = "crash_loop", f"{cause}; {self.backoff.limit} restarts in a row failed, not restarted"
+            log.error("worker %d (%s) is crash-looping (%s): not restarted", w.index, w.spec.device, cause)
+            return
+        delay = self.backoff.delay(w.crashes)
+        w.state, w.cause = "dead", f"{cause}; restarting in {delay:g} s"
         self.metrics.worker_restarts.inc()
         w.restarts += 1
-        time.sleep(RESTART_DELAY_S)
+        time.sleep(delay)
         if not self._closing:
             self._spawn(w)
 

@@ -1,19 +1,24 @@
 """The body of ``POST /v1/audio/speech``: the OpenAI fields plus moss-npu's extensions, and its checks.
 
 Every field either acts or is refused: ``instructions`` and a ``speed`` outside 0.25..4.0 are answered with
-400, unknown fields with 422, so a client never believes a setting took effect when it did not.
+400, unknown fields with 422, so a client never believes a setting took effect when it did not. Every value is
+range-checked here (the range is in the answer), and text that is not valid Unicode (a lone surrogate, which
+JSON's ``\\ud800`` escapes can carry) is refused, so no body reaches the engine that could fail there.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import math
 import re
 from typing import Optional, Union
 
 from pydantic import BaseModel, ConfigDict
 
 from moss_npu.errors import MissingDependency, MossNpuError
+from moss_npu.limits import MAX_SEED
+from moss_npu.sampling import MAX_PENALTY, MAX_TEMPERATURE, MAX_TOP_K
 from moss_npu.serve.errors import ApiError
 from moss_npu.serve.formats import FORMATS, STREAMABLE, check_output
 from moss_npu.tempo import check_speed, rubberband
@@ -74,9 +79,46 @@ class SpeechBody(BaseModel):
         return self.response_format == "pcm" if self.stream is None else self.stream
 
 
+def check_text(value: Optional[str], param: str) -> None:
+    """400 when ``value`` is not valid Unicode (holds a lone surrogate): it cannot be spoken or stored."""
+    if value is None:
+        return
+    bad = next((i for i, c in enumerate(value) if "\ud800" <= c <= "\udfff"), None)
+    if bad is not None:
+        raise ApiError(400, f"{param} holds a lone surrogate (U+{ord(value[bad]):04X}) at character {bad}; send "
+                       "valid Unicode text", param=param, code="invalid_text")
+
+
+# (lowest, highest) of the numeric body fields (the sampler's own bounds: moss_npu.sampling).
+RANGES = {"text_temperature": (0.0, MAX_TEMPERATURE), "audio_temperature": (0.0, MAX_TEMPERATURE),
+          "text_top_p": (0.0, 1.0), "audio_top_p": (0.0, 1.0), "text_top_k": (0, MAX_TOP_K),
+          "audio_top_k": (0, MAX_TOP_K), "audio_repetition_penalty": (0.0, MAX_PENALTY), "seed": (0, MAX_SEED),
+          "channels": (1, 2)}
+_OPEN_BELOW = ("text_temperature", "audio_temperature", "text_top_p", "audio_top_p", "audio_repetition_penalty")
+
+
+def check_ranges(body: SpeechBody) -> None:
+    """400 for a numeric field that is not finite or lies outside ``RANGES``, naming the field and its range
+    (``speed``: ``check_body``, through ``moss_npu.tempo.check_speed``)."""
+    for name, (low, high) in RANGES.items():
+        value = getattr(body, name)
+        if value is None:
+            continue
+        open_low = name in _OPEN_BELOW
+        inside = math.isfinite(value) and (value > low if open_low else value >= low) and value <= high
+        if not inside:
+            side = "(" if open_low else "["
+            raise ApiError(400, f"{name} {value}: use a value in {side}{low}, {high}]", param=name,
+                           code="invalid_value")
+
+
 def check_body(body: SpeechBody, *, model_names: tuple[str, ...], max_chars: int, sample_rate: int,
                channels: int) -> None:
     """Refuse what cannot be served as asked, naming the field (``param``) and the fix."""
+    for param in ("model", "input", "ref_text", "instructions"):
+        check_text(getattr(body, param), param)
+    check_text(body.voice_name, "voice")
+    check_ranges(body)
     if body.model not in model_names:
         raise ApiError(404, f"model {body.model!r} not found; use {', '.join(model_names)} (GET /v1/models)",
                        param="model", code="model_not_found")

@@ -1,18 +1,26 @@
 """Stored voices: a recording's codes plus metadata, one safetensors file per voice under ``--voices-dir``.
 
-A voice is encoded once when it is uploaded; requests then reuse its codes. Files appear whole (temp file in
-the same folder, then rename), and the folder is read on every lookup, so several servers can share it (a
-network file system behind a load balancer). Ids are generated here and checked against a strict pattern
-before they touch a path, so no request can reach outside the folder.
+A voice is encoded once when it is uploaded; requests then reuse its codes. Several servers may share the
+folder (a network file system behind a load balancer), so the folder is the truth and each server keeps an
+index of it in memory: metadata only, refreshed when the folder's modification time changes and on a miss,
+so a lookup reads no file. Codes are read when a voice is used, and kept (least recently used).
+
+Writes are safe between servers: a voice file appears whole (temp file in the same folder, then rename),
+and a name is claimed by creating ``.name-<hash>`` exclusively (``O_EXCL``), so two servers adding the same
+name at once get one voice and one 409. Ids are generated here and checked against a strict pattern before
+they touch a path, so no request can reach outside the folder.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import tempfile
+import threading
 import time
 import uuid
+from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
@@ -56,51 +64,103 @@ def check_name(name: str) -> str:
 
 
 class VoiceStore:
-    """The voices folder."""
+    """The voices folder and this server's index of it (see the module docstring)."""
+
+    CODES_CACHED = 256
+    STALE_CLAIM_S = 30.0  # a name claim without its voice file, older than this, is left from a crash
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
+        self._index: dict[str, Voice] = {}
+        self._seen_mtime: Optional[int] = None
+        self._codes: OrderedDict[str, torch.Tensor] = OrderedDict()
+        self._lock = threading.Lock()
 
     def _path(self, voice_id: str) -> Path:
         if not _ID.match(voice_id):
             raise ApiError(404, f"voice {voice_id!r} not found", param="voice", code="voice_not_found")
         return self.root / f"{voice_id}{_SUFFIX}"
 
-    def _read(self, path: Path) -> tuple[Voice, torch.Tensor]:
+    def _claim_path(self, name: str) -> Path:
+        return self.root / f".name-{hashlib.sha256(name.encode('utf-8')).hexdigest()[:32]}"
+
+    @staticmethod
+    def _read_meta(path: Path) -> Voice:
         with safe_open(str(path), framework="pt") as fh:
-            meta, codes = fh.metadata() or {}, fh.get_tensor("codes")
-        voice = Voice(id=path.name[: -len(_SUFFIX)], name=meta["name"], transcript=meta.get("transcript") or None,
-                      frames=int(meta["frames"]), duration_s=float(meta["duration_s"]),
-                      created_at=int(meta["created_at"]))
-        return voice, codes
+            meta = fh.metadata() or {}
+        return Voice(id=path.name[: -len(_SUFFIX)], name=meta["name"], transcript=meta.get("transcript") or None,
+                     frames=int(meta["frames"]), duration_s=float(meta["duration_s"]),
+                     created_at=int(meta["created_at"]))
+
+    def _refresh(self, force: bool = False) -> None:
+        """Bring the index in step with the folder: read the metadata of new files, drop removed ones."""
+        try:
+            mtime = os.stat(self.root).st_mtime_ns
+        except OSError:
+            mtime = None
+        with self._lock:
+            if not force and mtime is not None and mtime == self._seen_mtime:
+                return
+            names = {e.name for e in os.scandir(self.root) if e.name.startswith("voice_") and e.name.endswith(_SUFFIX)}
+            ids = {n[: -len(_SUFFIX)] for n in names if _ID.match(n[: -len(_SUFFIX)])}
+            for gone in set(self._index) - ids:
+                del self._index[gone]
+                self._codes.pop(gone, None)
+            for new in ids - set(self._index):
+                try:
+                    self._index[new] = self._read_meta(self.root / f"{new}{_SUFFIX}")
+                except (OSError, KeyError, ValueError, SafetensorError):
+                    continue  # damaged or half-written by a foreign tool: skipped, not fatal
+            self._seen_mtime = mtime
 
     def list(self) -> list[Voice]:
-        """Every readable voice, oldest first (a damaged file is skipped, not fatal)."""
-        voices = []
-        for path in self.root.glob(f"voice_*{_SUFFIX}"):
-            try:
-                voices.append(self._read(path)[0])
-            except (OSError, KeyError, ValueError, SafetensorError):
-                continue
-        return sorted(voices, key=lambda v: (v.created_at, v.id))
+        """Every readable voice, oldest first."""
+        self._refresh()
+        with self._lock:
+            return sorted(self._index.values(), key=lambda v: (v.created_at, v.id))
+
+    def _lookup(self, ref: str) -> Optional[Voice]:
+        with self._lock:
+            if ref in self._index:
+                return self._index[ref]
+            return next((v for v in self._index.values() if v.name == ref), None)
 
     def find(self, ref: str) -> tuple[Voice, torch.Tensor]:
-        """Look a voice up by id or by name; 404 when there is none."""
-        if _ID.match(ref) and self._path(ref).is_file():
-            return self._read(self._path(ref))
-        for voice in self.list():
-            if voice.name == ref:
-                return self._read(self._path(voice.id))
-        raise ApiError(404, f"voice {ref!r} not found; list voices with GET /v1/audio/voices or upload one",
-                       param="voice", code="voice_not_found")
+        """Look a voice up by id or by name and return it with its codes (F, Q); 404 when there is none."""
+        self._refresh()
+        voice = self._lookup(ref)
+        if voice is None:
+            self._refresh(force=True)  # another server may have added it a moment ago
+            voice = self._lookup(ref)
+        if voice is None:
+            raise ApiError(404, f"voice {ref!r} not found; list voices with GET /v1/audio/voices or upload one",
+                           param="voice", code="voice_not_found")
+        return voice, self._load_codes(voice)
+
+    def _load_codes(self, voice: Voice) -> torch.Tensor:
+        with self._lock:
+            if voice.id in self._codes:
+                self._codes.move_to_end(voice.id)
+                return self._codes[voice.id]
+        try:
+            with safe_open(str(self._path(voice.id)), framework="pt") as fh:
+                codes = fh.get_tensor("codes")
+        except (OSError, SafetensorError):  # deleted through another server since the index was read
+            self._refresh(force=True)
+            raise ApiError(404, f"voice {voice.id!r} was deleted", param="voice", code="voice_not_found") from None
+        with self._lock:
+            self._codes[voice.id] = codes
+            while len(self._codes) > self.CODES_CACHED:
+                self._codes.popitem(last=False)
+        return codes
 
     def add(self, name: str, codes: torch.Tensor, duration_s: float, transcript: Optional[str]) -> Voice:
-        """Store codes (F, Q) under a new id, atomically; 409 when the name is taken."""
+        """Store codes (F, Q) under a new id, atomically; 409 when the name is taken (here or on a sharing server)."""
         name = check_name(name)
-        if any(v.name == name for v in self.list()):
-            raise ApiError(409, f"a voice named {name!r} exists; delete it first or choose another name",
-                           param="name", code="voice_exists")
+        self._refresh(force=True)
+        if self._lookup(name) is not None:
+            raise _name_taken(name)
         voice = Voice(id=f"voice_{uuid.uuid4().hex[:16]}", name=name, transcript=transcript or None,
                       frames=int(codes.shape[0]), duration_s=round(duration_s, 3), created_at=int(time.time()))
         meta = {"name": voice.name, "transcript": voice.transcript or "", "frames": str(voice.frames),
@@ -110,18 +170,60 @@ class VoiceStore:
         try:
             save_file({"codes": codes.to(torch.int64).contiguous()}, tmp, metadata=meta)
             os.chmod(tmp, 0o644)
+            self._claim(name, voice.id)
             os.replace(tmp, self._path(voice.id))
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
+        with self._lock:
+            self._index[voice.id] = voice
         return voice
+
+    def _claim(self, name: str, voice_id: str) -> None:
+        """Create the name's claim file exclusively; 409 when a live voice holds it."""
+        path = self._claim_path(name)
+        for _ in range(2):
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                if not self._stale_claim(path):
+                    raise _name_taken(name) from None
+                path.unlink(missing_ok=True)
+                continue
+            with os.fdopen(fd, "w") as fh:
+                fh.write(voice_id)
+            return
+        raise _name_taken(name)
+
+    def _stale_claim(self, path: Path) -> bool:
+        """A claim whose voice file is missing and which is too old to be a write in progress."""
+        try:
+            holder = path.read_text().strip()
+            age = time.time() - path.stat().st_mtime
+        except OSError:
+            return True
+        return not (_ID.match(holder) and self._path(holder).is_file()) and age > self.STALE_CLAIM_S
 
     def delete(self, voice_id: str) -> Voice:
         """Remove a voice by id; 404 when there is none."""
         path = self._path(voice_id)
         try:
-            voice = self._read(path)[0]
+            voice = self._read_meta(path)
             path.unlink()
-        except FileNotFoundError:
+        except (FileNotFoundError, KeyError, ValueError, SafetensorError):
             raise ApiError(404, f"voice {voice_id!r} not found", param="voice_id", code="voice_not_found") from None
+        claim = self._claim_path(voice.name)
+        try:
+            if claim.read_text().strip() == voice_id:
+                claim.unlink()
+        except OSError:
+            pass  # a voice stored before claims existed, or a claim already gone
+        with self._lock:
+            self._index.pop(voice_id, None)
+            self._codes.pop(voice_id, None)
         return voice
+
+
+def _name_taken(name: str) -> ApiError:
+    return ApiError(409, f"a voice named {name!r} exists; delete it first or choose another name", param="name",
+                    code="voice_exists")

@@ -2,9 +2,10 @@
 
 It talks to the server over one duplex pipe. In: ``("submit", rid, job)``, ``("cancel", rid)``,
 ``("encode", rid, audio bytes)``, ``("stop",)``. Out: ``("ready", info)`` or ``("failed", kind, message)`` once,
-then ``("chunk", rid, samples (C, n) float32)`` (at the request's speed), ``("timestamp", rid, chunk's times)``
-after each text chunk, ``("done", rid, info)``, ``("error", rid, kind, message)``,
-``("encoded", rid, codes (F, Q) int64)`` and ``("stats", active_slots, queued)``. The server owns restarts;
+then ``("chunk", rid, samples (C, n) float32, is_pause)`` (at the request's speed), ``("timestamp", rid, times)``
+after each text chunk, ``("done", rid, info)``, ``("error", rid, kind, message, info)``,
+``("encoded", rid, codes (F, Q) int64)`` and ``("stats", active_slots, queued)``. ``info`` holds at least
+``frames``: what the request generated, also when it failed or was cancelled midway. The server owns restarts;
 a worker ignores Ctrl-C (the server stops it) and exits when the pipe closes.
 """
 
@@ -90,7 +91,7 @@ class WorkerLoop:
             elif kind == "cancel" and message[1] in self.streams:
                 self.streams[message[1]].cancel()
             elif kind == "encode":
-                threading.Thread(target=self._encode, args=message[1:], daemon=True).start()
+                self._encode(*message[1:])
         self._stop.set()
         for stream in list(self.streams.values()):
             stream.cancel()
@@ -105,13 +106,12 @@ class WorkerLoop:
         try:
             stream = self.engine.submit(request)
         except MossNpuError as exc:
-            self.channel.send("error", rid, kind_of(exc), str(exc))
+            self.channel.send("error", rid, kind_of(exc), str(exc), {"frames": 0})
             return
         self.streams[rid] = stream
-        threading.Thread(target=self._pump, args=(rid, stream, job["text"], speed),
-                         daemon=True).start()
+        threading.Thread(target=self._pump, args=(rid, stream, speed), daemon=True).start()
 
-    def _pump(self, rid: int, stream: RequestStream, text: str, speed: float = 1.0) -> None:
+    def _pump(self, rid: int, stream: RequestStream, speed: float = 1.0) -> None:
         """Forward one request's chunks at its speed and each text chunk's timestamp, then its summary or failure."""
         try:
             for item in timed(stream, speed, self.tts.sample_rate, self.tts.codec.channels):
@@ -119,30 +119,37 @@ class WorkerLoop:
                     self.channel.send("timestamp", rid, item.public())
                     continue
                 wave = item.waveform.detach().to("cpu", torch.float32)
-                self.channel.send("chunk", rid, wave.numpy())
+                self.channel.send("chunk", rid, wave.numpy(), item.is_pause)
             codes = stream.codes
             if codes is None:  # an engine may end a cancelled stream without raising
-                self.channel.send("error", rid, "Cancelled", "request cancelled")
+                self.channel.send("error", rid, "Cancelled", "request cancelled", {"frames": stream.frames})
                 return
+            spoken = stream.prepared.plan.chunks
             self.channel.send("done", rid, {"frames": int(codes.shape[0]), "codes_sha256": codes_digest(codes),
                                             "first_audio_s": stream.first_audio_s,
-                                            "input_tokens": self.tts.tokenizer.count(text)})
+                                            "input_tokens": sum(self.tts.tokenizer.count(c) for c in spoken)})
         except Exception as exc:  # noqa: BLE001 - every failure goes back to the waiting client
             if kind_of(exc) == "Internal":
                 log.exception("request %d failed", rid)
-            self.channel.send("error", rid, kind_of(exc), str(exc))
+            self.channel.send("error", rid, kind_of(exc), str(exc), {"frames": stream.frames})
         finally:
             self.streams.pop(rid, None)
 
     def _encode(self, rid: int, audio: bytes) -> None:
-        """Encode a recording (a file's bytes) to codes (F, Q) for the voice store."""
-        try:
-            codes = self.tts.reference_codes(audio)
-            self.channel.send("encoded", rid, codes.to(torch.int64).numpy())
-        except Exception as exc:  # noqa: BLE001
+        """Encode a recording (a file's bytes) to codes (F, Q) for the voice store, on the preparation thread."""
+
+        def reply(future) -> None:
+            if future.cancelled():  # the worker is stopping
+                return
+            exc = future.exception()
+            if exc is None:
+                self.channel.send("encoded", rid, future.result().to(torch.int64).numpy())
+                return
             if kind_of(exc) == "Internal":
-                log.exception("encoding %d failed", rid)
-            self.channel.send("error", rid, kind_of(exc), str(exc))
+                log.error("encoding %d failed", rid, exc_info=exc)
+            self.channel.send("error", rid, kind_of(exc), str(exc), {"frames": 0})
+
+        self.engine.encode(audio).add_done_callback(reply)
 
     def _report_stats(self) -> None:
         last = None

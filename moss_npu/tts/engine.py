@@ -1,7 +1,10 @@
-"""The engine: many speech requests at once on one pipeline, for the server (design.md, "Serving").
+"""The engine: many speech requests at once on one pipeline, for the server.
 
-``Engine.submit`` queues a ``SpeechRequest`` and returns its ``RequestStream`` at once. One background thread owns
-the ``FrameDecoder``: at every frame boundary it admits queued text chunks into free slots, steps all active
+``Engine.submit`` takes a ``SpeechRequest`` and returns its ``RequestStream`` at once. The request is first
+prepared (text normalization, reference decoding and encoding, chunking, prompt rows: ``tts.prepare``) on the
+engine's preparation thread, so a slow reference never delays a frame; a ``PreparedRequest`` skips that step.
+One background thread owns the ``FrameDecoder``: at every frame boundary it admits prepared text chunks into
+free slots, steps all active
 slots together (continuous batching), and turns the new codes of every request whose playback schedule asks
 for audio into audio with one streaming codec call (``CodecRows``: codec row = decoder slot). The chunks of
 one request run one after another (its audio comes in order); different requests share the batch. Every
@@ -17,8 +20,9 @@ import queue
 import threading
 import time
 from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 
@@ -26,8 +30,12 @@ from moss_npu.codec.rows import CodecRows
 from moss_npu.errors import InputError, MossNpuError
 from moss_npu.nano.decoder import FrameDecoder, RequestParams
 from moss_npu.nano.reuse import PrefixCache
-from moss_npu.tts.pipeline import AudioChunk, AudioStreamer, MossTTSNano, Plan, PromptAudio
+from moss_npu.tts.pipeline import MossTTSNano
+from moss_npu.tts.prepare import PreparedRequest, PromptAudio, SpeechRequest
 from moss_npu.tts.settings import RunConfig
+from moss_npu.tts.streamer import AudioChunk, AudioStreamer
+
+__all__ = ["Cancelled", "Engine", "PreparedRequest", "RequestStream", "SpeechRequest"]
 
 log = logging.getLogger(__name__)
 _END = object()
@@ -35,17 +43,6 @@ _END = object()
 
 class Cancelled(MossNpuError):
     """The request was cancelled before it finished (what its stream raises after ``cancel()``)."""
-
-
-@dataclass
-class SpeechRequest:
-    """What to say and in whose voice: prompt audio (path, bytes or (waveform, rate)) or stored prompt codes."""
-
-    text: str
-    prompt_audio: Optional[PromptAudio] = None
-    prompt_codes: Optional[torch.Tensor] = None  # (F, Q) CPU codes of a stored voice
-    prompt_text: Optional[str] = None
-    settings: RunConfig = field(default_factory=RunConfig)
 
 
 class RequestStream:
@@ -63,6 +60,8 @@ class RequestStream:
         self._submitted = time.perf_counter()
         self.codes: Optional[torch.Tensor] = None
         self.first_audio_s: Optional[float] = None  # seconds from submit to the first audio chunk
+        self.prepared: Optional[PreparedRequest] = None  # once preparation is done
+        self.frames = 0  # frames generated so far (also for a request cancelled or failed midway)
 
     def __iter__(self) -> "RequestStream":
         return self
@@ -96,23 +95,29 @@ class RequestStream:
 
 @dataclass
 class _Job:
-    """The engine's bookkeeping of one request."""
+    """The engine's bookkeeping of one prepared request."""
 
-    request: SpeechRequest
+    prepared: PreparedRequest
     stream: RequestStream
-    plan: Optional[Plan] = None
-    audio: Optional[AudioStreamer] = None
-    generator: Optional[torch.Generator] = None
+    audio: AudioStreamer
+    generator: torch.Generator
     chunk: int = 0
     slot: Optional[int] = None
     codes: list = field(default_factory=list)
 
 
 class Engine:
-    """Drive one ``FrameDecoder`` of ``max_batch`` slots over ``tts`` from a background thread."""
+    """Drive one ``FrameDecoder`` of ``max_batch`` slots over ``tts`` from a background thread.
 
-    def __init__(self, tts: MossTTSNano, max_batch: int = 8, *, max_len: int = 1024, graph: str = "auto") -> None:
+    ``prepare_threads`` threads prepare requests (and encode voices, ``encode``) beside the frame thread.
+    """
+
+    def __init__(self, tts: MossTTSNano, max_batch: int = 8, *, max_len: int = 1024, graph: str = "auto",
+                 prepare_threads: int = 1) -> None:
         self.tts = tts
+        self._preparing = ThreadPoolExecutor(max_workers=max(1, prepare_threads),
+                                             thread_name_prefix="moss-npu-prepare")
+        self._unprepared: set[RequestStream] = set()  # submitted, preparation not finished
         self.decoder = FrameDecoder(tts.model, slots=max_batch, max_len=max_len, sampler="noise", graph=graph,
                                     prefix_cache=PrefixCache())
         self.audio = CodecRows(tts.codec, max_batch, max(RunConfig().schedule().budgets))
@@ -130,11 +135,11 @@ class Engine:
 
     @property
     def queued(self) -> int:
-        """Requests waiting for a slot."""
-        return len(self._waiting)
+        """Requests waiting for a slot, or for their preparation."""
+        return len(self._waiting) + len(self._unprepared)
 
-    def submit(self, request: SpeechRequest) -> RequestStream:
-        """Queue ``request``; return its stream at once (thread-safe)."""
+    def submit(self, request: Union[SpeechRequest, PreparedRequest]) -> RequestStream:
+        """Queue ``request`` (prepared first on the preparation thread); return its stream at once (thread-safe)."""
         if request.settings.speed != 1.0:  # a setting the engine would not act on
             raise InputError("speed: the engine streams at the model's pace; stretch its chunks with "
                              "moss_npu.tts.timeline.at_speed, as the server's workers do")
@@ -142,16 +147,58 @@ class Engine:
         with self._cond:
             if self._closed:
                 raise MossNpuError("the engine is closed; create a new one to submit requests")
-            self._waiting.append(_Job(request, stream))
-            self._cond.notify()
+        if isinstance(request, PreparedRequest):
+            self._enqueue(stream, request)
+        else:
+            with self._cond:
+                self._unprepared.add(stream)
+            self._preparing.submit(self._prepare, stream, request)
         return stream
+
+    def encode(self, source: PromptAudio) -> "Future[torch.Tensor]":
+        """Encode a reference recording to codes (F, Q) on the preparation thread (``MossTTSNano.reference_codes``)."""
+        return self._preparing.submit(self.tts.reference_codes, source)
+
+    def _prepare(self, stream: RequestStream, request: SpeechRequest) -> None:
+        try:
+            if stream.cancelled:
+                stream._end(Cancelled("request cancelled"))
+                return
+            prepared = self.tts.preparer.prepare(request)
+        except Exception as exc:  # bad input (MossNpuError) or a bug: this request fails, the engine serves on
+            if not isinstance(exc, MossNpuError):
+                log.exception("preparing a request failed")
+            stream._end(exc)
+            return
+        finally:
+            with self._cond:
+                self._unprepared.discard(stream)
+        self._enqueue(stream, prepared)
+
+    def _enqueue(self, stream: RequestStream, prepared: PreparedRequest) -> None:
+        """Queue a prepared request for a slot."""
+        settings = prepared.settings
+        seed = settings.seed if settings.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
+        stream.prepared = prepared
+        job = _Job(prepared, stream, AudioStreamer(prepared.plan, settings, rows=self.audio),
+                   torch.Generator().manual_seed(seed))
+        with self._cond:
+            if self._closed:
+                stream._end(MossNpuError("the engine was closed before the request started"))
+                return
+            self._waiting.append(job)
+            self._cond.notify()
 
     def close(self) -> None:
         """Stop the engine thread; requests not finished end with an error."""
         with self._cond:
             self._closed = True
             self._cond.notify()
+        self._preparing.shutdown(wait=True, cancel_futures=True)
         self._thread.join()
+        for stream in list(self._unprepared):
+            stream._end(MossNpuError("the engine was closed before the request started"))
+        self._unprepared.clear()
         for job in list(self._running.values()) + list(self._waiting):
             job.stream._end(MossNpuError("the engine was closed before the request finished"))
         self._running.clear()
@@ -205,16 +252,9 @@ class Engine:
                 self._finish(job, error=exc, release=True)
 
     def _admit(self, job: _Job) -> None:
-        request, settings = job.request, job.request.settings
-        if job.plan is None:
-            job.plan = self.tts.plan(request.text, settings, request.prompt_audio, request.prompt_text,
-                                     request.prompt_codes)
-            job.audio = AudioStreamer(self.tts, job.plan, settings, rows=self.audio)
-            seed = settings.seed if settings.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
-            job.generator = torch.Generator().manual_seed(seed)
-        rows = self.tts.prompt_rows(job.plan, job.plan.chunks[job.chunk])
-        params = RequestParams(settings.sampling(), job.plan.nq, settings.max_new_frames, job.generator)
-        job.slot = self.decoder.admit(rows, params)
+        prepared, settings = job.prepared, job.prepared.settings
+        params = RequestParams(settings.sampling(), prepared.plan.nq, settings.max_new_frames, job.generator)
+        job.slot = self.decoder.admit(prepared.rows[job.chunk], params)
         self._running[job.slot] = job
         job.audio.start_chunk(job.chunk, job.slot)
 
@@ -233,6 +273,7 @@ class Engine:
                 continue
             if bool(batch.active[slot]):
                 job.codes.append(batch.codes[slot])
+                job.stream.frames += 1
                 job.audio.add(batch.codes[slot])
             final = bool(batch.finished[slot])
             codes = job.audio.due(final)
@@ -262,14 +303,15 @@ class Engine:
 
     def _end_chunk(self, job: _Job) -> None:
         """Close a finished chunk (its pause when more follow); queue the next chunk first in line, or finish."""
-        pause = job.audio.pause(job.plan.chunks[job.chunk])
+        chunks = job.prepared.plan.chunks
+        pause = job.audio.pause(chunks[job.chunk])
         if pause is not None:
             job.stream._put(pause)
         self.decoder.release(job.slot)
         del self._running[job.slot]
         job.slot = None
         job.chunk += 1
-        if job.chunk < len(job.plan.chunks):
+        if job.chunk < len(chunks):
             with self._cond:
                 self._waiting.appendleft(job)
         else:

@@ -19,33 +19,32 @@ from typing import Callable, Iterator, Optional
 import torch
 
 from moss_npu import device as devices
-from moss_npu.audio import AudioSource, audio_source_key, load_reference_audio
 from moss_npu.codec.checkpoint import load_codec
 from moss_npu.codec.model import NanoCodec
 from moss_npu.codec.rows import CodecRows
-from moss_npu.errors import ConfigError, InputError, NumericalError
+from moss_npu.errors import InputError, NumericalError
 from moss_npu.hub import DEFAULT_CODEC, DEFAULT_MODEL, resolve_model_dir
 from moss_npu.nano.checkpoint import load_model
 from moss_npu.nano.decoder import FrameDecoder, RequestParams
 from moss_npu.nano.frames import PhaseTimer, left_pad, trim_codes
 from moss_npu.nano.model import NanoTTSModel
-from moss_npu.nano.prompt import build_prompt_rows, mask_unused_channels, resolve_mode
 from moss_npu.nano.quantize import check_int8, quantize_int8, store_bf16
-from moss_npu.threads import set_threads
 from moss_npu.nano.reference import reference_generate
 from moss_npu.nano.reuse import PrefixCache
-from moss_npu.nano.text import pause_samples, voice_clone_chunks
+from moss_npu.nano.text import pause_samples
 from moss_npu.nano.tokenizer import TextTokenizer
 from moss_npu.output import save_audio
+from moss_npu.threads import set_threads
+from moss_npu.tts.prepare import Plan, Preparer, PromptAudio
 from moss_npu.tts.settings import LoadConfig, RunConfig
-from moss_npu.text import TextNormalizer
 from moss_npu.tempo import stretch
+from moss_npu.tts.streamer import AudioChunk, AudioStreamer
 from moss_npu.tts.timeline import Timestamp, at_speed, whole_timestamps
+
+__all__ = ["AudioChunk", "AudioStreamer", "MossTTSNano", "Plan", "PromptAudio", "SynthesisResult"]
 
 log = logging.getLogger(__name__)
 
-# A voice prompt: a file path, the bytes of a wav/flac/mp3 file, or (waveform (C, S) or (S,), sample_rate).
-PromptAudio = AudioSource
 # (chunk index, frame index) after every generated frame: drives progress bars.
 FrameCallback = Callable[[int, int], None]
 
@@ -72,46 +71,13 @@ class SynthesisResult:
         return save_audio(path, self.waveform, self.sample_rate, wav_subtype=wav_subtype)
 
 
-@dataclass(frozen=True)
-class AudioChunk:
-    """One piece of a stream: ``waveform`` (C, n) float32 on the CPU; pauses between text chunks are zeros.
-
-    ``text`` is the text chunk it speaks; ``source_samples`` the samples it stands for before a speed other than
-    1.0 stretched it (None: its own length).
-    """
-
-    waveform: torch.Tensor
-    sample_rate: int
-    chunk_index: int
-    is_pause: bool
-    text: str = ""
-    source_samples: Optional[int] = None
-
-    @property
-    def source_length(self) -> int:
-        """Samples this piece stands for at the model's own pace."""
-        return self.waveform.shape[-1] if self.source_samples is None else self.source_samples
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What to generate: the resolved mode, the text chunks, and the prompt codes (F, Q) if any."""
-
-    mode: str
-    chunks: list[str]
-    prompt_codes: Optional[torch.Tensor]
-    prompt_text: Optional[str]
-    nq: int
-
-
 class MossTTSNano:
     """The native MOSS-TTS-Nano pipeline on one device."""
 
     def __init__(self, model: NanoTTSModel, tokenizer: TextTokenizer, codec: NanoCodec) -> None:
         self.model, self.tokenizer, self.codec = model, tokenizer, codec
         self.config = model.config
-        self._reference_cache: dict[str, torch.Tensor] = {}
-        self.normalizer = TextNormalizer()  # the official infer.py text preparation, as settings enable it
+        self.preparer = Preparer(tokenizer, self.config, codec)  # text preparation and the reference cache
         self._decoder: Optional[FrameDecoder] = None
         self._idle_stream_codec: Optional[CodecRows] = None  # the last stream's codec state, for the next one
 
@@ -153,64 +119,26 @@ class MossTTSNano:
         return self.model.device
 
     @property
+    def normalizer(self):
+        """The official text preparation (``moss_npu.text.TextNormalizer``) this pipeline's requests go through."""
+        return self.preparer.normalizer
+
+    @property
     def sample_rate(self) -> int:
         return self.codec.sample_rate
 
     def reference_codes(self, source: PromptAudio) -> torch.Tensor:
-        """Encode a reference recording into codes (F, Q) on the CPU; cached by content.
-
-        ``source`` is a file path, the bytes of a wav/flac/mp3 file, or a (waveform (C, S) or (S,), sample_rate)
-        pair; a file and its bytes share one cache entry.
-        """
-        if isinstance(source, (str, Path)) and not Path(source).is_file():
-            raise InputError(f"--prompt-audio-path {source}: file not found; pass a wav/flac/mp3 recording")
-        key = audio_source_key(source)
-        if key not in self._reference_cache:
-            wave = load_reference_audio(source, self.codec.sample_rate, self.codec.channels,
-                                        min_samples=self.codec.frame_size)
-            codes, lengths = self.codec.encode(wave[None])
-            self._reference_cache[key] = codes[:, 0, : int(lengths[0])].T.cpu()
-        return self._reference_cache[key]
+        """Encode a reference recording into codes (F, Q) on the CPU; cached by content (``Preparer``)."""
+        return self.preparer.reference_codes(source)
 
     def plan(self, text: str, settings: RunConfig, prompt_audio: Optional[PromptAudio] = None,
              prompt_text: Optional[str] = None, prompt_codes: Optional[torch.Tensor] = None) -> Plan:
-        """Validate a request, normalize its texts as the settings say, and decide its mode, chunks, prompt codes.
-
-        ``prompt_codes`` (F, Q) are a voice's codes encoded before (a stored voice): used instead of audio.
-        """
-        if not isinstance(settings, RunConfig):
-            raise ConfigError(f"settings: a {type(settings).__name__} is not a RunConfig; pass "
-                              "settings=RunConfig(...) (device, dtype, attention, threads are from_pretrained's)")
-        if not isinstance(text, str) or not text.strip():
-            raise InputError("the text is empty; pass the words to speak with --text or --text-file")
-        prepared = self.normalizer.prepare(text, prompt_text or "", robust=settings.text_normalization,
-                                           wetext=settings.wetext)
-        if not prepared.text.strip():
-            raise InputError("the text holds nothing to speak once normalized; pass words to speak")
-        text, prompt_text = prepared.text, None if prompt_text is None else prepared.prompt_text
-        nq = self.config.n_vq if settings.nq is None else settings.nq
-        if not 1 <= nq <= self.config.n_vq:
-            raise InputError(f"--nq {nq}: out of range; use 1..{self.config.n_vq}")
-        if prompt_audio is not None and prompt_codes is not None:
-            raise InputError("pass a voice as prompt audio or as prompt codes, not both")
-        has_voice = prompt_audio is not None or prompt_codes is not None
-        mode = settings.mode
-        if mode == "auto":
-            mode = "voice_clone" if has_voice and prompt_text is None else "continuation"
-        mode = resolve_mode(mode, prompt_text is not None, has_voice)
-        codes = None
-        if has_voice:
-            raw = self.reference_codes(prompt_audio) if prompt_audio is not None else _check_codes(prompt_codes,
-                                                                                                   self.config)
-            codes = mask_unused_channels(raw, nq, self.config)
-        chunks = [text]
-        if mode == "voice_clone":
-            chunks = voice_clone_chunks(self.tokenizer, text, settings.voice_clone_max_text_tokens)
-        return Plan(mode, chunks, codes, prompt_text, nq)
+        """Normalize a request's texts and decide its mode, chunks and prompt codes (``Preparer.plan``)."""
+        return self.preparer.plan(text, settings, prompt_audio, prompt_text, prompt_codes)
 
     def prompt_rows(self, plan: Plan, chunk: str) -> torch.Tensor:
         """Return the prompt rows (L, Q + 1) of one text chunk of ``plan``."""
-        return build_prompt_rows(self.tokenizer, self.config, chunk, plan.mode, plan.prompt_text, plan.prompt_codes)
+        return self.preparer.prompt_rows(plan, chunk)
 
     def decoder(self, slots: int, max_len: int, sampler: str = "official", graph: str = "auto",
                 compile: str = "auto") -> FrameDecoder:
@@ -390,7 +318,7 @@ class MossTTSNano:
                      clock: Callable[[], float], timer: Optional[PhaseTimer]) -> Iterator[AudioChunk]:
         """``synthesize_stream``'s audio at the model's own pace."""
         rows = self._stream_codec(max(settings.schedule().budgets), timer)
-        audio = AudioStreamer(self, plan, settings, rows, clock)
+        audio = AudioStreamer(plan, settings, rows, clock)
         lm = self.model
         try:
             for index, chunk in enumerate(plan.chunks):
@@ -434,93 +362,6 @@ class MossTTSNano:
         for _, codes in self._decode_frames(lm, [rows], settings.max_new_frames - len(done), plan, settings,
                                             generator, timer):
             yield codes
-
-
-class AudioStreamer:
-    """One request's audio as its codes come: the streaming codec on the official playback-lead schedule.
-
-    The codec keeps its transformer state between calls, so each call decodes only the new frames. The first
-    call decodes as soon as one frame exists (budget 1), which sets the time to first audio. Pauses between
-    text chunks are zeros. Alone (``push`` / ``end_chunk``) it decodes in its row of ``rows``; the engine instead
-    collects ``due`` frames of many streamers, decodes them in one ``CodecRows`` call and hands each its audio
-    through ``emit``.
-    """
-
-    def __init__(self, tts: MossTTSNano, plan: Plan, settings: RunConfig, rows: CodecRows,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
-        self.tts, self.plan, self.clock = tts, plan, clock
-        self.schedule = settings.schedule()
-        self.rows = rows
-        self.row = 0
-        self.emitted_s, self.first_emit = 0.0, None
-        self.pending: list[torch.Tensor] = []
-        self.index = 0
-
-    def start_chunk(self, index: int, row: int = 0) -> None:
-        """Begin text chunk ``index`` in codec row ``row`` (a continuation first primes it with the prompt codes)."""
-        self.index, self.pending, self.row = index, [], row
-        codes = self.plan.prompt_codes
-        prime = codes[:, :self.plan.nq] if self.plan.mode == "continuation" and codes is not None else None
-        self.rows.start(row, prime)
-
-    def push(self, codes: torch.Tensor) -> Iterator[AudioChunk]:
-        """Add one frame's codes (Q,); yield the audio the schedule says to decode now."""
-        self.add(codes)
-        return self._decode_due(final=False)
-
-    def end_chunk(self, chunk: str) -> Iterator[AudioChunk]:
-        """Decode what is left of the chunk, then its pause when more chunks follow."""
-        yield from self._decode_due(final=True)
-        pause = self.pause(chunk)
-        if pause is not None:
-            yield pause
-
-    def add(self, codes: torch.Tensor) -> None:
-        """Add one frame's codes (Q,) without decoding."""
-        self.pending.append(codes)
-
-    def due(self, final: bool = False) -> Optional[torch.Tensor]:
-        """Take the frames (n, nq) the schedule says to decode now (all at the end of a chunk), or None."""
-        since = None if self.first_emit is None else self.clock() - self.first_emit
-        count = self.schedule.frames_to_decode(emitted_s=self.emitted_s,
-                                               lead_s=self.schedule.lead_s(self.emitted_s, since),
-                                               head_pending=len(self.pending), max_pending=len(self.pending),
-                                               final=final)
-        if not count or not self.pending:
-            return None
-        take, self.pending = self.pending[:count], self.pending[count:]
-        return torch.stack(take)[:, :self.plan.nq]
-
-    def emit(self, wave: torch.Tensor) -> AudioChunk:
-        """Wrap decoded audio (C, n) of this stream as the next chunk (and start the playback clock)."""
-        self.first_emit = self.clock() if self.first_emit is None else self.first_emit
-        self.emitted_s += wave.shape[-1] / self.tts.sample_rate
-        return AudioChunk(wave, self.tts.sample_rate, self.index, False, self.plan.chunks[self.index])
-
-    def pause(self, chunk: str) -> Optional[AudioChunk]:
-        """The silence after text chunk ``chunk`` when more chunks follow, else None."""
-        if self.index >= len(self.plan.chunks) - 1:
-            return None
-        pause = torch.zeros(self.tts.codec.channels, pause_samples(chunk, self.tts.sample_rate))
-        self.emitted_s += pause.shape[-1] / self.tts.sample_rate
-        return AudioChunk(pause, self.tts.sample_rate, self.index, True, self.plan.chunks[self.index])
-
-    def _decode_due(self, final: bool) -> Iterator[AudioChunk]:
-        codes = self.due(final)
-        if codes is not None:
-            yield self.emit(self.rows.decode({self.row: codes})[self.row])
-
-
-def _check_codes(codes: torch.Tensor, config) -> torch.Tensor:
-    """Return stored voice codes (F, Q) as int64 on the CPU, or raise InputError naming what is wrong."""
-    codes = torch.as_tensor(codes)
-    sizes = config.audio_codebook_sizes
-    if codes.dim() != 2 or codes.shape[1] != config.n_vq or codes.shape[0] == 0:
-        raise InputError(f"prompt codes have shape {tuple(codes.shape)}; expected (frames >= 1, {config.n_vq})")
-    valid = (codes >= 0) & (codes < torch.tensor(sizes)) | (codes == config.audio_pad_token_id)
-    if not bool(valid.all()):
-        raise InputError("prompt codes lie outside the codebooks; encode the voice with the matching codec")
-    return codes.long().cpu()
 
 
 def _phase(timer: Optional[PhaseTimer], name: str):

@@ -15,8 +15,8 @@ import torch
 
 from moss_npu.tempo import Stretcher
 
-if TYPE_CHECKING:  # the pipeline imports this module
-    from moss_npu.tts.pipeline import AudioChunk
+if TYPE_CHECKING:
+    from moss_npu.tts.streamer import AudioChunk
 
 
 @dataclass(frozen=True)

@@ -66,9 +66,10 @@ class ServerProcess:
         self.log = tmp / f"server-{self.port}.log"
         command = [sys.executable, "-m", "moss_npu.serve", "--model", str(model), "--codec", str(codec),
                    "--port", str(self.port), "--voices-dir", str(self.voices_dir), "--num-threads", "1", *args]
-        if api_key:
-            command += ["--api-key", api_key]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+        env.pop("MOSS_NPU_API_KEY", None)
+        if api_key:
+            env["MOSS_NPU_API_KEY"] = api_key  # not --api-key: that shows in ps (and the server warns)
         self._log_file = open(self.log, "wb")
         self.process = subprocess.Popen(command, cwd=REPO, env=env, stdout=self._log_file, stderr=subprocess.STDOUT)
         if wait:
@@ -128,6 +129,14 @@ def server(tmp_path_factory):
     """The shared server: one CPU worker, API key, roomy queue."""
     proc = ServerProcess(tmp_path_factory.mktemp("serve"), "--device", "cpu", "--max-input-chars", "200",
                          "--max-upload-mb", "1", "--max-voice-seconds", "20")
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="session")
+def keyless_server(tmp_path_factory):
+    """A server without an API key (the page and the WebSocket from their own origin need none)."""
+    proc = ServerProcess(tmp_path_factory.mktemp("keyless"), "--device", "cpu", api_key=None)
     yield proc
     proc.stop()
 

@@ -15,7 +15,7 @@ import pytest
 
 from moss_npu import goldens
 from tests.optional import missing, require
-from tests.serve.conftest import ServerProcess, serve_module
+from tests.serve.conftest import serve_module
 
 serve_module("fastapi")
 webdriver = require("selenium.webdriver", "pip install -e '.[dev]'")
@@ -33,11 +33,9 @@ WAIT_S = 120
 
 
 @pytest.fixture(scope="module")
-def keyless(tmp_path_factory):
+def keyless(keyless_server):
     """A server without an API key: the page needs none and shows no key field."""
-    proc = ServerProcess(tmp_path_factory.mktemp("page"), "--device", "cpu", api_key=None)
-    yield proc
-    proc.stop()
+    return keyless_server
 
 
 @pytest.fixture(scope="module")

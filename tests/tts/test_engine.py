@@ -181,3 +181,48 @@ def test_a_frame_failing_at_a_release_fails_its_requests_and_the_engine_serves_o
         assert fired and len(outcomes) == 2, outcomes
         assert sum(isinstance(o, MossNpuError) and "injected" in str(o) for o in outcomes.values()) == 1
         assert collect(engine.submit(SpeechRequest("After.", settings=greedy)))[0].shape[1] > 0
+
+
+def test_a_slow_preparation_does_not_stall_other_streams(tts, monkeypatch):
+    """Preparation (text normalization, reference encoding, prompt rows) runs beside the frame thread: while one
+    request takes 1.5 s to prepare, a running stream's chunks keep coming (the frame thread once prepared each
+    request itself, and every stream stopped for as long)."""
+    real_prepare = tts.preparer.prepare
+
+    def slow(request):
+        if request.text.startswith("Slow"):
+            time.sleep(1.5)
+        return real_prepare(request)
+
+    monkeypatch.setattr(tts.preparer, "prepare", slow)
+    with Engine(tts, max_batch=2) as engine:
+        running = engine.submit(SpeechRequest("A long running stream.",
+                                              settings=RunConfig(do_sample=False, max_new_frames=375)))
+        arrivals, chunks = [], iter(running)
+        next(chunks)
+        slow_stream = engine.submit(SpeechRequest("Slow to prepare.", settings=RunConfig(do_sample=False,
+                                                                                         max_new_frames=2)))
+        started = time.monotonic()
+        while time.monotonic() - started < 1.5:
+            next(chunks)
+            arrivals.append(time.monotonic())
+        running.cancel()
+        assert collect(slow_stream)[0].shape[1] > 0
+    gaps = [b - a for a, b in zip([started, *arrivals], arrivals)]
+    assert len(arrivals) > 3 and max(gaps) < 0.5, gaps
+
+
+def test_requests_in_preparation_count_as_queued_and_can_be_cancelled(tts, monkeypatch):
+    gate = threading.Event()
+    real_prepare = tts.preparer.prepare
+    monkeypatch.setattr(tts.preparer, "prepare", lambda request: (gate.wait(10), real_prepare(request))[1])
+    with Engine(tts, max_batch=1) as engine:
+        first = engine.submit(SpeechRequest("One.", settings=RunConfig(do_sample=False, max_new_frames=2)))
+        second = engine.submit(SpeechRequest("Two.", settings=RunConfig(do_sample=False, max_new_frames=2)))
+        assert engine.queued == 2 and engine.active_slots == 0
+        second.cancel()
+        gate.set()
+        assert collect(first)[0].shape[1] == 2 * 3840
+        with pytest.raises(Cancelled):
+            collect(second)
+        assert engine.queued == 0

@@ -1,0 +1,69 @@
+"""Connection hygiene for uvicorn: a header-read timeout, the keep-alive timeout and a connection cap.
+
+uvicorn bounds an idle kept-alive connection but not one whose request headers never finish: a client that
+sends a byte every few seconds (slowloris) holds a connection, and a file descriptor, forever. ``HeaderTimeout``
+closes a connection whose request line and headers have not all arrived ``header_timeout_s`` after the
+connection opened or the previous response ended. Body reads are bounded separately (``edge.Edge``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """The uvicorn settings of one server (``uvicorn_options``)."""
+
+    header_timeout_s: float = 10.0
+    keep_alive_s: int = 5
+    max_connections: int = 256  # past it, uvicorn answers 503 at once
+
+    def uvicorn_options(self) -> dict[str, Any]:
+        """Keyword arguments for ``uvicorn.Config``."""
+        timeout = self.header_timeout_s
+
+        class Protocol(HeaderTimeout):
+            header_timeout_s = timeout
+
+        return {"http": Protocol, "timeout_keep_alive": self.keep_alive_s, "limit_concurrency": self.max_connections,
+                "h11_max_incomplete_event_size": 16 * 1024}
+
+
+class HeaderTimeout(H11Protocol):
+    """uvicorn's h11 protocol, closing connections whose request headers take longer than ``header_timeout_s``."""
+
+    header_timeout_s = 10.0
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_header_timer()
+
+    def on_response_complete(self) -> None:
+        self._arm_header_timer()  # before super(): it may start a pipelined request's cycle at once
+        super().on_response_complete()
+
+    def _arm_header_timer(self) -> None:
+        self._cancel_header_timer()
+        waiting_for = self.cycle  # a new request replaces the cycle once its headers are complete
+        self._header_timer: Optional[asyncio.TimerHandle] = self.loop.call_later(
+            self.header_timeout_s, self._headers_overdue, waiting_for)
+
+    def _cancel_header_timer(self) -> None:
+        timer = getattr(self, "_header_timer", None)
+        if timer is not None:
+            timer.cancel()
+            self._header_timer = None
+
+    def _headers_overdue(self, waiting_for: Any) -> None:
+        self._header_timer = None
+        if self.cycle is waiting_for and not self.transport.is_closing():
+            self.transport.close()
+
+    def connection_lost(self, exc: Optional[Exception]) -> None:
+        self._cancel_header_timer()
+        super().connection_lost(exc)

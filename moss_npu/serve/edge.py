@@ -1,0 +1,215 @@
+"""The server's front edge: what is decided from the headers alone, before a body byte is read.
+
+``Edge`` is plain ASGI middleware around the FastAPI app. For every HTTP request it checks, in order:
+
+1. **Host** (keyless servers, or when ``--allowed-hosts`` is set): the ``Host`` header must name this server
+   (its bind address, a loopback name, or an allowed host). A page on another site that re-points its own
+   name at 127.0.0.1 (DNS rebinding) is refused here.
+2. **Origin** (keyless servers): a browser write (POST, PUT, PATCH, DELETE) from another origin is refused
+   unless ``--cors-origins`` lists it, so a form on a foreign page cannot store voices or spend compute.
+3. **API key**: every route but the public ones needs ``Authorization: Bearer KEY``, checked here, so an
+   unauthenticated upload is refused without reading it.
+4. **Body size and time**: a declared ``Content-Length`` over the limit is answered 413 at once; body bytes are
+   counted as they arrive (chunked bodies have no length) and the request is answered 413 at the limit; a
+   body that takes longer than ``body_timeout_s`` to arrive is answered 408. Either way the rest of the body
+   is never read.
+
+Refusals use the OpenAI error shape. Every answer is counted by route and status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import ipaddress
+import json
+from dataclasses import dataclass
+from typing import Awaitable, Callable, Optional
+
+from moss_npu.serve.errors import ApiError
+from moss_npu.serve.metrics import Metrics
+
+ROUTES = ("/health", "/metrics", "/v1/models", "/v1/audio/speech", "/v1/audio/voices", "/", "/page", "/static")
+PUBLIC_ROUTES = ("/health", "/", "/page", "/static")  # the page loads without the key, then asks for it
+SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+
+
+@dataclass(frozen=True)
+class EdgePolicy:
+    """What the edge lets through: key, hosts, origins, body limits."""
+
+    api_key: Optional[str]
+    max_body_bytes: int
+    body_timeout_s: float = 60.0
+    bind_host: str = "127.0.0.1"
+    allowed_hosts: tuple[str, ...] = ()  # extra Host names; "*" allows any
+    cors_origins: tuple[str, ...] = ()  # origins allowed to write from a browser; "*" allows any
+
+    def checks_host(self) -> bool:
+        """Hosts are checked on keyless servers, and whenever an allow-list was given."""
+        return (self.api_key is None or bool(self.allowed_hosts)) and "*" not in self.allowed_hosts
+
+    def host_allowed(self, host: str) -> bool:
+        """Whether a ``Host`` header value (name or address, with or without port) names this server."""
+        name = _host_name(host)
+        if name is None:
+            return False
+        allowed = {*LOOPBACK_NAMES, *(h.lower() for h in self.allowed_hosts)}
+        if not _is_wildcard(self.bind_host):
+            allowed.add(self.bind_host.lower().strip("[]"))
+        return name in allowed or _is_loopback(name)
+
+    def origin_allowed(self, origin: str, host: str) -> bool:
+        """Whether a browser ``Origin`` may write: the same origin as ``Host``, or one listed in ``cors_origins``."""
+        if "*" in self.cors_origins or origin in self.cors_origins:
+            return True
+        scheme, _, rest = origin.partition("://")
+        return scheme in ("http", "https") and rest.lower() == host.lower()
+
+
+def _host_name(host: str) -> Optional[str]:
+    """The name part of a Host header (lower case, IPv6 without brackets), or None when it is malformed."""
+    host = host.strip().lower()
+    if not host:
+        return None
+    if host.startswith("["):
+        end = host.find("]")
+        return host[1:end] if end > 0 else None
+    name, _, port = host.partition(":")
+    if port and not port.isdigit():
+        return None
+    return name or None
+
+
+def _is_wildcard(host: str) -> bool:
+    return host in ("", "0.0.0.0", "::", "[::]")
+
+
+def _is_loopback(name: str) -> bool:
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def route_of(path: str) -> str:
+    """The metrics label of a path: one of ``ROUTES`` or ``other``."""
+    return next((r for r in ROUTES if path == r or path.startswith(r + "/")), "other")
+
+
+class _BodyRefused(Exception):
+    """The body broke a limit while it was read."""
+
+    def __init__(self, error: ApiError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+class Edge:
+    """ASGI middleware applying an ``EdgePolicy`` (see the module docstring) and counting answers."""
+
+    def __init__(self, app, policy: EdgePolicy, metrics: Metrics) -> None:
+        self.app, self.policy, self.metrics = app, policy, metrics
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        status = [0]
+
+        async def counted(message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            refusal = self._refusal(scope)
+            if refusal is not None:
+                await _answer(counted, refusal)
+                return
+            await self._serve(scope, receive, counted, status)
+        finally:
+            self.metrics.requests.labels(route=route_of(scope["path"]), status=str(status[0] or 500)).inc()
+
+    def _refusal(self, scope) -> Optional[ApiError]:
+        """The answer for a request its headers already rule out, or None."""
+        policy = self.policy
+        headers = _headers(scope)
+        host = headers.get("host", "")
+        if policy.checks_host() and not policy.host_allowed(host):
+            return ApiError(403, f"host {host!r} is not this server; a server without an API key answers only to "
+                            "its own address (start it with --allowed-hosts NAME to add one)", code="host_not_allowed")
+        origin = headers.get("origin")
+        if (policy.api_key is None and origin is not None and scope["method"] not in SAFE_METHODS
+                and not policy.origin_allowed(origin, host)):
+            return ApiError(403, f"cross-origin write from {origin!r} refused; a server without an API key takes "
+                            "writes only from its own pages (start it with --cors-origins ORIGIN to allow one)",
+                            code="cross_origin")
+        if policy.api_key is not None and route_of(scope["path"]) not in PUBLIC_ROUTES and scope["method"] != "OPTIONS":
+            scheme, _, token = headers.get("authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), policy.api_key.encode()):
+                return ApiError(401, "invalid or missing API key; send the header 'Authorization: Bearer <key>'",
+                                code="invalid_api_key")
+        length = headers.get("content-length")
+        if length is not None and (not length.strip().isdigit() or int(length) > policy.max_body_bytes):
+            return _too_large(policy.max_body_bytes)
+        return None
+
+    async def _serve(self, scope, receive, send, status: list) -> None:
+        """Run the app with a receive that enforces the body limits and a send that yields to a refusal."""
+        policy = self.policy
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + policy.body_timeout_s
+        state = {"read": 0, "done": False, "refused": None}
+
+        async def limited() -> dict:
+            if state["refused"] is not None:
+                return {"type": "http.disconnect"}
+            if state["done"]:
+                return await receive()  # after the body: only a disconnect can come
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
+            except asyncio.TimeoutError:
+                return refuse(ApiError(408, f"the request body did not arrive within {policy.body_timeout_s:g} s",
+                                       code="body_timeout"))
+            if message["type"] == "http.request":
+                state["read"] += len(message.get("body", b""))
+                if state["read"] > policy.max_body_bytes:
+                    return refuse(_too_large(policy.max_body_bytes))
+                state["done"] = not message.get("more_body", False)
+            return message
+
+        def refuse(error: ApiError) -> dict:
+            state["refused"] = error
+            return {"type": "http.disconnect"}  # the app stops reading; its answer is replaced by ours
+
+        async def guarded_send(message) -> None:
+            if state["refused"] is None:
+                await send(message)
+
+        try:
+            await self.app(scope, limited, guarded_send)
+        except Exception:
+            if state["refused"] is None:
+                raise
+        if state["refused"] is not None and status[0] == 0:
+            await _answer(send, state["refused"], close=True)
+
+
+def _headers(scope) -> dict[str, str]:
+    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+
+
+def _too_large(limit: int) -> ApiError:
+    return ApiError(413, f"request body is larger than {limit} bytes", code="request_too_large")
+
+
+async def _answer(send: Callable[[dict], Awaitable[None]], error: ApiError, close: bool = False) -> None:
+    """Send ``error`` as a whole JSON response (``close``: the unread body ends the connection)."""
+    body = json.dumps(error.body()).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers += [(k.lower().encode(), v.encode()) for k, v in error.headers.items()]
+    if close:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": error.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

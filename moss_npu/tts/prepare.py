@@ -1,0 +1,172 @@
+"""Request preparation: text → normalized text → chunks → prompt rows, and reference recordings → codes.
+
+Everything a request needs before its first frame is worked out here, once, off the frame loop: the official
+text preparation, the mode, the long-text chunks, the reference encoding (cached by content) and the prompt
+rows of every chunk. The result, a ``PreparedRequest``, is all a frame decoder needs to admit the request.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from moss_npu.audio import AudioSource, audio_source_key, load_reference_audio
+from moss_npu.codec.model import NanoCodec
+from moss_npu.errors import ConfigError, InputError
+from moss_npu.nano.config import NanoConfig
+from moss_npu.nano.prompt import build_prompt_rows, mask_unused_channels, resolve_mode
+from moss_npu.nano.text import voice_clone_chunks
+from moss_npu.nano.tokenizer import TextTokenizer
+from moss_npu.text import TextNormalizer
+from moss_npu.tts.settings import RunConfig
+
+log = logging.getLogger(__name__)
+
+# A voice prompt: a file path, the bytes of a wav/flac/mp3 file, or (waveform (C, S) or (S,), sample_rate).
+PromptAudio = AudioSource
+REFERENCE_CACHE_ENTRIES = 128  # encoded references kept (a 30 s one is ~50 KB of codes)
+
+
+@dataclass
+class SpeechRequest:
+    """What to say and in whose voice: prompt audio (path, bytes or (waveform, rate)) or stored prompt codes."""
+
+    text: str
+    prompt_audio: Optional[PromptAudio] = None
+    prompt_codes: Optional[torch.Tensor] = None  # (F, Q) CPU codes of a stored voice
+    prompt_text: Optional[str] = None
+    settings: RunConfig = field(default_factory=RunConfig)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to generate: the resolved mode, the text chunks, and the prompt codes (F, Q) if any."""
+
+    mode: str
+    chunks: list[str]
+    prompt_codes: Optional[torch.Tensor]
+    prompt_text: Optional[str]
+    nq: int
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    """A request ready for the frame decoder: its plan, the prompt rows (L, Q + 1) of each chunk, its settings."""
+
+    plan: Plan
+    rows: list[torch.Tensor]
+    settings: RunConfig
+
+    @property
+    def spoken_text(self) -> str:
+        """The text the model is given (after normalization), chunk by chunk joined."""
+        return "".join(self.plan.chunks)
+
+
+class Preparer:
+    """Turns requests into ``PreparedRequest``s; owns the text normalizer and the reference-code cache.
+
+    Safe to call from several threads: the normalizer (whose search keeps working memory between texts) runs
+    under a lock, and so does the cache bookkeeping.
+    """
+
+    def __init__(self, tokenizer: TextTokenizer, config: NanoConfig, codec: NanoCodec) -> None:
+        self.tokenizer, self.config, self.codec = tokenizer, config, codec
+        self.normalizer = TextNormalizer()
+        self._references: OrderedDict[str, torch.Tensor] = OrderedDict()
+        self._text_lock = threading.Lock()
+        self._cache_lock = threading.Lock()
+
+    def reference_codes(self, source: PromptAudio) -> torch.Tensor:
+        """Encode a reference recording into codes (F, Q) on the CPU; cached by content (least recently used).
+
+        ``source`` is a file path, the bytes of a wav/flac/mp3 file, or a (waveform (C, S) or (S,), sample_rate)
+        pair; a file and its bytes share one cache entry.
+        """
+        if isinstance(source, (str, Path)) and not Path(source).is_file():
+            raise InputError(f"--prompt-audio-path {source}: file not found; pass a wav/flac/mp3 recording")
+        key = audio_source_key(source)
+        with self._cache_lock:
+            if key in self._references:
+                self._references.move_to_end(key)
+                return self._references[key]
+        wave = load_reference_audio(source, self.codec.sample_rate, self.codec.channels,
+                                    min_samples=self.codec.frame_size)
+        codes, lengths = self.codec.encode(wave[None])
+        codes = codes[:, 0, : int(lengths[0])].T.cpu()
+        with self._cache_lock:
+            codes = self._references.setdefault(key, codes)
+            self._references.move_to_end(key)
+            while len(self._references) > REFERENCE_CACHE_ENTRIES:
+                self._references.popitem(last=False)
+        return codes
+
+    def clear_references(self) -> None:
+        """Forget every encoded reference."""
+        with self._cache_lock:
+            self._references.clear()
+
+    def plan(self, text: str, settings: RunConfig, prompt_audio: Optional[PromptAudio] = None,
+             prompt_text: Optional[str] = None, prompt_codes: Optional[torch.Tensor] = None) -> Plan:
+        """Validate a request, normalize its texts as the settings say, and decide its mode, chunks, prompt codes.
+
+        ``prompt_codes`` (F, Q) are a voice's codes encoded before (a stored voice): used instead of audio.
+        """
+        if not isinstance(settings, RunConfig):
+            raise ConfigError(f"settings: a {type(settings).__name__} is not a RunConfig; pass "
+                              "settings=RunConfig(...) (device, dtype, attention, threads are from_pretrained's)")
+        if not isinstance(text, str) or not text.strip():
+            raise InputError("the text is empty; pass the words to speak with --text or --text-file")
+        with self._text_lock:
+            prepared = self.normalizer.prepare(text, prompt_text or "", robust=settings.text_normalization,
+                                               wetext=settings.wetext)
+        if not prepared.text.strip():
+            raise InputError("the text holds nothing to speak once normalized; pass words to speak")
+        text, prompt_text = prepared.text, None if prompt_text is None else prepared.prompt_text
+        nq = self.config.n_vq if settings.nq is None else settings.nq
+        if not 1 <= nq <= self.config.n_vq:
+            raise InputError(f"--nq {nq}: out of range; use 1..{self.config.n_vq}")
+        if prompt_audio is not None and prompt_codes is not None:
+            raise InputError("pass a voice as prompt audio or as prompt codes, not both")
+        has_voice = prompt_audio is not None or prompt_codes is not None
+        mode = settings.mode
+        if mode == "auto":
+            mode = "voice_clone" if has_voice and prompt_text is None else "continuation"
+        mode = resolve_mode(mode, prompt_text is not None, has_voice)
+        codes = None
+        if has_voice:
+            raw = self.reference_codes(prompt_audio) if prompt_audio is not None else check_codes(prompt_codes,
+                                                                                                  self.config)
+            codes = mask_unused_channels(raw, nq, self.config)
+        chunks = [text]
+        if mode == "voice_clone":
+            chunks = voice_clone_chunks(self.tokenizer, text, settings.voice_clone_max_text_tokens)
+        return Plan(mode, chunks, codes, prompt_text, nq)
+
+    def prompt_rows(self, plan: Plan, chunk: str) -> torch.Tensor:
+        """Return the prompt rows (L, Q + 1) of one text chunk of ``plan``."""
+        return build_prompt_rows(self.tokenizer, self.config, chunk, plan.mode, plan.prompt_text, plan.prompt_codes)
+
+    def prepare(self, request: SpeechRequest) -> PreparedRequest:
+        """Everything ``request`` needs before its first frame (see the module docstring)."""
+        plan = self.plan(request.text, request.settings, request.prompt_audio, request.prompt_text,
+                         request.prompt_codes)
+        return PreparedRequest(plan, [self.prompt_rows(plan, chunk) for chunk in plan.chunks], request.settings)
+
+
+def check_codes(codes: torch.Tensor, config: NanoConfig) -> torch.Tensor:
+    """Return stored voice codes (F, Q) as int64 on the CPU, or raise InputError naming what is wrong."""
+    codes = torch.as_tensor(codes)
+    sizes = config.audio_codebook_sizes
+    if codes.dim() != 2 or codes.shape[1] != config.n_vq or codes.shape[0] == 0:
+        raise InputError(f"prompt codes have shape {tuple(codes.shape)}; expected (frames >= 1, {config.n_vq})")
+    valid = (codes >= 0) & (codes < torch.tensor(sizes)) | (codes == config.audio_pad_token_id)
+    if not bool(valid.all()):
+        raise InputError("prompt codes lie outside the codebooks; encode the voice with the matching codec")
+    return codes.long().cpu()

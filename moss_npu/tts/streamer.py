@@ -1,0 +1,111 @@
+"""One request's audio as its codes come: the streaming codec on the official playback-lead schedule."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterator, Optional
+
+import torch
+
+from moss_npu.codec.rows import CodecRows
+from moss_npu.nano.text import pause_samples
+from moss_npu.tts.prepare import Plan
+from moss_npu.tts.settings import RunConfig
+
+
+@dataclass(frozen=True)
+class AudioChunk:
+    """One piece of a stream: ``waveform`` (C, n) float32 on the CPU; pauses between text chunks are zeros.
+
+    ``text`` is the text chunk it speaks; ``source_samples`` the samples it stands for before a speed other than
+    1.0 stretched it (None: its own length).
+    """
+
+    waveform: torch.Tensor
+    sample_rate: int
+    chunk_index: int
+    is_pause: bool
+    text: str = ""
+    source_samples: Optional[int] = None
+
+    @property
+    def source_length(self) -> int:
+        """Samples this piece stands for at the model's own pace."""
+        return self.waveform.shape[-1] if self.source_samples is None else self.source_samples
+
+
+class AudioStreamer:
+    """One request's audio as its codes come: the streaming codec on the official playback-lead schedule.
+
+    The codec keeps its transformer state between calls, so each call decodes only the new frames. The first
+    call decodes as soon as one frame exists (budget 1), which sets the time to first audio. Pauses between
+    text chunks are zeros. Alone (``push`` / ``end_chunk``) it decodes in its row of ``rows``; the engine instead
+    collects ``due`` frames of many streamers, decodes them in one ``CodecRows`` call and hands each its audio
+    through ``emit``.
+    """
+
+    def __init__(self, plan: Plan, settings: RunConfig, rows: CodecRows,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.plan, self.clock = plan, clock
+        self.sample_rate, self.channels = rows.codec.sample_rate, rows.codec.channels
+        self.schedule = settings.schedule()
+        self.rows = rows
+        self.row = 0
+        self.emitted_s, self.first_emit = 0.0, None
+        self.pending: list[torch.Tensor] = []
+        self.index = 0
+
+    def start_chunk(self, index: int, row: int = 0) -> None:
+        """Begin text chunk ``index`` in codec row ``row`` (a continuation first primes it with the prompt codes)."""
+        self.index, self.pending, self.row = index, [], row
+        codes = self.plan.prompt_codes
+        prime = codes[:, :self.plan.nq] if self.plan.mode == "continuation" and codes is not None else None
+        self.rows.start(row, prime)
+
+    def push(self, codes: torch.Tensor) -> Iterator[AudioChunk]:
+        """Add one frame's codes (Q,); yield the audio the schedule says to decode now."""
+        self.add(codes)
+        return self._decode_due(final=False)
+
+    def end_chunk(self, chunk: str) -> Iterator[AudioChunk]:
+        """Decode what is left of the chunk, then its pause when more chunks follow."""
+        yield from self._decode_due(final=True)
+        pause = self.pause(chunk)
+        if pause is not None:
+            yield pause
+
+    def add(self, codes: torch.Tensor) -> None:
+        """Add one frame's codes (Q,) without decoding."""
+        self.pending.append(codes)
+
+    def due(self, final: bool = False) -> Optional[torch.Tensor]:
+        """Take the frames (n, nq) the schedule says to decode now (all at the end of a chunk), or None."""
+        since = None if self.first_emit is None else self.clock() - self.first_emit
+        count = self.schedule.frames_to_decode(emitted_s=self.emitted_s,
+                                               lead_s=self.schedule.lead_s(self.emitted_s, since),
+                                               head_pending=len(self.pending), max_pending=len(self.pending),
+                                               final=final)
+        if not count or not self.pending:
+            return None
+        take, self.pending = self.pending[:count], self.pending[count:]
+        return torch.stack(take)[:, :self.plan.nq]
+
+    def emit(self, wave: torch.Tensor) -> AudioChunk:
+        """Wrap decoded audio (C, n) of this stream as the next chunk (and start the playback clock)."""
+        self.first_emit = self.clock() if self.first_emit is None else self.first_emit
+        self.emitted_s += wave.shape[-1] / self.sample_rate
+        return AudioChunk(wave, self.sample_rate, self.index, False, self.plan.chunks[self.index])
+
+    def pause(self, chunk: str) -> Optional[AudioChunk]:
+        """The silence after text chunk ``chunk`` when more chunks follow, else None."""
+        if self.index >= len(self.plan.chunks) - 1:
+            return None
+        pause = torch.zeros(self.channels, pause_samples(chunk, self.sample_rate))
+        self.emitted_s += pause.shape[-1] / self.sample_rate
+        return AudioChunk(pause, self.sample_rate, self.index, True, self.plan.chunks[self.index])
+
+    def _decode_due(self, final: bool) -> Iterator[AudioChunk]:
+        codes = self.due(final)
+        if codes is not None:
+            yield self.emit(self.rows.decode({self.row: codes})[self.row])
