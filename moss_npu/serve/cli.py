@@ -28,6 +28,7 @@ from typing import Optional
 from moss_npu.cli import ArgumentParser, device_spec, run_cli
 from moss_npu.errors import BAD_INPUT, INTERRUPTED, RUNTIME_FAILURE, InputError, MissingDependency
 from moss_npu.hub import DEFAULT_CODEC, DEFAULT_MODEL, resolve_model_dir
+from moss_npu.limits import MAX_NEW_FRAMES
 from moss_npu.serve.errors import ServerError
 
 
@@ -75,8 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--header-timeout", type=float, default=10.0,
                    help="seconds a connection may take to send its request headers (then it is closed)")
     p.add_argument("--keep-alive", type=int, default=5, help="seconds an idle kept-alive connection stays open")
-    p.add_argument("--max-connections", type=int, default=256,
-                   help="open connections at most (then 503 at once)")
+    p.add_argument("--max-connections", type=int, default=1000,
+                   help="open connections and requests at most (then uvicorn answers 503 at once)")
     p.add_argument("--num-threads", type=int, default=0,
                    help="intra-op CPU threads per worker (0: the cores but one, shared among CPU workers)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
@@ -93,11 +94,12 @@ def _check(args: argparse.Namespace) -> list[str]:
             device_spec(device)
         except argparse.ArgumentTypeError as exc:
             raise InputError(f"--device {exc}") from None
-    for name, value, low in (("--max-batch", args.max_batch, 1), ("--max-queue", args.max_queue, 0),
-                             ("--max-input-chars", args.max_input_chars, 1), ("--port", args.port, 0),
-                             ("--max-new-frames", args.max_new_frames, 1), ("--num-threads", args.num_threads, 0)):
-        if value < low:
-            raise InputError(f"{name} {value}: use at least {low}")
+    for name, value, low, high in (("--max-batch", args.max_batch, 1, 256), ("--max-queue", args.max_queue, 0, 10**5),
+                                   ("--max-input-chars", args.max_input_chars, 1, 10**6), ("--port", args.port, 0, 65535),
+                                   ("--max-new-frames", args.max_new_frames, 1, MAX_NEW_FRAMES),
+                                   ("--num-threads", args.num_threads, 0, 1024)):
+        if not low <= value <= high:
+            raise InputError(f"{name} {value}: use {low}..{high}")
     for name, value in (("--request-timeout", args.request_timeout), ("--max-upload-mb", args.max_upload_mb),
                         ("--max-voice-seconds", args.max_voice_seconds), ("--body-timeout", args.body_timeout),
                         ("--header-timeout", args.header_timeout), ("--keep-alive", args.keep_alive),
@@ -173,7 +175,7 @@ def serve(args: argparse.Namespace) -> int:
         from moss_npu.serve.connections import ConnectionLimits
         from moss_npu.serve.metrics import Metrics
         from moss_npu.serve.pool import WorkerPool, specs_for
-        from moss_npu.serve.worker import WorkerSpec
+        from moss_npu.serve.spec import WorkerSpec
     except ImportError as exc:
         raise MissingDependency(f"the server needs the serve extra ({exc.name} is missing); run "
                                 "pip install -e '.[serve]'") from None
@@ -188,7 +190,7 @@ def serve(args: argparse.Namespace) -> int:
 
     metrics = Metrics()
     base = WorkerSpec(model=args.model, codec=args.codec, device="", dtype=args.dtype, max_batch=args.max_batch,
-                      num_threads=args.num_threads)
+                      num_threads=args.num_threads, max_new_frames=args.max_new_frames)
     pool = WorkerPool(specs_for(devices, base), max_queue=args.max_queue, metrics=metrics, on_fatal=on_fatal)
     config = ServerConfig(voices_dir=args.voices_dir, model_names=(args.model_name,), api_key=args.api_key,
                           max_input_chars=args.max_input_chars, max_new_frames=args.max_new_frames,
@@ -197,6 +199,7 @@ def serve(args: argparse.Namespace) -> int:
                           bind_host=args.host, allowed_hosts=args.allowed_hosts, cors_origins=args.cors_origins)
     limits = ConnectionLimits(header_timeout_s=args.header_timeout, keep_alive_s=args.keep_alive,
                               max_connections=args.max_connections)
+    limits.raise_file_limit()
     server = _server_class()(uvicorn.Config(create_app(config, pool, metrics), host=args.host, port=args.port,
                                            log_level=args.log_level, timeout_graceful_shutdown=5,
                                            **limits.uvicorn_options()))

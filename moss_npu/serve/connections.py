@@ -21,7 +21,22 @@ class ConnectionLimits:
 
     header_timeout_s: float = 10.0
     keep_alive_s: int = 5
-    max_connections: int = 256  # past it, uvicorn answers 503 at once
+    max_connections: int = 1000  # past it, uvicorn answers 503 at once
+
+    def raise_file_limit(self) -> None:
+        """Raise this process's open-file limit (within its hard limit) so the cap, not the limit, is met first.
+
+        Past the file limit, accepting a connection fails, which the cap exists to prevent.
+        """
+        try:
+            import resource
+        except ImportError:  # not on POSIX
+            return
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        wanted = self.max_connections + 256  # the workers' pipes, model files, logs
+        if soft != resource.RLIM_INFINITY and soft < wanted:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted if hard == resource.RLIM_INFINITY
+                                                        else min(wanted, hard), hard))
 
     def uvicorn_options(self) -> dict[str, Any]:
         """Keyword arguments for ``uvicorn.Config``."""

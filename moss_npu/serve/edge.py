@@ -65,7 +65,7 @@ class EdgePolicy:
         if "*" in self.cors_origins or origin in self.cors_origins:
             return True
         scheme, _, rest = origin.partition("://")
-        return scheme in ("http", "https") and rest.lower() == host.lower()
+        return scheme in ("http", "https", "ws", "wss") and rest.lower() == host.lower()
 
 
 def _host_name(host: str) -> Optional[str]:
@@ -113,6 +113,8 @@ class Edge:
         self.app, self.policy, self.metrics = app, policy, metrics
 
     async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "websocket":
+            return await self._websocket(scope, receive, send)
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         status = [0]
@@ -131,7 +133,15 @@ class Edge:
         finally:
             self.metrics.requests.labels(route=route_of(scope["path"]), status=str(status[0] or 500)).inc()
 
-    def _refusal(self, scope) -> Optional[ApiError]:
+    async def _websocket(self, scope, receive, send) -> None:
+        """A WebSocket handshake gets the same host, origin and key checks (opening one counts as a write);
+        a refused one is closed before it is accepted (the client sees 403)."""
+        if self._refusal(scope, write=True, body=False) is not None:
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        await self.app(scope, receive, send)
+
+    def _refusal(self, scope, *, write: Optional[bool] = None, body: bool = True) -> Optional[ApiError]:
         """The answer for a request its headers already rule out, or None."""
         policy = self.policy
         headers = _headers(scope)
@@ -140,18 +150,19 @@ class Edge:
             return ApiError(403, f"host {host!r} is not this server; a server without an API key answers only to "
                             "its own address (start it with --allowed-hosts NAME to add one)", code="host_not_allowed")
         origin = headers.get("origin")
-        if (policy.api_key is None and origin is not None and scope["method"] not in SAFE_METHODS
-                and not policy.origin_allowed(origin, host)):
+        write = scope.get("method") not in SAFE_METHODS if write is None else write
+        if policy.api_key is None and origin is not None and write and not policy.origin_allowed(origin, host):
             return ApiError(403, f"cross-origin write from {origin!r} refused; a server without an API key takes "
                             "writes only from its own pages (start it with --cors-origins ORIGIN to allow one)",
                             code="cross_origin")
-        if policy.api_key is not None and route_of(scope["path"]) not in PUBLIC_ROUTES and scope["method"] != "OPTIONS":
+        if (policy.api_key is not None and route_of(scope["path"]) not in PUBLIC_ROUTES
+                and scope.get("method") != "OPTIONS"):
             scheme, _, token = headers.get("authorization", "").partition(" ")
             if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), policy.api_key.encode()):
                 return ApiError(401, "invalid or missing API key; send the header 'Authorization: Bearer <key>'",
                                 code="invalid_api_key")
         length = headers.get("content-length")
-        if length is not None and (not length.strip().isdigit() or int(length) > policy.max_body_bytes):
+        if body and length is not None and (not length.strip().isdigit() or int(length) > policy.max_body_bytes):
             return _too_large(policy.max_body_bytes)
         return None
 

@@ -7,7 +7,8 @@ any number of ``{"type": "input.text", "text": …}`` pieces, then ``{"type": "i
 Server → client: per sentence ``audio.start`` (``sentence_index``, ``sentence_text``, format), binary audio
 frames, ``audio.done`` (its bytes and its start/end second in the session's audio, with the timestamps of its
 text chunks); at the end ``session.done`` with the sentence count and usage; ``error`` events in the OpenAI
-error shape (a bad ``session.config`` or sentence ends the session after its error event).
+error shape (a bad ``session.config`` or sentence ends the session after its error event). The handshake
+passes the edge's host, origin and key checks first (``moss_npu.serve.edge``; a refused one sees 403).
 
 A sentence is complete when one of the official splitter's sentence marks (``moss_npu.nano.text``: ``.!?;``
 and their full-width forms, plus closing quotes or brackets) is followed by whitespace, or at once for a
@@ -20,7 +21,6 @@ sentence but the first, so the session's audio equals the same text sent whole i
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 from typing import Any, Callable, Optional
@@ -289,23 +289,10 @@ async def _event(ticket: Ticket, deadline: float) -> tuple:
                        "--request-timeout", code="timeout") from None
 
 
-def authorized(ws: WebSocket, api_key: Optional[str]) -> bool:
-    """Whether the handshake carries the server's key (``Authorization: Bearer``), or the server has none."""
-    if api_key is None:
-        return True
-    scheme, _, token = ws.headers.get("authorization", "").partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key.encode())
-
-
 def install(app, pool: WorkerPool, make_job: Callable[[SpeechBody], dict], config: Any) -> None:
     """Add the WebSocket route to ``app``."""
 
     @app.websocket(PATH)
     async def speech_stream(ws: WebSocket) -> None:
-        await ws.accept()
-        if not authorized(ws, config.api_key):
-            await Session(ws, pool, make_job, config)._fail(ApiError(
-                401, "invalid or missing API key; send the header 'Authorization: Bearer <key>'",
-                code="invalid_api_key"))
-            return
+        await ws.accept()  # the edge (moss_npu.serve.edge) already checked host, origin and key
         await Session(ws, pool, make_job, config).run()

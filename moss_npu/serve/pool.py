@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional
 from moss_npu.serve import worker as worker_process
 from moss_npu.serve.errors import INTERNAL, WORKER_LOST, ApiError, from_engine
 from moss_npu.serve.metrics import Metrics
-from moss_npu.serve.worker import WorkerSpec
+from moss_npu.serve.spec import WorkerSpec
 
 log = logging.getLogger("moss_npu.serve")
 
@@ -134,9 +134,11 @@ class WorkerPool:
 
     def __init__(self, specs: list[WorkerSpec], *, max_queue: int, metrics: Metrics,
                  on_fatal: Callable[[str, bool], None] = lambda message, user_fault: None,
-                 backoff: Backoff = Backoff()) -> None:
+                 backoff: Backoff = Backoff(), target: Callable = worker_process.main) -> None:
+        """``target(conn, spec)`` is a worker process's entry point (an importable function: workers are spawned)."""
         self.workers = [Worker(i, spec) for i, spec in enumerate(specs)]
         self.max_queue, self.metrics, self.on_fatal, self.backoff = max_queue, metrics, on_fatal, backoff
+        self.target = target
         self._ids = itertools.count(1)
         self._closing = False
         self._context = multiprocessing.get_context("spawn")
@@ -166,7 +168,7 @@ class WorkerPool:
 
     def _spawn(self, w: Worker) -> None:
         parent, child = self._context.Pipe(duplex=True)
-        w.process = self._context.Process(target=worker_process.main, args=(child, w.spec), daemon=True,
+        w.process = self._context.Process(target=self.target, args=(child, w.spec), daemon=True,
                                           name=f"moss-npu-worker-{w.index}")
         w.state, w.active, w.queued = "starting", 0, 0
         w.started_at = time.monotonic()

@@ -17,14 +17,15 @@ import os
 import signal
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from multiprocessing.connection import Connection
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
 from moss_npu.errors import MossNpuError
 from moss_npu.serve.errors import kind_of
+from moss_npu.serve.spec import WorkerSpec
 from moss_npu.threads import set_threads
 from moss_npu.tts.engine import Engine, RequestStream, SpeechRequest
 from moss_npu.tts.pipeline import MossTTSNano
@@ -34,19 +35,6 @@ from moss_npu.tts.timeline import Timestamp, timed
 log = logging.getLogger("moss_npu.serve.worker")
 WARMUP_TEXT = "Hello."
 STATS_INTERVAL_S = 0.05
-
-
-@dataclass(frozen=True)
-class WorkerSpec:
-    """What a worker loads and how it runs: model folders, its device, dtype, batch slots, CPU threads."""
-
-    model: str
-    codec: str
-    device: str
-    dtype: Optional[str] = None
-    max_batch: int = 8
-    num_threads: int = 0
-    warmup_frames: int = 4
 
 
 def codes_digest(codes: torch.Tensor) -> str:
@@ -176,7 +164,7 @@ def main(conn: Connection, spec: WorkerSpec) -> None:
         set_threads(spec.num_threads)
         started = time.perf_counter()
         tts = MossTTSNano.from_pretrained(spec.model, spec.codec, device=spec.device, dtype=spec.dtype)
-        engine = Engine(tts, max_batch=spec.max_batch)
+        engine = Engine(tts, max_batch=spec.max_batch, max_len=spec.max_len)
         warm_up(engine, spec.warmup_frames)
     except Exception as exc:  # noqa: BLE001 - the server reports it and exits
         if kind_of(exc) == "Internal":

@@ -27,7 +27,7 @@ SERVE_INSTALL = "pip install -e '.[dev]'"  # the serve extra plus openai and htt
 REPO = Path(__file__).resolve().parents[2]
 API_KEY = "test-key"
 FRAME = 3840  # samples per codec frame at 48 kHz
-STARTUP_S = 120.0
+STARTUP_S = 300.0  # a loaded machine preparing the grammars for the first time takes minutes
 MODEL = "moss-tts-nano"  # the model id the server answers to
 # A request that runs for seconds (the frame cap, greedy so it does not stop early): to hold a slot busy.
 LONG = {"model": MODEL, "input": "A long one.", "max_new_frames": 375, "greedy": True, "response_format": "pcm"}

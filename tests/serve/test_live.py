@@ -18,6 +18,7 @@ from tests.serve.conftest import API_KEY, FRAME, MODEL, serve_module
 
 serve_module("fastapi")
 sync_client = require("websockets.sync.client", "pip install -e '.[dev]'")
+from websockets.exceptions import InvalidStatus  # noqa: E402
 
 FRAMES = 6
 SENTENCES = ["First sentence here.", "Second one comes next.", "Third and last."]
@@ -131,10 +132,20 @@ def test_a_bad_session_config_gets_an_error_event_in_the_openai_shape(server, co
     assert set(error["error"]) == {"message", "type", "param", "code"} and error["error"]["param"] == param
 
 
-def test_a_missing_key_is_refused(server):
-    with connect(server, key="wrong") as ws:
+def test_a_wrong_key_is_refused_at_the_handshake(server):
+    with pytest.raises(InvalidStatus) as refused:
+        connect(server, key="wrong")
+    assert refused.value.response.status_code == 403
+
+
+def test_a_keyless_server_takes_sessions_only_from_its_own_pages(keyless_server):
+    with pytest.raises(InvalidStatus):
+        sync_client.connect(url(keyless_server), origin="http://evil.example", open_timeout=30)
+    own = f"http://127.0.0.1:{keyless_server.port}"
+    with sync_client.connect(url(keyless_server), origin=own, open_timeout=30) as ws:
+        ws.send(json.dumps({**CONFIG, "model": "nope"}))
         events, _ = collect(ws)
-    assert events[-1]["type"] == "error" and events[-1]["error"]["code"] == "invalid_api_key"
+    assert events[-1]["error"]["code"] == "model_not_found"
 
 
 def test_whole_files_per_sentence_without_stream_audio(server):

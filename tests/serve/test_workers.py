@@ -111,7 +111,7 @@ def test_taken_port_is_refused_before_workers_start(tmp_path):
 def test_cpu_workers_leave_a_core_to_the_server(monkeypatch):
     """Without --num-threads, CPU workers share every core but one; other devices and a given count are kept."""
     from moss_npu.serve import pool
-    from moss_npu.serve.worker import WorkerSpec
+    from moss_npu.serve.spec import WorkerSpec
 
     base = WorkerSpec(model="m", codec="c", device="cpu")
     monkeypatch.setattr(pool, "usable_cores", lambda: 16)
