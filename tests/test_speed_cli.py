@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from moss_npu import goldens
+from moss_npu_verify import goldens
 from moss_npu.nano.text import pause_samples
 from tests.optional import require
 from tests.test_inference_cli import model_args, run

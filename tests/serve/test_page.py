@@ -13,7 +13,7 @@ import shutil
 
 import pytest
 
-from moss_npu import goldens
+from moss_npu_verify import goldens
 from tests.optional import missing, require
 from tests.serve.conftest import serve_module
 

@@ -10,7 +10,7 @@ import pytest
 import soundfile
 import torch
 
-from moss_npu import goldens
+from moss_npu_verify import goldens
 from moss_npu.serve.errors import ApiError
 from moss_npu.serve.voices import VoiceStore
 from tests.serve.conftest import MODEL, assert_error, serve_module

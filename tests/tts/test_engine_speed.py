@@ -2,7 +2,7 @@
 
 import pytest
 
-from moss_npu import goldens
+from moss_npu_verify import goldens
 from moss_npu.errors import InputError
 from moss_npu.tts import MossTTSNano, RunConfig
 from moss_npu.tts.engine import Engine, SpeechRequest
