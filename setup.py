@@ -78,7 +78,10 @@ class BinaryDistribution(Distribution):
 # requirement has no aarch64 wheel and is not needed here.
 NANO = ["torch>=2.1", "sentencepiece", "safetensors", "psutil", "kaldifst>=1.7", "threadpoolctl>=3"]
 # The speech server (moss_npu.serve): its workers run the Nano backend.
-SERVE = ["fastapi", "uvicorn", "prometheus_client", "python-multipart"]
+SERVE = ["fastapi", "uvicorn", "prometheus_client", "python-multipart", "websockets"]  # websockets: /v1/audio/speech/stream
+# Speaking rate other than 1.0 (moss_npu.tempo): Rubber Band's real-time stretcher. Wheels for x86-64 (aarch64
+# builds it from source), so it is its own extra; the server and the dev install include it.
+TEMPO = ["pylibrb>=0.1.2"]
 
 setup(
     name="moss-npu",
@@ -90,8 +93,10 @@ setup(
     # moss_npu is the runtime; moss_npu_verify the conformance runner and its case handlers, which import the
     # runtime (never the other way round) and ship so that a deployment can check itself against the fixtures.
     packages=find_packages(include=["moss_npu", "moss_npu.*", "moss_npu_verify", "moss_npu_verify.*"]),
-    # The C sources travel too: the opt-in build for this very CPU ($MOSS_NPU_NATIVE_BUILD) compiles them again.
-    package_data={"moss_npu.cpu": ["matvec.c", "matvec.h", "matvec_tiles.c"], "moss_npu.text": ["lattice.c"]},
+    # The C sources travel too: the opt-in build for this very CPU ($MOSS_NPU_NATIVE_BUILD) compiles them again;
+    # static/: the server's page at /.
+    package_data={"moss_npu.cpu": ["matvec.c", "matvec.h", "matvec_tiles.c"], "moss_npu.text": ["lattice.c"],
+                  "moss_npu.serve": ["static/*.html", "static/*.js", "static/*.css"]},
     distclass=BinaryDistribution,
     cmdclass=COMMANDS,
     # Torch-free core: the llama.cpp Delay fallback runs on exactly this plus the "llama" extra.
@@ -112,11 +117,13 @@ setup(
         "llama": ["llama-cpp-python>=0.3.17", "tokenizers", "onnxruntime"],
         "onnx": ["onnx", "onnxruntime"],
         "upstream": NANO + ["transformers==4.57.1"],  # torchaudio not needed: audio goes through moss_npu.audio
-        "serve": NANO + SERVE,
+        "tempo": TEMPO,
+        "serve": NANO + SERVE + TEMPO,
         # The README's install line: everything Nano needs and the test runner; everything the README's test line
         # needs except llama-cpp-python (a ~6 min source build: the README's optional line). The server tests
         # call the server with the official openai client and httpx.
-        "dev": NANO + SERVE + ["pytest", "onnx", "onnxruntime", "tokenizers", "openai", "httpx"],
+        # selenium drives Debian's chromium for the page test (tests/serve/test_page.py).
+        "dev": NANO + SERVE + TEMPO + ["pytest", "onnx", "onnxruntime", "tokenizers", "openai", "httpx", "selenium"],
     },
     entry_points={"console_scripts": ["moss-npu-serve=moss_npu.serve.cli:main"]},
 )

@@ -8,7 +8,7 @@
     python -m bench.run --compare reference@1,optimized@1 --quantize int8  # int8 weight-only CPU step
 
 Every run is greedy with a fixed frame count per text chunk (``--frames``), so runs compare like with like.
-A configuration is ``SPEED[@THREADS]`` (``moss_npu.tts.settings.SPEEDS``); with ``--compare`` the
+A configuration is ``DECODER[@THREADS]`` (``moss_npu.tts.settings.DECODERS``); with ``--compare`` the
 configurations run alternately in one process, and the last stdout line is ``speedup B/A: X.XX``: the median
 over cases of (median per-frame time of A) / (median per-frame time of B), so > 1 means B is faster.
 Per-frame time = the frame phase (local decisions, sampling, global step; prefill and codec excluded).
@@ -61,23 +61,23 @@ PHASES = ("prefill", "frame", "codec")
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """One configuration under test: a speed preset and the intra-op thread count (0: leave torch's)."""
+    """One configuration under test: a decoder algorithm and the intra-op thread count (0: leave torch's)."""
 
-    speed: str
+    decoder: str
     threads: int = 0
 
     @property
     def label(self) -> str:
-        return self.speed if self.threads == 0 else f"{self.speed}@{self.threads}"
+        return self.decoder if self.threads == 0 else f"{self.decoder}@{self.threads}"
 
     @classmethod
     def parse(cls, text: str) -> "BenchConfig":
-        from moss_npu.tts.settings import SPEEDS
+        from moss_npu.tts.settings import DECODERS
 
-        speed, _, threads = text.strip().partition("@")
-        if speed not in SPEEDS or (threads and not threads.isdigit()):
-            raise ValueError(f"configuration {text!r}; use SPEED[@THREADS] with SPEED one of {SPEEDS}")
-        return cls(speed, int(threads or 0))
+        decoder, _, threads = text.strip().partition("@")
+        if decoder not in DECODERS or (threads and not threads.isdigit()):
+            raise ValueError(f"configuration {text!r}; use DECODER[@THREADS] with DECODER one of {DECODERS}")
+        return cls(decoder, int(threads or 0))
 
 
 @dataclass
@@ -132,7 +132,7 @@ def run_once(tts: MossTTSNano, case: str, config: BenchConfig, frames: int, stre
     if config.threads:
         set_threads(config.threads)
     text, audio = case_request(case)
-    settings = RunConfig(do_sample=False, max_new_frames=frames, speed=config.speed, compile=compile_mode,
+    settings = RunConfig(do_sample=False, max_new_frames=frames, decoder=config.decoder, compile=compile_mode,
                          text_normalization=False, wetext=False)  # the model's speed; bench.text_norm times that
     back = devices.backend(tts.device)
     back.reset_peak_memory_stats()
@@ -152,8 +152,8 @@ def run_once(tts: MossTTSNano, case: str, config: BenchConfig, frames: int, stre
     n_chunks = len(result.text_chunks)
     sec = dict(timer.seconds)
     per_frame = {k: sec.get(k, 0.0) * 1e3 / max(n_frames, 1) for k in ("frame", "codec", "local", "global")}
-    cpu_step = getattr(tts._decoder, "cpu_step", None) if config.speed != "reference" else None
-    step = ("reference" if config.speed == "reference" else "torch" if cpu_step is None
+    cpu_step = getattr(tts._decoder, "cpu_step", None) if config.decoder != "reference" else None
+    step = ("reference" if config.decoder == "reference" else "torch" if cpu_step is None
             else f"{cpu_step.label()}/{cpu_step.kernel_target()}")
     return RunRecord(
         case=case, config=config.label, threads=torch.get_num_threads(), chunks=n_chunks, frames=n_frames,
@@ -238,7 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runs", type=int, default=3, help="measured runs per case and configuration (median)")
     p.add_argument("--warmup", type=int, default=1, help="unmeasured rounds first")
     p.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, from {','.join(CASES)}")
-    p.add_argument("--speed", default="optimized", help="single configuration SPEED[@THREADS]")
+    p.add_argument("--decoder", default="optimized", help="single configuration DECODER[@THREADS]")
     p.add_argument("--compare", help="two configurations A,B run alternately; prints 'speedup B/A: X.XX'")
     p.add_argument("--threads", type=int, default=0, help="default intra-op threads for configs without @N")
     p.add_argument("--no-stream", action="store_true", help="skip the streamed start (time to first audio)")
@@ -323,11 +323,11 @@ def run(argv: Optional[list[str]] = None) -> int:
     from moss_npu import device as devices
 
     try:
-        configs = [BenchConfig.parse(c) for c in (args.compare or args.speed).split(",")]
+        configs = [BenchConfig.parse(c) for c in (args.compare or args.decoder).split(",")]
         sizes = parse_sizes(args.batch)
     except ValueError as exc:
         raise InputError(str(exc)) from None
-    configs = [c if c.threads or not args.threads else BenchConfig(c.speed, args.threads) for c in configs]
+    configs = [c if c.threads or not args.threads else BenchConfig(c.decoder, args.threads) for c in configs]
     graphs = [g.strip() for g in args.graph.split(",") if g.strip()]
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     unknown = [c for c in cases if c not in CASES]
