@@ -4,6 +4,11 @@ uvicorn bounds an idle kept-alive connection but not one whose request headers n
 sends a byte every few seconds (slowloris) holds a connection, and a file descriptor, forever. ``HeaderTimeout``
 closes a connection whose request line and headers have not all arrived ``header_timeout_s`` after the
 connection opened or the previous response ended. Body reads are bounded separately (``edge.Edge``).
+
+A connection closed while the client is still sending (a body refused at its limit) would be reset by the
+kernel, and a reset can reach the client before it has read the answer: it then sees "connection reset" instead
+of the 413. So closes linger (``LingeringTransport``): the server ends its side (FIN), stops reading, and closes
+for good ``LINGER_S`` later, as nginx's lingering close does, without reading what the client still sends.
 """
 
 from __future__ import annotations
@@ -49,13 +54,47 @@ class ConnectionLimits:
                 "h11_max_incomplete_event_size": 16 * 1024}
 
 
+LINGER_S = 2.0
+
+
+class LingeringTransport:
+    """A transport whose ``close`` first half-closes (the answer and a FIN reach the client), then closes after
+    ``LINGER_S``; everything else is the wrapped transport's."""
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport, self._loop, self._closing = transport, loop, False
+
+    def close(self) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        transport = self._transport
+        if transport.is_closing() or not transport.can_write_eof():
+            transport.close()
+            return
+        try:
+            transport.pause_reading()
+            transport.write_eof()
+        except (OSError, RuntimeError):
+            transport.close()
+            return
+        self._loop.call_later(LINGER_S, transport.close)
+
+    def is_closing(self) -> bool:
+        return self._closing or self._transport.is_closing()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
 class HeaderTimeout(H11Protocol):
-    """uvicorn's h11 protocol, closing connections whose request headers take longer than ``header_timeout_s``."""
+    """uvicorn's h11 protocol, closing connections whose request headers take longer than ``header_timeout_s``,
+    with lingering closes."""
 
     header_timeout_s = 10.0
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+        super().connection_made(LingeringTransport(transport, self.loop))  # type: ignore[arg-type]
         self._arm_header_timer()
 
     def on_response_complete(self) -> None:
