@@ -20,7 +20,8 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["moss_npu", "moss_npu.*"]),
-    package_data={"moss_npu.nano": ["matvec.c"], "moss_npu.text": ["lattice.c"]},  # compiled at first use (moss_npu.native)
+    # C sources compiled at first use (moss_npu.native); the Ray Serve config file (moss_npu.serve.ray).
+    package_data={"moss_npu.nano": ["matvec.c"], "moss_npu.text": ["lattice.c"], "moss_npu.serve": ["ray.yaml"]},
     # Torch-free core: the llama.cpp Delay fallback runs on exactly this plus the "llama" extra.
     install_requires=[
         "numpy",
@@ -40,6 +41,8 @@ setup(
         "onnx": ["onnx", "onnxruntime"],
         "upstream": NANO + ["transformers==4.57.1"],  # torchaudio not needed: audio goes through moss_npu.audio
         "serve": NANO + SERVE,
+        # The server as a Ray Serve application (python -m moss_npu.serve.ray): replicas across machines.
+        "ray": NANO + SERVE + ["ray[serve]>=2.40"],
         # The README's install line: everything Nano needs and the test runner; everything the README's test line
         # needs except llama-cpp-python (a ~6 min source build: the README's optional line). The server tests
         # call the server with the official openai client and httpx.
