@@ -44,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     ray.add_argument("--upscale-delay", type=float, default=5.0, help="seconds of high load before a replica is added")
     ray.add_argument("--downscale-delay", type=float, default=30.0,
                      help="seconds of low load before a replica is removed")
+    ray.add_argument("--look-back", type=float, default=30.0, help="seconds of load Ray averages to decide")
     return p
 
 
@@ -69,7 +70,7 @@ def settings_from_args(args: Union[argparse.Namespace, dict]):
         raise InputError(f"--min-replicas {args.min_replicas} --max-replicas {args.max_replicas}: use "
                          "1 <= min <= max <= 1024")
     for name, value in (("--target-ongoing-requests", args.target_ongoing_requests),
-                        ("--cpus-per-replica", args.cpus_per_replica)):
+                        ("--cpus-per-replica", args.cpus_per_replica), ("--look-back", args.look_back)):
         if not value > 0:
             raise InputError(f"{name} {value}: use a positive number")
     for name, value in (("--upscale-delay", args.upscale_delay), ("--downscale-delay", args.downscale_delay)):
@@ -90,7 +91,8 @@ def settings_from_args(args: Union[argparse.Namespace, dict]):
         cors_origins=tuple(args.cors_origins))
     scaling = Scaling(device_kind=kind, min_replicas=args.min_replicas, max_replicas=args.max_replicas,
                       target_ongoing_requests=args.target_ongoing_requests, cpus_per_replica=args.cpus_per_replica,
-                      upscale_delay_s=args.upscale_delay, downscale_delay_s=args.downscale_delay)
+                      upscale_delay_s=args.upscale_delay, downscale_delay_s=args.downscale_delay,
+                      look_back_s=args.look_back)
     return settings, scaling
 
 

@@ -70,6 +70,7 @@ class Scaling:
     cpus_per_replica: float = 1.0
     upscale_delay_s: float = 5.0
     downscale_delay_s: float = 30.0
+    look_back_s: float = 30.0
 
     def deployment_options(self, max_ongoing: int) -> dict:
         """``serve.deployment`` options: the replica's device reservation and the autoscaling config."""
@@ -81,7 +82,8 @@ class Scaling:
                                    "initial_replicas": self.min_replicas,
                                    "target_ongoing_requests": self.target_ongoing_requests,
                                    "upscale_delay_s": self.upscale_delay_s,
-                                   "downscale_delay_s": self.downscale_delay_s},
+                                   "downscale_delay_s": self.downscale_delay_s,
+                                   "look_back_period_s": self.look_back_s},
             "health_check_period_s": 5.0,
             "health_check_timeout_s": 30.0,
             "graceful_shutdown_timeout_s": 10.0,

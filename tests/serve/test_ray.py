@@ -212,3 +212,33 @@ def test_a_killed_replica_is_restarted_and_requests_after_it_succeed(cluster):
         wait_new_replica(cluster, before)
         answered = [speak(http) for _ in range(TRIES // 4)]
     assert [r.status_code for r in answered] == [200] * len(answered)
+
+
+def test_a_load_burst_scales_one_replica_to_two_and_back(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S", "0.5")  # decisions in seconds
+    monkeypatch.setenv("RAY_SERVE_HANDLE_AUTOSCALING_METRIC_PUSH_INTERVAL_S", "0.5")
+    proc = ServerProcess(tmp_path, "--num-cpus", "2", "--min-replicas", "1", "--max-replicas", "2",
+                         "--target-ongoing-requests", "1", "--upscale-delay", "0", "--downscale-delay", "2",
+                         "--look-back", "2", "--max-batch", "2", "--max-queue", "4", module="moss_npu.serve.ray",
+                         wait=False)
+    try:
+        wait_replicas(proc, 1)
+        stop = threading.Event()
+
+        def client():
+            with proc.client(timeout=120) as http:
+                while not stop.is_set():
+                    http.post("/v1/audio/speech", json={**LONG, "max_new_frames": 120})
+
+        burst = [threading.Thread(target=client) for _ in range(4)]
+        for thread in burst:
+            thread.start()
+        try:
+            wait_replicas(proc, 2)
+        finally:
+            stop.set()
+            for thread in burst:
+                thread.join(timeout=120)
+        wait_replicas(proc, 1)
+    finally:
+        proc.stop()
