@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
 from typing import Optional, Union
 
 from moss_npu.cli import run_cli
@@ -58,14 +59,17 @@ def settings_from_args(args: Union[argparse.Namespace, dict]):
         if getattr(args, name) != default:
             raise InputError(f"--{name.replace('_', '-')}: under Ray, connections belong to Ray's HTTP proxy; "
                              "leave the flag out")
+    one_kind = InputError(f"--device {args.device}: name one kind (cpu, cuda or npu); Ray gives each replica one "
+                          "device of it")
+    if "," in args.device:
+        raise one_kind
     try:
         kind, index = parse_device(args.device)
         replica_device(kind, args.cpus_per_replica)
     except DeviceError as exc:
         raise InputError(str(exc)) from None
-    if index is not None or "," in args.device:
-        raise InputError(f"--device {args.device}: name one kind (cpu, cuda or npu); Ray gives each replica one "
-                         "device of it")
+    if index is not None:
+        raise one_kind
     if not 1 <= args.min_replicas <= args.max_replicas <= 1024:
         raise InputError(f"--min-replicas {args.min_replicas} --max-replicas {args.max_replicas}: use "
                          "1 <= min <= max <= 1024")
@@ -145,8 +149,6 @@ def serve(args: argparse.Namespace) -> int:
 
 def _block() -> None:
     """Wait for Ctrl-C (run_cli turns it into exit 130)."""
-    import threading
-
     threading.Event().wait()
 
 
