@@ -19,7 +19,9 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=find_packages(include=["moss_npu", "moss_npu.*"]),
+    # moss_npu is the runtime; moss_npu_verify the conformance runner and its case handlers, which import the
+    # runtime (never the other way round) and ship so that a deployment can check itself against the fixtures.
+    packages=find_packages(include=["moss_npu", "moss_npu.*", "moss_npu_verify", "moss_npu_verify.*"]),
     # C sources compiled at first use (moss_npu.native); the Ray Serve config file (moss_npu.serve.ray).
     package_data={"moss_npu.nano": ["matvec.c"], "moss_npu.text": ["lattice.c"], "moss_npu.serve": ["ray.yaml"]},
     # Torch-free core: the llama.cpp Delay fallback runs on exactly this plus the "llama" extra.

@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 import torch
 
-from moss_npu import goldens
+from moss_npu_verify import goldens
 from moss_npu.codec.checkpoint import nano_codec_config, small_codec_overrides, write_random_codec
 from moss_npu.nano.checkpoint import random_state_dict, write_random_checkpoint
 from moss_npu.nano.config import NanoConfig, official_config_dict

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
-from moss_npu import goldens
+from moss_npu_verify import goldens
 from moss_npu.cli import ArgumentParser, run_cli
 from moss_npu.errors import InputError
 from moss_npu.output import writable_file

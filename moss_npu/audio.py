@@ -1,4 +1,4 @@
-"""Audio in for the Nano backend: reference recordings as tensors, resampled like torchaudio (spec §10 step 4).
+"""Audio in for the Nano backend: reference recordings as tensors, resampled like torchaudio.
 
 Files are read by ``moss_npu.wavfile`` (torch-free, shared with the Delay fallback) and written by
 ``moss_npu.output``. ``resample`` is the windowed-sinc algorithm of ``torchaudio.functional.resample`` with its
@@ -7,6 +7,8 @@ divided by their gcd squared: cheap for the common rates, but ~9 GB for 44099 Hz
 exceed ``OFFICIAL_KERNEL_LIMIT`` elements, ``resample_reference`` uses soxr instead (linear in the audio).
 
 Shapes: C channels, S samples.
+
+See docs/architecture.md#synthesis.
 """
 
 from __future__ import annotations

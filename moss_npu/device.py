@@ -1,7 +1,7 @@
 """The device layer: the one module that knows about CPU, CUDA, Ascend NPU and Apple MPS.
 
 Everything else holds a ``torch.device`` plus a dtype and asks questions through ``backend(device)``;
-no other module names a device type (design.md, "Device layer"). ``torch_npu`` is imported lazily, once,
+no other module names a device type (docs/architecture.md#devices). ``torch_npu`` is imported lazily, once,
 inside the NPU backend, because it cannot even import without Ascend CANN. Memory is in bytes, ``None``
 when unknown. Every fact about one kind of device lives on its ``Backend`` subclass (class attributes and
 methods), so adding a device is one subclass: defining it registers it. Real NPU runs are out of CI: the

@@ -10,7 +10,7 @@ from typing import Optional
 
 from moss_npu.errors import MissingDependency
 
-NANO_INSTALL = 'pip install -e ".[nano]"'  # after the torch build for the machine (README, "Installing")
+NANO_INSTALL = 'pip install -e ".[nano]"'  # after the torch build for the machine (README, Install)
 LLAMA_INSTALL = 'pip install -e ".[llama]"'
 ONNX_INSTALL = 'pip install -e ".[onnx]"'
 OPTIONAL_MODULES = {

@@ -2,8 +2,7 @@
 
 For 2–16 rows (a batch of decode slots, a prompt's new rows, a codec chunk) torch's ``F.linear`` on the CPU goes to
 MKL's GEMM, which on AMD and other non-Intel CPUs runs a generic path. oneDNN with the weight reordered once into
-its blocked layout runs the same product 1.4–1.8× faster (2-vCPU EPYC, one thread: 103–110 against 55–63 GFLOP/s
-on cache-resident shapes; a batch-8 frame of the real model 88 against 127 ms). The packed copy is one more copy
+its blocked layout runs the same product markedly faster (docs/performance.md). The packed copy is one more copy
 of the weight (same bytes), so callers pack only what they multiply that way. These are the operators inductor's
 weight freezing emits (``torch.ops.mkldnn``); a torch built without them, or without oneDNN, has
 ``packing_available() == False`` and callers keep their plain product. One row is not worth packing: a BLAS
@@ -35,10 +34,10 @@ def packing_available() -> bool:
         return False
 
 
-# oneDNN runs one and two rows through a kernel about 1.5x slower than its blocked one (2-vCPU EPYC, one thread: 26-32
-# against 18-20 ms for a real-size global step's weights at 1-4 rows), so fewer rows are padded up to this many.
+# oneDNN runs one and two rows through a slower kernel than its blocked one, so fewer rows are padded up to this
+# many (docs/performance.md#cpu-speed).
 MIN_ROWS = 4
-# The layout hint for every packing: 16 rows measured as fast as an exact hint at 2-32 rows, 1.5x faster than 1.
+# The layout hint for every packing: 16 rows ran as fast as an exact hint at 2-32 rows, and faster than 1.
 ROWS_HINT = 16
 
 

@@ -1,4 +1,4 @@
-"""Token sampling for the MOSS-TTS-Nano frame loop (spec §8, §9).
+"""Token sampling for the MOSS-TTS-Nano frame loop (docs/architecture.md#sampling).
 
 Order as in the official code: repetition penalty → (greedy argmax) → temperature → top-k → top-p → softmax →
 draw. Everything runs in the logits' dtype, as upstream does. Shapes: B batch rows, V candidates.
@@ -10,8 +10,7 @@ Two ways to draw:
   from a CPU generator; the token is the inverse-CDF pick. Two devices given the same seed then pick the same
   token whenever their distributions agree to within the gap between the uniform and the nearest CDF boundary.
   Top-k/top-p are hard cut-offs, so a near-tie at the cut-off can still keep a different token set on each device
-  and make one draw differ (seen once in ~200 draws on a random-weight model whose distributions are nearly flat;
-  CPU vs H200 fp32 agreed on the first 11 of 12 frames, where device RNG differs from the first draw).
+  and make one draw differ (how often: docs/performance.md#host-random-numbers-across-devices).
 """
 
 from __future__ import annotations

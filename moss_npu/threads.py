@@ -2,15 +2,13 @@
 products, ``nano.cpu_step``) use. One process-wide setting, made by the command lines (``--num-threads``).
 
 Default (``--num-threads 0``): 1 thread on machines with at most 2 usable physical cores, else one per usable
-physical core. Measured on a 2-vCPU VM (bench/README): the batch-1 frame is memory-bound, so a second thread
-adds little bandwidth, and whenever another process takes the other core, every parallel region of a
-2-thread pool waits for the descheduled thread (a 1M-element ``torch.add`` went from 0.1 ms to 2.4–7.7 ms,
-a frame from 45 to 240 ms). Whatever the setting, a one-slot CPU frame runs on one thread (``ThreadPools``):
-torch's spinning OpenMP workers and OpenBLAS's threads then fight over the cores (2 threads: 0.24–1.35 s per
-frame on that VM, against 41 ms on one), while prefill and the codec, which are compute-bound, keep the
-setting. (Limiting torch alone and leaving numpy's BLAS at 2 threads speeds up a loop of frames, 31.8 against
-40.2 ms per frame on the quiet VM, but slows a stream, whose codec calls then meet OpenBLAS's still-spinning
-workers: 24 frames streamed in 2.1 s against 1.5–1.8 s; and with another process busy, 124 against 46 ms.)
+physical core. On 2 cores the batch-1 frame is memory-bound, so a second thread adds little bandwidth, and
+whenever another process takes the other core every parallel region of a 2-thread pool waits for the
+descheduled thread. Whatever the setting, a one-slot CPU frame runs on one thread (``ThreadPools``): torch's
+spinning OpenMP workers and OpenBLAS's threads would otherwise fight over the cores, while prefill and the
+codec, which are compute-bound, keep the setting. numpy's BLAS follows torch's count: left at 2 threads, its
+still-spinning workers slow a stream's codec calls. The measurements behind each choice:
+docs/performance.md#threads.
 """
 
 from __future__ import annotations

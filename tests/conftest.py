@@ -1,20 +1,33 @@
-"""Suite-wide pytest settings: the ``slow`` marker (real-size model checks) runs only when asked for, and a
-cache folder of the session's own, so that no test writes into the user's ``~/.cache/moss-npu``.
+"""Suite-wide pytest settings: the ``slow`` marker (real-size model checks) runs only when asked for (and always
+in CI), the environment marks of ``tests/optional.py``, the skip rule of CI, and a cache folder of the session's
+own, so that no test writes into the user's ``~/.cache/moss-npu``.
 
-Run them with ``MOSS_NPU_SLOW_TESTS=1 python -m pytest -m slow tests``.
+Run the slow ones with ``MOSS_NPU_SLOW_TESTS=1 python -m pytest -m slow tests``.
+
+Under ``CI`` a skipped test fails the run unless it is an ``allowed_skip`` (``tests/optional.py``); the allowed
+ones are listed by name at the end, so a green CI says exactly what it did not run.
 """
 
 import os
 
 import pytest
 
+from tests import optional
+
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: real-size model checks (set MOSS_NPU_SLOW_TESTS=1 to run)")
+    config.addinivalue_line("markers", f"{optional.NEEDS}(message): an environment condition (tests/optional.py)")
+    config.addinivalue_line("markers", f"{optional.ALLOWED_SKIP}(reason): a skip CI allows (tests/optional.py)")
+    config.pluginmanager.register(optional.SkipRule(), "moss-npu-skip-rule")
+
+
+def pytest_runtest_setup(item):
+    optional.check_marks(item)
 
 
 def pytest_collection_modifyitems(config, items):
-    if os.environ.get("MOSS_NPU_SLOW_TESTS") == "1":
+    if os.environ.get("MOSS_NPU_SLOW_TESTS") == "1" or optional.in_ci():
         return
     skip = pytest.mark.skip(reason="slow: set MOSS_NPU_SLOW_TESTS=1 to run")
     for item in items:

@@ -10,11 +10,12 @@ import torch
 
 from moss_npu.audio import load_reference_audio, read_audio, resample, to_channels
 from moss_npu.errors import AudioError
-from moss_npu.goldens import fixtures_root
+from moss_npu_verify.goldens import fixtures_root
+from tests.optional import needs
 
 AUDIO = fixtures_root() / "audio"
 NANO = fixtures_root() / "nano-tiny"
-needs_audio = pytest.mark.skipif(not AUDIO.is_dir(), reason=f"fixtures not found at {AUDIO} (set MOSS_NPU_FIXTURES)")
+needs_audio = needs(AUDIO.is_dir(), f"fixtures not found at {AUDIO} (set MOSS_NPU_FIXTURES)")
 
 
 def _direct_resample(x: np.ndarray, orig: int, new: int, width: int = 6, rolloff: float = 0.99) -> np.ndarray:
@@ -67,7 +68,7 @@ def test_resample_keeps_a_passband_tone_and_removes_an_alias():
     ("zh_1.wav", "FLAC", 44100, 1), ("en_7.wav", "MP3", 44100, 2),
     ("en_3.wav", "WAV", 48000, 1), ("zh_3.wav", "WAV", 16000, 1)], ids=lambda v: str(v))
 def test_real_recordings_read_by_content(name, kind, rate, channels):
-    """File names lie (audio/README.md): format, rate and channels come from the content."""
+    """File names lie (the audio fixture holds MP3 and FLAC files named .wav): format, rate and channels come from the content."""
     assert soundfile.info(str(AUDIO / name)).format == kind
     wave, got_rate = read_audio(AUDIO / name)
     assert (got_rate, wave.shape[0], wave.dtype) == (rate, channels, torch.float32)
@@ -91,7 +92,7 @@ def test_pcm16_scales_by_32768(tmp_path):
     assert wave[0].tolist() == [-1.0, -1 / 32768, 0.0, 0.5, 32767 / 32768]
 
 
-@pytest.mark.skipif(not (NANO / "cases.json").is_file(), reason=f"fixture not found at {NANO}")
+@needs((NANO / "cases.json").is_file(), f"fixture not found at {NANO}")
 def test_reference_golden_of_the_official_loader():
     expected = np.load(NANO / "goldens" / "load_reference_output.npy")
     wave = load_reference_audio(NANO / "goldens" / "reference.wav", 48000, 2)

@@ -9,7 +9,8 @@ import pytest
 import eval_accuracy
 import inference
 from bench import run as bench_run
-from moss_npu import cli, errors, goldens, hub
+from moss_npu import cli, errors, hub
+from moss_npu_verify import goldens
 from moss_npu.errors import MossNpuError
 
 EXPECTED = {

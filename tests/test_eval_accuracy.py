@@ -3,7 +3,6 @@ must show its real error and pass or fail by the given thresholds, the reference
 loads, and bad input must exit 2 with one error line. Real NPU/CUDA runs are out of CI."""
 
 import gc
-import importlib.util
 import json
 import sys
 import weakref
@@ -13,7 +12,7 @@ import pytest
 import torch
 
 from moss_npu import device as devices
-from moss_npu import goldens
+from moss_npu_verify import goldens
 from moss_npu.evaluation import EvalInput, EvalRequest, SideSpec, Thresholds, evaluate, generation_settings, load_side
 from moss_npu.evaluation.sides import NativeSide, UpstreamSide
 from moss_npu.evaluation.sides import Capture, InputCapture
@@ -22,6 +21,7 @@ from moss_npu.nano.decoder import generate
 from moss_npu.nano.prompt import build_prompt_rows
 from moss_npu.sampling import SamplingParams
 from moss_npu.upstream import UpstreamGeneration
+from tests.optional import missing
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import eval_accuracy  # noqa: E402  (the CLI lives at the repo root)
@@ -43,7 +43,7 @@ def _one_thread():
 def fixture_dir() -> Path:
     root = goldens.fixtures_root() / "nano-tiny"
     if not (root / "tts" / "config.json").is_file():
-        pytest.skip(f"nano-tiny fixture not found under {goldens.fixtures_root()}; set MOSS_NPU_FIXTURES")
+        missing(f"nano-tiny fixture not found under {goldens.fixtures_root()}; set MOSS_NPU_FIXTURES")
     return root
 
 
@@ -163,8 +163,8 @@ def test_a_report_over_an_input_file_is_refused_before_anything_runs(tmp_path, c
     assert texts.read_text(encoding="utf-8") == "Hello there.\n"
 
 
-@pytest.mark.skipif(importlib.util.find_spec("transformers") is not None, reason="transformers is installed")
-def test_upstream_without_transformers_exits_2_before_loading(fixture_dir, capsys):
+def test_upstream_without_transformers_exits_2_before_loading(fixture_dir, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers", None)  # as where it is not installed
     rc = eval_accuracy.main(["--model", str(fixture_dir / "tts"), "--codec", str(fixture_dir / "codec"),
                              "--device", "cpu", "--impl", "upstream", "--greedy"])
     captured = capsys.readouterr()

@@ -1,13 +1,16 @@
-"""Every case of every fixture folder, through the same runner as ``python -m moss_npu.goldens``.
+"""Every case of every fixture folder, through the same runner as ``python -m moss_npu_verify.goldens``.
 
 Without fixtures (a user's clone) these tests skip and say so; in CI (``CI=true``) a missing fixtures
 folder fails, so parity can never be skipped silently there.
 """
 
+import re
+
 import pytest
 
-from moss_npu import goldens
+from moss_npu_verify import goldens
 from moss_npu.errors import InputError
+from tests import fixture_sets
 from tests.optional import missing
 
 ROOT = goldens.fixtures_root()
@@ -27,19 +30,29 @@ def _fixture(path):
 
 
 def test_fixtures_present():
-    """The fixture folder exists with at least one cases.json (a hard failure in CI)."""
-    if not DIRS:
-        missing(f"golden fixtures not found under {ROOT}; set MOSS_NPU_FIXTURES to run the parity tests")
+    """Every fixture folder the tests expect is there (a hard failure in CI, naming each missing one): the cases
+    below come from whichever folders exist, so a partial fixtures root would otherwise test less, silently."""
+    problems = fixture_sets.missing_sets(ROOT)
+    if problems:
+        missing("; ".join(problems) + " (set MOSS_NPU_FIXTURES)")
+
+
+def test_the_expected_fixture_folders_name_every_folder_the_code_reads():
+    """Each folder named as ``fixtures_root() / <folder>`` in the tests and the package is in ``tests/fixture_sets.EXPECTED``, and
+    each folder there with a cases.json is one the runner reads."""
+    named = set()
+    for folder in ("tests", "moss_npu", "bench"):
+        for path in (goldens.REPO_ROOT / folder).rglob("*.py"):
+            named |= set(re.findall(r'fixtures_root\(\) / "([\w.-]+)"', path.read_text(encoding="utf-8")))
+    assert named and named <= set(fixture_sets.EXPECTED), named - set(fixture_sets.EXPECTED)
 
 
 @pytest.mark.parametrize("fixture_dir,case_id", PARAMS)
 def test_golden_case(fixture_dir, case_id):
     fx = _fixture(fixture_dir)
     outcome = goldens.run_case(fx.case(case_id), fx)
-    if outcome.status == "SKIP":
-        if outcome.missing_dependency:
-            missing(f"{case_id}: {outcome.detail}")
-        pytest.skip(f"{case_id}: {outcome.detail}")
+    if outcome.status == "SKIP":  # an optional package or a handler is missing: a skip here, a failure in CI
+        missing(f"{case_id}: {outcome.detail}")
     assert outcome.status == "PASS", f"{case_id} ({outcome.kind}): {outcome.detail}"
 
 
@@ -115,3 +128,13 @@ def test_runner_cli_reports_and_exits(tmp_path, capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[0].split()[:3] == ["bad", "no_such_kind", "FAIL"]
     assert out[-1] == "0 passed, 1 failed, 0 skipped"
+
+
+def test_a_case_without_handler_is_not_checked_and_the_runner_exits_1(tmp_path, capsys, monkeypatch):
+    """A kind whose handler is not written is a SKIP line and exit 1: a case nobody checked is never a success."""
+    (tmp_path / "cases.json").write_text('{"family": "text", "cases": [{"id": "t", "kind": "normalize_robust"}]}')
+    monkeypatch.setattr(goldens, "_handler", lambda target: None)
+    assert goldens.main([str(tmp_path)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split()[:3] == ["t", "normalize_robust", "SKIP"] and "not implemented" in out[0]
+    assert out[-1] == "0 passed, 0 failed, 1 skipped"

@@ -13,13 +13,13 @@ import pytest
 import soundfile as sf
 
 import inference
-from moss_npu import goldens
+from moss_npu_verify import goldens
 from moss_npu.extras import LLAMA_INSTALL
-from tests.optional import require
+from tests.optional import missing, needs, require
 
 NANO = goldens.fixtures_root() / "nano-tiny"
 AUDIO = goldens.fixtures_root() / "audio"
-needs_fixtures = pytest.mark.skipif(not NANO.is_dir(), reason=f"fixtures not found at {NANO} (set MOSS_NPU_FIXTURES)")
+needs_fixtures = needs(NANO.is_dir(), f"fixtures not found at {NANO} (set MOSS_NPU_FIXTURES)")
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -205,11 +205,11 @@ def test_npu_without_torch_npu(tmp_path, capsys, monkeypatch):
 DELAY = goldens.fixtures_root() / "delay-tiny"
 
 
-@pytest.mark.skipif(not DELAY.is_dir(), reason=f"fixtures not found at {DELAY} (set MOSS_NPU_FIXTURES)")
+@needs(DELAY.is_dir(), f"fixtures not found at {DELAY} (set MOSS_NPU_FIXTURES)")
 def test_llama_cpp_backend_end_to_end(tmp_path, capsys):
     """The README's Delay command with the tiny GGUF fixture and the package's noise-making test codec."""
     require("llama_cpp", LLAMA_INSTALL)
-    from moss_npu.delay.make_test_codec import main as make_test_codec
+    from moss_npu_verify.make_test_codec import main as make_test_codec
 
     codec = tmp_path / "codec"
     make_test_codec([str(codec)])
@@ -226,8 +226,8 @@ def test_llama_cpp_backend_end_to_end(tmp_path, capsys):
 def test_llama_cpp_backend_without_the_package(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "llama_cpp", None)
     if not DELAY.is_dir():
-        pytest.skip(f"fixtures not found at {DELAY}")
-    from moss_npu.delay.make_test_codec import main as make_test_codec
+        missing(f"fixtures not found at {DELAY}")
+    from moss_npu_verify.make_test_codec import main as make_test_codec
 
     make_test_codec([str(tmp_path / "codec")])
     capsys.readouterr()
@@ -240,7 +240,7 @@ def test_llama_cpp_backend_without_the_package(tmp_path, capsys, monkeypatch):
 def test_impl_upstream_without_transformers_says_what_to_install(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "transformers", None)
     if not NANO.is_dir():
-        pytest.skip(f"fixtures not found at {NANO}")
+        missing(f"fixtures not found at {NANO}")
     code, _, err = run(model_args(tmp_path, "--impl", "upstream", "--text", "hi", "--output", tmp_path / "u.wav"), capsys)
     assert code == 2 and 'pip install -e ".[upstream]"' in err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "u.wav").exists()
@@ -277,7 +277,7 @@ def test_text_file_that_is_not_utf8(tmp_path, capsys, content, fragment):
         "negative-seed"])
 def test_preset_values_are_type_checked(tmp_path, capsys, yaml_text, fragment):
     if not NANO.is_dir():
-        pytest.skip(f"fixtures not found at {NANO}")
+        missing(f"fixtures not found at {NANO}")
     preset = tmp_path / "p.yaml"
     preset.write_bytes(yaml_text)
     code, _, err = run(model_args(tmp_path, "--text", "hi", "--output", tmp_path / "o.wav", "--config", preset), capsys)
@@ -351,11 +351,11 @@ def test_reference_that_is_not_a_regular_file(tmp_path, capsys):
     assert code == 2 and "/dev/null: is not a regular file" in _one_error_line(err)
 
 
-@pytest.mark.skipif(not DELAY.is_dir(), reason=f"fixtures not found at {DELAY} (set MOSS_NPU_FIXTURES)")
+@needs(DELAY.is_dir(), f"fixtures not found at {DELAY} (set MOSS_NPU_FIXTURES)")
 def test_llama_cpp_backend_honours_greedy_and_the_frame_cap(tmp_path, capsys):
     """--greedy is repeatable and --max-new-frames 3 gives exactly 3 frames (80 ms each at 24 kHz)."""
     require("llama_cpp", LLAMA_INSTALL)
-    from moss_npu.delay.make_test_codec import main as make_test_codec
+    from moss_npu_verify.make_test_codec import main as make_test_codec
 
     make_test_codec([str(tmp_path / "codec")])
     capsys.readouterr()

@@ -1,4 +1,5 @@
-"""House rules that keep the package honest: only device.py names devices; no unsafe unpickling."""
+"""House rules that keep the package honest: only device.py names devices; no unsafe unpickling; the runtime
+imports nothing from the verification package."""
 
 import io
 import re
@@ -33,3 +34,59 @@ def test_torch_load_always_weights_only(path):
     text = path.read_text(encoding="utf-8")
     for call in re.finditer(r"torch\.load\(([^)]*)\)", text):
         assert "weights_only=True" in call.group(1), f"{path.name}: torch.load without weights_only=True"
+
+
+VERIFY = "moss_npu_verify"
+RUNTIME_SOURCES = sorted(PACKAGE.rglob("*.py")) + [PACKAGE.parent / "inference.py", PACKAGE.parent / "eval_accuracy.py"]
+
+
+def _verify_references(path):
+    """Yield (line, what) for each import of, or module-name string naming, the verification package."""
+    import ast
+
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names = [node.module or ""]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            names = [node.value]  # importlib.import_module("moss_npu_verify...") and handler tables
+        for name in names:
+            if name == VERIFY or name.startswith(VERIFY + "."):
+                yield node.lineno, name
+
+
+@pytest.mark.parametrize("path", RUNTIME_SOURCES, ids=lambda p: str(p.relative_to(PACKAGE.parent)))
+def test_runtime_imports_nothing_from_verification(path):
+    """The runtime (moss_npu, the two user CLIs) never reaches into moss_npu_verify: verification depends on it."""
+    found = list(_verify_references(path))
+    assert not found, f"{path.name} refers to the verification package: {found}"
+
+
+def test_runtime_holds_no_conformance_code():
+    """The conformance runner and case handlers live in moss_npu_verify, not among the runtime's modules."""
+    stray = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
+                   if p.name in ("goldens.py", "cases.py", "make_test_codec.py"))
+    assert not stray, f"verification code inside the runtime package: {stray}"
+    assert (PACKAGE.parent / VERIFY / "goldens.py").is_file()
+
+
+def test_loading_the_runtime_loads_no_verification_module():
+    """Importing every runtime module (what the CLIs and the server import) leaves moss_npu_verify unloaded."""
+    import subprocess
+    import sys
+
+    modules = [".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts) for p in PACKAGE.rglob("*.py")
+               if p.name != "__main__.py"]  # a __main__ would run its command
+    modules = [m.removesuffix(".__init__") for m in modules] + ["inference", "eval_accuracy"]
+    code = ("import importlib, sys\n"
+            f"for name in {modules!r}:\n"
+            "    try:\n"
+            "        importlib.import_module(name)\n"
+            "    except ImportError:\n"
+            "        pass  # an optional part that is not installed here (llama_cpp, fastapi, ...)\n"
+            f"sys.exit(', '.join(sorted(m for m in sys.modules if m.split('.')[0] == {VERIFY!r})) or 0)\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE.parent, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, f"loaded by the runtime: {done.stderr.strip()[-2000:]}"

@@ -12,6 +12,7 @@ from moss_npu import output
 from moss_npu.audio import read_audio
 from moss_npu.errors import InputError, OutputError
 from moss_npu.output import AtomicAudioWriter, audio_target, save_audio, write_wav
+from tests.optional import missing
 
 
 def test_wav_is_float32_and_unclipped_by_default(tmp_path):
@@ -29,7 +30,7 @@ def test_wav_is_float32_and_unclipped_by_default(tmp_path):
 ])
 def test_format_follows_the_extension(tmp_path, name, fmt, subtype):
     if subtype not in soundfile.available_subtypes(fmt):
-        pytest.skip(f"libsndfile {soundfile.__libsndfile_version__} cannot write {fmt}/{subtype}")
+        missing(f"libsndfile {soundfile.__libsndfile_version__} cannot write {fmt}/{subtype}")
     t = torch.arange(48000) / 48000
     wave = torch.stack([torch.sin(2 * torch.pi * 440 * t), torch.sin(2 * torch.pi * 220 * t)]) * 0.5
     path = save_audio(tmp_path / name, wave, 48000)

@@ -9,8 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from moss_npu.packed import MIN_ROWS, PackedLinear, pack_linear, pack_linears, packed_matmul, packing_available
+from tests.optional import needs
 
-pytestmark = pytest.mark.skipif(not packing_available(), reason="this torch has no oneDNN weight packing")
+pytestmark = needs(packing_available(), "this torch has no oneDNN weight packing")
 
 
 @pytest.mark.parametrize("rows", [1, 2, MIN_ROWS, 17])

@@ -18,12 +18,13 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from moss_npu import goldens
+from moss_npu_verify import goldens
+from tests.optional import needs
 
 REPO = Path(__file__).resolve().parent.parent
 NANO = goldens.fixtures_root() / "nano-tiny"
 AUDIO = goldens.fixtures_root() / "audio"
-pytestmark = pytest.mark.skipif(not NANO.is_dir(), reason=f"fixtures not found at {NANO} (set MOSS_NPU_FIXTURES)")
+pytestmark = needs(NANO.is_dir(), f"fixtures not found at {NANO} (set MOSS_NPU_FIXTURES)")
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 LONG_TEXT = "The first sentence is here. A second one follows it. And a third one closes the text."
 

@@ -1,9 +1,11 @@
-"""Load an official codec folder, and write random official-format ones for tests/benchmarks (spec §15.3-15.4).
+"""Load an official codec folder, and write random official-format ones for tests/benchmarks.
 
 A folder holds ``config.json`` and ``model.safetensors`` (preferred) or ``pytorch_model.bin`` (read with
 ``weights_only=True``). Keys pass through one visible table: legacy names are renamed (``RENAMES``),
 weight-norm pairs ``parametrizations.weight.original0/1`` are folded into a plain ``weight`` exactly as
 ``torch`` computes it, then the state dict is loaded strictly.
+
+See docs/architecture.md#codec-weights.
 """
 
 from __future__ import annotations
@@ -116,12 +118,12 @@ def load_codec(codec_dir: Union[str, Path], *, device: Union[str, torch.device] 
     model.encoder.to(dtype=dtype)
     model.decoder.to(dtype=dtype)
     if torch.device(device).type == "cpu" and dtype == torch.float32 and packing_available():
-        pack_linears(model)  # oneDNN-packed products: a streamed frame 19 -> 15 ms, a batch of 8 61 -> 56 ms
+        pack_linears(model)  # oneDNN-packed products: faster streamed and batched decodes (docs/performance.md)
     return model
 
 
 def nano_codec_config() -> dict[str, Any]:
-    """Return the real MOSS-Audio-Tokenizer-Nano ``config.json`` contents (spec §15.1 tables)."""
+    """Return the real MOSS-Audio-Tokenizer-Nano ``config.json`` contents (docs/architecture.md#codec-config)."""
     def transformer(d_in: int, d_out: int, layers: int, context_s: float) -> dict[str, Any]:
         return {"module_type": "Transformer", "input_dimension": d_in, "output_dimension": d_out, "d_model": 256,
                 "num_heads": 4, "num_layers": layers, "dim_feedforward": 1024, "causal": True, "conv_layout": True,

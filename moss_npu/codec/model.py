@@ -1,4 +1,4 @@
-"""The assembled Nano codec: waveform <-> codes, offline and streaming (spec §15.1, §15.5, §15.6).
+"""The assembled Nano codec: waveform <-> codes, offline and streaming (docs/architecture.md#the-codec).
 
 Data flow: waveform ``(B, C, S)`` -> pad to whole frames -> interleave channels (L0 R0 L1 R1 ...) ->
 encoder stages -> residual LFQ -> codes ``(Q, B, F)``; and back through the quantizer decode, the decoder

@@ -1,4 +1,4 @@
-"""Codec building blocks: patch/unpatch, RoPE, sliding-window causal attention, transformer stages (spec §15.2).
+"""Codec building blocks: patch/unpatch, RoPE, sliding-window causal attention, transformer stages.
 
 Parameter names equal the official checkpoint keys (``transformer.layers.{j}.self_attn.in_proj.weight``,
 ``norm1``, ``ffn.0``, ``layer_scale_1.scale``, ...). Every stage maps ``(x (B, D, T), lengths (B,))`` to the
@@ -7,6 +7,8 @@ or one chunk at a time against ``KVCache`` rings (``moss_npu.codec.streaming``);
 sliding-window attention, so streaming equals one-shot decoding up to float rounding.
 
 Shapes: B batch, T steps, D channels, H heads, Dh head size.
+
+See docs/architecture.md#codec-stages.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Residual LFQ quantizer of the Nano codec (spec §15.3): codes <-> 768-dim latents, always in fp32.
+"""Residual LFQ quantizer of the Nano codec (docs/architecture.md#quantizer): codes <-> 768-dim latents, always in fp32.
 
 The official 1x1 convolutions are weight-normed; the checkpoint loader folds ``g * v / ||v||`` into a plain
 ``weight`` (``moss_npu.codec.checkpoint``), so here they are ordinary ``nn.Conv1d`` modules under the

@@ -1,4 +1,4 @@
-"""Many audio streams decoded together: one row of a shared ``CodecDecodeState`` per stream (spec §15.6).
+"""Many audio streams decoded together: one row of a shared ``CodecDecodeState`` per stream.
 
 A server decodes several requests at once. Decoding each request's new frames with its own state costs one
 codec call per request; ``CodecRows`` decodes the frames due in every row with one ``decode_step`` over the
@@ -7,6 +7,8 @@ decoded alone, up to float rounding. Streams join with ``start`` (a continuation
 audio's codes) and simply stop being passed when they leave.
 
 Shapes: Q codebooks, n frames, C channels.
+
+See docs/architecture.md#streaming-decode.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Streaming decode state and the official decode schedule (spec §12, §15.6).
+"""Streaming decode state and the official decode schedule (docs/architecture.md#streaming, #streaming-decode).
 
 ``KVCache`` is one attention layer's ring of past keys/values; ``CodecDecodeState`` holds one per decoder
 layer, by module name, plus a count of decoded frames. Both are created by ``NanoCodec.init_decode_state``

@@ -1,6 +1,6 @@
 """The Qwen3 backbone of the Delay model, run by llama.cpp through llama-cpp-python's low-level API.
 
-Implements delay_spec §6 and §12: embeddings go in (``llama_batch.embd``) at explicit positions, the
+Implements docs/delay.md#backbone: embeddings go in (``llama_batch.embd``) at explicit positions, the
 prompt in ``n_batch`` chunks with an output only for the last row, and each step returns the
 post-final-RMSNorm hidden state (``llama_get_embeddings_ith``) plus the GGUF head's text logits. One
 sequence (id 0); ``clear()`` empties the KV cache per utterance. H hidden size, V text vocabulary.
@@ -31,10 +31,10 @@ def import_llama_cpp():
         import llama_cpp
     except ImportError as exc:
         raise MissingDependency(f"the llama-cpp backend needs llama-cpp-python>=0.3.17, which is not installed; "
-                                f"install it with `{LLAMA_INSTALL}` (see README for CUDA / CANN builds)") from exc
+                                f"install it with `{LLAMA_INSTALL}` (docs/delay.md for CUDA / CANN builds)") from exc
     except Exception as exc:  # a broken native build raises more than ImportError
         raise DeviceError(f"the llama-cpp backend needs llama-cpp-python>=0.3.17 (import failed: {exc}); "
-                          f"install it with `{LLAMA_INSTALL}` (see README for CUDA / CANN builds)") from exc
+                          f"install it with `{LLAMA_INSTALL}` (docs/delay.md for CUDA / CANN builds)") from exc
     if not hasattr(llama_cpp.llama_context_params, "_fields_") or "flash_attn_type" not in dict(
             llama_cpp.llama_context_params._fields_):
         raise DeviceError(f"llama-cpp-python {getattr(llama_cpp, '__version__', '?')} is too old (no flash_attn_type); "

@@ -1,6 +1,6 @@
 """The MOSS-Audio-Tokenizer codec of the Delay model, run by ONNX Runtime (24 kHz mono, 12.5 frames/s).
 
-Implements delay_spec §10: ``encoder.onnx`` takes ``(B, 1, S)`` float32 + a 0-d int64 ``n_quantizers``
+Implements docs/delay.md#codec: ``encoder.onnx`` takes ``(B, 1, S)`` float32 + a 0-d int64 ``n_quantizers``
 and returns codes ``(Q, B, T)`` + lengths ``(B,)``; ``decoder.onnx`` takes codes ``(Q, B, T)`` + the same
 scalar and returns audio ``(B, 1, T * 1920)`` + lengths. Outputs are read by position (their names are
 not fixed upstream). The execution provider is chosen by config and a missing one is an error.

@@ -1,8 +1,8 @@
 """Configs of the Delay backend: the model's special ids and sizes, and the run preset.
 
 ``DelayModelConfig`` is read from the weights folder's ``config.json`` (the MOSS-TTS top-level keys,
-delay_spec §2: special ids are never hard-coded). ``DelayRunConfig`` holds the run values of
-``configs/llama_cpp/*.yaml`` (delay_spec §11.1; paths are CLI arguments, not preset keys). Precedence:
+docs/delay.md#special-ids: special ids are never hard-coded). ``DelayRunConfig`` holds the run values of
+``configs/llama_cpp/*.yaml`` (docs/delay.md#presets; paths are CLI arguments, not preset keys). Precedence:
 dataclass default < YAML preset < explicit override, merged in ``load_run_config``.
 """
 
@@ -59,7 +59,7 @@ class DelayModelConfig:
                 f"config.json: n_vq={self.n_vq}, audio_vocab_size={self.audio_vocab_size}; both must be >= 1"
             )
         if self.audio_pad_code != self.audio_vocab_size:
-            # The tables have audio_vocab_size + 1 rows and the pad is the last one (delay_spec §3.2).
+            # The tables have audio_vocab_size + 1 rows and the pad is the last one.
             raise CheckpointError(
                 f"config.json: audio_pad_code={self.audio_pad_code} but audio_vocab_size={self.audio_vocab_size}; "
                 "the pad code must be the row after the last real code"
@@ -116,7 +116,7 @@ def _read_json(path: Path) -> dict:
 
 @dataclass(frozen=True)
 class DelaySampling:
-    """Sampling parameters of one generation (upstream defaults, delay_spec §9)."""
+    """Sampling parameters of one generation (upstream defaults, docs/delay.md#sampling)."""
 
     text_temperature: float = 1.5
     text_top_p: float = 1.0

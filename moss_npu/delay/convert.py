@@ -1,6 +1,6 @@
 """Convert an official MOSS-TTS (Delay) checkpoint into the llama.cpp weights layout, tensor by tensor.
 
-``python -m moss_npu.delay.convert --model DIR --output DIR`` writes (delay_spec §3.2):
+``python -m moss_npu.delay.convert --model DIR --output DIR`` writes (docs/delay.md#building-a-cann-backbone):
 ``embeddings/`` (text + 32 audio tables, float16 .npy), ``lm_heads/`` (text + 32 audio heads, float16 .npy),
 ``qwen3_backbone/`` (a Qwen3ForCausalLM safetensors checkpoint in the source dtype + config.json +
 tokenizer files, the input of llama.cpp's ``convert_hf_to_gguf.py``), ``tokenizer/``, ``config.json``

@@ -1,6 +1,6 @@
 """Input embeddings of the Delay model (NumPy): one text row plus Q audio rows, summed in float32.
 
-Implements delay_spec §5: ``e = E_text[t] + sum_q E_audio_q[a_q]``, text first then channels in order
+Implements docs/delay.md#embeddings: ``e = E_text[t] + sum_q E_audio_q[a_q]``, text first then channels in order
 (the order fixes the float32 rounding the goldens hold). Tables stay float16 on disk and are
 memory-mapped; only gathered rows are cast. The pad code has a learned row like any other code.
 S rows, Q codebooks, H hidden size.

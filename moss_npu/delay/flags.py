@@ -116,7 +116,7 @@ def place_on_device(run: DelayRunConfig, spec: Optional[str]) -> DelayRunConfig:
 
     if not import_llama_cpp().llama_supports_gpu_offload():
         raise DeviceError(f"--device {spec}: this llama-cpp-python is a CPU build (no GPU offload); reinstall it "
-                          "with the CMAKE_ARGS line for your accelerator (README, Delay section) or use --device cpu")
+                          "with the CMAKE_ARGS line for your accelerator (docs/delay.md#installing-for-an-accelerator) or use --device cpu")
     return dataclasses.replace(run, n_gpu_layers=run.n_gpu_layers or -1, audio_provider=kind, heads_device=spec,
                                device_index=index)
 

@@ -1,6 +1,6 @@
 """The Delay text-to-speech pipeline: text (+ reference voice) -> 24 kHz waveform via llama.cpp.
 
-Wires delay_spec §1: prompt rows -> NumPy embeddings -> llama.cpp prefill -> per step (text logits from
+Wires docs/delay.md#pipeline: prompt rows -> NumPy embeddings -> llama.cpp prefill -> per step (text logits from
 the GGUF head, audio heads on the hidden state, delay state machine + sampler, next row embedded and fed
 at the next position) -> de-delay -> ONNX codec decode -> loudness normalisation. Guards the official
 code lacks: ``max_new_tokens`` capped by what ``n_ctx`` leaves after the prompt, frames holding a pad code

@@ -1,6 +1,6 @@
 """Prompt rows of the Delay model: text + optional reference codes -> ``(S, 1 + Q)`` int64.
 
-Implements delay_spec §4: the 18-line ``<user_inst>`` block in a hard-wired ChatML wrapper, the
+Implements docs/delay.md#prompt: the 18-line ``<user_inst>`` block in a hard-wired ChatML wrapper, the
 reference audio as a delay staircase under user-slot tokens, and one final ``<|audio_start|>`` row so
 generation starts in audio mode. Special token strings come from the tokenizer by id (the ids from
 ``config.json``). S prompt rows, T reference frames, Q codebooks (32).
@@ -147,7 +147,7 @@ def build_prompt(tokenizer: DelayTokenizer, text: str, reference_codes: Optional
 
 
 def parse_text(tokenizer: DelayTokenizer, text_ids: list[int]) -> str:
-    """Return the generated text column as text, an audio block shown as ``<|audio|>`` (delay_spec §4.4)."""
+    """Return the generated text column as text, an audio block shown as ``<|audio|>``."""
     s = tokenizer.strings
     raw = tokenizer.decode(text_ids)
     start, gen, delay, end = (re.escape(s[k]) for k in ("audio_start_token_id", "audio_assistant_gen_slot_token_id",

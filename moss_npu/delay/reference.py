@@ -1,8 +1,8 @@
 """Reference recordings for the Delay codec, prepared as the official llama.cpp pipeline prepares them.
 
-delay_spec §10.4: ``soundfile`` reads the file as float32, several channels become their mean, a rate other
+docs/delay.md#reference-audio: ``soundfile`` reads the file as float32, several channels become their mean, a rate other
 than the codec's goes through ``librosa.resample`` with its defaults, then the loudness normalisation
-(``loudness_normalize`` below, also applied to the decoded output, §10.5). librosa's defaults
+(``loudness_normalize`` below, also applied to the decoded output). librosa's defaults
 (``librosa.resample(y, orig_sr=, target_sr=, res_type="soxr_hq", fix=True, scale=False)``, librosa >= 0.10)
 call ``soxr.resample(y, orig_sr, target_sr, quality="soxr_hq")`` and then ``librosa.util.fix_length`` to
 ``ceil(len(y) * target_sr / orig_sr)`` samples (zero-padded or cut at the end). The ``soxr`` package is
@@ -54,7 +54,7 @@ def load_reference(path: Union[str, Path], sample_rate: int) -> np.ndarray:
 
 
 def loudness_normalize(wave: np.ndarray, target_dbfs: float = -20.0, max_gain_db: float = 3.0) -> np.ndarray:
-    """Move the RMS level towards ``target_dbfs`` by at most ``max_gain_db`` either way (delay_spec §10.4)."""
+    """Move the RMS level towards ``target_dbfs`` by at most ``max_gain_db`` either way."""
     wave = np.asarray(wave, dtype=np.float32)
     if wave.size == 0:
         return wave

@@ -1,6 +1,6 @@
 """The Delay sampler (NumPy): repetition penalty, top-k, top-p and an inverse-CDF draw.
 
-Implements delay_spec §9 exactly as the upstream llama.cpp backend computes it, because the goldens
+Implements docs/delay.md#sampling exactly as the upstream llama.cpp backend computes it, because the goldens
 compare sampled ids: top-k candidates stay in ``np.argpartition`` order (not sorted), probabilities are
 float32, and each call draws one uniform per row from the caller's ``np.random.RandomState`` (the same
 stream as upstream's ``np.random.seed(s); np.random.random(n)``). Greedy draws nothing. This is a

@@ -1,4 +1,4 @@
-"""Device accuracy comparison behind ``eval_accuracy.py`` (design.md "CLIs"; spec §7-§8, §15.5-§15.6).
+"""Device accuracy comparison behind ``eval_accuracy.py`` (docs/accuracy.md#tiers).
 
 ``sides`` runs one model (native or official code) on one device over fixed inputs and keeps every result on
 the host; ``run`` loads the reference side, captures, frees it, then does the same for the target side (never

@@ -1,4 +1,4 @@
-"""Load and write official-format MOSS-TTS-Nano checkpoints (spec §2, §2.1).
+"""Load and write official-format MOSS-TTS-Nano checkpoints (docs/architecture.md#checkpoints).
 
 A model folder holds ``config.json``, ``model.safetensors`` or ``pytorch_model.bin`` and ``tokenizer.model``.
 Files differ in which tied copies they store and in their dtype (the official release is a bf16 ``.bin`` with

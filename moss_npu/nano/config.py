@@ -1,4 +1,4 @@
-"""Model config of MOSS-TTS-Nano, read from the official ``config.json`` (spec §1, §1.1).
+"""Model config of MOSS-TTS-Nano, read from the official ``config.json`` (docs/architecture.md#config).
 
 Field names are the official ones, including the nested ``gpt2_config``. Keys the model does not use are kept in
 ``extra`` and never consulted. ``attn_implementation`` in the file (often ``flash_attention_2``) is recorded but
@@ -69,7 +69,7 @@ class GPT2Config:
 
 @dataclass(frozen=True)
 class NanoConfig:
-    """Top-level ``MossTTSNanoConfig``; defaults are the official constructor's (spec §1.1), used only if absent."""
+    """Top-level ``MossTTSNanoConfig``; defaults are the official constructor's, used only if absent."""
 
     gpt2_config: GPT2Config = field(default_factory=GPT2Config)
     n_vq: int = 8
@@ -132,7 +132,7 @@ class NanoConfig:
 
     @property
     def row_width(self) -> int:
-        """Integers per global row: one text id plus one code per channel (spec §4)."""
+        """Integers per global row: one text id plus one code per channel (docs/architecture.md#rows)."""
         return self.n_vq + 1
 
     @classmethod
@@ -191,7 +191,7 @@ def load_config(path: Path | str) -> NanoConfig:
 
 
 def official_config_dict() -> dict[str, Any]:
-    """Return the real MOSS-TTS-Nano config (12 × 768 global, 1 local layer, 16 × 1024 codebooks; spec §1)."""
+    """Return the real MOSS-TTS-Nano config (12 × 768 global, 1 local layer, 16 × 1024 codebooks)."""
     return {
         "architectures": ["MossTTSNanoForCausalLM"],
         "model_type": "moss_tts_nano",

@@ -2,8 +2,9 @@
 
 A frame at batch 1 is ~116 matrix-vector products over ~750 MB of fp32 weights, so its speed is the bandwidth
 of those products plus the cost of the ~700 small ops around them. One slot's row runs through numpy, the
-small operations between the products included (``row_block``: ~1 µs per operation where a torch one costs
-5–20), and its products through ``nano.matvec``'s kernels, which stream each weight once from tiles laid out
+small operations between the products included (``row_block``: a numpy operation on a few thousand floats
+costs a fraction of a torch one's dispatch), and its products through ``nano.matvec``'s kernels, which stream
+each weight once from tiles laid out
 for them (one more copy of the LM's linear weights in the format the model stores: float32, bf16 for
 ``--dtype bfloat16``, int8 for ``--quantize int8``; one ``PageArena`` on huge pages, in reading order). Where
 no C compiler builds the kernels, one slot's products are numpy's OpenBLAS GEMV on a transposed float32 copy
@@ -17,10 +18,10 @@ row per slot, with the tanh GELU the decode steps use), so that with ``compile``
 each block's small ops into a few fused kernels: one graph serves every block of both decoders (the weights are
 inputs), the products stay BLAS calls through a custom op and RoPE is real arithmetic. Compiling needs
 ``torch.library.custom_op`` (torch >= 2.4); without it, or when compiling fails, the blocks run eagerly (one log
-line). Measured on a 2-vCPU EPYC (torch 2.13, real-size model, 1 thread): eager 36–38 ms per frame with numpy's
-GEMV, compiled 51–54 ms after a 31 s first compile (the custom op's dispatch and the guards cost more than the
-fused small ops save), and the tiles 30–34 ms; so ``--compile auto`` runs eagerly and ``on`` is there to
-measure it again on other machines and torch versions (float32 only: it compiles the BLAS products).
+line). Compiled frames measured slower than eager ones (the custom op's dispatch and the guards cost more
+than the fused small ops save), so ``--compile auto`` runs eagerly and ``on`` is there to measure it again on
+other machines and torch versions (float32 only: it compiles the BLAS products). The measurements behind
+these choices: docs/performance.md#measurements-behind-the-cpu-steps-choices.
 Results agree with the torch path to float rounding (another summation order), not bit for bit.
 Shapes: n slots, E hidden, H heads, D head dim, M cache rows, T keys attended.
 """
@@ -145,7 +146,7 @@ def block_rows(x: torch.Tensor, rotation: torch.Tensor, kv: torch.Tensor, slot: 
                last_only: bool = False) -> torch.Tensor:
     """The same block on L consecutive new rows of one slot (a prompt's prefill); return (L, E), or (1, E) for
     the last row alone with ``last_only`` (the final block: of the other rows only their keys and values are
-    read later, so their attention and MLP are skipped: ~4 % of a prefill measured).
+    read later, so their attention and MLP are skipped).
 
     ``x`` (L, E) at positions ``start`` .. ``start + L - 1``, ``rotation`` (L, D/2) theirs; ``kv`` (2, S, H, M, D)
     the layer's cache: the rows' keys/values are written to ``slot`` at those positions, and each row attends to
@@ -173,7 +174,7 @@ def row_block(x: np.ndarray, rotation: np.ndarray, keys: np.ndarray, values: np.
     """``block_step`` for one slot's one new row, in numpy; return (E,).
 
     A one-row block is ~25 small operations around its four products, and a numpy operation on a few thousand
-    floats costs ~1 µs where a torch one costs 5–20 (dispatch, and SDPA's blocking for a single query): this
+    floats costs several times less than a torch one (dispatch, and SDPA's blocking for a single query): this
     is that block with every operation in numpy. ``x`` (E,); ``rotation`` (D/2,) complex64 RoPE of the row's
     position; ``keys``/``values`` (H, M, D) the slot's cache of this layer, which receives the row at
     ``position``; the first ``attended`` rows are attended. ``qkv`` (3E,) ready-made or None; ``block`` its
@@ -200,7 +201,7 @@ def row_block(x: np.ndarray, rotation: np.ndarray, keys: np.ndarray, values: np.
 def _row_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
     """LayerNorm of one row (E,) in float32."""
     count = np.float32(x.shape[0])
-    centered = x - x.sum() / count  # the mean (ndarray.mean is a Python function, 2 µs slower)
+    centered = x - x.sum() / count  # the mean (ndarray.mean is a slower Python-level function)
     variance = np.dot(centered, centered) / count
     centered *= np.float32(1.0) / np.sqrt(variance + np.float32(eps))
     centered *= weight
@@ -240,8 +241,7 @@ def _bias(layer: nn.Linear) -> torch.Tensor:
 class PageArena:
     """One anonymous memory map of ``nbytes`` on transparent huge pages where the kernel offers them
     (``madvise``), handing out arrays one after another (``array``) in the order a frame reads them: a frame
-    streams hundreds of MB of weights, and 2 MB pages spare the page walks of 4 KB ones (3–5 % faster frames
-    measured)."""
+    streams hundreds of MB of weights, and 2 MB pages spare the page walks of 4 KB ones."""
 
     ALIGN = 64  # a cache line: every array starts on one
 
@@ -426,8 +426,8 @@ class CpuStep:
         self.local_blocks = [_block_weights(b, weights) for b in model.local_transformer.h]
         self._int8_bytes = weights.nbytes() if self.int8 else 0
         # A prompt's prefill (one request's rows, whether it decodes alone or in a batch) multiplies an int8
-        # model's global blocks through torch's int8 kernel: bf16 activations, but ~20 % faster on 20–100 rows
-        # than the tiles row by row (short-zh 64 against 82 ms, long-en 377 against 435 measured).
+        # model's global blocks through torch's int8 kernel: bf16 activations, but faster on 20–100 rows than
+        # the tiles row by row (docs/performance.md).
         self._prefill_blocks = self.global_blocks
         if self._int8_tiles:
             torch_int8 = Int8Weights(block_linears(model, local=False))
@@ -446,7 +446,7 @@ class CpuStep:
         self._packed: dict[int, torch.Tensor] = {}  # arena address -> packed copy (_packed_weight)
         self._packed_bytes = 0
         # numpy views of every arena weight and its bias, by the weight's address: a one-row product skips the
-        # two tensor-to-array conversions per call (~3 µs each, ~116 products per frame).
+        # two tensor-to-array conversions per call (~116 products per frame).
         self._arrays = {w.data_ptr(): (w.numpy(), b.numpy()) for w, b in self._arena_pairs()}
         self._row_blocks = None
         if rows:
@@ -537,8 +537,8 @@ class CpuStep:
     def _matmul(self, x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor,
                 residual: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``blas_matmul``, except that several rows (a batch of slots, a prompt) multiply through oneDNN with the
-        weight pre-packed (``moss_npu.packed``): a batch-8 frame measured 77–88 ms, against 127 ms with oneDNN on
-        plain weights and 163 ms with torch's GEMM (MKL's generic path on AMD)."""
+        weight pre-packed (``moss_npu.packed``), faster than oneDNN on plain weights or torch's GEMM (MKL's
+        generic path on AMD; docs/performance.md)."""
         if x.shape[0] == 1:
             return gemv(x, *self._arrays[weight_t.data_ptr()], residual)
         if not self.packing:

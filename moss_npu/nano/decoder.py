@@ -1,4 +1,4 @@
-"""The frame decoder: MOSS-TTS-Nano generation for S slots at once over a static ``DecodeState`` (spec §7).
+"""The frame decoder: MOSS-TTS-Nano generation for S slots at once over a static ``DecodeState``.
 
 ``admit`` prefills one request into a free slot, ``step`` produces one frame for every slot (requests join and
 leave at frame boundaries: continuous batching), ``release`` frees a slot. A frame, all on the device:
@@ -8,12 +8,14 @@ cache at each slot's own position. The only host sync per frame reads the codes 
 a frame's global step is deferred to the start of the next ``step`` (or the next ``admit``/``release``/``refresh``,
 which need it done; a failure there is raised by the next ``step``, as a failed frame): ``step`` returns a
 frame's codes as soon as they are decided, so the first audio of a stream is decoded before the row that
-prepares frame 2 runs (~20 ms sooner on a CPU core), and a frame after which every slot is done skips it.
+prepares frame 2 runs, and a frame after which every slot is done skips it.
 With a graph-capable backend the whole frame is captured once per slot-count bucket and replayed
 (``nano.graphs``); on the CPU in float32 the blocks run through ``nano.cpu_step`` (BLAS matrix-vector
 products, fewer ops; the prefill too).
 ``reference_generate`` (``nano.reference``) is the official algorithm this must match.
 S slots, L prompt rows, M max_len, Q channels, V codebook size, E hidden.
+
+See docs/architecture.md#frame-decoder.
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
-"""What frame generation hands out, shared by the frame decoder and the reference oracle (spec §7).
+"""What frame generation hands out, shared by the frame decoder and the reference oracle.
 
 B batch rows or S decoder slots, L prompt rows, F frames, Q = n_vq channels.
+
+See docs/architecture.md#generation.
 """
 
 from __future__ import annotations

@@ -3,13 +3,13 @@
 A one-slot frame is bound by the bytes its ~116 matrix-vector products read, so its speed is how fast one core
 streams them and how few there are. ``matvec.c`` stores each weight in tiles of 256 output columns, row after
 row, and keeps a tile's sums in registers: the weights are read once, front to back, in one stream, at about
-this core's read bandwidth (≈30 GB/s on a 2-vCPU EPYC, against ≈21 for numpy's OpenBLAS GEMV on a transposed
-copy and ≈13 for torch's ``linear``, which goes to MKL's GEMM). bf16 (half the bytes) and int8 (a quarter, with
+this core's read bandwidth (faster than numpy's OpenBLAS GEMV on a transposed copy, and than torch's ``linear``,
+which goes to MKL's GEMM). bf16 (half the bytes) and int8 (a quarter, with
 per-column scales) are widened to float32 in registers, so their sums and activations keep float32 precision;
 neither torch nor oneDNN has a one-row kernel for them that beats the float32 GEMV on twice the bytes here,
 and torch's int8 weight-only kernel rounds the activations to bf16.
-Measured, real-size model, 1 thread, a frame's products: float32 23 ms (numpy's GEMV 27–31), bf16 10, int8 10
-(its widening costs arithmetic where bf16's is two instructions).
+int8's widening costs arithmetic where bf16's is two instructions. Measured figures:
+docs/performance.md#measurements-behind-the-cpu-steps-choices.
 
 The kernels are compiled at first use with the system C compiler and kept in the user cache (``moss_npu.native``:
 ``-O3 -march=native``, so AVX-512 where the CPU has it, portable C the compiler vectorizes elsewhere). Without a
@@ -119,8 +119,7 @@ class _Tiles:
 
 class Fp32Tiles(_Tiles):
     """``x @ weightᵀ + bias (+ residual)`` for one float32 row, the (out, in) weight in float32 tiles: one stream
-    through the weights, at this core's read bandwidth (≈30 GB/s measured, against ≈21 for numpy's GEMV on the
-    transposed weight)."""
+    through the weights, at this core's read bandwidth."""
 
     def __init__(self, kernels: MatVecKernels, weight: torch.Tensor, bias: Optional[torch.Tensor],
                  allocate: Allocate = np.empty) -> None:

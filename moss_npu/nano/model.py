@@ -1,6 +1,7 @@
 """MOSS-TTS-Nano language model: global GPT-2/RoPE decoder over 17-wide rows + local decoder over channels.
 
-Implements spec §2-§4: pre-norm GPT-2 blocks with plain ``nn.Linear`` weights ([out, in]), interleaved RoPE with
+Implements docs/architecture.md#weights, #blocks-and-rope and #rows: pre-norm GPT-2 blocks with plain
+``nn.Linear`` weights ([out, in]), interleaved RoPE with
 positions ``cumsum(mask) - 1``, attention through a name → function table with explicit boolean masks, tied
 heads. Parameter names equal the official checkpoint keys. The KV cache is a preallocated ``KVCache`` owned by
 the caller (``decoder.py``), not by the layers.

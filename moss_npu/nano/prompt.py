@@ -1,8 +1,10 @@
-"""Prompt rows of MOSS-TTS-Nano: text → (L, n_vq + 1) integer rows for the global transformer (spec §4, §6).
+"""Prompt rows of MOSS-TTS-Nano: text → (L, n_vq + 1) integer rows for the global transformer.
 
 Column 0 is a text id, columns 1..n_vq are audio codes (``audio_pad_token_id`` = absent). Each template string is
 encoded on its own and the id lists are concatenated, as upstream does (each segment gets its own ``▁``).
 L rows, Q = n_vq channels, F prompt frames.
+
+See docs/architecture.md#rows, #prompt-layouts.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The official generation algorithm, kept plain as the oracle of the frame decoder (spec §7, upstream
-``_iter_generation_events``): tests compare the decoder with it, ``bench --speed reference`` times it.
+"""The official generation algorithm, kept plain as the oracle of the frame decoder (docs/architecture.md#generation;
+upstream ``_iter_generation_events``): tests compare the decoder with it, ``bench --speed reference`` times it.
 
 Per frame: the global decoder over the new row (``use_kv_cache``) or over the whole sequence, the local decoder
 recomputed over its growing sequence for every decision, the full text head, the sampler reading the whole code

@@ -1,4 +1,4 @@
-"""The frame decoder's state: one dataclass of tensors preallocated for S slots (design.md, "Frame decoder").
+"""The frame decoder's state: one dataclass of tensors preallocated for S slots (docs/architecture.md#frame-decoder).
 
 Like transformers' ``StaticCache`` the global keys/values live in one tensor written at each slot's own position
 (``index_copy_``), so every frame reads and writes the same storage: what a captured device graph needs. Like

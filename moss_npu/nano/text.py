@@ -1,4 +1,4 @@
-"""Long-text chunking for voice clone and the pause between chunks (spec §10.5, §10.8, §11).
+"""Long-text chunking for voice clone and the pause between chunks (docs/architecture.md#long-text).
 
 The splitter is upstream's ``_split_text_into_best_sentences``: sentence split, clause split for long sentences,
 a token-budget cut for long clauses, then greedy packing of the pieces up to ``max_tokens`` tokens per chunk.

@@ -1,4 +1,4 @@
-"""Text tokenizer of MOSS-TTS-Nano: SentencePiece with the HF slow-tokenizer wrapping (spec §5).
+"""Text tokenizer of MOSS-TTS-Nano: SentencePiece with the HF slow-tokenizer wrapping (docs/architecture.md#tokenizer).
 
 Upstream calls ``tokenizer.encode(text, add_special_tokens=False)`` on a transformers ``PreTrainedTokenizer``.
 That equals plain SentencePiece except for literal special-token strings (``<unk>``, ``<s>``, ``</s>``,

@@ -33,14 +33,15 @@ _DATA_URI = re.compile(r"^data:[\w.+/-]*(;[\w=.+-]+)*;base64,", re.IGNORECASE)
 class VoiceRef(BaseModel):
     """A voice given as an object, as the OpenAI client writes custom voices: ``{"id": "voice_…"}``."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     id: str
 
 
 class SpeechBody(BaseModel):
-    """``POST /v1/audio/speech`` JSON body."""
+    """``POST /v1/audio/speech`` JSON body. Types are strict: ``true`` is not a channel count, ``"3"`` not a frame
+    count (JSON integers are accepted where a float is asked)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     model: str
     input: str

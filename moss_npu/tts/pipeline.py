@@ -1,4 +1,4 @@
-"""Text to waveform: the MOSS-TTS-Nano pipeline (spec §10 non-streaming, §12 streaming).
+"""Text to waveform: the MOSS-TTS-Nano pipeline (docs/architecture.md#synthesis, #streaming).
 
 text → chunks (voice clone: the official long-text splitter) → prompt rows → LM codes (F, Q) → codec →
 waveform (C, S) at 48 kHz. Reference recordings are encoded once per file content and cached. On devices
@@ -320,7 +320,7 @@ class MossTTSNano:
 
     def _stream_codec(self, frames_per_step: int, timer: Optional[PhaseTimer]) -> CodecRows:
         """Return a one-row streaming codec state for a new stream: the last stream's, once it is over and if
-        it fits (a new state costs 2–10 ms of allocation and zeroing before the first audio; ``start_chunk``
+        it fits (a new state costs allocation and zeroing before the first audio; ``start_chunk``
         resets the row), else a new one. A stream holds its state until it ends, so two open streams never
         share one."""
         rows, self._idle_stream_codec = self._idle_stream_codec, None

@@ -5,7 +5,8 @@
 setting can never claim a device or dtype the loaded pipeline does not run on.
 
 Precedence: dataclass default < preset (``configs/*.yaml``, both kinds of values) < explicit CLI flag. Run
-defaults are the official runtime's (infer.py: sampled, 375 frames, 75-token voice-clone chunks), spec §9.
+defaults are the official runtime's (infer.py: sampled, 375 frames, 75-token voice-clone chunks;
+docs/architecture.md#defaults).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Patched copies of official model folders, for loading the official remote code (nano_spec.md §0.1, §13).
+"""Patched copies of official model folders, for loading the official remote code (docs/upstream.md#the-patch-set).
 
 The user's folder is never edited: ``mirror_folder`` builds a folder in a work directory that links
 every file of the original (weights, tokenizer) and holds a rewritten ``config.json`` whose attention

@@ -1,6 +1,6 @@
 """The patch manifest: ``patches/manifest.yaml`` read into frozen dataclasses and checked for shape.
 
-The manifest is data only (nano_spec.md §13 lists the spots it covers): each entry names an upstream
+The manifest is data only (docs/upstream.md#cuda-only-spots lists the spots it covers): each entry names an upstream
 setting or function, the parameters it must have, the upstream revision, and the key of its replacement
 in ``moss_npu.upstream.patches.REPLACEMENTS``. Nothing in it is imported or executed.
 """

@@ -1,6 +1,6 @@
 """Device-neutral replacements for the CUDA-only spots of the official remote code, and their installer.
 
-nano_spec.md §13 lists the spots; ``patches/manifest.yaml`` names each target and the parameters it must
+docs/upstream.md#cuda-only-spots lists the spots; ``patches/manifest.yaml`` names each target and the parameters it must
 have. ``apply_patches`` checks every target with ``inspect.signature`` before replacing anything and
 raises, naming the upstream revision, when one is missing or differs: a patch is never skipped.
 Methods are replaced on the loaded instances (the class stays untouched); module-level names are

@@ -2,8 +2,9 @@
 
 ``load_upstream`` mirrors the official TTS and codec folders with patched configs (folder.py), loads them
 with ``trust_remote_code=True`` (transformers imported only here), installs the device-neutral patches
-(patches.py) and returns an ``UpstreamTTS``: ``synthesize`` wraps the official ``inference`` (nano_spec.md
-§10), ``stream`` wraps ``inference_stream`` (§12), and the lower-level methods give eval_accuracy.py the
+(patches.py) and returns an ``UpstreamTTS``: ``synthesize`` wraps the official ``inference``
+(docs/architecture.md#synthesis), ``stream`` wraps ``inference_stream`` (docs/architecture.md#streaming), and
+the lower-level methods give eval_accuracy.py the
 official hidden states, logits and codes. Shapes: L prompt rows, F frames, Q = 16 codebooks, S samples.
 """
 
@@ -158,7 +159,7 @@ class UpstreamTTS:
         return wave
 
     def split_text(self, text: str, max_tokens: int) -> list[str]:
-        """The official voice-clone long-text splitter (nano_spec.md §11)."""
+        """The official voice-clone long-text splitter (docs/architecture.md#long-text)."""
         return list(self.model._split_text_into_best_sentences(self.tokenizer, text, int(max_tokens)))
 
     def prompt_rows(self, text: str, mode: str = "continuation", prompt_text: Optional[str] = None,

@@ -22,7 +22,7 @@ def _same_weights(a, b):
 
 
 def test_real_size_model_matches_spec_shapes_and_counts():
-    """Spec §15.1/15.4: 10,450,944 params per side; quantizer 1,067,776 minus the 9,600 folded gains
+    """docs/architecture.md#codec-config: 10,450,944 params per side; quantizer 1,067,776 minus the 9,600 folded gains
     (g vectors of input_proj 512, output_proj 768, and 16 x (8 + 512) per-codebook projections)."""
     model = NanoCodec(codec_config_from_dict(nano_codec_config()))
     count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731

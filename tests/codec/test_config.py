@@ -8,7 +8,7 @@ from moss_npu.errors import ConfigError
 
 
 def test_real_config_windows_follow_rate_times_duration():
-    """Spec §15.1: 96 kHz interleaved stream / patches 240,2,2,2 -> 400,200,100,50 Hz x 4,6,8,10 s."""
+    """96 kHz interleaved stream / patches 240,2,2,2 -> 400,200,100,50 Hz x 4,6,8,10 s (docs/architecture.md)."""
     config = codec_config_from_dict(nano_codec_config())
     assert [c for c in config.encoder_contexts() if c] == [1600, 1200, 800, 500]
     assert [c for c in config.decoder_contexts() if c] == [500, 800, 1200, 1600]

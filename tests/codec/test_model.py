@@ -14,7 +14,7 @@ def _wave(batch=1, seconds=0.5, seed=0):
 
 
 def test_patch_layout_and_round_trip():
-    """Output channel c*h + j at step t is input channel c at time t*h + j (spec §15.2)."""
+    """Output channel c*h + j at step t is input channel c at time t*h + j (docs/architecture.md#codec-stages)."""
     x = torch.arange(2 * 12, dtype=torch.float32).view(1, 2, 12)
     patched, lengths = PatchedPretransform(3, is_downsample=True)(x, torch.tensor([11]))
     assert lengths.item() == 3  # floor: a patch holding padding is not valid

@@ -69,7 +69,7 @@ def tiny_weights(tmp_path: Path) -> Path:
 @pytest.fixture(scope="session")
 def delay_fixture() -> Path:
     """The delay-tiny fixture folder; skip (fail in CI) when absent."""
-    from moss_npu.goldens import fixtures_root
+    from moss_npu_verify.goldens import fixtures_root
 
     root = fixtures_root() / "delay-tiny"
     if not (root / "cases.json").is_file():

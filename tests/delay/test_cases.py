@@ -2,14 +2,13 @@
 
 import shutil
 
-import pytest
-
-from moss_npu.goldens import fixtures_root, load_fixture, run_case
+from moss_npu_verify.goldens import fixtures_root, load_fixture, run_case
+from tests.optional import needs
 
 DELAY = fixtures_root() / "delay-tiny"
 
 
-@pytest.mark.skipif(not DELAY.is_dir(), reason=f"delay fixture not found at {DELAY} (set MOSS_NPU_FIXTURES)")
+@needs(DELAY.is_dir(), f"delay fixture not found at {DELAY} (set MOSS_NPU_FIXTURES)")
 def test_handlers_use_the_gguf_named_in_cases_json(tmp_path, llama_cpp):
     """A weights folder may hold several quantisations; the goldens name the one they were made with."""
     copy = tmp_path / "delay"

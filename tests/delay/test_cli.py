@@ -14,14 +14,15 @@ import pytest
 import soundfile as sf
 
 import inference
-from moss_npu import goldens
+from moss_npu_verify import goldens
+from tests.optional import require
 
 REPO = Path(__file__).resolve().parents[2]
 DELAY = goldens.fixtures_root() / "delay-tiny"
 AUDIO = goldens.fixtures_root() / "audio"
 PRESET = REPO / "configs" / "llama_cpp" / "cpu-only.yaml"
-DELAY_PATH = ["inference", "moss_npu.delay.pipeline", "moss_npu.delay.flags", "moss_npu.delay.cases",
-              "moss_npu.delay.reference", "moss_npu.wavfile", "moss_npu.device", "moss_npu.goldens"]
+DELAY_PATH = ["inference", "moss_npu.delay.pipeline", "moss_npu.delay.flags", "moss_npu_verify.cases.delay",
+              "moss_npu.delay.reference", "moss_npu.wavfile", "moss_npu.device", "moss_npu_verify.goldens"]
 # Runs inference.main with torch unimportable; exits 3 if any torch module got loaded anyway.
 NO_TORCH_MAIN = ("import sys; sys.modules['torch'] = None; import inference; code = inference.main(sys.argv[1:]); "
                  "leaked = [m for m, v in sys.modules.items() if v is not None and m.split('.')[0] == 'torch']; "
@@ -42,7 +43,7 @@ def no_torch(monkeypatch):
 
 @pytest.fixture(scope="module")
 def codec_dir(tmp_path_factory):
-    from moss_npu.delay.make_test_codec import write_test_codec
+    from moss_npu_verify.make_test_codec import write_test_codec
 
     return write_test_codec(tmp_path_factory.mktemp("codec"))[0].parent
 
@@ -74,7 +75,7 @@ def test_explicit_nano_without_torch_names_its_install(no_torch, tmp_path, capsy
 
 
 def test_auto_with_torch_never_quietly_drops_the_delay_flags(tmp_path, capsys):
-    pytest.importorskip("torch")
+    require("torch", "pip install torch (the README's install line)")
     code, _, err = run(["--weights", tmp_path, "--text", "hi", "--output", tmp_path / "x.wav"], capsys)
     assert code == 2 and "--weights belong to the llama-cpp backend" in err and "--backend llama-cpp" in err
 

@@ -5,7 +5,7 @@ import pytest
 
 from moss_npu.delay import codec_onnx
 from moss_npu.delay.codec_onnx import OnnxCodec, resolve_provider
-from moss_npu.delay.make_test_codec import main as make_test_codec
+from moss_npu_verify.make_test_codec import main as make_test_codec
 from moss_npu.errors import AudioError, CheckpointError, DeviceError, InputError
 
 

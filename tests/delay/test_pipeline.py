@@ -8,7 +8,7 @@ import pytest
 
 from moss_npu.delay.backbone import import_llama_cpp
 from moss_npu.delay.config import DelayRunConfig
-from moss_npu.delay.make_test_codec import write_test_codec
+from moss_npu_verify.make_test_codec import write_test_codec
 from moss_npu.errors import CheckpointError, ConfigError, DeviceError, GenerationError, InputError
 
 EXACT = dict(n_ctx=512, n_threads=1, n_gpu_layers=0, kv_cache_type_k="f32", kv_cache_type_v="f32",

@@ -1,4 +1,4 @@
-"""Delay reference audio is prepared as the official llama.cpp pipeline prepares it (delay_spec §10.4).
+"""Delay reference audio is prepared as the official llama.cpp pipeline prepares it (docs/delay.md#reference-audio).
 
 Upstream: ``soundfile.read(path, dtype="float32")``, channel mean, ``librosa.resample(wav, orig_sr=sr,
 target_sr=24000)`` with librosa's defaults, then the loudness normalisation. librosa's defaults come from
@@ -16,7 +16,7 @@ import soundfile as sf
 
 from moss_npu.delay.reference import load_reference, loudness_normalize
 from moss_npu.errors import AudioError
-from moss_npu.goldens import fixtures_root
+from moss_npu_verify.goldens import fixtures_root
 from tests.optional import missing
 
 AUDIO = fixtures_root() / "audio"

@@ -42,7 +42,7 @@ def _forced_text(token, vocab=16):
 
 
 def test_forced_run_climbs_and_drains_the_staircase():
-    """G gen slots then delay slots: counts 1..G+1, then G+1 held, then falling to 0 (delay_spec §8.6)."""
+    """G gen slots then delay slots: counts 1..G+1, G+1 held, then falling to 0 (docs/delay.md#the-delay-pattern)."""
     prompt = np.full((4, 33), 1024, dtype=np.int64)
     prompt[:, 0] = [1, 9, 9, CFG.audio_start_token_id]
     state = init_state(prompt, CFG)

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import sentencepiece as spm
 
-from moss_npu import goldens
+from moss_npu_verify import goldens
 from moss_npu.nano.checkpoint import write_random_checkpoint
+from tests.optional import missing
 
 SYMBOLS = ["<|im_start|>", "<|im_end|>", "<|audio_start|>", "<|audio_end|>", "<|vision_pad|>", "<|video_pad|>",
            "<|vision_start|>", "<|vision_end|>", "<|audio_pad|>", "<user_inst>", "</user_inst>"]
@@ -53,5 +54,5 @@ def nano_fixture() -> Path:
     """The nano-tiny golden fixture folder, or skip."""
     root = goldens.fixtures_root() / "nano-tiny"
     if not (root / "tts" / "config.json").is_file():
-        pytest.skip(f"nano-tiny fixture not found under {goldens.fixtures_root()}; set MOSS_NPU_FIXTURES")
+        missing(f"nano-tiny fixture not found under {goldens.fixtures_root()}; set MOSS_NPU_FIXTURES")
     return root

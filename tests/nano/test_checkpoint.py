@@ -20,7 +20,7 @@ def _assert_tied(model):
 
 
 def test_real_size_parameter_count():
-    """Unique parameters of the real config: 117,311,232 (spec §2.1, the official model's count)."""
+    """Unique parameters of the real config: 117,311,232, the official count (docs/architecture.md#checkpoints)."""
     model = NanoTTSModel(NanoConfig.from_dict(official_config_dict()))
     assert sum(p.numel() for p in model.parameters()) == 117_311_232
     assert tuple(model.transformer.h[0].attn.c_attn.weight.shape) == (2304, 768)  # Linear [out, in]

@@ -14,6 +14,7 @@ from moss_npu.nano.checkpoint import load_model
 from moss_npu.nano.cpu_step import CpuStep, WeightArena, blas_matmul
 from moss_npu.nano.decoder import FrameDecoder, RequestParams, generate
 from moss_npu.nano.matvec import BlasGemv
+from tests.optional import needs
 
 from .test_decoder import model, prompts, steer  # noqa: F401 - the tiny steered model and its prompts (fixtures)
 
@@ -148,7 +149,7 @@ def test_blas_threads_follow_torch(model):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(cpu_step._compiled_matmul() is None, reason="torch.compile with custom ops needs torch >= 2.4")
+@needs(cpu_step._compiled_matmul() is not None, "torch.compile with custom ops needs torch >= 2.4")
 def test_compiled_step_decodes_like_the_eager_one(model, prompts):
     """--compile on (inductor, BLAS products as a custom op) gives the eager CPU step's codes."""
     frames = 4

@@ -1,7 +1,9 @@
 """Device-graph lifecycle of the frame decoder through a stand-in capture API injected into the device layer.
 
-The stand-in records captures and replays; its replay runs the captured function (what a real graph's kernels
-do). Real CUDA/NPU capture is out of CI.
+The stand-in (``graph_standin.FrozenCapture``) freezes what a real graph freezes: a replay runs the ops recorded
+at capture on the tensors of the capture, with every host value (a Python count, a slice bound) as it was then,
+so a frame that reads host state after capture gives other codes than the eager frame here. Real CUDA/NPU
+capture is out of CI (the two allowed skips at the end).
 """
 
 import logging
@@ -12,33 +14,18 @@ import torch
 from moss_npu import device as devices
 from moss_npu.errors import InputError
 from moss_npu.nano.checkpoint import load_model
+from moss_npu.nano.cpu_step import CpuStep
 from moss_npu.nano.decoder import FrameDecoder, RequestParams
 from moss_npu.nano.graphs import WARMUP_FRAMES
 from moss_npu.nano.prompt import build_prompt_rows
 from moss_npu.nano.tokenizer import TextTokenizer
 from moss_npu.sampling import SamplingParams
+from tests.optional import allowed_skip
 
+from .graph_standin import FrozenCapture
 from .test_decoder import TEXTS, steer
 
 SAMPLED = SamplingParams.runtime_defaults()
-
-
-class RecordingCapture(devices.GraphCapture):
-    """Records every capture and replay; ``fail`` makes capture raise like a driver without graph support."""
-
-    def __init__(self, fail: bool = False) -> None:
-        super().__init__(None, None)
-        self.fail, self.captures, self.replays = fail, [], 0
-
-    def capture(self, fn):
-        if self.fail:
-            raise RuntimeError("operation not permitted when stream is capturing")
-        self.captures.append(fn)
-
-        def replay():
-            self.replays += 1
-            fn()
-        return replay
 
 
 class GraphCpu(devices.CpuBackend):
@@ -50,10 +37,13 @@ class GraphCpu(devices.CpuBackend):
 
 
 @pytest.fixture
-def standin():
+def standin(monkeypatch):
+    """Install the stand-in capture on the CPU backend. Its frames run torch ops, as on a device: the CPU step
+    (numpy and C kernels, which no graph records) is off for the decoders of the test."""
     def install(fail=False):
-        capture = RecordingCapture(fail)
+        capture = FrozenCapture(fail)
         devices.register_backend("cpu", GraphCpu(capture))
+        monkeypatch.setattr(CpuStep, "build", classmethod(lambda cls, model, compile_mode="auto": None))
         return capture
     yield install
     devices.register_backend("cpu", None)
@@ -86,6 +76,36 @@ def decode(decoder, prompts, frames=6, join_at=None, sampling=SAMPLED):
     return [torch.stack(out[i]) for i in range(len(prompts))]
 
 
+def test_the_standin_replays_the_capture_on_the_tensors_of_now():
+    """Capture runs nothing; a replay reads the captured tensors as they are at that moment."""
+    out, x = torch.zeros(3), torch.ones(3)
+    with torch.inference_mode():
+        replay = FrozenCapture().capture(lambda: out.copy_(x * 2.0))
+        assert torch.equal(out, torch.zeros(3))
+        x.fill_(3.0)
+        replay()
+    assert torch.equal(out, torch.full((3,), 6.0))
+
+
+def test_a_frame_reading_host_state_after_capture_fails_its_replay():
+    """The replay keeps the host value of the capture (2.0); the frame run now would use 5.0: the replay raises."""
+    out, x, scale = torch.zeros(3), torch.ones(3), [2.0]
+    with torch.inference_mode():
+        replay = FrozenCapture().capture(lambda: out.copy_(x * scale[0]))
+        replay()
+        scale[0] = 5.0
+        with pytest.raises(AssertionError, match="reads host state that a graph freezes at capture"):
+            replay()
+    assert torch.equal(out, torch.full((3,), 2.0))  # what the graph computed: the captured scale
+
+
+def test_the_standin_refuses_host_reads_while_capturing():
+    x = torch.ones(3)
+    with torch.inference_mode(), pytest.raises(RuntimeError, match="not permitted when stream is capturing"):
+        FrozenCapture().capture(lambda: x.add_(1) if x.sum() > 0 else None)
+    assert torch.equal(x, torch.ones(3))  # what the capture wrote before it failed is put back too
+
+
 def test_capture_once_per_bucket_then_replay(setup, standin):
     model, prompts = setup
     capture = standin()
@@ -96,7 +116,7 @@ def test_capture_once_per_bucket_then_replay(setup, standin):
     for a, b in zip(eager, graphed):
         assert torch.equal(a, b)  # the captured frame (all keys under a mask, all channels) = the eager one
     # Two slots run first (bucket 2), the third joins at frame 3 (bucket 4): one capture each, after warm-up.
-    assert sorted(decoder.graphs.replays) == [2, 4] and len(capture.captures) == 2
+    assert sorted(decoder.graphs.replays) == [2, 4] and capture.captures == 2
     assert decoder.graphs.warm[2] == WARMUP_FRAMES and decoder.graphs.warm[4] == WARMUP_FRAMES
     total_frames = decoder.frame_index
     assert capture.replays == total_frames - 2 * WARMUP_FRAMES
@@ -159,7 +179,7 @@ def accelerator():
     return None
 
 
-@pytest.mark.skipif(accelerator() is None, reason="needs a CUDA or NPU device with graph capture (not in CI)")
+@allowed_skip(accelerator() is None, "needs a CUDA or NPU device with graph capture (not in CI)")
 @pytest.mark.parametrize("sampling", [SamplingParams(), SAMPLED], ids=["greedy", "noise-fed"])
 def test_real_graphs_match_eager_frame_by_frame(tiny_ckpt, sampling):
     """On real hardware: captured frames give the same codes as eager ones, frame by frame, with requests joining."""

@@ -22,6 +22,7 @@ from moss_npu.nano.decoder import FrameDecoder, RequestParams
 from moss_npu.nano.matvec import Bf16Tiles, Fp32Tiles, Int8Tiles, MatVecKernels
 from moss_npu.native import KernelUnavailable
 from moss_npu.nano.quantize import dtype_name, int8_rows, quantize_int8, store_bf16
+from tests.optional import missing
 
 from .test_decoder import model, prompts  # noqa: F401 - the tiny steered model and its prompts (fixtures)
 
@@ -33,7 +34,7 @@ def kernels(tmp_path_factory):
     try:
         return MatVecKernels.load(tmp_path_factory.mktemp("kernels"))
     except KernelUnavailable as exc:
-        pytest.skip(f"no kernels here: {exc}")
+        missing(f"no kernels here: {exc}")
 
 
 def _case(out_features, in_features, seed):
@@ -86,7 +87,7 @@ def test_int8_tiles_multiply_by_the_dequantized_weight(kernels, shape):
 def test_portable_c_gives_the_same_products(kernels, tmp_path):
     """The vector-extension-free C (what a CPU without AVX-512 runs) agrees with the AVX-512 build."""
     if platform.machine() not in ("x86_64", "AMD64"):
-        pytest.skip("-mno-avx512f is an x86 flag")
+        missing("-mno-avx512f is an x86 flag: run on an x86-64 CPU")
     portable = MatVecKernels.load(tmp_path, flags=("-O3", "-march=native", "-mno-avx512f", "-shared", "-fPIC"))
     weight, bias, x, residual = _case(300, 200, seed=5)
     values, scale = int8_rows(weight)
@@ -131,7 +132,8 @@ def test_bf16_portable_c_on_a_big_endian_cpu(tmp_path):
     libc6-dev-s390x-cross, qemu-user-static)."""
     compiler, emulator = shutil.which("s390x-linux-gnu-gcc"), shutil.which("qemu-s390x-static")
     if compiler is None or emulator is None:
-        pytest.skip("no s390x cross compiler and qemu here")
+        missing("no s390x cross compiler and qemu here (apt: gcc-s390x-linux-gnu libc6-dev-s390x-cross "
+                "qemu-user-static)")
     (tmp_path / "matvec.c").write_text(matvec.SOURCE.read_text())
     (tmp_path / "check.c").write_text(BIG_ENDIAN_CHECK)
     subprocess.run([compiler, "-O3", "-static", "-o", str(tmp_path / "check"), str(tmp_path / "check.c")],
@@ -183,7 +185,7 @@ def test_no_compiler_says_why(monkeypatch, tmp_path):
 
 def test_cc_may_carry_options(kernels, monkeypatch, tmp_path):
     """$CC as make reads it: a command with options ("ccache gcc", "zig cc"), or a path with spaces."""
-    compiler = shutil.which("cc") or pytest.skip("no cc on PATH")
+    compiler = shutil.which("cc") or missing("no cc on PATH")
     spaced = tmp_path / "my tools" / "cc"
     spaced.parent.mkdir()
     spaced.symlink_to(compiler)
@@ -310,7 +312,7 @@ def test_a_private_build_does_not_claim_to_be_kept(model, monkeypatch, tmp_path,
 def test_a_compiler_without_march_native_still_builds(kernels, monkeypatch, tmp_path):
     """gcc on POWER knows "this CPU" as -mcpu=native and refuses -march=native: the kernels are built with that
     (or, failing it too, without either) instead of not at all."""
-    real = shutil.which("cc") or pytest.skip("no cc on PATH")
+    real = shutil.which("cc") or missing("no cc on PATH")
     compiler = tmp_path / "power-cc"
     compiler.write_text(f'#!/bin/sh\nfor a in "$@"; do case "$a" in -march=native)\n'
                         f'  echo "error: unrecognized command-line option \'-march=native\'" >&2; exit 1;;\n'

@@ -31,7 +31,7 @@ def test_rope_rotates_adjacent_pairs():
 
 
 def test_bf16_rope_rounds_positions():
-    """Spec §3.3: a bf16 model rounds positions through bf16 (257 → 256), a fp32 one does not."""
+    """A bf16 model rounds positions through bf16 (257 → 256), a fp32 one does not (docs/architecture.md)."""
     rope = RotaryEmbedding(head_dim=8, base=10000.0)
     fp32 = rope(torch.tensor([[256, 257]]), torch.float32)[0]
     assert not torch.equal(fp32[0, 0], fp32[0, 1])

@@ -20,7 +20,7 @@ def _codes(frames, n_vq=4):
 
 
 def test_official_template_ids(nano_fixture):
-    """Template ids of spec §6 (they equal the official ONNX manifest's prompt_templates)."""
+    """Template ids of docs/architecture.md#prompt-layouts (equal to the official ONNX manifest's)."""
     tok, cfg = TextTokenizer.from_dir(nano_fixture / "tts"), load_config(nano_fixture / "tts")
     assert user_prefix_ids(tok, cfg) == [4, 600, 289, 10356, 13, 10356, 10425, 1860, 4546, 12907, 10363, 13325, 11492]
     assert assistant_prefix_ids(tok, cfg) == [10356, 14, 5, 4, 8165, 430]

@@ -11,9 +11,11 @@ from moss_npu.errors import InputError
 from moss_npu.nano.decoder import FrameDecoder, RequestParams
 from moss_npu.nano.quantize import block_linears, int8_kernel_available, int8_rows, quantize_int8
 
+from tests.optional import needs
+
 from .test_decoder import model, prompts  # noqa: F401 - the tiny steered model and its prompts (fixtures)
 
-needs_kernel = pytest.mark.skipif(not int8_kernel_available(), reason="torch has no _weight_int8pack_mm")
+needs_kernel = needs(int8_kernel_available(), "torch has no _weight_int8pack_mm")
 
 
 def test_int8_rows_round_to_the_nearest_grid_point():

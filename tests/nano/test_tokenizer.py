@@ -22,7 +22,7 @@ def test_plain_text_is_sentencepiece(tiny_tokenizer):
 
 
 def test_official_tokenizer_examples(nano_fixture):
-    """The example of spec §5, checked there against transformers 4.57.1."""
+    """The official wrapper splits out a literal `<s>`; plain SentencePiece does not (as transformers 4.57.1)."""
     tok = TextTokenizer.from_dir(nano_fixture / "tts")
     assert tok.encode("Hello <s> world") == [7026, 1, 1177]
     assert tok.encode("None") == [505, 587]

@@ -1,6 +1,6 @@
 """Servers for the HTTP tests: real ``python -m moss_npu.serve`` processes on free loopback ports.
 
-They serve the tiny official-format models of the nano-tiny fixture (its README: greedy runs never stop
+They serve the tiny official-format models of the nano-tiny fixture (its tiny LM is biased so that greedy runs never stop
 before ``max_new_frames``, so a greedy request of N frames yields exactly N × 3840 samples per channel).
 Without the fixture or the serve packages (a user's clone) these tests skip; in CI (``CI=true``) they fail.
 """
@@ -8,6 +8,7 @@ Without the fixture or the serve packages (a user's clone) these tests skip; in 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -19,7 +20,7 @@ from typing import Optional
 
 import pytest
 
-from moss_npu import goldens
+from moss_npu_verify import goldens
 from tests.optional import missing, require
 
 SERVE_INSTALL = "pip install -e '.[dev]'"  # the serve extra plus openai and httpx
@@ -73,7 +74,11 @@ class ServerProcess:
         self._log_file = open(self.log, "wb")
         self.process = subprocess.Popen(command, cwd=REPO, env=env, stdout=self._log_file, stderr=subprocess.STDOUT)
         if wait:
-            self.wait_ready()
+            try:
+                self.wait_ready()
+            except BaseException:
+                self.stop()  # a server that never became ready must not outlive the test run
+                raise
 
     @property
     def headers(self) -> dict:
@@ -107,10 +112,17 @@ class ServerProcess:
             time.sleep(0.2)
         raise AssertionError(f"server not ready after {deadline_s} s:\n{self.output()}")
 
-    def output(self) -> str:
+    def worker_pid(self, index: int) -> int:
+        """The process id of worker ``index`` (its latest start), from the server's log: /health does not show it."""
+        pids = re.findall(rf"worker {index} ready on \S+ \(pid (\d+),", self.output(tail=None))
+        assert pids, f"worker {index} never said it was ready:\n{self.output()}"
+        return int(pids[-1])
+
+    def output(self, tail: Optional[int] = 4000) -> str:
         if not self._log_file.closed:
             self._log_file.flush()
-        return self.log.read_text(encoding="utf-8", errors="replace")[-4000:]
+        text = self.log.read_text(encoding="utf-8", errors="replace")
+        return text if tail is None else text[-tail:]
 
     def stop(self) -> int:
         if self.process.poll() is None:
@@ -139,6 +151,18 @@ def metric(text: str, name: str) -> float:
         if line.startswith(name + " "):
             return float(line.split()[1])
     raise AssertionError(f"metric {name} not found")
+
+
+def wait_idle(server: ServerProcess, within_s: float) -> float:
+    """Seconds until the server has nothing in flight and no active slot (fails after ``within_s``)."""
+    start = time.monotonic()
+    with server.client() as http:
+        while time.monotonic() - start < within_s:
+            text = http.get("/metrics").text
+            if metric(text, "moss_npu_in_flight_requests") == 0 and metric(text, "moss_npu_active_slots") == 0:
+                return time.monotonic() - start
+            time.sleep(0.02)
+    raise AssertionError(f"still busy after {within_s} s")
 
 
 def assert_error(response, status: int, param: Optional[str] = None) -> dict:

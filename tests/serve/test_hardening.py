@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import soundfile
 
-from tests.serve.conftest import FRAME, MODEL, ServerProcess, assert_error, metric, serve_module
+from tests.serve.conftest import FRAME, MODEL, ServerProcess, assert_error, metric, serve_module, wait_idle
 
 serve_module("fastapi")
 httpx = serve_module("httpx")
@@ -40,17 +40,29 @@ def raw(server: ServerProcess, data: bytes, *, read_s: float = 5.0) -> bytes:
         return _read_all(sock, read_s)
 
 
-def _read_all(sock: socket.socket, read_s: float) -> bytes:
+def _read_all(sock: socket.socket, read_s: float, *, one_answer: bool = False) -> bytes:
+    """What arrives within ``read_s`` until the peer closes or resets (``one_answer``: until one whole answer with
+    a Content-Length has come)."""
     chunks, end = [], time.monotonic() + read_s
     while time.monotonic() < end:
         try:
             piece = sock.recv(65536)
         except socket.timeout:
+            continue
+        except OSError:
             break
         if not piece:
             break
         chunks.append(piece)
+        if one_answer and _complete(b"".join(chunks)):
+            break
     return b"".join(chunks)
+
+
+def _complete(data: bytes) -> bool:
+    head, sep, body = data.partition(b"\r\n\r\n")
+    length = [line.split(b":", 1)[1] for line in head.lower().split(b"\r\n") if line.startswith(b"content-length:")]
+    return bool(sep) and bool(length) and len(body) >= int(length[0])
 
 
 def status_of(response: bytes) -> int:
@@ -62,18 +74,6 @@ def tone(rate: int, seconds: float) -> bytes:
     out = io.BytesIO()
     soundfile.write(out, 0.3 * np.sin(2 * np.pi * 220 * t), rate, format="WAV", subtype="PCM_16")
     return out.getvalue()
-
-
-def wait_idle(server: ServerProcess, within_s: float) -> float:
-    """Seconds until nothing is in flight and no slot is active (fails after ``within_s``)."""
-    start = time.monotonic()
-    with server.client() as http:
-        while time.monotonic() - start < within_s:
-            text = http.get("/metrics").text
-            if metric(text, "moss_npu_in_flight_requests") == 0 and metric(text, "moss_npu_active_slots") == 0:
-                return time.monotonic() - start
-            time.sleep(0.02)
-    raise AssertionError(f"still busy after {within_s} s")
 
 
 def wait_active(server: ServerProcess, within_s: float) -> None:
@@ -130,7 +130,7 @@ def test_a_chunked_body_is_cut_off_at_the_limit(open_server):
     limit = 2**20 * 4 // 3 + 2**16
     received: list[bytes] = []
     with socket.create_connection(("127.0.0.1", open_server.port), timeout=10) as sock:
-        reader = threading.Thread(target=lambda: received.append(_read_until_error(sock, 20.0)))
+        reader = threading.Thread(target=lambda: received.append(_read_all(sock, 20.0, one_answer=True)))
         reader.start()
         sock.sendall((f"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1:{open_server.port}\r\n"
                       "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n").encode())
@@ -143,24 +143,6 @@ def test_a_chunked_body_is_cut_off_at_the_limit(open_server):
             pass  # the server closed the connection once it had answered
         reader.join(30)
     assert status_of(received[0]) == 413 and b"request_too_large" in received[0]
-
-
-def _read_until_error(sock: socket.socket, read_s: float) -> bytes:
-    """What arrives until the peer closes or resets the connection."""
-    chunks, end = [], time.monotonic() + read_s
-    while time.monotonic() < end:
-        try:
-            piece = sock.recv(65536)
-        except socket.timeout:
-            continue
-        except OSError:
-            break
-        if not piece:
-            break
-        chunks.append(piece)
-        if b"\r\n\r\n" in b"".join(chunks):
-            break
-    return b"".join(chunks)
 
 
 def test_a_body_that_trickles_is_answered_408(open_server):

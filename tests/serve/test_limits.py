@@ -3,11 +3,10 @@ frees its slot. The tiny model takes seconds for 375 greedy frames, so a long re
 
 from __future__ import annotations
 
-import time
 
 import pytest
 
-from tests.serve.conftest import LONG, MODEL, ServerProcess, assert_error, metric, serve_module
+from tests.serve.conftest import LONG, MODEL, ServerProcess, assert_error, metric, serve_module, wait_idle
 from tests.serve.test_voices import recording, upload
 
 serve_module("fastapi")
@@ -31,18 +30,6 @@ def restarted(tmp_path_factory):
     second.stop()
 
 
-def _idle(server, within_s: float) -> float:
-    """Seconds until the server has nothing in flight and no active slot (fails after ``within_s``)."""
-    start = time.monotonic()
-    with server.client() as http:
-        while time.monotonic() - start < within_s:
-            text = http.get("/metrics").text
-            if metric(text, "moss_npu_in_flight_requests") == 0 and metric(text, "moss_npu_active_slots") == 0:
-                return time.monotonic() - start
-            time.sleep(0.02)
-    raise AssertionError(f"still busy after {within_s} s")
-
-
 def test_voices_survive_a_restart(restarted):
     server, voice = restarted
     with server.client() as http:
@@ -63,7 +50,7 @@ def test_full_server_answers_429_with_retry_after(restarted):
                              json={"model": MODEL, "input": "Me too.", "max_new_frames": 2})
         assert_error(refused, 429)
         assert int(refused.headers["retry-after"]) >= 1
-    _idle(server, 3.0)
+    wait_idle(server, 3.0)
 
 
 def test_disconnect_mid_stream_frees_the_slot(restarted):
@@ -76,7 +63,7 @@ def test_disconnect_mid_stream_frees_the_slot(restarted):
                 if received > 3840 * 4 * 4:  # a few frames in, far from the 375
                     break
         # Leaving the block closes the connection mid-stream.
-    freed = _idle(server, 3.0)
+    freed = wait_idle(server, 3.0)
     assert freed < 3.0
     with server.client() as http:  # the single slot is free again: no 429
         again = http.post("/v1/audio/speech", json={"model": MODEL, "input": "Next.", "max_new_frames": 2,
@@ -91,4 +78,4 @@ def test_disconnect_while_waiting_for_a_whole_file_frees_the_slot(restarted):
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{server.url}/v1/audio/speech", headers=server.headers,
                    json={**LONG, "response_format": "wav"}, timeout=httpx.Timeout(5.0, read=1.0))
-    assert _idle(server, 3.0) < 3.0
+    assert wait_idle(server, 3.0) < 3.0

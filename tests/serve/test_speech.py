@@ -126,7 +126,7 @@ def test_ref_audio_clones_a_voice_and_ref_text_continues(server, reference_bytes
 
 @pytest.fixture(scope="module")
 def reference_bytes():
-    from moss_npu import goldens
+    from moss_npu_verify import goldens
 
     return (goldens.fixtures_root() / "nano-tiny" / "goldens" / "reference.wav").read_bytes()
 
@@ -150,7 +150,9 @@ BAD_BODIES = [
     ({"model": MODEL, "input": "hi", "max_new_frames": 0}, 400, "max_new_frames"),
     ({"model": MODEL, "input": "hi", "sample_rate": 44100, "response_format": "opus"}, 400, "sample_rate"),
     ({"model": MODEL, "input": "hi", "channels": 3}, 400, "channels"),
-    ({"model": MODEL, "input": "hi", "audio_top_p": 7.0}, 400, None),
+    ({"model": MODEL, "input": "hi", "audio_top_p": 7.0}, 400, "audio_top_p"),
+    ({"model": MODEL, "input": "hi", "channels": True}, 422, "channels"),  # strict types: true is no count
+    ({"model": MODEL, "input": "hi", "max_new_frames": "3"}, 422, "max_new_frames"),
     ({"model": MODEL, "input": "hi", "volume": 11}, 422, "volume"),
     ({"model": MODEL, "input": 5}, 422, "input"),
     ({"model": "tts-1", "input": "hi"}, 404, "model"),

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import io
+import threading
 
 import numpy as np
 import pytest
 import soundfile
 import torch
 
-from moss_npu import goldens
+from moss_npu_verify import goldens
 from moss_npu.serve.errors import ApiError
 from moss_npu.serve.voices import VoiceStore
 from tests.serve.conftest import MODEL, assert_error, serve_module
@@ -102,3 +103,47 @@ def test_store_is_atomic_and_refuses_unsafe_ids(tmp_path):
             store.delete(bad)
         assert info.value.status == 404
     assert store.delete(voice.id) == voice and store.list() == []
+
+
+def test_two_stores_on_one_folder_never_store_one_name_twice(tmp_path):
+    """Eight adds of one name at once, through two stores sharing the folder (two servers): one voice, seven 409."""
+    stores = [VoiceStore(tmp_path), VoiceStore(tmp_path)]
+    barrier = threading.Barrier(8)
+    outcomes: list[object] = []
+
+    def add(store: VoiceStore) -> None:
+        barrier.wait()
+        try:
+            outcomes.append(store.add("same", torch.zeros(3, 16, dtype=torch.long), 0.24, None).id)
+        except ApiError as exc:
+            outcomes.append(exc.status)
+
+    threads = [threading.Thread(target=add, args=(stores[i % 2],)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(o for o in outcomes if o == 409) == [409] * 7
+    assert [v.name for v in stores[0].list()] == ["same"] and stores[1].list() == stores[0].list()
+
+
+def test_lookups_read_no_file_and_see_the_other_store(tmp_path, monkeypatch):
+    """The index answers lookups; a voice added or deleted through another store is seen at the next call."""
+    import moss_npu.serve.voices as voices
+
+    mine, theirs = VoiceStore(tmp_path), VoiceStore(tmp_path)
+    for i in range(20):
+        mine.add(f"v{i}", torch.zeros(2, 16, dtype=torch.long), 0.16, None)
+    mine.find("v3")  # its codes are read once, on first use
+    opened = []
+    real_open = voices.safe_open
+    monkeypatch.setattr(voices, "safe_open", lambda *a, **k: (opened.append(a[0]), real_open(*a, **k))[1])
+    for _ in range(50):
+        assert mine.find("v3")[0].name == "v3" and len(mine.list()) == 20
+    assert opened == []
+    added = theirs.add("new", torch.zeros(2, 16, dtype=torch.long), 0.16, None)
+    assert mine.find("new")[0] == added
+    theirs.delete(added.id)
+    with pytest.raises(ApiError) as info:
+        mine.find("new")
+    assert info.value.status == 404

@@ -40,8 +40,8 @@ def test_requests_spread_over_workers_and_a_killed_worker_restarts(pair):
             next(first_chunks), next(second_chunks)
             busy = _busy_workers(pair)
             assert sorted(w["index"] for w in busy) == [0, 1]  # least loaded: one each
-            victim = next(w for w in busy if w["index"] == 0)
-            os.kill(victim["pid"], signal.SIGKILL)
+            victim = pair.worker_pid(0)
+            os.kill(victim, signal.SIGKILL)
             start = time.monotonic()
             with pytest.raises(httpx.HTTPError):  # the stream is cut, not ended as if complete
                 for _ in first_chunks:
@@ -55,7 +55,7 @@ def test_requests_spread_over_workers_and_a_killed_worker_restarts(pair):
         assert http.post("/v1/audio/speech", json=short).status_code == 200  # served by the live worker
         state = pair.wait_ready(workers=2)
         restarted = next(w for w in state["workers"] if w["index"] == 0)
-        assert restarted["restarts"] == 1 and restarted["pid"] != victim["pid"]
+        assert restarted["restarts"] == 1 and pair.worker_pid(0) != victim
         assert http.post("/v1/audio/speech", json=short).status_code == 200
 
 
@@ -72,7 +72,7 @@ def test_killed_worker_fails_a_waiting_whole_file_request_with_503(pair):
         end = time.monotonic() + 10
         while not _busy_workers(pair) and time.monotonic() < end:
             time.sleep(0.05)
-        os.kill(_busy_workers(pair)[0]["pid"], signal.SIGKILL)
+        os.kill(pair.worker_pid(_busy_workers(pair)[0]["index"]), signal.SIGKILL)
         thread.join(timeout=10)
         assert not thread.is_alive()
     error = assert_error(result["r"], 503)

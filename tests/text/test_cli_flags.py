@@ -1,10 +1,9 @@
 """inference.py's text-normalization flags: what they set, what --print-normalized shows, where they apply."""
 
 import inference
-from moss_npu import goldens
+from moss_npu_verify import goldens
 from moss_npu.tts.settings import merge
-
-import pytest
+from tests.optional import missing
 
 NANO = goldens.fixtures_root() / "nano-tiny"
 
@@ -23,7 +22,7 @@ def test_flags_set_the_run_settings():
 
 def test_print_normalized_shows_what_the_model_reads(capsys, needs_wetext, tmp_path):
     if not NANO.is_dir():
-        pytest.skip(f"fixtures not found at {NANO} (set MOSS_NPU_FIXTURES)")
+        missing(f"fixtures not found at {NANO} (set MOSS_NPU_FIXTURES)")
     code = inference.main(["--model", str(NANO / "tts"), "--codec", str(NANO / "codec"), "--device", "cpu",
                            "--quiet", "--greedy", "--max-new-frames", "2", "--output", str(tmp_path / "a.wav"),
                            "--text", "今天是2026年12月1日", "--prompt-text", "共3个", "--prompt-audio-path",

@@ -12,8 +12,9 @@ from moss_npu.text import grammar_cache
 from moss_npu.text.grammar_cache import CACHE_ENV, GrammarCache, default_cache_dir
 from moss_npu.text.fst_file import FstArrays, FstFileError
 from moss_npu.text.lattice import CompiledGrammar, prepare
+from tests.optional import require
 
-kaldifst = pytest.importorskip("kaldifst")
+kaldifst = require("kaldifst", "pip install -e '.[dev]'")
 
 
 def small_grammar(tmp_path, extra=()):

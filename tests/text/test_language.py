@@ -1,4 +1,4 @@
-"""The language choice and the Chinese hyphen guard (the text-norm README's facts)."""
+"""The language choice and the Chinese hyphen guard (docs/text-normalization.md#what-happens)."""
 
 import pytest
 

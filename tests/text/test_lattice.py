@@ -15,8 +15,9 @@ from moss_npu.text import TextNormalizer
 from moss_npu.text.fst_file import FstArrays, FstFileError
 from moss_npu.text.lattice import CompiledGrammar, LatticeKernels, NoReading, PreparationError, check, prepare
 from moss_npu.text.wetext import Grammars, WholeTextSearch
+from tests.optional import require
 
-kaldifst = pytest.importorskip("kaldifst")
+kaldifst = require("kaldifst", "pip install -e '.[dev]'")
 
 
 def write_fst(path, states, arcs, finals, start=0):

@@ -1,4 +1,4 @@
-"""The robust cleanup's rules (nano_spec §16, the text-norm README), each on a text that shows it alone."""
+"""The robust cleanup's rules (docs/text-normalization.md#what-happens), each on a text that shows it alone."""
 
 import pytest
 

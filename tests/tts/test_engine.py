@@ -6,10 +6,11 @@ import time
 import pytest
 import torch
 
-from moss_npu import goldens
+from moss_npu_verify import goldens
 from moss_npu.errors import InputError, MossNpuError
 from moss_npu.tts import MossTTSNano, RunConfig
 from moss_npu.tts.engine import Cancelled, Engine, SpeechRequest
+from tests.optional import missing
 
 NANO = goldens.fixtures_root() / "nano-tiny"
 REFERENCE = NANO / "goldens" / "reference.wav"
@@ -19,7 +20,7 @@ SETTINGS = RunConfig(seed=7, max_new_frames=6, voice_clone_max_text_tokens=8)
 @pytest.fixture(scope="module")
 def tts():
     if not NANO.is_dir():
-        pytest.skip(f"fixtures not found at {NANO} (set MOSS_NPU_FIXTURES)")
+        missing(f"fixtures not found at {NANO} (set MOSS_NPU_FIXTURES)")
     return MossTTSNano.from_pretrained(str(NANO / "tts"), str(NANO / "codec"), device="cpu")
 
 

@@ -7,22 +7,23 @@ import pytest
 import soundfile as sf
 import torch
 
-from moss_npu import goldens
+from moss_npu_verify import goldens
 from moss_npu.errors import ConfigError, InputError, NumericalError
 from moss_npu.nano.checkpoint import load_model
 from moss_npu.tts import LoadConfig, MossTTSNano, RunConfig
 from moss_npu.tts.settings import load_preset, merge
+from tests.optional import missing, needs
 
 NANO = goldens.fixtures_root() / "nano-tiny"
 REFERENCE = NANO / "goldens" / "reference.wav"
-needs_fixtures = pytest.mark.skipif(not NANO.is_dir(), reason=f"fixtures not found at {NANO} (set MOSS_NPU_FIXTURES)")
+needs_fixtures = needs(NANO.is_dir(), f"fixtures not found at {NANO} (set MOSS_NPU_FIXTURES)")
 GREEDY = dict(do_sample=False, audio_repetition_penalty=1.0)
 
 
 @pytest.fixture(scope="module")
 def tts():
     if not NANO.is_dir():
-        pytest.skip(f"fixtures not found at {NANO} (set MOSS_NPU_FIXTURES)")
+        missing(f"fixtures not found at {NANO} (set MOSS_NPU_FIXTURES)")
     return MossTTSNano.from_pretrained(str(NANO / "tts"), str(NANO / "codec"), device="cpu")
 
 
@@ -177,7 +178,7 @@ def test_int8_pipeline_quantizes_and_decodes_with_the_int8_step():
     from moss_npu.nano.quantize import int8_kernel_available
 
     if not int8_kernel_available():
-        pytest.skip("torch has no _weight_int8pack_mm")
+        missing("torch has no _weight_int8pack_mm")
     tts = MossTTSNano.from_pretrained(str(NANO / "tts"), str(NANO / "codec"), device="cpu", quantize="int8")
     result = tts.synthesize("Hello.", settings=RunConfig(do_sample=False, max_new_frames=4))
     assert tts.model.quantization == "int8" and tts._decoder.cpu_step.int8
@@ -233,7 +234,7 @@ def bf16_tts():
     """A pipeline whose LM computes in bf16, as on an accelerator (on the CPU ``from_pretrained`` gives bf16
     weights with float32 arithmetic instead), for the stability fallback that exists for it."""
     if not NANO.is_dir():
-        pytest.skip(f"fixtures not found at {NANO} (set MOSS_NPU_FIXTURES)")
+        missing(f"fixtures not found at {NANO} (set MOSS_NPU_FIXTURES)")
     tts = MossTTSNano.from_pretrained(str(NANO / "tts"), str(NANO / "codec"), device="cpu")
     return MossTTSNano(load_model(NANO / "tts", device="cpu", dtype=torch.bfloat16), tts.tokenizer, tts.codec)
 

@@ -12,17 +12,17 @@ import numpy as np
 import pytest
 import torch
 
-from moss_npu.goldens import fixtures_root
+from moss_npu_verify.goldens import fixtures_root
+from tests.optional import allowed_skip, needs
 
 from .conftest import tree_digest
 
 CODE = os.environ.get("MOSS_NPU_UPSTREAM_CODE")
 FIXTURE = fixtures_root() / "nano-tiny"
 pytestmark = [
-    pytest.mark.skipif(not CODE, reason="MOSS_NPU_UPSTREAM_CODE is not set: no official remote code to load"),
-    pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
-                       reason='transformers is not installed: pip install -e ".[upstream]"'),
-    pytest.mark.skipif(not (FIXTURE / "cases.json").is_file(), reason=f"fixture {FIXTURE} is missing (MOSS_NPU_FIXTURES)"),
+    allowed_skip(not CODE, "MOSS_NPU_UPSTREAM_CODE is not set: no official remote code to load"),
+    needs(importlib.util.find_spec("transformers") is not None, 'transformers is not installed: pip install -e ".[upstream]"'),
+    needs((FIXTURE / "cases.json").is_file(), f"fixture {FIXTURE} is missing (MOSS_NPU_FIXTURES)"),
 ]
 
 

@@ -1,4 +1,4 @@
-"""Conformance handlers for delay fixtures (``python -m moss_npu.goldens DIR`` dispatches here).
+"""Conformance handlers for delay fixtures (``python -m moss_npu_verify.goldens DIR`` dispatches here).
 
 One ``check_<kind>(case, fx) -> CaseResult`` per case kind of a delay fixture (prompt, embed, delay,
 sampling, generate); the weights are ``fx.root / "weights"``. Nothing here knows a case id: the inputs,
@@ -16,7 +16,7 @@ import numpy as np
 from moss_npu.delay.config import DelayRunConfig
 from moss_npu.delay.sampling import apply_repetition_penalty, candidates, sample_token
 from moss_npu.delay.state import apply_delay_pattern, de_delay, extract_segments
-from moss_npu.goldens import CaseResult, Fixture
+from moss_npu_verify.goldens import CaseResult, Fixture
 
 PIPELINE_KEYS = ("n_batch", "n_ctx", "n_threads", "n_gpu_layers", "kv_cache_type_k", "kv_cache_type_v",
                  "flash_attn", "heads_backend")

@@ -1,4 +1,4 @@
-"""Conformance handlers for the codec and reference-audio cases of a nano fixture (``python -m moss_npu.goldens``).
+"""Conformance handlers for the codec and reference-audio cases of a nano fixture (``python -m moss_npu_verify.goldens``).
 
 Kinds: ``load_reference_audio`` (max abs <= 1e-5), ``codec_encode`` (codes identical), ``codec_decode``
 (SNR >= 60 dB), the tolerances of the fixture README. The codec is ``fx.root / "codec"``, loaded once per
@@ -14,7 +14,7 @@ from moss_npu.accuracy import max_abs, snr_db
 from moss_npu.audio import load_reference_audio
 from moss_npu.codec.checkpoint import load_codec
 from moss_npu.codec.model import NanoCodec
-from moss_npu.goldens import CaseResult, Fixture
+from moss_npu_verify.goldens import CaseResult, Fixture
 
 REFERENCE_MAX_ABS = 1e-5
 DECODE_MIN_SNR_DB = 60.0

@@ -1,12 +1,12 @@
 """Conformance runner: check this package against golden outputs of the official code.
 
-``python -m moss_npu.goldens FIXTURE_DIR`` reads ``FIXTURE_DIR/cases.json``, runs each case through the
+``python -m moss_npu_verify.goldens FIXTURE_DIR`` reads ``FIXTURE_DIR/cases.json``, runs each case through the
 handler registered for its kind, prints one line per case (``id  kind  PASS/FAIL/SKIP  metric``) and a
-summary line ``N passed, M failed, K skipped``. It exits 1 if a case fails or a kind is unknown. A case whose
-optional package (llama-cpp-python for the Delay cases) is not installed is a SKIP that names the install
-command. Handlers
-live beside the code they check (``nano/cases.py``, ``codec/cases.py``, ``tts/cases.py``,
-``delay/cases.py``); this file only dispatches. Tolerances come from each fixture's README.
+summary line ``N passed, M failed, K skipped``. It exits 1 if a case fails, has an unknown kind, or cannot be
+checked: a SKIP (its optional package, llama-cpp-python for the Delay cases, is not installed: the line names the
+install command; or its handler is not written) is a case nobody checked, never a success. Handlers live in
+``moss_npu_verify/cases/``, one module per part of the package they check (``nano``, ``codec``, ``tts``,
+``text``, ``delay``); this file only dispatches. Tolerances come from each fixture's README.
 """
 
 from __future__ import annotations
@@ -29,29 +29,29 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # reported as SKIP (not implemented); a kind not listed at all is a failure.
 HANDLERS: dict[str, dict[str, str]] = {
     "nano": {
-        "tokenize": "moss_npu.nano.cases:check_tokenize",
-        "prompt_ids": "moss_npu.nano.cases:check_prompt_ids",
-        "forward": "moss_npu.nano.cases:check_forward",
-        "generate": "moss_npu.nano.cases:check_generate",
-        "split_text": "moss_npu.nano.cases:check_split_text",
-        "load_reference_audio": "moss_npu.codec.cases:check_load_reference_audio",
-        "codec_encode": "moss_npu.codec.cases:check_codec_encode",
-        "codec_decode": "moss_npu.codec.cases:check_codec_decode",
-        "inference": "moss_npu.tts.cases:check_inference",
-        "inference_stream": "moss_npu.tts.cases:check_inference_stream",
+        "tokenize": "moss_npu_verify.cases.nano:check_tokenize",
+        "prompt_ids": "moss_npu_verify.cases.nano:check_prompt_ids",
+        "forward": "moss_npu_verify.cases.nano:check_forward",
+        "generate": "moss_npu_verify.cases.nano:check_generate",
+        "split_text": "moss_npu_verify.cases.nano:check_split_text",
+        "load_reference_audio": "moss_npu_verify.cases.codec:check_load_reference_audio",
+        "codec_encode": "moss_npu_verify.cases.codec:check_codec_encode",
+        "codec_decode": "moss_npu_verify.cases.codec:check_codec_decode",
+        "inference": "moss_npu_verify.cases.tts:check_inference",
+        "inference_stream": "moss_npu_verify.cases.tts:check_inference_stream",
     },
     "delay": {
-        "prompt": "moss_npu.delay.cases:check_prompt",
-        "embed": "moss_npu.delay.cases:check_embed",
-        "delay": "moss_npu.delay.cases:check_delay",
-        "sampling": "moss_npu.delay.cases:check_sampling",
-        "generate": "moss_npu.delay.cases:check_generate",
+        "prompt": "moss_npu_verify.cases.delay:check_prompt",
+        "embed": "moss_npu_verify.cases.delay:check_embed",
+        "delay": "moss_npu_verify.cases.delay:check_delay",
+        "sampling": "moss_npu_verify.cases.delay:check_sampling",
+        "generate": "moss_npu_verify.cases.delay:check_generate",
     },
     # Text-only fixtures (no model): the official text normalization.
     "text": {
-        "normalize_text": "moss_npu.text.cases:check_normalize_text",
-        "normalize_robust": "moss_npu.text.cases:check_normalize_robust",
-        "normalize_language": "moss_npu.text.cases:check_normalize_language",
+        "normalize_text": "moss_npu_verify.cases.text:check_normalize_text",
+        "normalize_robust": "moss_npu_verify.cases.text:check_normalize_robust",
+        "normalize_language": "moss_npu_verify.cases.text:check_normalize_language",
     },
 }
 
@@ -200,16 +200,18 @@ def iter_outcomes(fx: Fixture) -> Iterator[Outcome]:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """Run the cases of FIXTURE_DIR and print the report; exit 1 if any case fails (moss_npu.cli policy)."""
+    """Run the cases of FIXTURE_DIR and print the report; exit 1 if any case fails or is skipped (moss_npu.cli
+    policy)."""
     return run_cli(lambda: run(argv))
 
 
 def run(argv: Optional[list[str]] = None) -> int:
-    """Parse flags, run the selected cases, print one line each and the summary; return 1 if any failed."""
+    """Parse flags, run the selected cases, print one line each and the summary; return 1 if any failed or could
+    not be checked."""
     parser = ArgumentParser(
-        prog="python -m moss_npu.goldens",
-        description="Check moss-npu against golden outputs of the official code. Exit codes: 0 all checked "
-        "cases pass, 1 a case failed or has an unknown kind, 2 bad usage, 130 interrupted.",
+        prog="python -m moss_npu_verify.goldens",
+        description="Check moss-npu against golden outputs of the official code. Exit codes: 0 every case "
+        "passes, 1 a case failed, has an unknown kind or could not be checked (SKIP), 2 bad usage, 130 interrupted.",
     )
     parser.add_argument("fixture_dir", help="folder holding cases.json (e.g. ../shared/fixtures/nano-tiny)")
     parser.add_argument("--only", action="append", default=[], help="run only cases with this id or kind")
@@ -230,7 +232,7 @@ def run(argv: Optional[list[str]] = None) -> int:
         counts[outcome.status] += 1
         print(f"{outcome.case_id:<{width}}  {outcome.kind:<20}  {outcome.status}  {outcome.detail}", flush=True)
     print(f"{counts['PASS']} passed, {counts['FAIL']} failed, {counts['SKIP']} skipped")
-    return 1 if counts["FAIL"] else 0
+    return 1 if counts["FAIL"] or counts["SKIP"] else 0
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from moss_npu.errors import MissingDependency
-from moss_npu.goldens import CaseResult, Fixture
+from moss_npu_verify.goldens import CaseResult, Fixture
 from moss_npu.text.language import choose_language
 from moss_npu.text.normalize import TextNormalizer
 from moss_npu.text.robust import clean_for_speech

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from moss_npu.accuracy import snr_db
-from moss_npu.goldens import CaseResult, Fixture
+from moss_npu_verify.goldens import CaseResult, Fixture
 from moss_npu.tts.pipeline import MossTTSNano
 from moss_npu.tts.settings import RunConfig
 

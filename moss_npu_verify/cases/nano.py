@@ -1,6 +1,6 @@
 """Conformance handlers for the nano LM case kinds (tokenize, prompt_ids, forward, generate, split_text).
 
-Called by ``python -m moss_npu.goldens FIXTURE`` with ``(case, fx)``; the model folder is ``fx.root / "tts"``.
+Called by ``python -m moss_npu_verify.goldens FIXTURE`` with ``(case, fx)``; the model folder is ``fx.root / "tts"``.
 Everything runs on the CPU in float32 with SDPA, like the official runs that produced the goldens.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from moss_npu.goldens import CaseResult, Fixture
+from moss_npu_verify.goldens import CaseResult, Fixture
 from moss_npu.nano.checkpoint import load_model
 from moss_npu.nano.decoder import generate
 from moss_npu.nano.reference import reference_generate

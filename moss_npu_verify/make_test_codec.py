@@ -1,8 +1,8 @@
 """Write a tiny TEST codec (``encoder.onnx`` / ``decoder.onnx``) with the official I/O layout.
 
-``python -m moss_npu.delay.make_test_codec DIR``. These graphs make noise, not speech: they exist so that
+``python -m moss_npu_verify.make_test_codec DIR``. These graphs make noise, not speech: they exist so that
 the ONNX runner, the CLI and CI can run end to end without the 1.5 GB MOSS-Audio-Tokenizer-ONNX download.
-Layout as delay_spec §10.2: encoder ``input_values (B, 1, S)`` float32 + ``n_quantizers`` 0-d int64 ->
+Layout as docs/delay.md#codec: encoder ``input_values (B, 1, S)`` float32 + ``n_quantizers`` 0-d int64 ->
 codes ``(Q, B, S / 1920)`` int64 + lengths ``(B,)``; decoder ``audio_codes (Q, B, T)`` + ``n_quantizers`` ->
 audio ``(B, 1, T * 1920)`` float32 + lengths ``(B,)``. Codebooks at or above ``n_quantizers`` read 0,
 as the real graphs mask them.
@@ -129,7 +129,7 @@ def _model(graph):
     from onnx import helper
 
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
-                              producer_name="moss_npu.delay.make_test_codec", doc_string="TEST codec: noise, not speech")
+                              producer_name="moss_npu_verify.make_test_codec", doc_string="TEST codec: noise, not speech")
     model.ir_version = IR_VERSION
     onnx.checker.check_model(model, full_check=True)
     return model
@@ -157,7 +157,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     missing, 1 a failed write, 130 interrupted."""
     from moss_npu.cli import ArgumentParser, run_cli
 
-    parser = ArgumentParser(prog="python -m moss_npu.delay.make_test_codec",
+    parser = ArgumentParser(prog="python -m moss_npu_verify.make_test_codec",
                             description="Write a tiny TEST codec (noise, not speech) with the official "
                             "MOSS-Audio-Tokenizer ONNX input/output layout. Exit codes: 0 ok, 2 bad usage or onnx "
                             "missing, 1 a failed write, 130 interrupted.")

@@ -1,0 +1,1 @@
+"""Case handlers of the conformance runner, one module per part of the package they check."""
