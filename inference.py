@@ -29,13 +29,26 @@ from moss_npu.extras import LLAMA_INSTALL as DELAY_INSTALL
 from moss_npu.extras import NANO_INSTALL
 from moss_npu.hub import DEFAULT_CODEC, DEFAULT_MODEL
 from moss_npu.limits import MAX_NEW_FRAMES, MAX_SEED
-from moss_npu.output import WAV_SUBTYPES, AtomicAudioWriter, AudioTarget, audio_target, refuse_own_inputs
+from moss_npu.output import (WAV_SUBTYPES, AtomicAudioWriter, AudioTarget, audio_target, refuse_own_inputs,
+                             writable_file, write_json)
+from moss_npu.tempo import MAX_SPEED, MIN_SPEED, check_speed
 
 SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "repetition_penalty")
 NO_AUDIO = "the model stopped before any audio; try another --seed"
 BACKENDS = ("auto", "nano", "llama-cpp")
 DELAY_ONLY_FLAGS = ("weights", "codec_onnx_dir")
 BACKEND_NAMES = {"nano": "nano (MOSS-TTS-Nano)", "llama-cpp": "llama-cpp (MOSS-TTS Delay)"}
+DECODERS = ("optimized", "reference")
+
+
+def speaking_rate(text: str) -> float:
+    """argparse type of ``--speed``: a rate in 0.25 .. 4.0; the decoder names it once took point to ``--decoder``."""
+    value = text if text in DECODERS else finite_float(text)
+    try:
+        check_speed(value)
+    except InputError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--speed ")) from None
+    return float(value)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     text.add_argument("--mode", choices=("auto", "continuation", "voice_clone"),
                       help="auto (default): voice_clone when a reference is given without --prompt-text")
     text.add_argument("--stream", action="store_true", help="decode and write audio while it is generated")
+    text.add_argument("--timestamps", metavar="FILE.json",
+                      help="also write each text chunk's text and start/end second in the audio (speed included)")
     text.add_argument("--no-text-normalization", action="store_true",
                       help="read the text as given (no robust cleanup, no WeTextProcessing)")
     text.add_argument("--no-wetext", action="store_true",
@@ -87,8 +102,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--nq", type=int, help="codebooks to generate (1..16)")
     gen.add_argument("--voice-clone-max-text-tokens", type=int, help="token budget of one long-text chunk")
     gen.add_argument("--tts-max-batch-size", type=int, help="most chunks generated at once (0 = memory-sized)")
-    gen.add_argument("--speed", choices=("optimized", "reference"),
+    gen.add_argument("--decoder", choices=DECODERS,
                      help="optimized (default: the frame decoder) or reference: the official algorithm, same codes up to rounding")
+    gen.add_argument("--speed", type=speaking_rate,
+                     help=f"speaking rate, pitch kept ({MIN_SPEED} .. {MAX_SPEED}; default 1.0: as the model speaks)")
     gen.add_argument("--num-threads", type=int_in(0, 4096),
                      help="intra-op CPU threads (on a busy 2-core machine, 1 is fastest)")
     gen.add_argument("--graph", choices=("auto", "on", "off"),
@@ -115,8 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
 # --- flags that act on one backend or implementation only -------------------------------------------------
 
 # flag -> argparse dest (the llama-cpp backend refuses its own set: moss_npu.delay.flags)
-NOT_UPSTREAM = {"--stream": "stream", "--host-rng": "host_rng", "--speed": "speed", "--graph": "graph",
-                "--compile": "compile", "--quantize": "quantize"}
+NOT_UPSTREAM = {"--stream": "stream", "--host-rng": "host_rng", "--decoder": "decoder", "--speed": "speed", "--graph": "graph",
+                "--compile": "compile", "--quantize": "quantize", "--timestamps": "timestamps"}
 LLAMA_CPP_ONLY = {"--weights": "weights", "--codec-onnx-dir": "codec_onnx_dir"}
 # argparse dests of the values that only shape a random draw (the repetition penalty acts on greedy runs too)
 SAMPLING_ONLY = tuple(f"{kind}_{name}" for kind in ("text", "audio") for name in ("temperature", "top_p", "top_k")) + (
@@ -186,6 +203,19 @@ def refuse_output_over_input(args: argparse.Namespace, target: AudioTarget) -> N
                                                       for name in ("text_file", "prompt_audio_path", "config")})
 
 
+def timestamps_target(args: argparse.Namespace, target: AudioTarget) -> Optional[Path]:
+    """Check ``--timestamps`` before anything runs: a writable .json file that is neither an input nor --output."""
+    if args.timestamps is None:
+        return None
+    if Path(args.timestamps).suffix.lower() != ".json":
+        raise InputError(f"--timestamps {args.timestamps}: give a .json file name")
+    real = writable_file(args.timestamps, "--timestamps")
+    inputs = {f"--{name.replace('_', '-')}": getattr(args, name, None)
+              for name in ("text_file", "prompt_audio_path", "config")}
+    refuse_own_inputs(real, args.timestamps, {**inputs, "--output": str(target.real_path)}, flag="--timestamps")
+    return real
+
+
 def run_overrides(args: argparse.Namespace) -> dict:
     """Return the run settings set explicitly on the command line (None = not set)."""
     values = {
@@ -195,7 +225,7 @@ def run_overrides(args: argparse.Namespace) -> dict:
         "voice_clone_max_text_tokens": args.voice_clone_max_text_tokens,
         "tts_max_batch_size": args.tts_max_batch_size,
         "do_sample": False if args.greedy else None, "host_rng": True if args.host_rng else None,
-        "graph": args.graph, "compile": args.compile, "speed": args.speed, "num_threads": args.num_threads,
+        "graph": args.graph, "compile": args.compile, "decoder": args.decoder, "speed": args.speed, "num_threads": args.num_threads,
         "text_normalization": False if args.no_text_normalization else None,
         "wetext": False if args.no_text_normalization or args.no_wetext else None,
         "audio_repetition_penalty": args.audio_repetition_penalty,
@@ -221,6 +251,7 @@ class Outcome:
     audio_s: float
     elapsed_s: float
     first_audio_s: Optional[float] = None
+    timestamps: tuple = ()  # moss_npu.tts.timeline.Timestamp of each text chunk (Nano only)
 
 
 def torch_imports() -> bool:
@@ -262,9 +293,10 @@ def synthesize_nano(args: argparse.Namespace, text: str, target: AudioTarget) ->
     from moss_npu import device as devices
     from moss_npu.output import save_audio
     from moss_npu.text import TextNormalizer
-    from moss_npu.threads import set_threads
+    from moss_npu.cpu.threads import set_threads
     from moss_npu.tts import MossTTSNano
     from moss_npu.tts.settings import load_preset, merge
+    from moss_npu.tts.timeline import Timeline
 
     preset = load_preset(args.config) if args.config else {}
     load, settings = merge(preset, run_overrides(args))
@@ -272,7 +304,7 @@ def synthesize_nano(args: argparse.Namespace, text: str, target: AudioTarget) ->
     if problem:
         raise InputError(f"--config {args.config} device {problem}")
     dev = devices.resolve_device(load.device)
-    set_threads(load.num_threads)  # a process-wide setting (0: the policy of moss_npu.threads): the CLI's to make
+    set_threads(load.num_threads)  # a process-wide setting (0: the policy of moss_npu.cpu.threads): the CLI's to make
     check_reference(args.prompt_audio_path)
     model, codec = args.model or DEFAULT_MODEL, args.codec or DEFAULT_CODEC
     if args.impl == "upstream":  # infer.py prepares the texts before the official model code sees them
@@ -295,20 +327,21 @@ def synthesize_nano(args: argparse.Namespace, text: str, target: AudioTarget) ->
             raise GenerationError(NO_AUDIO)
         _warn_at_cap(progress, settings.max_new_frames)
         save_audio(target.path, result.waveform, result.sample_rate, target=target)
-        return Outcome(result.waveform.shape[-1] / result.sample_rate, elapsed)
-    first = None
+        return Outcome(result.waveform.shape[-1] / result.sample_rate, elapsed, timestamps=result.timestamps)
+    first, timeline, stamps = None, Timeline(tts.sample_rate, settings.speed), []
     with AtomicAudioWriter(target, tts.sample_rate, tts.codec.channels) as writer, progress:
         for chunk in tts.synthesize_stream(text, **request):
             first = time.perf_counter() - start if first is None else first
             writer.write(chunk.waveform)
+            stamps += timeline.add(chunk.chunk_index, chunk.text, chunk.source_length)
             if not chunk.is_pause:
-                progress.add_frames(chunk.chunk_index, chunk.waveform.shape[-1] // tts.codec.frame_size)
+                progress.add_frames(chunk.chunk_index, chunk.source_length // tts.codec.frame_size)
         if progress.total_frames == 0:
             raise GenerationError(NO_AUDIO)  # leaving the block removes the temp file
         samples = writer.samples_written
         elapsed = time.perf_counter() - start
     _warn_at_cap(progress, settings.max_new_frames)
-    return Outcome(samples / tts.sample_rate, elapsed, first)
+    return Outcome(samples / tts.sample_rate, elapsed, first, tuple(stamps + timeline.finish(samples)))
 
 
 def _progress(args: argparse.Namespace, frame_rate_hz: Optional[float], unit: str = "frame"):
@@ -400,12 +433,16 @@ def run(argv: Optional[list[str]] = None) -> int:
     text = read_text(args)
     target = audio_target(args.output, args.wav_subtype)
     refuse_output_over_input(args, target)
+    stamps_path = timestamps_target(args, target) if backend != "llama-cpp" else None
     check_reference(args.prompt_audio_path)
     warn_if_unspeakable(text)
     if backend == "llama-cpp":
         outcome = synthesize_delay(args, delay, text, target)
     else:
         outcome = synthesize_nano(args, text, target)
+    if stamps_path is not None:
+        write_json(stamps_path, {"audio_seconds": round(outcome.audio_s, 6),
+                                 "chunks": [stamp.public() for stamp in outcome.timestamps]})
     rtf = outcome.elapsed_s / outcome.audio_s if outcome.audio_s > 0 else float("inf")
     line = f"wrote {target.path}: {outcome.audio_s:.2f} s of audio in {outcome.elapsed_s:.2f} s (RTF {rtf:.2f})"
     if outcome.first_audio_s is not None:

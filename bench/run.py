@@ -8,7 +8,7 @@
     python -m bench.run --compare reference@1,optimized@1 --quantize int8  # int8 weight-only CPU step
 
 Every run is greedy with a fixed frame count per text chunk (``--frames``), so runs compare like with like.
-A configuration is ``SPEED[@THREADS]`` (``moss_npu.tts.settings.SPEEDS``); with ``--compare`` the
+A configuration is ``DECODER[@THREADS]`` (``moss_npu.tts.settings.DECODERS``); with ``--compare`` the
 configurations run alternately in one process, and the last stdout line is ``speedup B/A: X.XX``: the median
 over cases of (median per-frame time of A) / (median per-frame time of B), so > 1 means B is faster.
 Per-frame time = the frame phase (local decisions, sampling, global step; prefill and codec excluded).
@@ -61,23 +61,23 @@ PHASES = ("prefill", "frame", "codec")
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """One configuration under test: a speed preset and the intra-op thread count (0: leave torch's)."""
+    """One configuration under test: a decoder algorithm and the intra-op thread count (0: leave torch's)."""
 
-    speed: str
+    decoder: str
     threads: int = 0
 
     @property
     def label(self) -> str:
-        return self.speed if self.threads == 0 else f"{self.speed}@{self.threads}"
+        return self.decoder if self.threads == 0 else f"{self.decoder}@{self.threads}"
 
     @classmethod
     def parse(cls, text: str) -> "BenchConfig":
-        from moss_npu.tts.settings import SPEEDS
+        from moss_npu.tts.settings import DECODERS
 
-        speed, _, threads = text.strip().partition("@")
-        if speed not in SPEEDS or (threads and not threads.isdigit()):
-            raise ValueError(f"configuration {text!r}; use SPEED[@THREADS] with SPEED one of {SPEEDS}")
-        return cls(speed, int(threads or 0))
+        decoder, _, threads = text.strip().partition("@")
+        if decoder not in DECODERS or (threads and not threads.isdigit()):
+            raise ValueError(f"configuration {text!r}; use DECODER[@THREADS] with DECODER one of {DECODERS}")
+        return cls(decoder, int(threads or 0))
 
 
 @dataclass
@@ -98,7 +98,7 @@ class RunRecord:
     peak_memory_bytes: Optional[int]
     load_avg: float
     dtype: str = "float32"
-    step: str = "torch"  # the frame step: cpu-blas (nano.cpu_step), cpu-blas+compiled, cpu-int8, torch, reference
+    step: str = "torch"  # the frame step: cpu-fp32/avx2 (cpu.step's label / its kernels' instruction set), torch, reference
     compile_s: float = 0.0  # time the CPU step spent compiling graphs so far (first compile; 0 when eager)
     local_ms: Optional[float] = None  # per frame: the 17 local steps with their decisions
     global_ms: Optional[float] = None  # per frame: the global step
@@ -125,14 +125,14 @@ def run_once(tts: MossTTSNano, case: str, config: BenchConfig, frames: int, stre
 
     from moss_npu import device as devices
     from moss_npu.nano.frames import PhaseTimer
-    from moss_npu.nano.quantize import dtype_name
-    from moss_npu.threads import set_threads
+    from moss_npu.cpu.quantize import dtype_name
+    from moss_npu.cpu.threads import set_threads
     from moss_npu.tts.settings import RunConfig
 
     if config.threads:
         set_threads(config.threads)
     text, audio = case_request(case)
-    settings = RunConfig(do_sample=False, max_new_frames=frames, speed=config.speed, compile=compile_mode,
+    settings = RunConfig(do_sample=False, max_new_frames=frames, decoder=config.decoder, compile=compile_mode,
                          text_normalization=False, wetext=False)  # the model's speed; bench.text_norm times that
     back = devices.backend(tts.device)
     back.reset_peak_memory_stats()
@@ -152,8 +152,9 @@ def run_once(tts: MossTTSNano, case: str, config: BenchConfig, frames: int, stre
     n_chunks = len(result.text_chunks)
     sec = dict(timer.seconds)
     per_frame = {k: sec.get(k, 0.0) * 1e3 / max(n_frames, 1) for k in ("frame", "codec", "local", "global")}
-    cpu_step = getattr(tts._decoder, "cpu_step", None) if config.speed != "reference" else None
-    step = "reference" if config.speed == "reference" else "torch" if cpu_step is None else cpu_step.label()
+    cpu_step = getattr(tts._decoder, "cpu_step", None) if config.decoder != "reference" else None
+    step = ("reference" if config.decoder == "reference" else "torch" if cpu_step is None
+            else f"{cpu_step.label()}/{cpu_step.kernel_target()}")
     return RunRecord(
         case=case, config=config.label, threads=torch.get_num_threads(), chunks=n_chunks, frames=n_frames,
         wall_s=wall, rtf=wall / max(n_frames / tts.codec.frame_rate_hz, 1e-9), ttfa_ms=ttfa,
@@ -237,7 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runs", type=int, default=3, help="measured runs per case and configuration (median)")
     p.add_argument("--warmup", type=int, default=1, help="unmeasured rounds first")
     p.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, from {','.join(CASES)}")
-    p.add_argument("--speed", default="optimized", help="single configuration SPEED[@THREADS]")
+    p.add_argument("--decoder", default="optimized", help="single configuration DECODER[@THREADS]")
     p.add_argument("--compare", help="two configurations A,B run alternately; prints 'speedup B/A: X.XX'")
     p.add_argument("--threads", type=int, default=0, help="default intra-op threads for configs without @N")
     p.add_argument("--no-stream", action="store_true", help="skip the streamed start (time to first audio)")
@@ -280,11 +281,11 @@ def measure(tts: MossTTSNano, args, cases: list[str], configs: list[BenchConfig]
             graphs: list[str], log) -> list:
     """Run warm-up and measured rounds, alternating configurations (drifting load hits each alike)."""
     from bench.batch import run_batch
-    from moss_npu.threads import set_threads
+    from moss_npu.cpu.threads import set_threads
 
     records: list = []
     serial = 0
-    set_threads(args.threads)  # 0: the default policy (moss_npu.threads)
+    set_threads(args.threads)  # 0: the default policy (moss_npu.cpu.threads)
     for round_index in range(args.warmup + args.runs):
         measured = round_index >= args.warmup
         for case in cases:
@@ -322,11 +323,11 @@ def run(argv: Optional[list[str]] = None) -> int:
     from moss_npu import device as devices
 
     try:
-        configs = [BenchConfig.parse(c) for c in (args.compare or args.speed).split(",")]
+        configs = [BenchConfig.parse(c) for c in (args.compare or args.decoder).split(",")]
         sizes = parse_sizes(args.batch)
     except ValueError as exc:
         raise InputError(str(exc)) from None
-    configs = [c if c.threads or not args.threads else BenchConfig(c.speed, args.threads) for c in configs]
+    configs = [c if c.threads or not args.threads else BenchConfig(c.decoder, args.threads) for c in configs]
     graphs = [g.strip() for g in args.graph.split(",") if g.strip()]
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     unknown = [c for c in cases if c not in CASES]
@@ -365,6 +366,11 @@ def run(argv: Optional[list[str]] = None) -> int:
         table = markdown(rows, ratios, base, other)
         report.update(summary=rows, speedups=ratios)
         last = f"speedup {other}/{base}: {statistics.median(ratios.values()):.2f}" if args.compare else None
+        if args.compare and {c.threads for c in configs} == {1, 2} and tts.device.type == "cpu":
+            from bench.bandwidth import bandwidth_line, read_bandwidth
+
+            report["read_bandwidth_gb_s"] = read_bandwidth()
+            table += "\n\n" + bandwidth_line(report["read_bandwidth_gb_s"])
     write_atomic(stem.with_suffix(".json"), json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     write_atomic(stem.with_suffix(".md"), f"Device: {info['name']} ({info['device']}), torch {info['torch']}\n\n"
                  + table + "\n")

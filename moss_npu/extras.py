@@ -13,10 +13,12 @@ from moss_npu.errors import MissingDependency
 NANO_INSTALL = 'pip install -e ".[nano]"'  # after the torch build for the machine (README, Install)
 LLAMA_INSTALL = 'pip install -e ".[llama]"'
 ONNX_INSTALL = 'pip install -e ".[onnx]"'
+TEMPO_INSTALL = 'pip install -e ".[tempo]"'  # a speaking rate other than 1.0 (moss_npu.tempo)
 OPTIONAL_MODULES = {
     "torch": NANO_INSTALL, "sentencepiece": NANO_INSTALL, "safetensors": NANO_INSTALL, "kaldifst": NANO_INSTALL,
     "psutil": NANO_INSTALL, "threadpoolctl": NANO_INSTALL, "llama_cpp": LLAMA_INSTALL, "tokenizers": LLAMA_INSTALL,
     "onnxruntime": ONNX_INSTALL, "onnx": ONNX_INSTALL, "transformers": 'pip install -e ".[upstream]"',
+    "pylibrb": TEMPO_INSTALL,
 }
 
 

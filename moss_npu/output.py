@@ -13,12 +13,13 @@ target, which is renamed over it only when complete; any error or interruption r
 from __future__ import annotations
 
 import errno
+import json
 import os
 import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional, Union
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 from moss_npu.errors import InputError, OutputError
 
@@ -279,3 +280,20 @@ def write_wav(path: PathLike, wave: "torch.Tensor", sample_rate: int) -> Path:
     """Write float32 WAV at ``path`` whatever its name (the official ``torchaudio.save`` stand-in), atomically."""
     target = AudioTarget(Path(path), writable_file(path, "audio file"), "WAV", "FLOAT")
     return save_audio(path, wave, sample_rate, target=target)
+
+
+def write_json(path: PathLike, data: Any) -> Path:
+    """Write ``data`` as indented JSON (UTF-8, one final newline) to ``path`` atomically: a temp file in the same
+    folder, then a rename, so a failure never leaves a partial file."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=2, ensure_ascii=False, allow_nan=False)
+            f.write("\n")
+        os.chmod(tmp, _FILE_MODE)  # mkstemp makes 0600; this is an ordinary file
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path

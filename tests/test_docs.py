@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.optional import missing, require
+
 REPO = Path(__file__).resolve().parent.parent
 DOCS = sorted((REPO / "docs").glob("*.md"))
 # Documents that are not in the repository, which files used to cite ("spec §7", "design.md", ...).
@@ -22,7 +24,7 @@ MD_LINK = re.compile(r"\]\(([^)\s]+)\)")
 def _tracked_text_files():
     listed = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True)
     if listed.returncode != 0:
-        pytest.skip("not a git checkout: cannot list the repository's files")
+        missing("not a git checkout: cannot list the repository's files")
     for name in listed.stdout.splitlines():
         path = REPO / name
         if path.suffix in (".py", ".md", ".c", ".yaml", ".yml", ".txt", ".toml", ".cfg") or name == ".ci/run":
@@ -132,8 +134,8 @@ def nano_tiny():
 
     root = fixtures_root() / "nano-tiny"
     if not (root / "cases.json").is_file():
-        pytest.skip(f"nano-tiny fixture not found under {fixtures_root()}; set MOSS_NPU_FIXTURES")
-    pytest.importorskip("torch")
+        missing(f"nano-tiny fixture not found under {fixtures_root()}; set MOSS_NPU_FIXTURES")
+    require("torch", "pip install torch==2.13.0")
     return root
 
 

@@ -8,6 +8,7 @@ import re
 
 import pytest
 
+from moss_npu.cpu import native
 from moss_npu_verify import goldens
 from moss_npu.errors import InputError
 from tests import fixture_sets
@@ -21,6 +22,24 @@ PARAMS = [
     for case in goldens.load_fixture(d).cases
 ]
 _FIXTURES: dict = {}
+
+
+def _other_targets() -> list:
+    """The kernels' instruction sets this CPU runs besides the default (which ``test_golden_case`` meets)."""
+    try:
+        return native.runnable_targets(native.load_library()[0])[1:]
+    except native.KernelUnavailable:
+        return []
+
+
+DECODING = ("generate", "inference", "inference_stream")  # the Nano cases that run the CPU frame step's kernels
+TARGET_PARAMS = [
+    pytest.param(d, case["id"], target, id=f"{target}/{d.name}/{case['id']}")
+    for target in _other_targets()
+    for d in DIRS if goldens.load_fixture(d).family == "nano"
+    for case in goldens.load_fixture(d).cases
+    if case.get("kind") in DECODING
+]
 
 
 def _fixture(path):
@@ -54,6 +73,14 @@ def test_golden_case(fixture_dir, case_id):
     if outcome.status == "SKIP":  # an optional package or a handler is missing: a skip here, a failure in CI
         missing(f"{case_id}: {outcome.detail}")
     assert outcome.status == "PASS", f"{case_id} ({outcome.kind}): {outcome.detail}"
+
+
+@pytest.mark.parametrize("fixture_dir,case_id,target", TARGET_PARAMS)
+def test_golden_case_on_every_kernel_target(fixture_dir, case_id, target, monkeypatch):
+    """The decoding cases again with the one-row kernels forced to each other instruction set this CPU runs
+    ($MOSS_NPU_KERNEL_TARGET): every one of them gives the official codes."""
+    monkeypatch.setenv(native.TARGET_ENV, target)
+    test_golden_case(fixture_dir, case_id)
 
 
 def test_text_fixture_needs_no_model(tmp_path):

@@ -1,4 +1,4 @@
-"""oneDNN-packed linear weights (``moss_npu.packed``): the packed product is ``F.linear`` at every row count,
+"""oneDNN-packed linear weights (``moss_npu.cpu.packed``): the packed product is ``F.linear`` at every row count,
 including the padded ones below ``MIN_ROWS``; ``PackedLinear`` keeps an ``nn.Linear``'s parameters and follows edits."""
 
 import copy
@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from moss_npu.packed import MIN_ROWS, PackedLinear, pack_linear, pack_linears, packed_matmul, packing_available
+from moss_npu.cpu.packed import MIN_ROWS, PackedLinear, pack_linear, pack_linears, packed_matmul, packing_available
 from tests.optional import needs
 
 pytestmark = needs(packing_available(), "this torch has no oneDNN weight packing")
@@ -51,7 +51,7 @@ def test_a_failing_kernel_means_no_packing(monkeypatch):
     def broken(*args):
         raise RuntimeError("no kernel for this CPU")
 
-    monkeypatch.setattr("moss_npu.packed.pack_linear", broken)
+    monkeypatch.setattr("moss_npu.cpu.packed.pack_linear", broken)
     assert not packing_available()
 
 

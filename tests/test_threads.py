@@ -1,10 +1,10 @@
-"""The CPU thread policy (moss_npu.threads): the default count, both pools set together, and a frame's
+"""The CPU thread policy (moss_npu.cpu.threads): the default count, both pools set together, and a frame's
 temporary limit that gives the setting back."""
 
 import torch
 from threadpoolctl import threadpool_info
 
-from moss_npu import threads
+from moss_npu.cpu import threads
 
 
 def blas_threads() -> list[int]:

@@ -3,7 +3,8 @@
 #   docker run -p 8000:8000 -e MOSS_NPU_API_KEY=KEY -v /srv/models:/models:ro -v /srv/voices:/voices moss-npu:cpu
 # Untested here: these machines have no container engine that can pull a base image (docs/scaling.md).
 
-# Build stage: the compiler and headers, wheels for the package and everything it needs.
+# Build stage: the compiler and headers; wheels for the package (its C library compiled in, for every
+# instruction set of the architecture: setup.py) and everything it needs.
 FROM python:3.11-slim AS build
 RUN apt-get update && apt-get install -y --no-install-recommends build-essential && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
@@ -12,8 +13,7 @@ COPY moss_npu ./moss_npu
 RUN pip wheel --wheel-dir /wheels --extra-index-url https://download.pytorch.org/whl/cpu "torch==2.13.0" ".[serve]" \
  && pip wheel --wheel-dir /wheels --no-deps WeTextProcessing==1.2.0
 
-# Runtime: no compiler (moss_npu's C kernels, compiled at first use for the running CPU, then take their
-# slower paths; add gcc here to have them).
+# Runtime: no compiler; the package's wheel carries its compiled C library.
 FROM python:3.11-slim
 RUN apt-get update && apt-get install -y --no-install-recommends libsndfile1 && rm -rf /var/lib/apt/lists/* \
  && useradd --create-home --uid 10001 moss

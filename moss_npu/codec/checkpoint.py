@@ -20,7 +20,7 @@ import torch
 from moss_npu.codec.config import codec_config_from_dict, load_codec_config
 from moss_npu.codec.model import NanoCodec
 from moss_npu.errors import CheckpointError
-from moss_npu.packed import pack_linears, packing_available
+from moss_npu.cpu.packed import pack_linears, packing_available
 
 # (pattern, replacement) applied in order to every checkpoint key (official load-time pre-hooks).
 RENAMES: tuple[tuple[str, str], ...] = (

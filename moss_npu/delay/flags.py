@@ -33,7 +33,9 @@ REFUSED = {
     "nq": "the Delay model always generates all 32 codebooks",
     "voice_clone_max_text_tokens": "the Delay backend speaks the whole text in one pass (no chunks)",
     "tts_max_batch_size": "the Delay backend speaks the whole text in one pass (no chunks)",
-    "speed": "--speed picks a Nano algorithm; the Delay backend has one",
+    "decoder": "--decoder picks a Nano algorithm; the Delay backend has one",
+    "speed": "the speaking rate is applied by the Nano pipeline (its streams and its server); the Delay fallback "
+             "speaks at its own pace",
     "graph": "--graph captures the Nano frame decoder; llama.cpp runs the Delay backbone itself",
     "compile": "--compile compiles the Nano CPU frame step; llama.cpp runs the Delay backbone itself",
     "quantize": "the GGUF's quantisation sets the backbone's precision (choose another .gguf)",
@@ -42,6 +44,7 @@ REFUSED = {
     "no_wetext": "text normalization is the Nano pipeline's (official infer.py); the Delay model reads the text "
                  "as given",
     "print_normalized": "the Delay model reads the text as given (no normalization to print)",
+    "timestamps": "the Delay model speaks the whole text in one pass, so it has no chunk times to write",
 }
 # Flags that set a DelayRunConfig key of the same meaning.
 SAMPLING_KEYS = ("text_temperature", "text_top_p", "text_top_k", "audio_temperature", "audio_top_p", "audio_top_k",

@@ -8,11 +8,8 @@ non-finite numbers (the SNR of identical outputs) are written as the strings ``"
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import os
 import platform
-import tempfile
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -20,6 +17,7 @@ from typing import Any
 
 from moss_npu import __version__
 from moss_npu.evaluation.tiers import Item, Thresholds, TierResult
+from moss_npu.output import write_json
 
 VERSIONED = ("torch", "torch_npu", "numpy", "transformers")
 
@@ -60,18 +58,7 @@ class Report:
 
     def write_json(self, path: Path | str) -> Path:
         """Write the report to ``path`` atomically (a temp file in the same folder, then a rename)."""
-        path = Path(path)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(self.to_dict(), f, indent=2, ensure_ascii=False, allow_nan=False)
-                f.write("\n")
-            os.chmod(tmp, 0o644)  # mkstemp makes 0600; a report is an ordinary file
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return path
+        return write_json(path, self.to_dict())
 
     def format_table(self) -> str:
         """Return the human-readable summary: both sides, one block per tier, one line per item."""
@@ -109,7 +96,8 @@ def versions() -> dict[str, str]:
 def _side(info: dict[str, Any]) -> str:
     quantized = info.get("quantize") not in (None, "none")
     weights = f" with {info['quantize']} weights" if quantized else ""
-    return f"{info.get('impl')} {info.get('dtype')}{weights} on {info.get('device')} ({info.get('name')})"
+    kernels = f", kernels {info['cpu_kernels']}" if info.get("cpu_kernels") else ""
+    return f"{info.get('impl')} {info.get('dtype')}{weights} on {info.get('device')} ({info.get('name')}{kernels})"
 
 
 def _num(x: Any) -> str:

@@ -21,7 +21,8 @@ from moss_npu import device as devices
 from moss_npu.errors import InputError
 from moss_npu.nano.decoder import generate
 from moss_npu.nano.prompt import build_prompt_rows
-from moss_npu.nano.quantize import dtype_name
+from moss_npu.cpu.quantize import dtype_name
+from moss_npu.cpu.native import kernels_in_use
 from moss_npu.sampling import SamplingParams
 
 FIXED_CODEC_FRAMES = 8
@@ -62,7 +63,7 @@ class SideSpec:
     model: str
     codec: str
     code_dir: Optional[str] = None
-    quantize: str = "none"  # native sides: "int8" rounds the LM's block weights (moss_npu.nano.quantize)
+    quantize: str = "none"  # native sides: "int8" rounds the LM's block weights (moss_npu.cpu.quantize)
 
     def __post_init__(self) -> None:
         if self.impl not in ("native", "upstream"):
@@ -144,9 +145,12 @@ class NativeSide:
     def describe(self) -> dict[str, Any]:
         """Implementation, dtypes and the device's name and versions (``moss_npu.device.describe``)."""
         codec_dtype = next(self.tts.codec.parameters()).dtype
-        return {"impl": self.impl, "dtype": dtype_name(self.tts.model), "compute_dtype": _dtype_name(self.tts.model.dtype),
+        info = {"impl": self.impl, "dtype": dtype_name(self.tts.model), "compute_dtype": _dtype_name(self.tts.model.dtype),
                 "codec_dtype": _dtype_name(codec_dtype), "quantize": self.tts.model.quantization,
                 **devices.describe(self.device)}
+        if self.device.type == "cpu":  # which instruction set the one-row kernels ran (moss_npu.cpu.native)
+            info["cpu_kernels"] = kernels_in_use()
+        return info
 
     def close(self) -> None:
         """Drop the model and codec and give the device's cached memory back."""

@@ -10,7 +10,7 @@ which need it done; a failure there is raised by the next ``step``, as a failed 
 frame's codes as soon as they are decided, so the first audio of a stream is decoded before the row that
 prepares frame 2 runs, and a frame after which every slot is done skips it.
 With a graph-capable backend the whole frame is captured once per slot-count bucket and replayed
-(``nano.graphs``); on the CPU in float32 the blocks run through ``nano.cpu_step`` (BLAS matrix-vector
+(``nano.graphs``); on the CPU in float32 the blocks run through ``cpu.step`` (BLAS matrix-vector
 products, fewer ops; the prefill too).
 ``reference_generate`` (``nano.reference``) is the official algorithm this must match.
 S slots, L prompt rows, M max_len, Q channels, V codebook size, E hidden.
@@ -31,7 +31,7 @@ from moss_npu.errors import InputError
 from moss_npu.nano.frames import (FrameBatch, GenerationResult, LogitsHook, PhaseTimer, check_budget,
                                   non_finite_error, phase, trim_codes, unpad)
 from moss_npu.nano.graphs import FrameGraphs, resolve_graph
-from moss_npu.nano.cpu_step import CpuStep, rotations
+from moss_npu.cpu.step import CpuStep, rotations
 from moss_npu.nano.model import KVCache, NanoTTSModel
 from moss_npu.nano.reuse import LocalTables, PrefixCache
 from moss_npu.nano.state import DecodeState
@@ -82,7 +82,7 @@ class FrameDecoder:
         generator: the device generator of the official sampler (None: torch's default one).
         prefix_cache: a ``PrefixCache`` to start prefills from shared prompt prefixes; None for none.
         logits_hook / timer: every logits row the sampler sees / wall time per phase (eager only).
-        compile: "auto" | "on" | "off": torch.compile the float32 CPU step (``nano.cpu_step``; auto = eager).
+        compile: "auto" | "on" | "off": torch.compile the float32 CPU step (``cpu.step``; auto = eager).
     The weights are read at construction: after editing them call ``refresh()``.
     """
 

@@ -268,8 +268,8 @@ class NanoTTSModel(nn.Module):
     def __init__(self, config: NanoConfig, attn_impl: str = "sdpa") -> None:
         super().__init__()
         self.config = config
-        self.quantization = "none"  # "int8" after nano.quantize.quantize_int8 rounded the block weights
-        self.weight_dtype = "float32"  # "bfloat16" after nano.quantize.store_bf16 rounded every weight
+        self.quantization = "none"  # "int8" after cpu.quantize.quantize_int8 rounded the block weights
+        self.weight_dtype = "float32"  # "bfloat16" after cpu.quantize.store_bf16 rounded every weight
         g, e = config.gpt2_config, config.hidden_size
         self.transformer = Decoder(g, g.n_layer, attn_impl, has_wte=True)
         self.audio_embeddings = nn.ModuleList(_embedding(n, e) for n in config.audio_codebook_sizes)

@@ -28,6 +28,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
 
+from moss_npu.serve import live, page
 from moss_npu.serve.edge import Edge, EdgePolicy
 from moss_npu.serve.errors import ApiError, from_engine
 from moss_npu.serve.formats import MEDIA_TYPES, StreamConverter, encode_file, pcm16, wav_stream_header
@@ -177,6 +178,8 @@ def create_app(config: ServerConfig, pool: WorkerPool, metrics: Metrics,
         headers.update({"X-Audio-Frames": str(info["frames"]), "X-Codes-SHA256": info["codes_sha256"]})
         return Response(data, media_type=MEDIA_TYPES[body.response_format], headers=headers)
 
+    live.install(app, pool, lambda body: _job(body, store, config), config)  # WS /v1/audio/speech/stream
+    page.install(app, config)  # the page at /
     return app
 
 
@@ -299,7 +302,7 @@ class _Reply:
             elif event[0] == "done":
                 yield pcm16(self.converter.flush())
                 self._finish()
-            else:
+            elif event[0] == "error":
                 log.warning("stream cut: %s", event[2])
                 raise ConnectionAbortedError(event[2])
 
@@ -322,6 +325,8 @@ class _Reply:
                     tokens, frames = int(event[1]["input_tokens"]), int(event[1]["frames"])
                     yield _sse({"type": "speech.audio.done", "usage": {
                         "input_tokens": tokens, "output_tokens": frames, "total_tokens": tokens + frames}})
+                elif event[0] == "timestamp":  # a text chunk's start and end in this audio (speed included)
+                    yield _sse({"type": "speech.audio.timestamp", **event[1]})
                 else:
                     yield _sse({"type": "error", **from_engine(event[1], event[2]).body()})
         except ApiError as exc:  # the timeout

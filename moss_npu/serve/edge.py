@@ -29,8 +29,8 @@ from typing import Awaitable, Callable, Optional
 from moss_npu.serve.errors import ApiError
 from moss_npu.serve.metrics import Metrics
 
-ROUTES = ("/health", "/metrics", "/v1/models", "/v1/audio/speech", "/v1/audio/voices")
-PUBLIC_ROUTES = ("/health",)
+ROUTES = ("/health", "/metrics", "/v1/models", "/v1/audio/speech", "/v1/audio/voices", "/", "/page", "/static")
+PUBLIC_ROUTES = ("/health", "/", "/page", "/static")  # the page loads without the key, then asks for it
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 

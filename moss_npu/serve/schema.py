@@ -1,7 +1,7 @@
 """The body of ``POST /v1/audio/speech``: the OpenAI fields plus moss-npu's extensions, and its checks.
 
-Every field either acts or is refused: ``speed`` other than 1.0 and ``instructions`` are answered with 400,
-unknown fields with 422, so a client never believes a setting took effect when it did not. Every value is
+Every field either acts or is refused: ``instructions`` and a ``speed`` outside 0.25..4.0 are answered with
+400, unknown fields with 422, so a client never believes a setting took effect when it did not. Every value is
 range-checked here (the range is in the answer), and text that is not valid Unicode (a lone surrogate, which
 JSON's ``\\ud800`` escapes can carry) is refused, so no body reaches the engine that could fail there.
 """
@@ -16,11 +16,12 @@ from typing import Optional, Union
 
 from pydantic import BaseModel, ConfigDict
 
-from moss_npu.errors import MossNpuError
+from moss_npu.errors import MissingDependency, MossNpuError
 from moss_npu.limits import MAX_SEED
 from moss_npu.sampling import MAX_PENALTY, MAX_TEMPERATURE, MAX_TOP_K
 from moss_npu.serve.errors import ApiError
 from moss_npu.serve.formats import FORMATS, STREAMABLE, check_output
+from moss_npu.tempo import check_speed, rubberband
 from moss_npu.tts.settings import RunConfig
 
 DEFAULT_VOICE = "default"  # speaks without a reference (continuation mode)
@@ -98,9 +99,8 @@ _OPEN_BELOW = ("text_temperature", "audio_temperature", "text_top_p", "audio_top
 
 
 def check_ranges(body: SpeechBody) -> None:
-    """400 for a numeric field that is not finite or lies outside ``RANGES``, naming the field and its range."""
-    if not math.isfinite(body.speed):
-        raise ApiError(400, f"speed {body.speed}: not a finite number; use 1.0", param="speed", code="invalid_value")
+    """400 for a numeric field that is not finite or lies outside ``RANGES``, naming the field and its range
+    (``speed``: ``check_body``, through ``moss_npu.tempo.check_speed``)."""
     for name, (low, high) in RANGES.items():
         value = getattr(body, name)
         if value is None:
@@ -128,9 +128,14 @@ def check_body(body: SpeechBody, *, model_names: tuple[str, ...], max_chars: int
     if len(body.input) > max_chars:
         raise ApiError(413, f"input has {len(body.input)} characters; the limit is {max_chars}", param="input",
                        code="input_too_long")
-    if body.speed != 1.0:
-        raise ApiError(400, f"speed {body.speed}: not supported, the model speaks at its own pace; use 1.0",
-                       param="speed", code="unsupported_value")
+    try:
+        check_speed(body.speed)
+        if body.speed != 1.0:
+            rubberband()
+    except MissingDependency as exc:  # the server's install, not the request, is at fault
+        raise ApiError(501, str(exc), param="speed", code="unsupported_value") from None
+    except MossNpuError as exc:
+        raise ApiError(400, str(exc).replace("--", ""), param="speed", code="invalid_value") from None
     if body.instructions is not None:
         raise ApiError(400, "instructions: not supported by MOSS-TTS-Nano; pass a voice or ref_audio instead",
                        param="instructions", code="unsupported_value")
@@ -178,6 +183,7 @@ def run_config(body: SpeechBody, *, mode: str, max_new_frames: int) -> RunConfig
     if body.text_normalization is False and body.wetext is None:
         values["wetext"] = False  # as the CLI's --no-text-normalization: the text goes in as given
     try:
-        return RunConfig(mode=mode, max_new_frames=frames, do_sample=not body.greedy, seed=body.seed, **values)
+        return RunConfig(mode=mode, max_new_frames=frames, do_sample=not body.greedy, seed=body.seed, speed=body.speed,
+                         **values)
     except (MossNpuError, ValueError, TypeError) as exc:
         raise ApiError(400, str(exc).replace("--", ""), code="invalid_value") from None

@@ -2,7 +2,8 @@
 
 It talks to the server over one duplex pipe. In: ``("submit", rid, job)``, ``("cancel", rid)``,
 ``("encode", rid, audio bytes)``, ``("stop",)``. Out: ``("ready", info)`` or ``("failed", kind, message)`` once,
-then ``("chunk", rid, samples (C, n) float32, is_pause)``, ``("done", rid, info)``, ``("error", rid, kind, message, info)``,
+then ``("chunk", rid, samples (C, n) float32, is_pause)`` (at the request's speed), ``("timestamp", rid, times)``
+after each text chunk, ``("done", rid, info)``, ``("error", rid, kind, message, info)``,
 ``("encoded", rid, codes (F, Q) int64)`` and ``("stats", active_slots, queued)``. ``info`` holds at least
 ``frames``: what the request generated, also when it failed or was cancelled midway. The server owns restarts;
 a worker ignores Ctrl-C (the server stops it) and exits when the pipe closes.
@@ -16,6 +17,7 @@ import os
 import signal
 import threading
 import time
+from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -23,11 +25,12 @@ import torch
 
 from moss_npu.errors import MossNpuError
 from moss_npu.serve.errors import kind_of
+from moss_npu.cpu.threads import set_threads
 from moss_npu.serve.spec import WorkerSpec
-from moss_npu.threads import set_threads
 from moss_npu.tts.engine import Engine, RequestStream, SpeechRequest
 from moss_npu.tts.pipeline import MossTTSNano
 from moss_npu.tts.settings import RunConfig
+from moss_npu.tts.timeline import Timestamp, timed
 
 log = logging.getLogger("moss_npu.serve.worker")
 WARMUP_TEXT = "Hello."
@@ -84,23 +87,27 @@ class WorkerLoop:
 
     def _submit(self, rid: int, job: dict) -> None:
         codes = job.get("prompt_codes")
+        speed = job["settings"].speed  # applied here to the engine's chunks (``timed``)
         request = SpeechRequest(text=job["text"], prompt_audio=job.get("prompt_audio"),
                                 prompt_codes=None if codes is None else torch.from_numpy(codes),
-                                prompt_text=job.get("prompt_text"), settings=job["settings"])
+                                prompt_text=job.get("prompt_text"), settings=replace(job["settings"], speed=1.0))
         try:
             stream = self.engine.submit(request)
         except MossNpuError as exc:
             self.channel.send("error", rid, kind_of(exc), str(exc), {"frames": 0})
             return
         self.streams[rid] = stream
-        threading.Thread(target=self._pump, args=(rid, stream), daemon=True).start()
+        threading.Thread(target=self._pump, args=(rid, stream, speed), daemon=True).start()
 
-    def _pump(self, rid: int, stream: RequestStream) -> None:
-        """Forward one request's chunks, then its summary or failure."""
+    def _pump(self, rid: int, stream: RequestStream, speed: float = 1.0) -> None:
+        """Forward one request's chunks at its speed and each text chunk's timestamp, then its summary or failure."""
         try:
-            for chunk in stream:
-                wave = chunk.waveform.detach().to("cpu", torch.float32)
-                self.channel.send("chunk", rid, wave.numpy(), chunk.is_pause)
+            for item in timed(stream, speed, self.tts.sample_rate, self.tts.codec.channels):
+                if isinstance(item, Timestamp):
+                    self.channel.send("timestamp", rid, item.public())
+                    continue
+                wave = item.waveform.detach().to("cpu", torch.float32)
+                self.channel.send("chunk", rid, wave.numpy(), item.is_pause)
             codes = stream.codes
             if codes is None:  # an engine may end a cancelled stream without raising
                 self.channel.send("error", rid, "Cancelled", "request cancelled", {"frames": stream.frames})

@@ -25,8 +25,10 @@ Why it is the very same answer, arc for arc (OpenFst 1.8, as pynini and kaldifst
   light ends; the output is the output labels along that path.
 
 The grammar's arrays (``prepare``: read from the FST file as pynini's ``optimize()`` gives it, epsilons and arcs
-by label, first sets) are kept in the user cache (``grammar_cache``). Without a C compiler ``LatticeKernels.load`` raises ``KernelUnavailable``; the
-grammar is then searched with kaldifst (OpenFst itself), the same answers at ~2 s per 2,000 English characters.
+by label, first sets) are kept in the user cache (``grammar_cache``). The search is part of the package's C library
+(``moss_npu.cpu.native``, built with the package); where it is missing ``LatticeKernels.load`` raises
+``KernelUnavailable`` and the grammar is searched with kaldifst (OpenFst itself), the same answers at ~2 s per
+2,000 English characters.
 """
 
 from __future__ import annotations
@@ -37,10 +39,9 @@ from typing import Optional
 
 import numpy as np
 
-from moss_npu.native import FLAGS, load_library
+from moss_npu.cpu.native import load_library, require
 from moss_npu.text.fst_file import FstArrays
 
-SOURCE = Path(__file__).with_name("lattice.c")
 FORMAT_VERSION = 4  # of the prepared arrays (grammar_cache names its files by it)
 WORDS = 13  # uint64 words of a state's lookahead sets (lattice.c's SET_WORDS: first set, pair set)
 _NO_READING, _NO_MEMORY, _EPSILON_CYCLE = -1, -2, -4
@@ -79,9 +80,9 @@ class LatticeKernels:
 
     @classmethod
     def load(cls, cache: Optional[Path] = None) -> "LatticeKernels":
-        """Return the search compiled into ``cache/kernels`` (default: the user cache) unless already there; raises
-        ``KernelUnavailable`` where it cannot be built."""
-        library, built = load_library(SOURCE, cache, FLAGS)
+        """Return the search (``native.load_library``: the installed library, or the one built for this CPU into
+        ``cache/kernels`` where asked); raises ``KernelUnavailable`` where there is none."""
+        library, built = load_library(cache)
         return cls(library, built)
 
 
@@ -105,6 +106,11 @@ def prepare(kernels: LatticeKernels, fst: FstArrays) -> dict[str, np.ndarray]:
     owner = np.repeat(np.arange(states, dtype=np.int32), np.diff(arc_start))
     by_label = np.lexsort((np.arange(len(ilabel)), ilabel, owner)).astype(np.int32)
     lookahead = np.empty((states, WORDS), np.uint64)
+    arcs = len(ilabel)
+    for name, array, dtype, shape in (("arc_start", arc_start, np.int32, (states + 1,)),
+                                      ("ilabel", ilabel, np.int32, (arcs,)), ("next", fst.next, np.int32, (arcs,)),
+                                      ("final_weight", fst.final_weight, np.float32, (states,))):
+        require(array, dtype, shape, name)
     status = kernels.lookahead_sets(states, _ptr(arc_start), _ptr(ilabel), _ptr(fst.next), _ptr(fst.final_weight),
                                     _ptr(lookahead))
     if status == _EPSILON_CYCLE:

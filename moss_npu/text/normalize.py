@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from moss_npu.native import KernelUnavailable, report_build
+from moss_npu.cpu.native import KernelUnavailable, report_build
 from moss_npu.text.grammar_cache import GrammarCache
 from moss_npu.text.language import LANGUAGES, choose_language, guard_chinese_hyphens
 from moss_npu.text.lattice import LatticeKernels, NoReading
@@ -93,7 +93,7 @@ class TextNormalizer:
         try:
             kernels = LatticeKernels.load(self._cache_dir)
         except KernelUnavailable as exc:
-            log.warning("text normalization: the compiled search cannot be built (%s); searching with kaldifst "
+            log.warning("text normalization: the compiled search cannot be built or loaded (%s); searching with kaldifst "
                         "instead (the same readings, about 100x slower, and a few seconds to load)", exc)
             return None
         report_build(log, "the text normalization search", kernels.built, time.perf_counter() - start)

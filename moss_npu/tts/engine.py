@@ -27,7 +27,7 @@ from typing import Optional, Union
 import torch
 
 from moss_npu.codec.rows import CodecRows
-from moss_npu.errors import MossNpuError
+from moss_npu.errors import InputError, MossNpuError
 from moss_npu.nano.decoder import FrameDecoder, RequestParams
 from moss_npu.nano.reuse import PrefixCache
 from moss_npu.tts.pipeline import MossTTSNano
@@ -140,6 +140,9 @@ class Engine:
 
     def submit(self, request: Union[SpeechRequest, PreparedRequest]) -> RequestStream:
         """Queue ``request`` (prepared first on the preparation thread); return its stream at once (thread-safe)."""
+        if request.settings.speed != 1.0:  # a setting the engine would not act on
+            raise InputError("speed: the engine streams at the model's pace; stretch its chunks with "
+                             "moss_npu.tts.timeline.at_speed, as the server's workers do")
         stream = RequestStream(self)
         with self._cond:
             if self._closed:

@@ -28,16 +28,18 @@ from moss_npu.nano.checkpoint import load_model
 from moss_npu.nano.decoder import FrameDecoder, RequestParams
 from moss_npu.nano.frames import PhaseTimer, left_pad, trim_codes
 from moss_npu.nano.model import NanoTTSModel
-from moss_npu.nano.quantize import check_int8, quantize_int8, store_bf16
+from moss_npu.cpu.quantize import check_int8, quantize_int8, store_bf16
 from moss_npu.nano.reference import reference_generate
 from moss_npu.nano.reuse import PrefixCache
 from moss_npu.nano.text import pause_samples
 from moss_npu.nano.tokenizer import TextTokenizer
 from moss_npu.output import save_audio
-from moss_npu.threads import set_threads
+from moss_npu.cpu.threads import set_threads
 from moss_npu.tts.prepare import Plan, Preparer, PromptAudio
 from moss_npu.tts.settings import LoadConfig, RunConfig
+from moss_npu.tempo import stretch
 from moss_npu.tts.streamer import AudioChunk, AudioStreamer
+from moss_npu.tts.timeline import Timestamp, at_speed, whole_timestamps
 
 __all__ = ["AudioChunk", "AudioStreamer", "MossTTSNano", "Plan", "PromptAudio", "SynthesisResult"]
 
@@ -57,6 +59,7 @@ class SynthesisResult:
     text_chunks: list[str]
     mode: str
     batch_size: int
+    timestamps: tuple[Timestamp, ...] = ()  # each text chunk's start and end in ``waveform`` (speed included)
 
     def save(self, path: str | Path, *, wav_subtype: Optional[str] = None) -> Path:
         """Write the waveform to ``path`` atomically, in the format its extension names (see ``moss_npu.output``).
@@ -87,9 +90,9 @@ class MossTTSNano:
         These are the load-time settings (``LoadConfig``'s fields: ``from_pretrained(m, c, **asdict(load))``);
         every call's own settings are a ``RunConfig``. The LM computes in ``dtype`` (default fp32); the codec
         stays fp32 as in the official code. ``num_threads`` > 0 sets torch's intra-op threads and numpy's
-        BLAS threads (``moss_npu.threads``), which are process-wide. ``quantize="int8"`` rounds the LM's block
-        weights to int8 (CPU, float32; ``moss_npu.nano.quantize``). On the CPU ``dtype="bfloat16"`` means bf16
-        weights with float32 arithmetic (``nano.quantize.store_bf16``).
+        BLAS threads (``moss_npu.cpu.threads``), which are process-wide. ``quantize="int8"`` rounds the LM's block
+        weights to int8 (CPU, float32; ``moss_npu.cpu.quantize``). On the CPU ``dtype="bfloat16"`` means bf16
+        weights with float32 arithmetic (``cpu.quantize.store_bf16``).
         """
         load = LoadConfig(device=device or "auto", dtype=dtype or "auto",
                           attn_implementation=attn_implementation or "sdpa", num_threads=num_threads,
@@ -103,7 +106,7 @@ class MossTTSNano:
             check_int8(dev, dt)  # before minutes of loading
         model_dir = resolve_model_dir(model, required=("config.json", "tokenizer.model"), role="TTS model")
         codec_dir = resolve_model_dir(codec, required=("config.json",), role="codec", example=DEFAULT_CODEC)
-        cpu_bf16 = dev.type == "cpu" and dt == torch.bfloat16  # bf16 weights, float32 arithmetic (nano.quantize)
+        cpu_bf16 = dev.type == "cpu" and dt == torch.bfloat16  # bf16 weights, float32 arithmetic (cpu.quantize)
         lm = load_model(model_dir, device=dev, dtype=torch.float32 if cpu_bf16 else dt, attn_impl=attn)
         if cpu_bf16:
             store_bf16(lm)
@@ -184,7 +187,7 @@ class MossTTSNano:
                         timer: Optional[PhaseTimer]) -> list[torch.Tensor]:
         """Generate a batch of prompts with ``lm`` (decoder slots, or the oracle's left-padded batch); return each
         one's trimmed codes (F, Q) on the CPU."""
-        if settings.speed == "reference":
+        if settings.decoder == "reference":
             rows, mask = (prompts[0], None) if len(prompts) == 1 else left_pad(prompts, self.config)
             result = reference_generate(lm, rows.to(self.device), mask, sampling=settings.sampling(), nq=plan.nq,
                                         max_new_frames=settings.max_new_frames, generator=generator,
@@ -273,14 +276,20 @@ class MossTTSNano:
             # Decode the prompt audio too, so the continuation starts from the right codec context.
             full = torch.cat([plan.prompt_codes, chunk_codes[0]], dim=0)
             waveform = self._decode(full, plan.nq, skip_frames=plan.prompt_codes.shape[0], timer=timer)
+            lengths = [waveform.shape[-1]]
         else:
-            pieces = []
+            pieces, lengths = [], []
             for i, (chunk, codes) in enumerate(zip(plan.chunks, chunk_codes)):
                 pieces.append(self._decode(codes, plan.nq, timer=timer))
                 if i < len(plan.chunks) - 1:
                     pieces.append(torch.zeros(self.codec.channels, pause_samples(chunk, self.sample_rate)))
+                lengths.append(sum(p.shape[-1] for p in pieces) - sum(lengths))
             waveform = torch.cat(pieces, dim=1)
-        return SynthesisResult(waveform, self.sample_rate, torch.cat(chunk_codes, dim=0), plan.chunks, plan.mode, batch)
+        if settings.speed != 1.0:
+            waveform = torch.from_numpy(stretch(waveform.numpy(), self.sample_rate, settings.speed))
+        stamps = whole_timestamps(plan.chunks, lengths, self.sample_rate, settings.speed, waveform.shape[-1])
+        return SynthesisResult(waveform, self.sample_rate, torch.cat(chunk_codes, dim=0), plan.chunks, plan.mode, batch,
+                               stamps)
 
     def synthesize_stream(self, text: str, *, prompt_audio: Optional[PromptAudio] = None,
                           prompt_text: Optional[str] = None, settings: RunConfig = RunConfig(),
@@ -296,9 +305,18 @@ class MossTTSNano:
         Every frame is checked finite before the codec sees it. Audio already yielded cannot be taken back, so
         the stability fallback continues the text chunk in float32 from the frames generated so far (their
         repetition-penalty history starts again there) instead of generating the chunk again.
+
+        A ``settings.speed`` other than 1.0 runs the whole stream through one stretcher (``moss_npu.tempo``):
+        no restart at chunk joins, and the same length as ``synthesize`` at that speed.
         """
         plan = self.plan(text, settings, prompt_audio, prompt_text)
         generator = self._generator(settings, generator)
+        yield from at_speed(self._stream_plan(plan, settings, generator, clock, timer), settings.speed,
+                            self.sample_rate, self.codec.channels)
+
+    def _stream_plan(self, plan: Plan, settings: RunConfig, generator: Optional[torch.Generator],
+                     clock: Callable[[], float], timer: Optional[PhaseTimer]) -> Iterator[AudioChunk]:
+        """``synthesize_stream``'s audio at the model's own pace."""
         rows = self._stream_codec(max(settings.schedule().budgets), timer)
         audio = AudioStreamer(plan, settings, rows, clock)
         lm = self.model
@@ -338,7 +356,7 @@ class MossTTSNano:
             generated = torch.stack(done)
             slot = generated.new_full((generated.shape[0], 1), self.config.audio_assistant_slot_token_id)
             rows = torch.cat([prompt, torch.cat([slot, generated], dim=1)])  # the rows those frames fed back
-        if settings.speed == "reference":
+        if settings.decoder == "reference":
             yield from self._generate_batch(lm, [rows], 0, plan, settings, generator, None, timer)[0]
             return
         for _, codes in self._decode_frames(lm, [rows], settings.max_new_frames - len(done), plan, settings,

@@ -19,15 +19,16 @@ from typing import Any, Mapping, NamedTuple, Optional
 from moss_npu.codec.streaming import OFFICIAL_SCHEDULE, DecodeSchedule
 from moss_npu.errors import ConfigError, InputError, MossNpuError
 from moss_npu.limits import MAX_NEW_FRAMES, MAX_SEED
-from moss_npu.nano.cpu_step import COMPILE_MODES
+from moss_npu.cpu.step import COMPILE_MODES
 from moss_npu.nano.graphs import GRAPH_MODES
-from moss_npu.nano.quantize import QUANTIZE_MODES
+from moss_npu.cpu.quantize import QUANTIZE_MODES
 from moss_npu.presets import check_types, read_yaml_mapping
 from moss_npu.sampling import SamplingParams
+from moss_npu.tempo import check_speed
 
 MODES = ("auto", "continuation", "voice_clone")
 # "optimized": the frame decoder; "reference": the official algorithm (nano.reference, the oracle), same codes.
-SPEEDS = ("optimized", "reference")
+DECODERS = ("optimized", "reference")
 
 
 @dataclass(frozen=True)
@@ -37,8 +38,8 @@ class LoadConfig:
     device: str = "auto"  # auto, cpu, cuda[:N], npu[:N], mps
     dtype: str = "auto"  # auto (float32), float32, bfloat16, float16: the LM's compute dtype
     attn_implementation: str = "sdpa"  # sdpa or eager
-    num_threads: int = 0  # intra-op CPU threads (0: moss_npu.threads' default); process-wide, as torch has one pool
-    quantize: str = "none"  # none, or int8: the LM's block weights rounded to int8 (CPU, float32; nano.quantize)
+    num_threads: int = 0  # intra-op CPU threads (0: moss_npu.cpu.threads' default); process-wide, as torch has one pool
+    quantize: str = "none"  # none, or int8: the LM's block weights rounded to int8 (CPU, float32; cpu.quantize)
 
     def __post_init__(self) -> None:
         if self.num_threads < 0:
@@ -67,7 +68,8 @@ class RunConfig:
     voice_clone_max_text_tokens: int = 75
     voice_clone_max_memory_per_sample_gb: float = 1.0
     tts_max_batch_size: int = 0
-    speed: str = "optimized"  # "optimized" (the frame decoder) or "reference" (the official algorithm, the oracle)
+    decoder: str = "optimized"  # "optimized" (the frame decoder) or "reference" (the official algorithm, the oracle)
+    speed: float = 1.0  # speaking rate, pitch kept (moss_npu.tempo); 1.0 leaves the audio untouched
     graph: str = "auto"  # device graphs of the frame step: auto (on for CUDA/NPU with host_rng), on, off
     compile: str = "auto"  # torch.compile of the float32 CPU frame step: auto (eager: measured faster), on, off
     stability_fallback: bool = True  # non-finite bf16/fp16 logits: retry with a float32 copy (official behaviour)
@@ -99,8 +101,9 @@ class RunConfig:
             raise InputError("voice_clone_max_text_tokens and tts_max_batch_size must be >= 0 (0 = no limit)")
         if not isinstance(self.text_normalization, bool) or not isinstance(self.wetext, bool):
             raise InputError("text_normalization and wetext must be true or false")
-        if self.speed not in SPEEDS:
-            raise InputError(f"--speed {self.speed}: unknown; use one of {', '.join(SPEEDS)}")
+        if self.decoder not in DECODERS:
+            raise InputError(f"--decoder {self.decoder}: unknown; use one of {', '.join(DECODERS)}")
+        check_speed(self.speed)
         if self.graph not in GRAPH_MODES:
             raise InputError(f"--graph {self.graph}: unknown; use one of {', '.join(GRAPH_MODES)}")
         if self.compile not in COMPILE_MODES:
@@ -143,6 +146,11 @@ def load_preset(path: Path | str) -> dict[str, Any]:
     unknown = sorted(set(data) - set(FIELDS))
     if unknown:
         raise ConfigError(f"--config {path}: unknown keys {', '.join(unknown)}; known keys: {', '.join(FIELDS)}")
+    if "speed" in data:
+        try:
+            check_speed(data["speed"])
+        except InputError as exc:
+            raise ConfigError(f"--config {path}: {str(exc).replace('--speed ', 'speed ', 1)}") from None
     check_types(data, RunConfig, f"--config {path}")
     try:
         merge(data)  # the preset alone must be valid, even where a command-line flag replaces a value

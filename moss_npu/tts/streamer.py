@@ -16,12 +16,23 @@ from moss_npu.tts.settings import RunConfig
 
 @dataclass(frozen=True)
 class AudioChunk:
-    """One piece of a stream: ``waveform`` (C, n) float32 on the CPU; pauses between text chunks are zeros."""
+    """One piece of a stream: ``waveform`` (C, n) float32 on the CPU; pauses between text chunks are zeros.
+
+    ``text`` is the text chunk it speaks; ``source_samples`` the samples it stands for before a speed other than
+    1.0 stretched it (None: its own length).
+    """
 
     waveform: torch.Tensor
     sample_rate: int
     chunk_index: int
     is_pause: bool
+    text: str = ""
+    source_samples: Optional[int] = None
+
+    @property
+    def source_length(self) -> int:
+        """Samples this piece stands for at the model's own pace."""
+        return self.waveform.shape[-1] if self.source_samples is None else self.source_samples
 
 
 class AudioStreamer:
@@ -84,7 +95,7 @@ class AudioStreamer:
         """Wrap decoded audio (C, n) of this stream as the next chunk (and start the playback clock)."""
         self.first_emit = self.clock() if self.first_emit is None else self.first_emit
         self.emitted_s += wave.shape[-1] / self.sample_rate
-        return AudioChunk(wave, self.sample_rate, self.index, False)
+        return AudioChunk(wave, self.sample_rate, self.index, False, self.plan.chunks[self.index])
 
     def pause(self, chunk: str) -> Optional[AudioChunk]:
         """The silence after text chunk ``chunk`` when more chunks follow, else None."""
@@ -92,7 +103,7 @@ class AudioStreamer:
             return None
         pause = torch.zeros(self.channels, pause_samples(chunk, self.sample_rate))
         self.emitted_s += pause.shape[-1] / self.sample_rate
-        return AudioChunk(pause, self.sample_rate, self.index, True)
+        return AudioChunk(pause, self.sample_rate, self.index, True, self.plan.chunks[self.index])
 
     def _decode_due(self, final: bool) -> Iterator[AudioChunk]:
         codes = self.due(final)

@@ -22,9 +22,9 @@ REFUSED_FLAGS = {
     "upstream_code": ["--upstream-code", "X"], "model": ["--model", "M"], "codec": ["--codec", "K"],
     "dtype": ["--dtype", "bfloat16"], "attn_implementation": ["--attn-implementation", "eager"],
     "host_rng": ["--host-rng"], "nq": ["--nq", "8"], "voice_clone_max_text_tokens": ["--voice-clone-max-text-tokens", "9"],
-    "tts_max_batch_size": ["--tts-max-batch-size", "2"], "speed": ["--speed", "reference"],
+    "tts_max_batch_size": ["--tts-max-batch-size", "2"], "decoder": ["--decoder", "reference"], "speed": ["--speed", "1.5"],
     "graph": ["--graph", "off"], "compile": ["--compile", "on"], "quantize": ["--quantize", "int8"], "no_text_normalization": ["--no-text-normalization"],
-    "no_wetext": ["--no-wetext"], "print_normalized": ["--print-normalized"],
+    "no_wetext": ["--no-wetext"], "print_normalized": ["--print-normalized"], "timestamps": ["--timestamps", "t.json"],
 }
 
 

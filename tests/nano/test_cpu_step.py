@@ -1,4 +1,4 @@
-"""The float32 CPU frame step (``nano.cpu_step``): BLAS products equal torch's, the step decodes what the torch
+"""The float32 CPU frame step (``cpu.step``): BLAS products equal torch's, the step decodes what the torch
 step decodes (codes, and hidden states to float rounding), only where it applies, and follows weight edits.
 The decoder tests (test_decoder.py) run through it too: on the CPU in float32 it is the default step."""
 
@@ -9,11 +9,11 @@ import torch
 import torch.nn.functional as F
 
 from moss_npu.errors import InputError, NumericalError
-from moss_npu.nano import cpu_step
+from moss_npu.cpu import step as cpu_step
 from moss_npu.nano.checkpoint import load_model
-from moss_npu.nano.cpu_step import CpuStep, WeightArena, blas_matmul
+from moss_npu.cpu.step import CpuStep, WeightArena, blas_matmul
 from moss_npu.nano.decoder import FrameDecoder, RequestParams, generate
-from moss_npu.nano.matvec import BlasGemv
+from moss_npu.cpu.matvec import BlasGemv
 from tests.optional import needs
 
 from .test_decoder import model, prompts, steer  # noqa: F401 - the tiny steered model and its prompts (fixtures)

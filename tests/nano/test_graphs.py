@@ -14,7 +14,7 @@ import torch
 from moss_npu import device as devices
 from moss_npu.errors import InputError
 from moss_npu.nano.checkpoint import load_model
-from moss_npu.nano.cpu_step import CpuStep
+from moss_npu.cpu.step import CpuStep
 from moss_npu.nano.decoder import FrameDecoder, RequestParams
 from moss_npu.nano.graphs import WARMUP_FRAMES
 from moss_npu.nano.prompt import build_prompt_rows

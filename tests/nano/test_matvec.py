@@ -1,40 +1,59 @@
-"""The bf16/int8 one-row kernels (``nano.matvec``) and the CPU step that uses them: the products are the float32
-products with those weights (any shape, AVX-512 or portable C), the kernels build once into the cache and never
-into a half-written file, and a CPU step on bf16 or int8 weights decodes like float32 math on the same weights,
-or falls back with one warning where no kernel can be built."""
+"""The one-row kernels (``cpu.matvec``) and the CPU step that uses them: the products are the float32 products
+with those weights (any shape, on every instruction set this CPU runs, on one thread or shared over two), a
+mismatched array is refused before the call, and a CPU step on bf16 or int8 weights decodes like float32 math
+on the same weights, or falls back with one warning where the library is missing. (Loading and building the
+library: tests/test_native.py.)"""
 
 import copy
 import logging
-import os
-import platform
 import shutil
 import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
 
 from moss_npu.errors import InputError
-from moss_npu.nano import matvec
-from moss_npu.nano.cpu_step import CpuStep
+from moss_npu.cpu.step import CpuStep
 from moss_npu.nano.decoder import FrameDecoder, RequestParams
-from moss_npu.nano.matvec import Bf16Tiles, Fp32Tiles, Int8Tiles, MatVecKernels
-from moss_npu.native import KernelUnavailable
-from moss_npu.nano.quantize import dtype_name, int8_rows, quantize_int8, store_bf16
+from moss_npu.cpu.matvec import Bf16Tiles, Fp32Tiles, Int8Tiles, MatVecKernels
+from moss_npu.cpu.native_build import TILES
+from moss_npu.cpu.native import TARGET_ENV, KernelUnavailable, load_library, runnable_targets
+from moss_npu.cpu.quantize import dtype_name, int8_rows, quantize_int8, store_bf16
+
 from tests.optional import missing
 
 from .test_decoder import model, prompts  # noqa: F401 - the tiny steered model and its prompts (fixtures)
 
-SHAPES = [(64, 16), (40, 24), (17, 33), (300, 200)]  # (out, in): padded columns, one tile and two
+SHAPES = [(64, 16), (40, 24), (17, 33), (300, 200), (1100, 7)]  # (out, in): padded columns, one tile to five
 
 
-@pytest.fixture(scope="module")
-def kernels(tmp_path_factory):
+
+
+def _runnable() -> list:
     try:
-        return MatVecKernels.load(tmp_path_factory.mktemp("kernels"))
-    except KernelUnavailable as exc:
-        missing(f"no kernels here: {exc}")
+        return runnable_targets(load_library()[0])
+    except KernelUnavailable:
+        return ["none"]
+
+
+@pytest.fixture(scope="module", params=_runnable())
+def kernels(request):
+    """The kernels forced to each instruction set this CPU runs (``$MOSS_NPU_KERNEL_TARGET``), with two threads."""
+    if request.param == "none":
+        missing("the package's C library is not built here (pip install -e .)")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(TARGET_ENV, request.param)
+        loaded = MatVecKernels.load(threads=2)
+    assert loaded.target == request.param
+    return loaded
+
+
+@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
+def threads(kernels, request):
+    kernels.threads.use(request.param)
+    yield request.param
+    kernels.threads.use(1)
 
 
 def _case(out_features, in_features, seed):
@@ -52,7 +71,7 @@ def _expected(x, weight, bias, residual=None):
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_fp32_tiles_multiply_by_the_weight(kernels, shape):
+def test_fp32_tiles_multiply_by_the_weight(kernels, threads, shape):
     weight, bias, x, residual = _case(*shape, seed=shape[0] + 1)
     matrix = Fp32Tiles(kernels, weight, bias)
     np.testing.assert_allclose(matrix(x), _expected(x, weight, bias), rtol=1e-5, atol=1e-5)
@@ -62,7 +81,7 @@ def test_fp32_tiles_multiply_by_the_weight(kernels, shape):
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_bf16_tiles_multiply_by_the_bf16_rounded_weight(kernels, shape):
+def test_bf16_tiles_multiply_by_the_bf16_rounded_weight(kernels, threads, shape):
     weight, bias, x, residual = _case(*shape, seed=shape[0])
     rounded = weight.bfloat16().float()
     matrix = Bf16Tiles(kernels, weight, bias)
@@ -73,7 +92,7 @@ def test_bf16_tiles_multiply_by_the_bf16_rounded_weight(kernels, shape):
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_int8_tiles_multiply_by_the_dequantized_weight(kernels, shape):
+def test_int8_tiles_multiply_by_the_dequantized_weight(kernels, threads, shape):
     weight, bias, x, residual = _case(*shape, seed=shape[1])
     values, scale = int8_rows(weight)
     matrix = Int8Tiles(kernels, values, scale, bias)
@@ -84,43 +103,68 @@ def test_int8_tiles_multiply_by_the_dequantized_weight(kernels, shape):
     np.testing.assert_allclose(no_bias(x), _expected(x, dequantized, torch.zeros(shape[0])), rtol=1e-5, atol=1e-5)
 
 
-def test_portable_c_gives_the_same_products(kernels, tmp_path):
-    """The vector-extension-free C (what a CPU without AVX-512 runs) agrees with the AVX-512 build."""
-    if platform.machine() not in ("x86_64", "AMD64"):
-        missing("-mno-avx512f is an x86 flag: run on an x86-64 CPU")
-    portable = MatVecKernels.load(tmp_path, flags=("-O3", "-march=native", "-mno-avx512f", "-shared", "-fPIC"))
-    weight, bias, x, residual = _case(300, 200, seed=5)
+def test_two_threads_give_the_bits_of_one(kernels):
+    weight, bias, x, residual = _case(1100, 300, seed=11)
     values, scale = int8_rows(weight)
-    np.testing.assert_allclose(Bf16Tiles(portable, weight, bias)(x, residual),
-                               Bf16Tiles(kernels, weight, bias)(x, residual), rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(Fp32Tiles(portable, weight, bias)(x, residual),
-                               Fp32Tiles(kernels, weight, bias)(x, residual), rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(Int8Tiles(portable, values, scale, bias)(x),
-                               Int8Tiles(kernels, values, scale, bias)(x), rtol=1e-5, atol=1e-5)
+    for matrix in (Fp32Tiles(kernels, weight, bias), Bf16Tiles(kernels, weight, bias),
+                   Int8Tiles(kernels, values, scale, bias)):
+        kernels.threads.use(1)
+        alone = matrix(x, residual)
+        kernels.threads.use(2)
+        assert np.array_equal(matrix(x, residual), alone)
+    kernels.threads.use(1)
+
+
+@pytest.mark.parametrize("bad, message", [
+    (lambda x: x[:-1], r"x: shape \(199,\), the kernel reads \(200,\)"),
+    (lambda x: x.astype(np.float64), "x: dtype float64, the kernel reads float32"),
+    (lambda x: np.repeat(x, 2)[::2], "x: not C-contiguous"),
+    (lambda x: x.tolist(), "x: a numpy array expected, got list"),
+    (lambda x: np.frombuffer(np.zeros(804, np.uint8).data, np.float32, 200, offset=1), "x: address not aligned"),
+])
+def test_a_mismatched_array_is_refused_before_the_call(kernels, bad, message):
+    weight, bias, x, _ = _case(300, 200, seed=2)
+    with pytest.raises(ValueError, match=message):
+        Fp32Tiles(kernels, weight, bias)(bad(x))
+
+
+def test_a_mismatched_residual_or_rows_are_refused(kernels):
+    weight, bias, x, residual = _case(300, 200, seed=3)
+    values, scale = int8_rows(weight)
+    tiles = Int8Tiles(kernels, values, scale, bias)
+    with pytest.raises(ValueError, match=r"residual: shape \(299,\)"):
+        tiles(x, residual[:-1])
+    with pytest.raises(ValueError, match=r"x: shape \(2, 100\), the kernel reads \(2, 200\)"):
+        tiles.rows(np.zeros((2, 100), np.float32))
+    with pytest.raises(ValueError, match=r"x: \(n, 200\) rows expected"):
+        tiles.rows(x)
 
 
 BIG_ENDIAN_CHECK = r"""
-#include "matvec.c"
 #include <stdio.h>
-enum { IN = 3, OUT = 512 };
+#include <string.h>
+#include <stdint.h>
+#define TILE 256
+void moss_tile_bf16_portable(const float *x, const void *tile, float *y, const float *scale, const float *bias,
+                             const float *residual, long in, int part);
+enum { IN = 3 };
 static float value(int c, int i) { return (float)((c * 7 + i * 3) % 11) - 5.0f; }
 int main(void) {
-    static uint16_t w[IN * OUT];
-    float x[IN] = {1.0f, 2.0f, 3.0f}, y[OUT];
-    for (int c = 0; c < OUT; c++)
+    static uint16_t w[IN * TILE];
+    float x[IN] = {1.0f, 2.0f, 3.0f}, y[TILE];
+    for (int c = 0; c < TILE; c++)
         for (int i = 0; i < IN; i++) {
             float v = value(c, i); uint32_t bits; memcpy(&bits, &v, 4);
-            int tile = c / TILE, r = c % 32, g = (c % TILE) / 32;
-            int pos = 32 * g + (r < 16 ? 2 * r : 2 * (r - 16) + 1);
-            w[tile * IN * TILE + i * TILE + pos] = (uint16_t)(bits >> 16);
+            int r = c % 32, g = c / 32;
+            w[i * TILE + 32 * g + (r < 16 ? 2 * r : 2 * (r - 16) + 1)] = (uint16_t)(bits >> 16);
         }
-    matvec_bf16(x, w, NULL, NULL, y, IN, OUT);
+    moss_tile_bf16_portable(x, w, y, NULL, NULL, NULL, IN, -1);
     int bad = 0;
-    for (int c = 0; c < OUT; c++) {
+    for (int c = 0; c < TILE; c++) {
         float e = 0; for (int i = 0; i < IN; i++) e += x[i] * value(c, i);
         if (y[c] != e) bad++;
     }
-    printf("%d wrong of %d\n", bad, OUT);
+    printf("%d wrong of %d\n", bad, TILE);
     return bad != 0;
 }
 """
@@ -129,99 +173,18 @@ int main(void) {
 def test_bf16_portable_c_on_a_big_endian_cpu(tmp_path):
     """The portable bf16 path reads each column's 16 bits, not halves of 32-bit words, whose order depends on the
     CPU's byte order: checked on s390x where a cross compiler and qemu are installed (apt: gcc-s390x-linux-gnu,
-    libc6-dev-s390x-cross, qemu-user-static)."""
-    compiler, emulator = shutil.which("s390x-linux-gnu-gcc"), shutil.which("qemu-s390x-static")
+    libc6-dev-s390x-cross, qemu-user)."""
+    compiler = shutil.which("s390x-linux-gnu-gcc")
+    emulator = shutil.which("qemu-s390x-static") or shutil.which("qemu-s390x")
     if compiler is None or emulator is None:
         missing("no s390x cross compiler and qemu here (apt: gcc-s390x-linux-gnu libc6-dev-s390x-cross "
                 "qemu-user-static)")
-    (tmp_path / "matvec.c").write_text(matvec.SOURCE.read_text())
     (tmp_path / "check.c").write_text(BIG_ENDIAN_CHECK)
-    subprocess.run([compiler, "-O3", "-static", "-o", str(tmp_path / "check"), str(tmp_path / "check.c")],
+    subprocess.run([compiler, "-O3", "-static", "-DMOSS_TARGET=portable", "-DMOSS_PORTABLE", "-o",
+                    str(tmp_path / "check"), str(tmp_path / "check.c"), str(TILES)],
                    check=True, capture_output=True)
     done = subprocess.run([emulator, str(tmp_path / "check")], capture_output=True, text=True)
-    assert done.stdout == "0 wrong of 512\n"
-
-
-def test_kernels_build_once_into_the_cache(tmp_path):
-    assert MatVecKernels.load(tmp_path).built == str(tmp_path / "kernels")
-    built = list((tmp_path / "kernels").iterdir())
-    assert len(built) == 1 and built[0].suffix == ".so"  # no partial files left beside it
-    stamp = built[0].stat().st_mtime_ns
-    assert MatVecKernels.load(tmp_path).built is None
-    assert list((tmp_path / "kernels").iterdir()) == built and built[0].stat().st_mtime_ns == stamp
-
-
-def test_an_unusable_cache_builds_them_privately(tmp_path):
-    blocked = tmp_path / "file"
-    blocked.write_text("not a folder")  # kernels/ cannot be made under it
-    kernels = MatVecKernels.load(blocked)
-    weight, bias, x, _ = _case(40, 24, seed=1)
-    np.testing.assert_allclose(Bf16Tiles(kernels, weight, bias)(x), _expected(x, weight.bfloat16().float(), bias),
-                               rtol=1e-5, atol=1e-5)
-
-
-def test_a_damaged_cache_file_is_built_again(tmp_path):
-    """A truncated kernel file is compiled again with one warning (in fresh processes: a process never reopens a
-    library it has loaded)."""
-    script = ("import logging, sys, numpy, torch; logging.basicConfig(); from moss_npu.nano.matvec import *; "
-              "k = MatVecKernels.load(sys.argv[1]); "
-              "print(Bf16Tiles(k, torch.ones(32, 8), None)(numpy.ones(8, numpy.float32))[0])")
-    first = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, check=True)
-    (built,) = (tmp_path / "kernels").iterdir()
-    damaged = tmp_path / "damaged"
-    damaged.write_bytes(built.read_bytes()[:100])
-    os.replace(damaged, built)
-    again = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, check=True)
-    assert first.stdout == again.stdout == "8.0\n"
-    assert "is damaged" not in first.stderr and again.stderr.count("is damaged; building it again") == 1
-    assert built.stat().st_size > 100 and list((tmp_path / "kernels").iterdir()) == [built]
-
-
-def test_no_compiler_says_why(monkeypatch, tmp_path):
-    monkeypatch.setenv("CC", "no-such-compiler-here")
-    with pytest.raises(KernelUnavailable, match="no C compiler.*no-such-compiler-here"):
-        MatVecKernels.load(tmp_path)
-
-
-def test_cc_may_carry_options(kernels, monkeypatch, tmp_path):
-    """$CC as make reads it: a command with options ("ccache gcc", "zig cc"), or a path with spaces."""
-    compiler = shutil.which("cc") or missing("no cc on PATH")
-    spaced = tmp_path / "my tools" / "cc"
-    spaced.parent.mkdir()
-    spaced.symlink_to(compiler)
-    for cc, cache in ((f"{compiler} -DMOSS_NPU_UNUSED=1", "options"), (str(spaced), "spaced")):
-        monkeypatch.setenv("CC", cc)
-        kernels = MatVecKernels.load(tmp_path / cache)
-        assert kernels.built == str(tmp_path / cache / "kernels")
-        np.testing.assert_allclose(Fp32Tiles(kernels, torch.ones(32, 8), None)(np.ones(8, np.float32)), 8.0)
-
-
-def test_a_failed_build_says_why(monkeypatch, tmp_path):
-    monkeypatch.setattr(matvec, "SOURCE", tmp_path / "broken.c")
-    (tmp_path / "broken.c").write_text("this is not C\n")
-    with pytest.raises(KernelUnavailable, match="compiling broken.c failed"):
-        MatVecKernels.load(tmp_path)
-    assert not any((tmp_path / "kernels").iterdir())
-
-
-def test_a_build_that_does_not_load_says_why(monkeypatch, tmp_path):
-    """A compiler that succeeds but makes a library this process cannot load ($CC a cross compiler, a folder
-    mounted noexec) is KernelUnavailable, the CPU step's fallback, not an OSError; nothing unloadable is kept."""
-    compiler = tmp_path / "cross-cc"
-    compiler.write_text('#!/bin/sh\n[ "$1" = --version ] && { echo cross-cc 1.0; exit 0; }\n'
-                        'while [ $# -gt 0 ]; do [ "$1" = -o ] && { shift; echo not-a-library > "$1"; }; shift; done\n')
-    compiler.chmod(0o755)
-    monkeypatch.setenv("CC", str(compiler))
-    with pytest.raises(KernelUnavailable, match="does not load"):
-        MatVecKernels.load(tmp_path / "cache")
-    assert not any((tmp_path / "cache" / "kernels").iterdir())
-
-
-def test_the_cached_kernels_are_readable_by_everyone(tmp_path):
-    """Another user sharing the cache (a prepared image, a team folder) can load them: not mkstemp's 0600."""
-    MatVecKernels.load(tmp_path)
-    (built,) = (tmp_path / "kernels").iterdir()
-    assert built.stat().st_mode & 0o755 == 0o755
+    assert done.stdout == "0 wrong of 256\n"
 
 
 def _decode(model, rows, frames, use_cpu_step):
@@ -273,7 +236,7 @@ def test_without_kernels_one_warning_and_the_old_path(model, prompts, monkeypatc
     changed = copy.deepcopy(model)
     if kind != "fp32":
         (store_bf16 if kind == "bf16" else quantize_int8)(changed)
-    with caplog.at_level(logging.WARNING, logger="moss_npu.nano.cpu_step"):
+    with caplog.at_level(logging.WARNING, logger="moss_npu.cpu.step"):
         codes, _, label = _decode(changed, prompts[0], 4, use_cpu_step=True)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == (kind != "fp32") and all("no C compiler (test)" in w for w in warnings)
@@ -285,42 +248,6 @@ def test_compile_on_is_refused_for_bf16_weights(model):
     store_bf16(rounded)
     with pytest.raises(InputError, match="--dtype bfloat16 use --compile auto or off"):
         CpuStep.build(rounded, "on")
-
-
-def test_the_first_build_says_so_once(model, monkeypatch, tmp_path, caplog):
-    monkeypatch.setenv("MOSS_NPU_CACHE_DIR", str(tmp_path))
-    for expected in (1, 0):
-        caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="moss_npu.nano.cpu_step"):
-            assert CpuStep.build(model).label() == "cpu-fp32"
-        lines = [r.getMessage() for r in caplog.records if "compiled the one-row CPU kernels" in r.getMessage()]
-        assert len(lines) == expected and all(str(tmp_path / "kernels") in line for line in lines)
-
-
-def test_a_private_build_does_not_claim_to_be_kept(model, monkeypatch, tmp_path, caplog):
-    """Where the cache folder is unusable the kernels are compiled again at every start: the line says so and
-    what to set, instead of "once per CPU and compiler"."""
-    blocked = tmp_path / "file"
-    blocked.write_text("not a folder")
-    monkeypatch.setenv("MOSS_NPU_CACHE_DIR", str(blocked))
-    with caplog.at_level(logging.WARNING, logger="moss_npu.nano.cpu_step"):
-        assert CpuStep.build(model).label() == "cpu-fp32"
-    (line,) = [r.getMessage() for r in caplog.records if "compiled the one-row CPU kernels" in r.getMessage()]
-    assert "once per" not in line and "every start" in line and "MOSS_NPU_CACHE_DIR" in line
-
-
-def test_a_compiler_without_march_native_still_builds(kernels, monkeypatch, tmp_path):
-    """gcc on POWER knows "this CPU" as -mcpu=native and refuses -march=native: the kernels are built with that
-    (or, failing it too, without either) instead of not at all."""
-    real = shutil.which("cc") or missing("no cc on PATH")
-    compiler = tmp_path / "power-cc"
-    compiler.write_text(f'#!/bin/sh\nfor a in "$@"; do case "$a" in -march=native)\n'
-                        f'  echo "error: unrecognized command-line option \'-march=native\'" >&2; exit 1;;\n'
-                        f'  -mcpu=native) echo "error: unknown -mcpu" >&2; exit 1;; esac; done\nexec {real} "$@"\n')
-    compiler.chmod(0o755)
-    monkeypatch.setenv("CC", str(compiler))
-    built = MatVecKernels.load(tmp_path / "cache")
-    np.testing.assert_allclose(Bf16Tiles(built, torch.ones(32, 8), None)(np.ones(8, np.float32)), 8.0)
 
 
 def test_int8_rows_are_each_row_alone_bit_for_bit(kernels):

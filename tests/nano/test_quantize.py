@@ -1,4 +1,4 @@
-"""Int8 weight-only quantization (nano.quantize): the block weights land on a per-row int8 grid, every other
+"""Int8 weight-only quantization (cpu.quantize): the block weights land on a per-row int8 grid, every other
 weight stays, it is refused where its kernel cannot run, and the CPU step decodes it with the int8 kernel close
 to the float32 math on the same rounded weights."""
 
@@ -9,7 +9,7 @@ import torch
 
 from moss_npu.errors import InputError
 from moss_npu.nano.decoder import FrameDecoder, RequestParams
-from moss_npu.nano.quantize import block_linears, int8_kernel_available, int8_rows, quantize_int8
+from moss_npu.cpu.quantize import block_linears, int8_kernel_available, int8_rows, quantize_int8
 
 from tests.optional import needs
 

@@ -145,6 +145,14 @@ def server(tmp_path_factory):
     proc.stop()
 
 
+@pytest.fixture(scope="session")
+def keyless_server(tmp_path_factory):
+    """A server without an API key (the page and the WebSocket from their own origin need none)."""
+    proc = ServerProcess(tmp_path_factory.mktemp("keyless"), "--device", "cpu", api_key=None)
+    yield proc
+    proc.stop()
+
+
 def metric(text: str, name: str) -> float:
     """The value of an unlabelled metric in Prometheus text."""
     for line in text.splitlines():

@@ -30,7 +30,7 @@ def _speak(server, kind: str, index: int, voice: str) -> tuple[str, int, object]
         if kind == "voice":
             body["voice"] = voice
         if kind == "bad":
-            return kind, http.post("/v1/audio/speech", json={**body, "speed": 3.0}).status_code, None
+            return kind, http.post("/v1/audio/speech", json={**body, "speed": 9.0}).status_code, None
         r = http.post("/v1/audio/speech", json=body)
         return kind, r.status_code, (body["input"], kind, r.headers.get("x-codes-sha256"))
 

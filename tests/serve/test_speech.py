@@ -89,8 +89,10 @@ def test_sse_sends_deltas_then_done_with_usage(server):
             if line.startswith("data: "):
                 events.append(json.loads(line[len("data: "):]))
     kinds = [e["type"] for e in events]
-    assert kinds[-1] == "speech.audio.done" and set(kinds[:-1]) == {"speech.audio.delta"} and len(kinds) >= 2
-    audio = b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
+    # Deltas, the text chunk's timestamp once its audio is complete, then done.
+    assert kinds[-1] == "speech.audio.done" and kinds[-2] == "speech.audio.timestamp" and len(kinds) >= 3
+    assert set(kinds[:-2]) == {"speech.audio.delta"}
+    audio = b"".join(base64.b64decode(e["audio"]) for e in events[:-2])
     assert len(audio) == FRAMES * FRAME * 2 * 2
     usage = events[-1]["usage"]
     assert usage["output_tokens"] == FRAMES and usage["input_tokens"] > 0
@@ -140,7 +142,7 @@ BAD_BODIES = [
     ({"model": MODEL, "input": "hi", "response_format": "aac"}, 400, "response_format"),
     ({"model": MODEL, "input": "hi", "response_format": "flac", "stream": True}, 400, "response_format"),
     ({"model": MODEL, "input": "hi", "speed": 9.0}, 400, "speed"),
-    ({"model": MODEL, "input": "hi", "speed": 1.25}, 400, "speed"),
+    ({"model": MODEL, "input": "hi", "speed": 0.2}, 400, "speed"),
     ({"model": MODEL, "input": "hi", "instructions": "whisper"}, 400, "instructions"),
     ({"model": MODEL, "input": "hi", "ref_audio": "not base64 at all!!"}, 400, "ref_audio"),
     ({"model": MODEL, "input": "hi", "ref_audio": base64.b64encode(b"plain text, no audio").decode()}, 400,

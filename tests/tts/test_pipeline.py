@@ -175,7 +175,7 @@ def test_merge_splits_load_and_run_settings(tmp_path):
 
 @needs_fixtures
 def test_int8_pipeline_quantizes_and_decodes_with_the_int8_step():
-    from moss_npu.nano.quantize import int8_kernel_available
+    from moss_npu.cpu.quantize import int8_kernel_available
 
     if not int8_kernel_available():
         missing("torch has no _weight_int8pack_mm")

@@ -1,14 +1,19 @@
-"""CPU threads: how many threads torch's intra-op pool and numpy's BLAS (the CPU frame step's matrix-vector
-products, ``nano.cpu_step``) use. One process-wide setting, made by the command lines (``--num-threads``).
+"""CPU threads: how many threads torch's intra-op pool, numpy's BLAS and the one-row kernels' pool (the CPU frame
+step's matrix-vector products, ``cpu.matvec``) use. One process-wide setting, made by the command lines
+(``--num-threads``).
 
 Default (``--num-threads 0``): 1 thread on machines with at most 2 usable physical cores, else one per usable
 physical core. On 2 cores the batch-1 frame is memory-bound, so a second thread adds little bandwidth, and
 whenever another process takes the other core every parallel region of a 2-thread pool waits for the
-descheduled thread. Whatever the setting, a one-slot CPU frame runs on one thread (``ThreadPools``): torch's
-spinning OpenMP workers and OpenBLAS's threads would otherwise fight over the cores, while prefill and the
-codec, which are compute-bound, keep the setting. numpy's BLAS follows torch's count: left at 2 threads, its
-still-spinning workers slow a stream's codec calls. The measurements behind each choice:
-docs/performance.md#threads.
+descheduled thread. Whatever the setting, a one-slot CPU frame runs torch and numpy's BLAS on one thread
+(``ThreadPools``): torch's spinning OpenMP workers and OpenBLAS's threads would otherwise fight over the cores,
+while prefill and the codec, which are compute-bound, keep the setting. numpy's BLAS follows torch's count: left
+at 2 threads, its still-spinning workers slow a stream's codec calls. The frame's products instead share their
+tiles over the setting's threads in the kernels' own pool (``matvec.c``): each thread claims the next tile, so a
+thread that another process has descheduled delays a product by one tile, not to the end; batches of several
+slots keep those products on one thread (torch's pool is busy then). The default stays 1 thread on 2-core
+machines because prefill and the codec still meet the stall above; ``--num-threads 2`` there buys the frames
+what two cores read beyond one. The measurements behind each choice: docs/performance.md#threads.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ its blocked layout runs the same product markedly faster (docs/performance.md). 
 of the weight (same bytes), so callers pack only what they multiply that way. These are the operators inductor's
 weight freezing emits (``torch.ops.mkldnn``); a torch built without them, or without oneDNN, has
 ``packing_available() == False`` and callers keep their plain product. One row is not worth packing: a BLAS
-GEMV streams plain weights faster (``nano.cpu_step``).
+GEMV streams plain weights faster (``cpu.step``).
 """
 
 from __future__ import annotations

@@ -3,14 +3,14 @@
 A frame at batch 1 is ~116 matrix-vector products over ~750 MB of fp32 weights, so its speed is the bandwidth
 of those products plus the cost of the ~700 small ops around them. One slot's row runs through numpy, the
 small operations between the products included (``row_block``: a numpy operation on a few thousand floats
-costs a fraction of a torch one's dispatch), and its products through ``nano.matvec``'s kernels, which stream
+costs a fraction of a torch one's dispatch), and its products through ``cpu.matvec``'s kernels, which stream
 each weight once from tiles laid out
 for them (one more copy of the LM's linear weights in the format the model stores: float32, bf16 for
 ``--dtype bfloat16``, int8 for ``--quantize int8``; one ``PageArena`` on huge pages, in reading order). Where
-no C compiler builds the kernels, one slot's products are numpy's OpenBLAS GEMV on a transposed float32 copy
+the package's C library is missing (``native``), one slot's products are numpy's OpenBLAS GEMV on a transposed float32 copy
 (``WeightArena``; torch's one-row ``F.linear`` goes to MKL's GEMM, which on AMD and other non-Intel CPUs
 streams at about half that rate). Several rows (a batch of slots, or a prompt's prefill: ``block_rows``)
-multiply through oneDNN with the weights packed (``moss_npu.packed``); an int8 model's batches through its
+multiply through oneDNN with the weights packed (``moss_npu.cpu.packed``); an int8 model's batches through its
 int8 tiles (row for row what one slot computes), its prefill through torch's int8 weight-only kernel
 (``int8_matmul``).
 The block math for torch is written once, functionally (``block_step``: the same as ``model.Block`` on one new
@@ -42,12 +42,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from moss_npu.errors import InputError
-from moss_npu.nano.matvec import BlasGemv, Bf16Tiles, Fp32Tiles, Int8Tiles, MatVecKernels, table_bytes
+from moss_npu.cpu.matvec import BlasGemv, Bf16Tiles, Fp32Tiles, Int8Tiles, MatVecKernels, table_bytes
 from moss_npu.nano.model import Block
-from moss_npu.nano.quantize import block_linears, int8_rows
-from moss_npu.native import KernelUnavailable, report_build
-from moss_npu.packed import pack_linear, packed_matmul, packing_available
-from moss_npu.threads import ThreadPools, limit_blas
+from moss_npu.cpu.quantize import block_linears, int8_rows
+from moss_npu.cpu.native import KernelUnavailable, report_build
+from moss_npu.cpu.packed import pack_linear, packed_matmul, packing_available
+from moss_npu.cpu.threads import ThreadPools, limit_blas
 
 log = logging.getLogger(__name__)
 
@@ -356,7 +356,8 @@ def int8_tile_matmul(x: torch.Tensor, tiles: Int8Tiles, bias: torch.Tensor,
                      residual: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Return ``x @ (values · scale)ᵀ + bias (+ residual)`` for (n, in) rows through the int8 tiles (which hold
     the bias): float32 activations, each row what a one-slot frame computes for it."""
-    return torch.from_numpy(tiles.rows(x.detach().numpy(), None if residual is None else residual.numpy()))
+    rows = np.ascontiguousarray(x.detach().numpy())
+    return torch.from_numpy(tiles.rows(rows, None if residual is None else np.ascontiguousarray(residual.numpy())))
 
 
 @dataclass(frozen=True)
@@ -396,7 +397,7 @@ class CpuStep:
         if compile_mode == "on" and self.weight_dtype != "float32":
             flag = "--quantize int8" if self.int8 else "--dtype bfloat16"
             raise InputError(f"--compile on compiles the float32 products; with {flag} use --compile auto or off")
-        kernels = self._kernels()
+        kernels = self._kernels_used = self._kernels()
         linears = block_linears(model)
         # numpy's GEMV (no kernels) and the compiled blocks read a transposed float32 copy; with the kernels' tiles
         # the torch blocks (several rows: packed copies or GEMM) read the model's own weights as well.
@@ -537,7 +538,7 @@ class CpuStep:
     def _matmul(self, x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor,
                 residual: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``blas_matmul``, except that several rows (a batch of slots, a prompt) multiply through oneDNN with the
-        weight pre-packed (``moss_npu.packed``), faster than oneDNN on plain weights or torch's GEMM (MKL's
+        weight pre-packed (``moss_npu.cpu.packed``), faster than oneDNN on plain weights or torch's GEMM (MKL's
         generic path on AMD; docs/performance.md)."""
         if x.shape[0] == 1:
             return gemv(x, *self._arrays[weight_t.data_ptr()], residual)
@@ -639,9 +640,16 @@ class CpuStep:
         return F.layer_norm(x[-1], (x.shape[-1],), norm_w, norm_b, self.eps)
 
     def threads(self, slots: int) -> contextlib.AbstractContextManager:
-        """Return the thread setting a frame of ``slots`` slots runs under: one thread for one slot (memory-bound;
-        see ``moss_npu.threads``), the process setting for more."""
+        """Return the thread setting a frame of ``slots`` slots runs under (``moss_npu.cpu.threads``): for one slot,
+        torch and numpy's BLAS on one thread and the kernels' products shared over the process setting; for more,
+        the process setting in torch and BLAS and the kernels on one thread (their pools would fight)."""
+        if self._kernels_used is not None:
+            self._kernels_used.threads.use(torch.get_num_threads() if slots == 1 else 1)
         return self.pools.limited(1) if slots == 1 else contextlib.nullcontext()
+
+    def kernel_target(self) -> str:
+        """Return the instruction set of the one-row kernels (``native.choose_target``), or ``none`` without them."""
+        return "none" if self._kernels_used is None else self._kernels_used.target
 
     def head(self, channel: int, x: torch.Tensor) -> torch.Tensor:
         """Return audio head ``channel``'s logits (n, V) of (n, E) local hidden states."""

@@ -6,8 +6,8 @@ Each block's linear weights (q|k|v, output projection, MLP; both decoders) are r
 with one scale per output channel (``scale = max|w| / 127``), and the rounded values are written back into the
 float32 parameters: every path (prefill, the reference algorithm, ``eval_accuracy.py``'s tier A) then computes
 with exactly the quantized weights. The embeddings, the tied heads and the norms stay as loaded. On the CPU
-the frame step (``nano.cpu_step``) multiplies with the int8 weights themselves (a quarter of the fp32 weight
-bytes per frame): frames, one slot or a batch, through ``nano.matvec``'s kernel in float32 arithmetic (a
+the frame step (``cpu.step``) multiplies with the int8 weights themselves (a quarter of the fp32 weight
+bytes per frame): frames, one slot or a batch, through ``cpu.matvec``'s kernel in float32 arithmetic (a
 request decodes in a batch what it decodes alone), a prompt's prefill through torch's ``_weight_int8pack_mm``,
 which rounds its activations to bf16 (faster on many rows).
 Needs a torch with ``torch.ops.aten._weight_int8pack_mm`` (2.4+); older ones are refused with one line.
@@ -15,7 +15,7 @@ Needs a torch with ``torch.ops.aten._weight_int8pack_mm`` (2.4+); older ones are
 bf16 on the CPU (``store_bf16``) means bf16 *weights* and float32 arithmetic: every parameter is rounded to bf16
 (what the official bf16 release holds already, so with it nothing changes) and the model stays float32, so
 activations, sums and the cache keep float32 precision; the frame step reads the weights as bf16 (half the
-bytes, ``nano.matvec``). Torch's own bf16 arithmetic would be no faster here (see ``nano.matvec``) and less
+bytes, ``cpu.matvec``). Torch's own bf16 arithmetic would be no faster here (see ``cpu.matvec``) and less
 accurate.
 """
 

@@ -1,0 +1,270 @@
+/* One-row products y = x · W (+ bias, + residual) with W stored compactly: float32, bf16 or int8 values, float32
+ * arithmetic; the entry points that moss_npu/cpu/matvec.py calls through ctypes.
+ *
+ * W (in, out) is stored in tiles of TILE output columns (the caller pads `out` to a multiple): tile after tile,
+ * and in each tile row after row, so a tile's weights are read once, front to back, in one stream, and its sums
+ * stay in registers for all `in` rows. The tile functions exist once per instruction set (matvec_tiles.c,
+ * compiled with each target's flags into this one library); `moss_targets` says which this CPU runs and the
+ * caller names one in every call: an index into a table of constant function pointers.
+ *
+ * Threads: a product's tiles are shared out over a small pool (`moss_pool_new`): the calling thread and the
+ * workers each claim the next unclaimed tile until none is left, so a worker that the system has descheduled
+ * delays a product by at most the one tile it claimed, and the caller takes the rest. Workers spin briefly
+ * between products (a frame calls one every ~0.1 ms) and then sleep.
+ */
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "matvec.h"
+
+enum { PORTABLE, AVX2, AVX512, NEON, TARGETS };
+enum { F32, BF16, INT8, FORMATS };
+enum { BAD_CALL = -1 };
+
+#define DECLARE(target)                                                                                         \
+    void moss_tile_f32_##target(const float *, const void *, float *, const float *, const float *,          \
+                                const float *, long, int);                                                          \
+    void moss_tile_bf16_##target(const float *, const void *, float *, const float *, const float *,         \
+                                 const float *, long, int);                                                         \
+    void moss_tile_int8_##target(const float *, const void *, float *, const float *, const float *,         \
+                                 const float *, long, int);
+#define ROW(target) {moss_tile_f32_##target, moss_tile_bf16_##target, moss_tile_int8_##target}
+
+DECLARE(portable)
+#if defined(__x86_64__)
+DECLARE(avx2)
+DECLARE(avx512)
+static const TileFunction TABLE[TARGETS][FORMATS] = {ROW(portable), ROW(avx2), ROW(avx512), {0, 0, 0}};
+#elif defined(__aarch64__)
+DECLARE(neon)
+static const TileFunction TABLE[TARGETS][FORMATS] = {ROW(portable), {0, 0, 0}, {0, 0, 0}, ROW(neon)};
+#else
+static const TileFunction TABLE[TARGETS][FORMATS] = {ROW(portable), {0, 0, 0}, {0, 0, 0}, {0, 0, 0}};
+#endif
+
+static const long VALUE_BYTES[FORMATS] = {4, 2, 1};
+
+#ifndef MOSS_SOURCES
+#define MOSS_SOURCES "unknown"
+#endif
+
+/* The digest of the sources this library was built from (moss_npu/cpu/native_build.py). */
+const char *moss_sources(void) { return MOSS_SOURCES; }
+
+/* Bit t set: target t is in this library and this CPU runs it (AVX-512F, AVX2 with FMA; NEON is part of every
+ * aarch64 CPU that Linux runs on). */
+int moss_targets(void) {
+    int mask = 1 << PORTABLE;
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) mask |= 1 << AVX2;
+    if (__builtin_cpu_supports("avx512f")) mask |= 1 << AVX512;
+#elif defined(__aarch64__)
+    mask |= 1 << NEON;
+#endif
+    return mask;
+}
+
+/* One product, as the pool shares it out: unit j covers columns [j·TILE, (j+1)·TILE) of every row, or with `halves`
+ * the first or second half of tile j / 2 (finer units keep two threads busy to the end of a 3-tile product). */
+typedef struct {
+    TileFunction tile;
+    const float *x, *scale, *bias, *residual;
+    const char *w;
+    float *y;
+    long rows, in, out, tile_bytes;
+    int halves;
+} Job;
+
+static void run_tile(const Job *job, long unit) {
+    const long j = job->halves ? unit / 2 : unit, first = j * TILE;
+    const int part = job->halves ? (int)(unit % 2) : -1;
+    const void *tile = job->w + j * job->tile_bytes;
+    const float *scale = job->scale ? job->scale + first : NULL, *bias = job->bias ? job->bias + first : NULL;
+    for (long r = 0; r < job->rows; r++)
+        job->tile(job->x + r * job->in, tile, job->y + r * job->out + first, scale, bias,
+                  job->residual ? job->residual + r * job->out + first : NULL, job->in, part);
+}
+
+/* The ticket says which product is on (its number, 24 bits), how many tiles it has and how many are claimed
+ * (20 bits each): a claim is one compare-and-swap, and a worker still busy with an earlier product can never
+ * claim a tile of the next one. */
+#define FIELD 20
+#define FIELD_MASK ((1ull << FIELD) - 1)
+#define MAX_TILES ((long)FIELD_MASK)
+
+typedef struct Pool Pool;
+
+typedef struct {
+    Pool *pool;
+    int index;  /* 1 .. threads - 1: the caller is thread 0 */
+} Worker;
+
+struct Pool {
+    int threads;  /* the caller and threads - 1 workers */
+    atomic_int active;  /* how many of them a product uses (moss_pool_use) */
+    pthread_t *threads_started;
+    Worker *workers;
+    int started;
+    pthread_mutex_t caller;  /* held by the thread whose product is being shared */
+    pthread_mutex_t lock;
+    pthread_cond_t wake;
+    atomic_ullong ticket;
+    atomic_long finished;  /* tiles of the current product done */
+    atomic_int sleepers, stop;
+    Job job;
+};
+
+static unsigned long long product_of(unsigned long long ticket) { return ticket >> (2 * FIELD); }
+
+/* Claim and run tiles of product `number` until none is left; return how many this thread ran. */
+static long work(Pool *pool, unsigned long long number) {
+    long done = 0;
+    for (;;) {
+        unsigned long long ticket = atomic_load(&pool->ticket);
+        unsigned long long claimed = ticket & FIELD_MASK, tiles = (ticket >> FIELD) & FIELD_MASK;
+        if (product_of(ticket) != number || claimed >= tiles) return done;
+        if (!atomic_compare_exchange_weak(&pool->ticket, &ticket, ticket + 1)) continue;
+        run_tile(&pool->job, (long)claimed);
+        atomic_fetch_add(&pool->finished, 1);
+        done++;
+    }
+}
+
+static double seconds(void) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (double)now.tv_sec + 1e-9 * (double)now.tv_nsec;
+}
+
+static inline void relax(void) {
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+#define SPIN_SECONDS 200e-6  /* a worker's wait for the next product before it sleeps */
+
+static void *worker(void *argument) {
+    Pool *pool = ((Worker *)argument)->pool;
+    const int index = ((Worker *)argument)->index;
+    unsigned long long seen = product_of(atomic_load(&pool->ticket));
+    while (!atomic_load(&pool->stop)) {
+        double until = seconds() + SPIN_SECONDS;
+        unsigned long long number = seen;
+        for (int spins = 0; (number = product_of(atomic_load(&pool->ticket))) == seen; spins++) {
+            if (atomic_load(&pool->stop)) return NULL;
+            relax();
+            if ((spins & 63) == 63 && seconds() > until) {
+                pthread_mutex_lock(&pool->lock);
+                atomic_fetch_add(&pool->sleepers, 1);
+                while (product_of(atomic_load(&pool->ticket)) == seen && !atomic_load(&pool->stop))
+                    pthread_cond_wait(&pool->wake, &pool->lock);
+                atomic_fetch_sub(&pool->sleepers, 1);
+                pthread_mutex_unlock(&pool->lock);
+                until = seconds() + SPIN_SECONDS;
+            }
+        }
+        seen = number;
+        if (index < atomic_load(&pool->active)) work(pool, number);
+    }
+    return NULL;
+}
+
+void moss_pool_free(void *handle);
+
+/* A pool for `threads` threads in all (the caller included): NULL where the threads cannot be started. */
+void *moss_pool_new(int threads) {
+    Pool *pool = calloc(1, sizeof(Pool));
+    if (pool == NULL) return NULL;
+    pool->threads = threads < 1 ? 1 : threads;
+    atomic_init(&pool->active, pool->threads);
+    pthread_mutex_init(&pool->caller, NULL);
+    pthread_mutex_init(&pool->lock, NULL);
+    pthread_cond_init(&pool->wake, NULL);
+    pool->threads_started = calloc((size_t)pool->threads, sizeof(pthread_t));
+    pool->workers = calloc((size_t)pool->threads, sizeof(Worker));
+    if (pool->threads_started == NULL || pool->workers == NULL) {
+        moss_pool_free(pool);
+        return NULL;
+    }
+    for (; pool->started < pool->threads - 1; pool->started++) {
+        pool->workers[pool->started] = (Worker){pool, pool->started + 1};
+        if (pthread_create(&pool->threads_started[pool->started], NULL, worker, &pool->workers[pool->started]) != 0) {
+            moss_pool_free(pool);
+            return NULL;
+        }
+    }
+    return pool;
+}
+
+void moss_pool_free(void *handle) {
+    Pool *pool = handle;
+    if (pool == NULL) return;
+    pthread_mutex_lock(&pool->lock);
+    atomic_store(&pool->stop, 1);
+    pthread_cond_broadcast(&pool->wake);
+    pthread_mutex_unlock(&pool->lock);
+    for (int t = 0; t < pool->started; t++) pthread_join(pool->threads_started[t], NULL);
+    pthread_cond_destroy(&pool->wake);
+    pthread_mutex_destroy(&pool->lock);
+    pthread_mutex_destroy(&pool->caller);
+    free(pool->threads_started);
+    free(pool->workers);
+    free(pool);
+}
+
+int moss_pool_threads(void *handle) { return ((Pool *)handle)->threads; }
+
+/* Use `threads` of the pool's threads (1 .. its size) for the products that follow. */
+void moss_pool_use(void *handle, int threads) {
+    Pool *pool = handle;
+    atomic_store(&pool->active, threads < 1 ? 1 : threads > pool->threads ? pool->threads : threads);
+}
+
+static void share(Pool *pool, const Job *job, long tiles) {
+    unsigned long long number = product_of(atomic_load(&pool->ticket)) + 1;
+    pool->job = *job;
+    atomic_store(&pool->finished, 0);
+    atomic_store(&pool->ticket, (number << (2 * FIELD)) | ((unsigned long long)tiles << FIELD));
+    if (atomic_load(&pool->sleepers) > 0) {
+        pthread_mutex_lock(&pool->lock);
+        pthread_cond_broadcast(&pool->wake);
+        pthread_mutex_unlock(&pool->lock);
+    }
+    work(pool, number);
+    for (int spins = 0; atomic_load(&pool->finished) < tiles; spins++) {
+        relax();
+        if ((spins & 1023) == 1023) sched_yield();  /* a worker holding a tile was descheduled */
+    }
+}
+
+/* y (rows × out) = x (rows × in) · W + bias (+ residual), W in `format`'s tiles; `out` a multiple of TILE;
+ * scale (int8 only), bias and residual may be NULL. `pool` may be NULL (this thread alone). Returns 0, or
+ * BAD_CALL for a target this library or CPU lacks, an unknown format or sizes it cannot take. */
+int moss_matvec(void *pool, int target, int format, const float *x, const void *w, const float *scale,
+                const float *bias, const float *residual, float *y, long rows, long in, long out) {
+    if (target < 0 || target >= TARGETS || format < 0 || format >= FORMATS || !(moss_targets() >> target & 1))
+        return BAD_CALL;
+    if (rows < 1 || in < 1 || out < TILE || out % TILE != 0 || 2 * (out / TILE) > MAX_TILES) return BAD_CALL;
+    if (format == INT8 && scale == NULL) return BAD_CALL;
+    Job job = {TABLE[target][format], x, scale, bias, residual, (const char *)w, y, rows, in, out,
+               in * TILE * VALUE_BYTES[format], 0};
+    const long tiles = out / TILE;
+    Pool *shared = pool;
+    /* Alone: no pool, one thread asked for, or another thread's product holding the pool. */
+    if (shared == NULL || atomic_load(&shared->active) < 2 || pthread_mutex_trylock(&shared->caller)) {
+        for (long j = 0; j < tiles; j++) run_tile(&job, j);
+        return 0;
+    }
+    job.halves = 1;
+    share(shared, &job, 2 * tiles);
+    pthread_mutex_unlock(&shared->caller);
+    return 0;
+}

@@ -1,0 +1,245 @@
+"""One-row products y = x · W + b for the CPU frame step: float32, bf16 or int8 weights, float32 arithmetic.
+
+A one-slot frame is bound by the bytes its ~116 matrix-vector products read, so its speed is how fast one core
+streams them and how few there are. ``matvec.c`` stores each weight in tiles of 256 output columns, row after
+row, and keeps a tile's sums in registers: the weights are read once, front to back, in one stream, at about
+this core's read bandwidth (≈30 GB/s on a 2-vCPU EPYC, against ≈21 for numpy's OpenBLAS GEMV on a transposed
+copy and ≈13 for torch's ``linear``, which goes to MKL's GEMM). bf16 (half the bytes) and int8 (a quarter, with
+per-column scales) are widened to float32 in registers, so their sums and activations keep float32 precision;
+neither torch nor oneDNN has a one-row kernel for them that beats the float32 GEMV on twice the bytes here,
+and torch's int8 weight-only kernel rounds the activations to bf16.
+Measured, real-size model, 1 thread, a frame's products: float32 23 ms (numpy's GEMV 27–31), bf16 10, int8 10
+(its widening costs arithmetic where bf16's is two instructions).
+
+The kernels are compiled when the package is built, once per instruction set (AVX-512, AVX2 with FMA, NEON, portable
+C), into the package's one C library (``moss_npu.cpu.native``), which picks the set this CPU runs; a product's tiles
+are shared out over a small pool of threads inside the library (``KernelThreads``). Every entry checks the arrays
+it hands over (``native.require``). Where the library is missing ``MatVecKernels.load`` raises
+``KernelUnavailable`` saying why; the CPU step then keeps numpy's GEMV (``BlasGemv``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+
+from moss_npu.cpu.native import choose_target, load_library, require, TARGETS
+
+TILE = 256  # output columns per tile (matvec.h): matrices are padded to a multiple
+GROUP = 32  # bf16 columns interleaved together in a tile row (matvec_tiles.c)
+FORMATS = {"float32": 0, "bfloat16": 1, "int8": 2}  # matvec.c's numbering
+_POINTER, _LONG, _INT = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
+Allocate = Callable[[tuple, type], np.ndarray]  # (shape, dtype) -> an uninitialized array (np.empty's contract)
+
+
+class KernelThreads:
+    """A pool of threads inside the library that shares a product's tiles out (``matvec.c``): ``size`` threads in
+    all, the caller included, of which the products use ``use(n)``; grown when more are asked for than it has (so
+    a large machine run on a few threads starts no idle ones), freed with this object. One caller thread at a
+    time: growing replaces the pool."""
+
+    def __init__(self, library: ctypes.CDLL, size: int) -> None:
+        self._library = library
+        self.handle, self.size, self.used = None, 0, 1
+        self._start(max(1, size))
+        self.use(1)
+
+    def _start(self, size: int) -> None:
+        self._stop()
+        self.handle = self._library.moss_pool_new(size)
+        if not self.handle:
+            raise MemoryError(f"cannot start {size} kernel threads")
+        self.size = self._library.moss_pool_threads(self.handle)
+
+    def _stop(self) -> None:
+        handle, self.handle = self.handle, None
+        if handle:
+            self._library.moss_pool_free(handle)
+
+    def use(self, count: int) -> None:
+        """Share the products that follow over ``count`` threads (at least 1; the pool grows to ``count``)."""
+        count = max(1, count)
+        if count > self.size:
+            self._start(count)
+        self.used = count
+        self._library.moss_pool_use(self.handle, count)
+
+    def __del__(self) -> None:
+        if getattr(self, "handle", None):
+            self._stop()
+
+
+class MatVecKernels:
+    """The kernels of the package's C library (``load``), called by ``Fp32Tiles``, ``Bf16Tiles`` and ``Int8Tiles``:
+    ``target`` names the instruction set they run (``native.choose_target``), ``threads`` the pool they share
+    products over."""
+
+    def __init__(self, library: ctypes.CDLL, built: Optional[str] = None, threads: int = 1) -> None:
+        self._library = library
+        self.built = built  # where this load compiled them (PRIVATE: a temporary folder), None if installed/cached
+        self.target = choose_target(library)
+        self._target = TARGETS.index(self.target)
+        self._call = library.moss_matvec
+        self._call.argtypes = [_POINTER, _INT, _INT] + [_POINTER] * 6 + [_LONG] * 3
+        self._call.restype = _INT
+        library.moss_pool_new.argtypes, library.moss_pool_new.restype = [_INT], _POINTER
+        library.moss_pool_free.argtypes, library.moss_pool_free.restype = [_POINTER], None
+        library.moss_pool_threads.argtypes, library.moss_pool_threads.restype = [_POINTER], _INT
+        library.moss_pool_use.argtypes, library.moss_pool_use.restype = [_POINTER, _INT], None
+        self.threads = KernelThreads(library, threads)
+
+    @classmethod
+    def load(cls, cache: Optional[Path] = None, threads: int = 1) -> "MatVecKernels":
+        """Return the kernels with a pool of ``threads`` threads (``native.load_library``: the installed library, or
+        the one built for this CPU into ``cache/kernels`` where asked). Raises KernelUnavailable where there is
+        none."""
+        library, built = load_library(cache)
+        return cls(library, built, threads)
+
+    def multiply(self, format: str, x: np.ndarray, table: np.ndarray, vectors: tuple, residual: Optional[np.ndarray],
+                 y: np.ndarray, rows: int, in_features: int, columns: int) -> None:
+        """Run the product of checked arrays: ``y`` (rows, columns) = ``x`` (rows, in) times the ``format`` tiles of
+        ``table``, finished with ``vectors`` (scale, bias: int8; bias otherwise) and ``residual``."""
+        scale, bias = vectors if len(vectors) == 2 else (None, vectors[0])
+        status = self._call(self.threads.handle, self._target, FORMATS[format], x.ctypes.data, table.ctypes.data,
+                            None if scale is None else scale.ctypes.data, bias.ctypes.data,
+                            None if residual is None else residual.ctypes.data, y.ctypes.data, rows, in_features,
+                            columns)
+        if status != 0:
+            raise ValueError(f"the {format} kernel refused a product of {rows} × {in_features} → {columns}")
+
+
+def _padded(columns: int) -> int:
+    return -(-columns // TILE) * TILE
+
+
+def table_bytes(weight: torch.Tensor, itemsize: int) -> int:
+    """Return the bytes of the kernel's table for an (out, in) ``weight`` of ``itemsize``-byte values."""
+    return weight.shape[1] * _padded(weight.shape[0]) * itemsize
+
+
+def _pad_vector(values: Optional[torch.Tensor], columns: int) -> np.ndarray:
+    out = np.zeros(_padded(columns), np.float32)
+    if values is not None:
+        out[:columns] = values.detach().float().numpy()
+    return out
+
+
+def _fitted(residual: np.ndarray, length: int) -> np.ndarray:
+    """Return ``residual`` (..., out) as contiguous float32 rows of the padded ``length`` (a copy only where
+    needed)."""
+    if residual.shape[-1] == length and residual.dtype == np.float32 and residual.flags.c_contiguous:
+        return residual
+    padded = np.zeros((*residual.shape[:-1], length), np.float32)
+    padded[..., :residual.shape[-1]] = residual
+    return padded
+
+
+class _Tiles:
+    """A weight in one of the library's tiled formats, multiplied by one float32 row at a time (``__call__``).
+
+    ``weight`` (out, in) holds the stored values (float32, bf16 bits, int8), copied once into memory from
+    ``allocate`` (``cpu_step.PageArena``: huge pages) as tiles: (out / TILE, in, TILE), the columns padded with
+    zeros; ``order`` rearranges each tile row's columns (bf16's interleave). ``extra`` are the kernel's
+    per-column vectors before the bias (int8's scales).
+    """
+
+    def __init__(self, kernels: MatVecKernels, format: str, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                 allocate: Allocate, *extra: np.ndarray,
+                 order: Callable[[torch.Tensor], torch.Tensor] = lambda rows: rows) -> None:
+        self.out_features, self.in_features = weight.shape
+        self._columns = _padded(self.out_features)
+        weight = weight.contiguous()
+        if self._columns != self.out_features:
+            weight = torch.cat([weight, weight.new_zeros(self._columns - self.out_features, self.in_features)])
+        rows = order(weight.view(self._columns // TILE, TILE, self.in_features).transpose(1, 2))  # (tiles, in, TILE)
+        bits = rows.dtype == torch.bfloat16
+        self.values = allocate(tuple(rows.shape), np.uint16 if bits else rows.numpy().dtype)
+        target = torch.from_numpy(self.values.view(np.int16) if bits else self.values)
+        target.copy_(rows.view(torch.int16) if bits else rows)  # torch's blocked transpose: ~10x numpy's here
+        require(self.values, {"float32": np.float32, "bfloat16": np.uint16, "int8": np.int8}[format],
+                tuple(rows.shape), "tiles")
+        self._vectors = (*extra, _pad_vector(bias, self.out_features))  # kept alive: the kernel reads them
+        self._kernels, self._format = kernels, format
+
+    def __call__(self, x: np.ndarray, residual: Optional[np.ndarray] = None) -> np.ndarray:
+        """Return the (out,) product of a float32 row ``x`` (in,); ``residual`` (out,) is added. Both must be
+        C-contiguous float32 (ValueError otherwise)."""
+        require(x, np.float32, (self.in_features,), "x")
+        if residual is not None:
+            require(residual, np.float32, (self.out_features,), "residual")
+            residual = _fitted(residual, self._columns)
+        y = np.empty(self._columns, np.float32)
+        self._kernels.multiply(self._format, x, self.values, self._vectors, residual, y, 1, self.in_features,
+                               self._columns)
+        return y[:self.out_features]
+
+
+class Fp32Tiles(_Tiles):
+    """``x @ weightᵀ + bias (+ residual)`` for one float32 row, the (out, in) weight in float32 tiles: one stream
+    through the weights, at this core's read bandwidth (≈30 GB/s measured, against ≈21 for numpy's GEMV on the
+    transposed weight)."""
+
+    def __init__(self, kernels: MatVecKernels, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                 allocate: Allocate = np.empty) -> None:
+        super().__init__(kernels, "float32", weight.detach().float(), bias, allocate)
+
+
+def _interleave(rows: torch.Tensor) -> torch.Tensor:
+    """Each group of 32 columns of (tiles, in, TILE) ``rows`` as [c0, c16, c1, c17, ...] (matvec.c's bf16)."""
+    tiles, in_features, _ = rows.shape
+    return rows.reshape(tiles, in_features, TILE // GROUP, 2, GROUP // 2).transpose(3, 4)
+
+
+class Bf16Tiles(_Tiles):
+    """``x @ weightᵀ + bias (+ residual)`` for one float32 row, the weight held as bf16 (exact for a weight whose
+    values are bf16 already, rounded to nearest otherwise)."""
+
+    def __init__(self, kernels: MatVecKernels, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                 allocate: Allocate = np.empty) -> None:
+        super().__init__(kernels, "bfloat16", weight.detach().to(torch.bfloat16), bias, allocate,
+                         order=lambda rows: _interleave(rows).reshape(rows.shape))
+
+
+class Int8Tiles(_Tiles):
+    """``x @ (values · scale)ᵀ + bias (+ residual)`` for one float32 row, with int8 ``values`` (out, in) and
+    per-output float32 ``scale``: the quantized weight (``cpu.quantize``) in a quarter of the bytes."""
+
+    def __init__(self, kernels: MatVecKernels, values: torch.Tensor, scale: torch.Tensor,
+                 bias: Optional[torch.Tensor], allocate: Allocate = np.empty) -> None:
+        super().__init__(kernels, "int8", values, bias, allocate, _pad_vector(scale, values.shape[0]))
+
+    def rows(self, x: np.ndarray, residual: Optional[np.ndarray] = None) -> np.ndarray:
+        """Return the (n, out) products of n float32 rows ``x`` (n, in), each bit for bit what ``__call__`` gives
+        for that row alone; ``residual`` (n, out) is added. Both must be C-contiguous float32."""
+        if not isinstance(x, np.ndarray) or x.ndim != 2:
+            raise ValueError(f"x: (n, {self.in_features}) rows expected, got {getattr(x, 'shape', type(x))}")
+        n = x.shape[0]
+        require(x, np.float32, (n, self.in_features), "x")
+        if residual is not None:
+            require(residual, np.float32, (n, self.out_features), "residual")
+            residual = _fitted(residual, self._columns)
+        y = np.empty((n, self._columns), np.float32)
+        self._kernels.multiply(self._format, x, self.values, self._vectors, residual, y, n, self.in_features,
+                               self._columns)
+        return y if self._columns == self.out_features else np.ascontiguousarray(y[:, :self.out_features])
+
+
+class BlasGemv:
+    """``x @ weight_t + bias (+ residual)`` for one float32 row through numpy's BLAS GEMV, ``weight_t`` (in, out)
+    as the weight arena holds it: what one slot's products fall back to where the tiles' kernels cannot be built."""
+
+    def __init__(self, weight_t: np.ndarray, bias: np.ndarray) -> None:
+        self.weight_t, self.bias = weight_t, bias
+
+    def __call__(self, x: np.ndarray, residual: Optional[np.ndarray] = None) -> np.ndarray:
+        """Return the (out,) product of a float32 row ``x`` (in,); ``residual`` (out,) is added."""
+        out = x @ self.weight_t
+        out += self.bias
+        if residual is not None:
+            out += residual
+        return out

@@ -1,0 +1,270 @@
+"""The package's C library (the one-row products of ``cpu.matvec``, the text search of ``text.lattice``), loaded
+with ctypes.
+
+The library is compiled when the package is built (``setup.py`` through ``native_build``: a wheel carries it,
+an editable install builds it into the source tree) and loaded from the package folder, the folder the
+package's Python modules come from: whoever can replace it there can replace those too. It holds the tile
+kernels once per instruction set of the architecture and picks one at run time (``choose_target``).
+
+``$MOSS_NPU_NATIVE_BUILD=1`` asks for a build for this very CPU instead (``-march=native``: the last percent,
+where a compiler is installed): compiled at first use into the user cache (``cache_dir``, ``kernels/``), named
+by the sources, the compiler and this CPU, ~2 s once, then milliseconds. That folder and the file are used only
+when this user owns them and nobody else can write them (a shared or group-writable cache could hand this
+process someone else's code); otherwise the build goes to a private temporary folder, for this process. A
+build that fails falls back to the installed library with one warning.
+
+Where no library can be loaded, ``load_library`` raises ``KernelUnavailable`` saying why; each caller then has
+its own slower path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import stat
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from moss_npu.cpu import native_build
+from moss_npu.cache_dir import CACHE_ENV, default_cache_dir
+from moss_npu.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+BUILD_ENV = "MOSS_NPU_NATIVE_BUILD"  # "1": compile for this CPU at first use (module docstring)
+TARGET_ENV = "MOSS_NPU_KERNEL_TARGET"  # force one of the library's instruction sets (tests, measurements)
+NATIVE_FLAGS = ("-march=native",)
+PRIVATE = "a temporary folder"  # where a library was built when the cache was unusable: compiled at every start
+TARGETS = ("portable", "avx2", "avx512", "neon")  # matvec.c's numbering
+PREFERENCE = ("avx512", "avx2", "neon", "portable")  # the fastest first
+
+
+class KernelUnavailable(RuntimeError):
+    """No C library could be loaded here (not installed with the package, a failed build); the message says why."""
+
+
+def installed_library() -> Path:
+    """Return where the package's build put the library (inside the package)."""
+    return native_build.PACKAGE / native_build.LIBRARY
+
+
+def cpu_identity() -> str:
+    """What ``-march=native`` depends on: the machine and, on Linux, the CPU's model and feature flags."""
+    parts = [platform.machine()]
+    try:
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            if line.split(":")[0].strip() in ("model name", "flags", "Features", "CPU part"):
+                parts.append(line)
+                if len(parts) > 4:
+                    break
+    except OSError:
+        parts.append(platform.processor())
+    return "\n".join(parts)
+
+
+def native_build_requested() -> bool:
+    """Whether ``$MOSS_NPU_NATIVE_BUILD`` asks for a build for this CPU ("1"; unset, "" or "0": no); any other
+    value is refused (ConfigError), not read as either."""
+    value = os.environ.get(BUILD_ENV, "")
+    if value not in ("", "0", "1"):
+        raise ConfigError(f"${BUILD_ENV}={value!r}: use 1 (compile the kernels for this CPU) or 0")
+    return value == "1"
+
+
+def report_build(logger: logging.Logger, what: str, built: Optional[str], took: float) -> None:
+    """Say on ``logger`` that ``what`` was compiled (``load_library``'s ``built``) and how long it took; nothing when it
+    was loaded as installed or from the cache."""
+    if built == PRIVATE:
+        logger.warning("compiled %s in %.1f s into a temporary folder: the cache folder is unusable, so every start "
+                       "compiles them again (set $%s to a folder of your own)", what, took, CACHE_ENV)
+    elif built is not None:
+        logger.warning("compiled %s for this CPU in %.1f s (once per CPU and compiler; kept in %s)", what, took,
+                       built)
+
+
+def _trusted(info: os.stat_result) -> bool:
+    """Whether a cache folder or file is this user's alone: owned by this user, writable by nobody else."""
+    return info.st_uid == os.getuid() and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+
+
+def _open_trusted_folder(folder: Path) -> Optional[int]:
+    """Return a descriptor of ``folder`` (made 0700 where missing) if this user owns it and nobody else can write
+    it, else None (with a log line saying why)."""
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as exc:
+        log.debug("kernel cache %s unusable (%s)", folder, exc)
+        return None
+    if not _trusted(os.fstat(fd)):
+        os.close(fd)
+        log.warning("kernel cache %s is not used: it is owned by another user or writable by others (the kernels "
+                    "are built in a private folder instead)", folder)
+        return None
+    return fd
+
+
+def _load_trusted(folder_fd: int, folder: Path, name: str) -> Optional[ctypes.CDLL]:
+    """Load ``name`` inside the opened folder if it is a regular file this user owns that nobody else can write;
+    None where there is no such file. The folder is reached through its descriptor where the system has
+    /proc/self/fd, so the folder checked is the folder loaded from (its path could be swapped by the owner of a
+    folder above it); inside it only this user can change the file."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=folder_fd)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+    finally:
+        os.close(fd)
+    if not stat.S_ISREG(info.st_mode) or not _trusted(info):
+        log.warning("kernel cache file %s is not loaded: owned by another user or writable by others", name)
+        return None
+    through = Path(f"/proc/self/fd/{folder_fd}")
+    path = through / name if through.is_dir() else folder / name
+    try:
+        return ctypes.CDLL(str(path))
+    except OSError:  # a damaged file (truncated, overwritten): built again
+        log.warning("kernel cache file %s is damaged; building it again", name)
+        return None
+
+
+def _build_key(command: list[str]) -> str:
+    try:
+        version = subprocess.run([*command, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise KernelUnavailable(f"the C compiler {command[0]} does not run ({exc})") from exc
+    sources = "\0".join(p.read_text() for p in native_build.SOURCES)
+    return hashlib.sha256("\0".join([sources, " ".join(NATIVE_FLAGS), " ".join(command),
+                                     (version.splitlines() or [""])[0], cpu_identity()]).encode()).hexdigest()[:16]
+
+
+def _build(command: list[str], target: Path) -> None:
+    """Build with ``-march=native``, else ``-mcpu=native`` (gcc on POWER, which refuses -march), else neither (a
+    compiler that knows no "this CPU"); the first failure's message where all fail."""
+    failures = []
+    for flags in (NATIVE_FLAGS, ("-mcpu=native",), ()):
+        try:
+            native_build.build(target, command, platform.machine(), flags)
+            return
+        except (native_build.BuildError, OSError) as exc:
+            failures.append(exc)
+    raise KernelUnavailable(str(failures[0])) from failures[0]
+
+
+def build_for_this_cpu(cache: Optional[Path] = None) -> tuple[ctypes.CDLL, Optional[str]]:
+    """Return the library compiled for this CPU (``-march=native``) and where this call built it: None when it was
+    in ``cache/kernels`` already (default: the user cache), that folder when built there, ``PRIVATE`` when built
+    in a temporary folder (a missing, unwritable or untrusted cache). Raises KernelUnavailable where it cannot be
+    built or loaded."""
+    try:
+        command = native_build.compiler_command(os.environ.get("CC") or "cc")
+    except native_build.BuildError as exc:
+        raise KernelUnavailable(str(exc)) from exc
+    name = f"{Path(native_build.LIBRARY).stem}-{_build_key(command)}.so"
+    root = cache if cache is not None else default_cache_dir()
+    folder_fd = None if root is None else _open_trusted_folder(Path(root) / "kernels")
+    if folder_fd is not None:
+        folder = Path(root) / "kernels"
+        try:
+            library = _load_trusted(folder_fd, folder, name)
+            if library is not None:
+                return library, None
+            _build(command, folder / name)
+            library = _load_trusted(folder_fd, folder, name)
+            if library is not None:
+                return library, str(folder)
+            (folder / name).unlink(missing_ok=True)  # not loadable here (noexec, $CC for another machine)
+            raise KernelUnavailable(f"the compiled {native_build.LIBRARY} does not load")
+        finally:
+            os.close(folder_fd)
+    with tempfile.TemporaryDirectory(prefix="moss-npu-kernels-") as private:
+        target = Path(private) / name
+        _build(command, target)
+        try:
+            return ctypes.CDLL(str(target)), PRIVATE  # the mapping outlives the file
+        except OSError as exc:
+            raise KernelUnavailable(f"the compiled {native_build.LIBRARY} does not load ({exc})") from exc
+
+
+def load_library(cache: Optional[Path] = None) -> tuple[ctypes.CDLL, Optional[str]]:
+    """Return the package's C library and where this call compiled it (None: installed, or cached): the installed
+    one, or with ``$MOSS_NPU_NATIVE_BUILD=1`` the one built for this CPU (``build_for_this_cpu``; a failed build
+    says why once and takes the installed one). Raises KernelUnavailable where neither loads."""
+    if native_build_requested():
+        try:
+            return build_for_this_cpu(cache)
+        except KernelUnavailable as exc:
+            log.warning("$%s=1: the kernels for this CPU cannot be built (%s); using the installed ones", BUILD_ENV,
+                        exc)
+    path = installed_library()
+    if not path.is_file():
+        raise KernelUnavailable(f"the package's C library {path.name} is not installed beside it ({path.parent}): "
+                                f"reinstall moss-npu with a C compiler (pip install .), or set ${BUILD_ENV}=1")
+    return _installed(str(path)), None
+
+
+@functools.lru_cache(maxsize=None)
+def _installed(path: str) -> ctypes.CDLL:
+    """Load the installed library at ``path`` once per process, with one warning when it was built from other
+    sources than those beside it (an editable install whose C sources changed since: ``pip install -e .`` builds
+    it again)."""
+    try:
+        library = ctypes.CDLL(path)
+    except OSError as exc:
+        raise KernelUnavailable(f"the installed {Path(path).name} does not load ({exc}): reinstall moss-npu") from exc
+    library.moss_sources.restype, library.moss_sources.argtypes = ctypes.c_char_p, []
+    if library.moss_sources().decode() != native_build.sources_digest():
+        log.warning("%s was built from other C sources than those beside it in %s: run pip install -e . to build "
+                    "it again", Path(path).name, Path(path).parent)
+    return library
+
+
+def runnable_targets(library: ctypes.CDLL) -> list[str]:
+    """Return the instruction sets of ``library``'s kernels that this CPU runs, the fastest first."""
+    library.moss_targets.restype, library.moss_targets.argtypes = ctypes.c_int, []
+    mask = library.moss_targets()
+    return [name for name in PREFERENCE if mask >> TARGETS.index(name) & 1]
+
+
+def choose_target(library: ctypes.CDLL) -> str:
+    """Return the instruction set the kernels run: ``$MOSS_NPU_KERNEL_TARGET`` where set (ConfigError if this CPU or
+    library has no such set), else the fastest this CPU runs."""
+    runnable = runnable_targets(library)
+    forced = os.environ.get(TARGET_ENV, "")
+    if forced and forced not in runnable:
+        raise ConfigError(f"${TARGET_ENV}={forced!r}: this CPU runs {', '.join(runnable)} (of {', '.join(TARGETS)})")
+    return forced or runnable[0]
+
+
+def kernels_in_use() -> str:
+    """Return the instruction set the CPU kernels run in this process (``choose_target``), or ``none`` where the
+    library does not load: for reports (eval_accuracy, bench)."""
+    try:
+        return choose_target(load_library()[0])
+    except KernelUnavailable:
+        return "none"
+
+
+def require(array: np.ndarray, dtype, shape: tuple, name: str) -> None:
+    """Check that ``array`` is what a kernel reads: a C-contiguous numpy array of ``dtype`` and ``shape``, aligned
+    to its item size; raise ValueError naming ``name`` and what differs (a wrong pointer would read garbage or out
+    of bounds, never fail)."""
+    if not isinstance(array, np.ndarray):
+        raise ValueError(f"{name}: a numpy array expected, got {type(array).__name__}")
+    if array.dtype != dtype:
+        raise ValueError(f"{name}: dtype {array.dtype}, the kernel reads {np.dtype(dtype)}")
+    if array.shape != shape:
+        raise ValueError(f"{name}: shape {array.shape}, the kernel reads {shape}")
+    if not array.flags.c_contiguous:
+        raise ValueError(f"{name}: not C-contiguous (np.ascontiguousarray makes a copy that is)")
+    if array.ctypes.data % array.dtype.itemsize:
+        raise ValueError(f"{name}: address not aligned to its {array.dtype.itemsize}-byte items")

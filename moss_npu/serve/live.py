@@ -1,0 +1,298 @@
+"""Text in as it is written: the WebSocket ``/v1/audio/speech/stream`` in vLLM-Omni's protocol.
+
+Client → server (JSON text frames): ``{"type": "session.config", …}`` first (``model``, ``voice``,
+``response_format``, ``speed``, ``stream_audio`` and the extension fields of ``POST /v1/audio/speech``), then
+any number of ``{"type": "input.text", "text": …}`` pieces, then ``{"type": "input.done"}``.
+
+Server → client: per sentence ``audio.start`` (``sentence_index``, ``sentence_text``, format), binary audio
+frames, ``audio.done`` (its bytes and its start/end second in the session's audio, with the timestamps of its
+text chunks); at the end ``session.done`` with the sentence count and usage; ``error`` events in the OpenAI
+error shape (a bad ``session.config`` or sentence ends the session after its error event). The handshake
+passes the edge's host, origin and key checks first (``moss_npu.serve.edge``; a refused one sees 403).
+
+A sentence is complete when one of the official splitter's sentence marks (``moss_npu.nano.text``: ``.!?;``
+and their full-width forms, plus closing quotes or brackets) is followed by whitespace, or at once for a
+full-width mark, so a piece ending in "3." waits for "14" and the split never depends on where the pieces
+were cut. Each complete sentence is submitted at once (at most ``LOOKAHEAD`` ahead of the one playing) and
+its audio streams as it is generated; the pause the pipeline puts between text chunks goes before every
+sentence but the first, so the session's audio equals the same text sent whole in one piece.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any, Callable, Optional
+
+import torch
+from fastapi import WebSocket, WebSocketDisconnect
+from pydantic import ValidationError
+
+from moss_npu.nano.text import CLOSING, SENTENCE_END, pause_samples
+from moss_npu.serve.errors import ApiError, from_engine
+from moss_npu.serve.formats import STREAMABLE, StreamConverter, encode_file, pcm16, wav_stream_header
+from moss_npu.serve.pool import Ticket, WorkerPool
+from moss_npu.serve.schema import SpeechBody, check_body
+
+log = logging.getLogger("moss_npu.serve")
+PATH = "/v1/audio/speech/stream"
+LOOKAHEAD = 2  # sentences of one session generating at once (the one playing and the next)
+FULL_WIDTH_END = frozenset("。！？；")
+HTTP_ONLY = ("input", "stream", "stream_format")  # SpeechBody fields a session does not take
+
+
+def split_sentences(buffer: str, final: bool = False) -> tuple[list[str], str]:
+    """Return the complete sentences at the start of ``buffer`` and the rest (``final``: the rest is one more)."""
+    sentences, start, i = [], 0, 0
+    while i < len(buffer):
+        if buffer[i] in SENTENCE_END:
+            j = i + 1
+            while j < len(buffer) and buffer[j] in CLOSING:
+                j += 1
+            if buffer[i] in FULL_WIDTH_END or (j < len(buffer) and buffer[j].isspace()):
+                sentences.append(buffer[start:j].strip())
+                start, i = j, j
+                continue
+        i += 1
+    rest = buffer[start:]
+    if final:
+        sentences.append(rest.strip())
+        rest = ""
+    return [s for s in sentences if s], rest
+
+
+class Session:
+    """One WebSocket session: reads the text, submits each sentence, streams the audio back in order."""
+
+    def __init__(self, ws: WebSocket, pool: WorkerPool, make_job: Callable[[SpeechBody], dict], config: Any) -> None:
+        self.ws, self.pool, self.make_job, self.config = ws, pool, make_job, config
+        self.fields: dict = {}
+        self.stream_audio = True
+        self.sentences: asyncio.Queue = asyncio.Queue()  # str, then None at input.done
+        self.tickets: asyncio.Queue = asyncio.Queue()  # (index, sentence, ticket, body), then None
+        self.slots = asyncio.Semaphore(LOOKAHEAD)
+        self.open_tickets: list[Ticket] = []
+        self.samples = 0  # of the session's audio so far, at the model's rate (speed applied)
+        self.usage = {"input_tokens": 0, "output_tokens": 0}
+        self.spoken = 0  # sentences whose audio is complete
+
+    async def run(self) -> None:
+        """Serve the session until ``session.done``, an error, or the client leaving."""
+        tasks: list[asyncio.Task] = []
+        try:
+            self._configure(await self._receive())
+            tasks = [asyncio.create_task(self._read()), asyncio.create_task(self._submit())]
+            await self._speak()
+            await self.ws.send_json({"type": "session.done", "total_sentences": self.spoken, "usage": {
+                **self.usage, "total_tokens": self.usage["input_tokens"] + self.usage["output_tokens"]}})
+            await self.ws.close()
+        except ApiError as exc:
+            await self._fail(exc)
+        except WebSocketDisconnect:
+            pass
+        except Exception:  # noqa: BLE001 - a bug: the client gets the error event, the log the traceback
+            log.exception("WebSocket session failed")
+            await self._fail(ApiError(500, "internal server error; see the server log", code="internal_error"))
+        finally:
+            for task in tasks:
+                task.cancel()
+            for ticket in self.open_tickets:
+                ticket.abandon()
+
+    async def _receive(self) -> dict:
+        try:
+            message = json.loads(await self.ws.receive_text())
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise ApiError(400, "messages must be JSON text frames with a 'type'", code="invalid_json") from None
+        if not isinstance(message, dict) or not isinstance(message.get("type"), str):
+            raise ApiError(400, "messages must be JSON objects with a 'type'", code="invalid_json")
+        return message
+
+    def _configure(self, message: dict) -> None:
+        """Check ``session.config`` completely (a sentence of it is checked as a request) before any text."""
+        if message.get("type") != "session.config":
+            raise ApiError(400, f"the first message must be session.config, got {message.get('type')!r}",
+                           param="type", code="invalid_value")
+        fields = {k: v for k, v in message.items() if k != "type"}
+        self.stream_audio = fields.pop("stream_audio", True)
+        if not isinstance(self.stream_audio, bool):
+            raise ApiError(400, "stream_audio must be true or false", param="stream_audio", code="invalid_value")
+        refused = sorted(set(fields) & set(HTTP_ONLY))
+        if refused:
+            raise ApiError(400, f"{refused[0]}: not a session setting (the text comes as input.text messages)",
+                           param=refused[0], code="invalid_value")
+        fields.setdefault("response_format", "pcm")
+        if self.stream_audio and fields["response_format"] not in STREAMABLE:
+            raise ApiError(400, f"response_format {fields['response_format']} cannot stream; use pcm or wav, or "
+                           "set stream_audio false (one file per sentence)", param="response_format",
+                           code="invalid_value")
+        self.fields = fields
+        self._body("x")  # every setting checked now, with a placeholder text
+
+    def _body(self, text: str) -> SpeechBody:
+        try:
+            body = SpeechBody(**self.fields, input=text)
+        except ValidationError as exc:
+            problem = exc.errors()[0]
+            param = ".".join(str(p) for p in problem.get("loc", ()))
+            raise ApiError(422, f"{param}: {problem.get('msg')}", param=param or None,
+                           code="invalid_request") from None
+        rate, channels = self.pool.audio_format()
+        check_body(body, model_names=self.config.model_names, max_chars=self.config.max_input_chars,
+                   sample_rate=rate, channels=channels)
+        return body
+
+    async def _read(self) -> None:
+        """Collect input.text pieces into sentences until input.done."""
+        buffer = ""
+        try:
+            while True:
+                try:
+                    message = await asyncio.wait_for(self._receive(), self.config.request_timeout_s)
+                except asyncio.TimeoutError:
+                    raise ApiError(400, f"no message for {self.config.request_timeout_s:g} s; send input.text or "
+                                   "input.done", code="timeout") from None
+                kind = message["type"]
+                if kind == "input.text":
+                    if not isinstance(message.get("text"), str):
+                        raise ApiError(400, "input.text needs a string 'text'", param="text", code="invalid_value")
+                    sentences, buffer = split_sentences(buffer + message["text"])
+                    buffer = self._cut_long(sentences, buffer)
+                    for sentence in sentences:
+                        await self.sentences.put(sentence)
+                elif kind == "input.done":
+                    for sentence in split_sentences(buffer, final=True)[0]:
+                        await self.sentences.put(sentence)
+                    await self.sentences.put(None)
+                    return
+                else:
+                    raise ApiError(400, f"unknown message type {kind!r}; send input.text or input.done",
+                                   param="type", code="invalid_value")
+        except ApiError as exc:
+            await self.sentences.put(exc)
+
+    def _cut_long(self, sentences: list[str], buffer: str) -> str:
+        """A text without sentence marks longer than one request may hold is cut at its last space."""
+        limit = self.config.max_input_chars
+        while len(buffer) > limit:
+            cut = buffer.rfind(" ", 0, limit) + 1 or limit
+            sentences.append(buffer[:cut].strip())
+            buffer = buffer[cut:]
+        return buffer
+
+    async def _submit(self) -> None:
+        """Submit sentences as they complete, at most LOOKAHEAD ahead of the one being spoken."""
+        index = 0
+        while True:
+            sentence = await self.sentences.get()
+            if sentence is None or isinstance(sentence, ApiError):
+                await self.tickets.put(sentence)
+                return
+            await self.slots.acquire()
+            try:
+                body = self._body(sentence)
+                ticket = self.pool.submit(self.make_job(body))
+            except ApiError as exc:
+                await self.tickets.put(exc)
+                return
+            self.open_tickets.append(ticket)
+            await self.tickets.put((index, sentence, ticket, body))
+            index += 1
+
+    async def _speak(self) -> None:
+        """Stream each submitted sentence's audio in order, with the pause between sentences."""
+        previous = None
+        while True:
+            item = await self.tickets.get()
+            if item is None:
+                return
+            if isinstance(item, ApiError):
+                raise item
+            index, sentence, ticket, body = item
+            try:
+                await self._sentence(index, sentence, ticket, body, previous)
+            finally:
+                ticket.abandon()
+                self.open_tickets.remove(ticket)
+                self.slots.release()
+            previous, self.spoken = sentence, self.spoken + 1
+
+    async def _sentence(self, index: int, sentence: str, ticket: Ticket, body: SpeechBody,
+                        previous: Optional[str]) -> None:
+        rate, channels = self.pool.audio_format()
+        out_rate, out_channels = body.sample_rate or rate, channels if body.channels is None else body.channels
+        converter = StreamConverter(rate, out_rate, out_channels)
+        await self.ws.send_json({"type": "audio.start", "sentence_index": index, "sentence_text": sentence,
+                                 "format": body.response_format, "sample_rate": out_rate, "channels": out_channels})
+        start_s, sent, whole = self.samples / rate, 0, []
+        if self.stream_audio and body.response_format == "wav":
+            sent += await self._send(wav_stream_header(out_rate, out_channels))
+
+        async def audio(wave: torch.Tensor) -> None:
+            nonlocal sent
+            self.samples += wave.shape[1]
+            converted = converter.push(wave)
+            if self.stream_audio:
+                sent += await self._send(pcm16(converted))
+            else:
+                whole.append(converted)
+
+        if previous is not None:
+            await audio(torch.zeros(channels, round(pause_samples(previous, rate) / body.speed)))
+        offset, stamps = self.samples / rate, []
+        deadline = asyncio.get_running_loop().time() + self.config.request_timeout_s
+        while True:
+            event = await _event(ticket, deadline)
+            if event[0] == "chunk":
+                await audio(torch.from_numpy(event[1]))
+            elif event[0] == "timestamp":
+                stamps.append({**event[1], "start": round(event[1]["start"] + offset, 6),
+                               "end": round(event[1]["end"] + offset, 6)})
+            elif event[0] == "done":
+                break
+            else:
+                raise from_engine(event[1], event[2])
+        tail = converter.flush()
+        if self.stream_audio:
+            sent += await self._send(pcm16(tail))
+        else:
+            wave = torch.cat([*whole, tail], dim=1)
+            sent += await self._send(await asyncio.to_thread(encode_file, wave, out_rate, body.response_format))
+        info = event[1]
+        self.usage["input_tokens"] += int(info["input_tokens"])
+        self.usage["output_tokens"] += int(info["frames"])
+        await self.ws.send_json({"type": "audio.done", "sentence_index": index, "total_bytes": sent,
+                                 "start": round(start_s, 6), "end": round(self.samples / rate, 6),
+                                 "timestamps": stamps})
+
+    async def _send(self, data: bytes) -> int:
+        if data:
+            await self.ws.send_bytes(data)
+        return len(data)
+
+    async def _fail(self, exc: ApiError) -> None:
+        """Send the error event and close: 1008 for a request the client can fix, 1011 for a server failure."""
+        try:
+            await self.ws.send_json({"type": "error", **exc.body()})
+            await self.ws.close(code=1008 if exc.status < 500 else 1011)
+        except (WebSocketDisconnect, RuntimeError):
+            pass
+
+
+async def _event(ticket: Ticket, deadline: float) -> tuple:
+    remaining = deadline - asyncio.get_running_loop().time()
+    try:
+        return await ticket.next(max(0.0, remaining))
+    except asyncio.TimeoutError:
+        raise ApiError(504, "the sentence took longer than the server's timeout; shorten it or raise "
+                       "--request-timeout", code="timeout") from None
+
+
+def install(app, pool: WorkerPool, make_job: Callable[[SpeechBody], dict], config: Any) -> None:
+    """Add the WebSocket route to ``app``."""
+
+    @app.websocket(PATH)
+    async def speech_stream(ws: WebSocket) -> None:
+        await ws.accept()  # the edge (moss_npu.serve.edge) already checked host, origin and key
+        await Session(ws, pool, make_job, config).run()
