@@ -94,9 +94,9 @@ setup(
     # runtime (never the other way round) and ship so that a deployment can check itself against the fixtures.
     packages=find_packages(include=["moss_npu", "moss_npu.*", "moss_npu_verify", "moss_npu_verify.*"]),
     # The C sources travel too: the opt-in build for this very CPU ($MOSS_NPU_NATIVE_BUILD) compiles them again;
-    # static/: the server's page at /.
+    # static/: the server's page at /; ray.yaml: the Ray Serve config file (moss_npu.serve.ray).
     package_data={"moss_npu.cpu": ["matvec.c", "matvec.h", "matvec_tiles.c"], "moss_npu.text": ["lattice.c"],
-                  "moss_npu.serve": ["static/*.html", "static/*.js", "static/*.css"]},
+                  "moss_npu.serve": ["static/*.html", "static/*.js", "static/*.css", "ray.yaml"]},
     distclass=BinaryDistribution,
     cmdclass=COMMANDS,
     # Torch-free core: the llama.cpp Delay fallback runs on exactly this plus the "llama" extra.
@@ -119,6 +119,8 @@ setup(
         "upstream": NANO + ["transformers==4.57.1"],  # torchaudio not needed: audio goes through moss_npu.audio
         "tempo": TEMPO,
         "serve": NANO + SERVE + TEMPO,
+        # The server as a Ray Serve application (python -m moss_npu.serve.ray): replicas across machines.
+        "ray": NANO + SERVE + TEMPO + ["ray[serve]>=2.40"],
         # The README's install line: everything Nano needs and the test runner; everything the README's test line
         # needs except llama-cpp-python (a ~6 min source build: the README's optional line). The server tests
         # call the server with the official openai client and httpx.

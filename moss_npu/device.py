@@ -79,6 +79,7 @@ class Backend:
     auto_rank: Optional[int] = None  # place in ``--device auto``'s order (lower is tried first); None: never
     onnx_provider: Optional[str] = None  # onnxruntime execution provider for this kind of device
     onnx_wheel: Optional[str] = None  # the pip package that brings that provider
+    ray_resource: Optional[str] = None  # the Ray resource one device of this kind is scheduled as (not CPUs)
     builtin: dict[str, type["Backend"]] = {}  # kind -> class, filled as subclasses are defined
 
     def __init_subclass__(cls, **kwargs) -> None:
@@ -208,6 +209,7 @@ class CudaBackend(Backend):
     """NVIDIA (or ROCm) GPUs through torch.cuda."""
 
     kind = "cuda"
+    ray_resource = "GPU"
     extension = "cuda"
     batches_by_default = True
     indexed = True
@@ -300,6 +302,7 @@ class NpuBackend(Backend):
     """
 
     kind = "npu"
+    ray_resource = "NPU"
     extension = "torch_npu"
     batches_by_default = True
     indexed = True
@@ -458,6 +461,28 @@ def parse_device(spec: Optional[str] = "auto") -> tuple[str, Optional[int]]:
     if index_text and not index_text.isdigit():
         raise DeviceError(f"--device {spec}: the index must be a number, e.g. {kind}:0")
     return kind, int(index_text) if index_text else None
+
+
+def replica_device(kind: str, cpus: float) -> tuple[str, dict]:
+    """The device a Ray Serve replica owning one device of ``kind`` uses, and the Ray actor options that reserve it.
+
+    Ray makes the one device it hands a replica visible as index 0 (it sets the visible-devices variable), so
+    the replica speaks on ``kind:0``; a CPU replica reserves ``cpus`` cores instead.
+
+    Raises:
+        DeviceError: Ray cannot schedule this kind of device (mps, auto).
+    """
+    if kind == "cpu":
+        return "cpu", {"num_cpus": cpus}
+    resource = Backend.builtin[kind].ray_resource if kind in Backend.builtin else None
+    if resource is None:
+        raise DeviceError(f"--device {kind}: Ray schedules only cpu, cuda and npu replicas; name one of them")
+    options: dict = {"num_cpus": 1}
+    if resource == "GPU":
+        options["num_gpus"] = 1
+    else:
+        options["resources"] = {resource: 1}
+    return f"{kind}:0", options
 
 
 def resolve_device(spec: Optional[str] = "auto") -> torch.device:

@@ -19,7 +19,7 @@ import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import AsyncIterator, Optional
+from typing import AsyncIterator, Callable, Optional
 
 import torch
 from fastapi import FastAPI, File, Form, Request, UploadFile
@@ -73,8 +73,13 @@ class Disconnected(Exception):
     """The client went away while its request was waiting."""
 
 
-def create_app(config: ServerConfig, pool: WorkerPool, metrics: Metrics) -> FastAPI:
-    """Build the application around a worker pool (started and stopped with the app)."""
+def create_app(config: ServerConfig, pool: WorkerPool, metrics: Metrics,
+               health_extra: Optional[Callable[[], dict]] = None) -> FastAPI:
+    """Build the application around a worker pool (started and stopped with the app).
+
+    ``health_extra`` adds fields to ``/health`` (run off the event loop): a Ray replica adds its id and its
+    deployment's replica states.
+    """
     store = VoiceStore(config.voices_dir)
 
     @asynccontextmanager
@@ -97,8 +102,9 @@ def create_app(config: ServerConfig, pool: WorkerPool, metrics: Metrics) -> Fast
     @app.get("/health")
     async def health() -> JSONResponse:
         ready = pool.ready
-        return _json({"status": "ready" if ready else "starting", "workers": [w.describe() for w in pool.workers]},
-                     200 if ready else 503)
+        extra = await asyncio.to_thread(health_extra) if health_extra is not None else {}
+        return _json({"status": "ready" if ready else "starting", "workers": [w.describe() for w in pool.workers],
+                      **extra}, 200 if ready else 503)
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:

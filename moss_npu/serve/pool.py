@@ -141,6 +141,7 @@ class WorkerPool:
         self.target = target
         self._ids = itertools.count(1)
         self._closing = False
+        self._started = False
         self._context = multiprocessing.get_context("spawn")
 
     @property
@@ -163,6 +164,10 @@ class WorkerPool:
         return 48000, 2
 
     def start(self) -> None:
+        """Spawn the workers; a second call does nothing (an owner may start the pool before the app's lifespan)."""
+        if self._started:
+            return
+        self._started = True
         for w in self.workers:
             self._spawn(w)
 

@@ -58,14 +58,14 @@ class ServerProcess:
     """A server subprocess; ``url``, ``client()``; ``stop()`` sends Ctrl-C and returns the exit code."""
 
     def __init__(self, tmp: Path, *args: str, voices_dir: Optional[Path] = None, api_key: Optional[str] = API_KEY,
-                 wait: bool = True) -> None:
+                 wait: bool = True, module: str = "moss_npu.serve") -> None:
         model, codec = tiny_dirs()
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.api_key = api_key
         self.voices_dir = voices_dir or tmp / "voices"
         self.log = tmp / f"server-{self.port}.log"
-        command = [sys.executable, "-m", "moss_npu.serve", "--model", str(model), "--codec", str(codec),
+        command = [sys.executable, "-m", module, "--model", str(model), "--codec", str(codec),
                    "--port", str(self.port), "--voices-dir", str(self.voices_dir), "--num-threads", "1", *args]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
         env.pop("MOSS_NPU_API_KEY", None)
