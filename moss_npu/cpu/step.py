@@ -141,31 +141,52 @@ def block_step(x: torch.Tensor, rotation: torch.Tensor, kv: torch.Tensor, index:
     return _block_tail(out.reshape(n, e), x, *weights[4:], eps=eps, matmul=matmul)
 
 
-def block_rows(x: torch.Tensor, rotation: torch.Tensor, kv: torch.Tensor, slot: int, start: int,
+@dataclass(frozen=True)
+class Segment:
+    """One prompt's new rows in a prefill: ``rows`` rows written to ``slot``'s cache from position ``start``."""
+
+    slot: int
+    start: int
+    rows: int
+
+
+def block_rows(x: torch.Tensor, rotation: torch.Tensor, kv: torch.Tensor, segments: list[Segment],
                *weights: torch.Tensor, heads: int, eps: float, scale: float, matmul: Matmul,
                last_only: bool = False) -> torch.Tensor:
-    """The same block on L consecutive new rows of one slot (a prompt's prefill); return (L, E), or (1, E) for
-    the last row alone with ``last_only`` (the final block: of the other rows only their keys and values are
-    read later, so their attention and MLP are skipped).
+    """The same block on the new rows of one or more prompts (a prefill), one after another in ``x``; return
+    their (ΣL, E), or (segments, E) for each prompt's last row alone with ``last_only`` (the final block: of the
+    other rows only their keys and values are read later, so their attention and MLP are skipped).
 
-    ``x`` (L, E) at positions ``start`` .. ``start + L - 1``, ``rotation`` (L, D/2) theirs; ``kv`` (2, S, H, M, D)
-    the layer's cache: the rows' keys/values are written to ``slot`` at those positions, and each row attends to
-    the slot's keys up to its own position. ``weights`` as in ``block_step``.
+    ``x`` (ΣL, E) holds each segment's rows at positions ``start`` .. ``start + rows - 1`` of its slot,
+    ``rotation`` (ΣL, D/2) theirs; ``kv`` (2, S, H, M, D) the layer's cache: each segment's keys/values are
+    written to its slot at those positions, and each row attends to its slot's keys up to its own position.
+    The products run once over every segment's rows (one pass over the weights for all prompts); only the
+    attention is per segment. ``weights`` as in ``block_step``.
     """
     ln1_w, ln1_b, attn_w, attn_b = weights[:4]
-    rows, e = x.shape
-    d, end = e // heads, start + rows
-    qkv = matmul(torch.layer_norm(x, (e,), ln1_w, ln1_b, eps), attn_w, attn_b).view(rows, 3, heads, d)
-    qk = rotate_complex(qkv[:, :2].reshape(rows, 2, heads, d // 2, 2), rotation).view(rows, 2, heads, d)
-    kv[0, slot, :, start:end] = qk[:, 1].transpose(0, 1)
-    kv[1, slot, :, start:end] = qkv[:, 2].transpose(0, 1)
-    if last_only:  # the last row attends to every key: no mask
-        x, queries, causal = x[-1:], qk[-1:, 0], None
-    else:
-        queries, causal = qk[:, 0], torch.arange(end)[None, :] <= torch.arange(start, end)[:, None]  # (L, T)
-    out = F.scaled_dot_product_attention(queries.transpose(0, 1)[None], kv[0, slot, None, :, :end],
-                                         kv[1, slot, None, :, :end], attn_mask=causal, scale=scale)
-    return _block_tail(out[0].transpose(0, 1).reshape(x.shape[0], e), x, *weights[4:], eps=eps, matmul=matmul)
+    total, e = x.shape
+    d = e // heads
+    qkv = matmul(torch.layer_norm(x, (e,), ln1_w, ln1_b, eps), attn_w, attn_b).view(total, 3, heads, d)
+    qk = rotate_complex(qkv[:, :2].reshape(total, 2, heads, d // 2, 2), rotation).view(total, 2, heads, d)
+    attended, lasts, offset = [], [], 0
+    for seg in segments:
+        part, end = slice(offset, offset + seg.rows), seg.start + seg.rows
+        kv[0, seg.slot, :, seg.start:end] = qk[part, 1].transpose(0, 1)
+        kv[1, seg.slot, :, seg.start:end] = qkv[part, 2].transpose(0, 1)
+        if last_only:  # the last row attends to every key: no mask
+            queries, causal = qk[offset + seg.rows - 1:offset + seg.rows, 0], None
+        else:
+            queries = qk[part, 0]
+            causal = torch.arange(end)[None, :] <= torch.arange(seg.start, end)[:, None]  # (L, T)
+        out = F.scaled_dot_product_attention(queries.transpose(0, 1)[None], kv[0, seg.slot, None, :, :end],
+                                             kv[1, seg.slot, None, :, :end], attn_mask=causal, scale=scale)
+        attended.append(out[0].transpose(0, 1).reshape(-1, e))
+        lasts.append(offset + seg.rows - 1)
+        offset += seg.rows
+    if last_only:
+        x = x[lasts]
+    out = attended[0] if len(attended) == 1 else torch.cat(attended)
+    return _block_tail(out, x, *weights[4:], eps=eps, matmul=matmul)
 
 
 def row_block(x: np.ndarray, rotation: np.ndarray, keys: np.ndarray, values: np.ndarray, position: int,
@@ -623,21 +644,23 @@ class CpuStep:
             row = _row_norm(row, norm_w, norm_b, self.eps)
         return torch.from_numpy(row)[None]
 
-    def prefill(self, x: torch.Tensor, rotation: torch.Tensor, kv: torch.Tensor, slot: int,
-                start: int) -> torch.Tensor:
-        """Run a prompt's new (L, E) embedded rows through the global decoder into ``slot``'s cache from
-        position ``start`` (``block_rows``); return the last row's hidden state after the final norm (E,).
+    def prefill(self, x: torch.Tensor, rotation: torch.Tensor, kv: torch.Tensor,
+                segments: list[Segment]) -> torch.Tensor:
+        """Run the new embedded rows of one or more prompts (ΣL, E), one after another, through the global
+        decoder into their slots' caches (``block_rows``); return each prompt's last hidden state after the final
+        norm (segments, E).
 
         Several rows multiply through the packed weights, about twice torch's speed on a prompt's 10–30 rows
-        (an int8 model's through torch's int8 kernel).
+        (an int8 model's through torch's int8 kernel); prompts prefilled together share each pass over the
+        weights, which a prompt's few new rows (the template comes from the prefix cache) leave memory-bound.
         """
         matmul = int8_matmul if self.int8 else self._matmul
         final = len(self._prefill_blocks) - 1
         for i, weights in enumerate(self._prefill_blocks):
-            x = block_rows(x, rotation, kv[i], slot, start, *weights, heads=self.n_head, eps=self.eps,
+            x = block_rows(x, rotation, kv[i], segments, *weights, heads=self.n_head, eps=self.eps,
                            scale=self.scales[0][i], matmul=matmul, last_only=i == final)
         norm_w, norm_b = self.global_final
-        return F.layer_norm(x[-1], (x.shape[-1],), norm_w, norm_b, self.eps)
+        return F.layer_norm(x, (x.shape[-1],), norm_w, norm_b, self.eps)
 
     def threads(self, slots: int) -> contextlib.AbstractContextManager:
         """Return the thread setting a frame of ``slots`` slots runs under (``moss_npu.cpu.threads``): for one slot,

@@ -31,7 +31,7 @@ from moss_npu.errors import InputError
 from moss_npu.nano.frames import (FrameBatch, GenerationResult, LogitsHook, PhaseTimer, check_budget,
                                   non_finite_error, phase, trim_codes, unpad)
 from moss_npu.nano.graphs import FrameGraphs, resolve_graph
-from moss_npu.cpu.step import CpuStep, rotations
+from moss_npu.cpu.step import CpuStep, Segment, rotations
 from moss_npu.nano.model import KVCache, NanoTTSModel
 from moss_npu.nano.reuse import LocalTables, PrefixCache
 from moss_npu.nano.state import DecodeState
@@ -164,30 +164,55 @@ class FrameDecoder:
 
         Raises InputError when no slot is free or the prompt plus its frame budget exceeds ``max_len``.
         """
-        cfg, st = self.model.config, self.state
+        return self.admit_many([(prompt_rows, params)])[0]
+
+    @torch.inference_mode()
+    def admit_many(self, requests: list[tuple[torch.Tensor, RequestParams]]) -> list[int]:
+        """Prefill several requests' prompt rows (L, Q + 1) together into the lowest free slots; return their
+        slots, in order. On the CPU their prompts share each pass over the weights (``cpu.step``), so requests
+        arriving together reach their first frame about as soon as one alone; each request's state is what
+        ``admit`` alone gives it, to float rounding.
+
+        Raises InputError, admitting none, when a request is bad (``admit``) or fewer slots are free than asked.
+        """
+        checked = [self.check_request(rows, params) for rows, params in requests]
+        free = [s for s in range(self.slots) if not self._held[s]]
+        if not free:
+            raise InputError(f"all {self.slots} decoder slots are busy; release one or build more slots")
+        if len(free) < len(requests):
+            raise InputError(f"{len(requests)} requests but {len(free)} free decoder slots; admit fewer at once")
+        slots = free[:len(requests)]
+        self._run_pending(hold=True)
+        st = self.state
+        for slot in slots:
+            st.reset_slot(slot, self.pad)
+        with phase(self.timer, "prefill"):
+            hidden = self._prefill(slots, [rows for rows, _ in checked])
+        for slot, (rows, nq), (_, params), last in zip(slots, checked, requests, hidden):
+            st.hidden[slot] = last
+            text, audio = params.sampling.text(), params.sampling.audio()
+            st.text.set(slot, text)
+            st.audio.set(slot, audio)
+            st.lengths[slot], st.nq[slot], st.max_frames[slot] = rows.shape[0], nq, params.max_new_frames
+            st.active[slot] = params.max_new_frames > 0
+            self._params[slot], self._generators[slot] = (text, audio), params.generator
+            self._lengths[slot], self._nq[slot] = rows.shape[0], nq
+            self._held[slot], self._done[slot] = True, False
+        return slots
+
+    def check_request(self, prompt_rows: torch.Tensor, params: RequestParams) -> tuple[torch.Tensor, int]:
+        """Return a request's rows on the device and its channel count; raise InputError for one that ``admit``
+        would refuse (its slot count aside)."""
+        cfg = self.model.config
         nq = check_budget(params.nq, params.max_new_frames, cfg)
         rows = prompt_rows.to(self.device)
         if rows.ndim != 2 or rows.shape[-1] != cfg.row_width or rows.shape[0] < 1:
             raise InputError(f"prompt rows have shape {tuple(rows.shape)}; expected (rows >= 1, {cfg.row_width})")
-        if rows.shape[0] + params.max_new_frames > st.max_len:
+        if rows.shape[0] + params.max_new_frames > self.state.max_len:
             raise InputError(f"prompt of {rows.shape[0]} rows + {params.max_new_frames} frames exceeds the decoder's "
-                             f"max_len {st.max_len}; shorten the text or build the decoder with a larger max_len")
-        if self._held.count(False) == 0:
-            raise InputError(f"all {self.slots} decoder slots are busy; release one or build more slots")
-        slot = self._held.index(False)
-        self._run_pending(hold=True)
-        st.reset_slot(slot, self.pad)
-        with phase(self.timer, "prefill"):
-            st.hidden[slot] = self._prefill(slot, rows)
-        text, audio = params.sampling.text(), params.sampling.audio()
-        st.text.set(slot, text)
-        st.audio.set(slot, audio)
-        st.lengths[slot], st.nq[slot], st.max_frames[slot] = rows.shape[0], nq, params.max_new_frames
-        st.active[slot] = params.max_new_frames > 0
-        self._params[slot], self._generators[slot] = (text, audio), params.generator
-        self._lengths[slot], self._nq[slot] = rows.shape[0], nq
-        self._held[slot], self._done[slot] = True, False
-        return slot
+                             f"max_len {self.state.max_len}; shorten the text or build the decoder with a larger "
+                             f"max_len")
+        return rows, nq
 
     def release(self, slot: int) -> None:
         """Free ``slot`` (its request finished or was cancelled); a new request can be admitted at once."""
@@ -220,23 +245,35 @@ class FrameDecoder:
         self._rotations = None if self.cpu_step is None else (
             rotations(*self.tables.global_rope), rotations(*self.tables.local_rope))
 
-    def _prefill(self, slot: int, rows: torch.Tensor) -> torch.Tensor:
-        """Run the prompt through the global decoder into ``slot``'s cache rows; return the last hidden state (E,)."""
-        kv = self.state.kv[:, :, slot]  # (N, 2, H, M, D), a view
+    def _prefill(self, slots: list[int], prompts: list[torch.Tensor]) -> torch.Tensor:
+        """Run each prompt through the global decoder into its slot's cache rows, after the prefix it shares with
+        a cached prompt; return each one's last hidden state (n, E)."""
+        shared = [self._reuse_prefix(slot, rows) for slot, rows in zip(slots, prompts)]
+        if self.cpu_step is not None:
+            embed = torch.cat([self.model.embed_rows(rows[None, n:])[0] for rows, n in zip(prompts, shared)])
+            rotation = torch.cat([self._rotations[0][n:rows.shape[0]] for rows, n in zip(prompts, shared)])
+            segments = [Segment(slot, n, rows.shape[0] - n) for slot, rows, n in zip(slots, prompts, shared)]
+            hidden = self.cpu_step.prefill(embed, rotation, self.state.kv, segments)
+        else:
+            hidden = torch.stack([self._model_prefill(slot, rows, n) for slot, rows, n in zip(slots, prompts, shared)])
+        if self.prefix_cache is not None:
+            for slot, rows in zip(slots, prompts):
+                self.prefix_cache.store(rows, self.state.kv[:, :, slot, :, :rows.shape[0]])
+        return hidden
+
+    def _reuse_prefix(self, slot: int, rows: torch.Tensor) -> int:
+        """Copy the keys/values of the longest cached prefix of ``rows`` into ``slot``; return its length."""
         shared, cached = (0, None) if self.prefix_cache is None else self.prefix_cache.lookup(rows)
         if shared:
-            kv[:, :, :, :shared] = cached[:, :, :, :shared]
-        if self.cpu_step is not None:
-            embed = self.model.embed_rows(rows[None, shared:])[0]
-            rotation = self._rotations[0][shared:rows.shape[0]]
-            hidden = self.cpu_step.prefill(embed, rotation, self.state.kv, slot, shared)
-        else:
-            cache = KVCache([k[None] for k in kv[:, 0]], [v[None] for v in kv[:, 1]], length=shared)
-            mask = torch.ones(1, rows.shape[0], dtype=torch.bool, device=self.device)
-            hidden = self.model(rows[None, shared:], mask, cache).to(self.model.dtype)[0, -1]
-        if self.prefix_cache is not None:
-            self.prefix_cache.store(rows, kv[:, :, :, :rows.shape[0]])
-        return hidden
+            self.state.kv[:, :, slot, :, :shared] = cached[:, :, :, :shared]
+        return shared
+
+    def _model_prefill(self, slot: int, rows: torch.Tensor, shared: int) -> torch.Tensor:
+        """Prefill one prompt through the model's own modules (any device); return its last hidden state (E,)."""
+        kv = self.state.kv[:, :, slot]  # (N, 2, H, M, D), a view
+        cache = KVCache([k[None] for k in kv[:, 0]], [v[None] for v in kv[:, 1]], length=shared)
+        mask = torch.ones(1, rows.shape[0], dtype=torch.bool, device=self.device)
+        return self.model(rows[None, shared:], mask, cache).to(self.model.dtype)[0, -1]
 
     # ---- frames ---------------------------------------------------------------------------------------------
 

@@ -183,9 +183,42 @@ def test_prefill_fills_the_cache_like_the_model_forward(model, prompts, split):
         expected = model(rows[None], None, reference)[0, -1]
         embed = model.embed_rows(rows[None])[0]
         if start:
-            step.prefill(embed[:start], rotation[:start], kv, 1, 0)
-        hidden = step.prefill(embed[start:], rotation[start:length], kv, 1, start)
+            step.prefill(embed[:start], rotation[:start], kv, [cpu_step.Segment(1, 0, start)])
+        hidden = step.prefill(embed[start:], rotation[start:length], kv, [cpu_step.Segment(1, start, length - start)])[0]
     torch.testing.assert_close(hidden, expected, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(kv[:, 0, 1], torch.stack([k[0] for k in reference.keys]), rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(kv[:, 1, 1], torch.stack([v[0] for v in reference.values]), rtol=1e-4, atol=1e-5)
     assert torch.equal(kv[:, :, 0], torch.zeros_like(kv[:, :, 0]))  # the other slot is untouched
+
+
+def test_prompts_prefilled_together_fill_each_slot_as_alone(model, prompts):
+    """Three prompts of different lengths prefilled in one call (one pass of products over all their rows, one
+    after a cached prefix) leave each slot's keys/values and last hidden state as each prompt alone does, and
+    the slot between them untouched."""
+    g = model.config.gpt2_config
+    longest = max(p.shape[0] for p in prompts[:3])
+    step = CpuStep.build(model)
+    rotation = cpu_step.rotations(*model.transformer.rope_table(longest))
+    slots, starts = [0, 2, 3], [0, 3, 0]
+
+    def prefill(kv, chosen):
+        with torch.inference_mode():
+            embed = torch.cat([model.embed_rows(prompts[i][None])[0][starts[i]:] for i in chosen])
+            turns = torch.cat([rotation[starts[i]:prompts[i].shape[0]] for i in chosen])
+            segments = [cpu_step.Segment(slots[i], starts[i], prompts[i].shape[0] - starts[i]) for i in chosen]
+            return step.prefill(embed, turns, kv, segments)
+
+    fresh = lambda: torch.zeros(g.n_layer, 2, 4, g.n_head, longest, g.head_dim)  # noqa: E731
+    together = fresh()
+    with torch.inference_mode():  # the cached prefix of prompt 1: its first 3 rows, already in slot 2
+        embed = model.embed_rows(prompts[1][None])[0][:3]
+        step.prefill(embed, rotation[:3], together, [cpu_step.Segment(2, 0, 3)])
+    prefix = together.clone()
+    hidden = prefill(together, [0, 1, 2])
+    assert hidden.shape == (3, g.n_embd)
+    for i in range(3):
+        alone = prefix.clone() if i == 1 else fresh()
+        torch.testing.assert_close(hidden[i], prefill(alone, [i])[0], rtol=1e-5, atol=1e-6)
+        s = slots[i]
+        torch.testing.assert_close(together[:, :, s], alone[:, :, s], rtol=1e-5, atol=1e-6)
+    assert torch.equal(together[:, :, 1], torch.zeros_like(together[:, :, 1]))

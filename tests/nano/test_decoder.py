@@ -44,15 +44,17 @@ def prompts(tiny_ckpt, model):
     return [build_prompt_rows(tok, model.config, t) for t in TEXTS]
 
 
-def run_slots(decoder, schedule, frames):
-    """Admit prompts at the given frame indices ({frame: [rows, ...]}); return each request's codes and logits."""
+def run_slots(decoder, schedule, frames, together=False):
+    """Admit prompts at the given frame indices ({frame: [rows, ...]}), one by one or ``together`` (one
+    ``admit_many`` per frame index); return each request's codes and logits."""
     logits: dict[int, list] = {}
     decoder.logits_hook = lambda kind, i, x: current.append(x.clone())
     owner, codes, order = {}, {}, 0
     step = 0
     while step in schedule or decoder.active_slots or any(k > step for k in schedule):
-        for rows in schedule.get(step, []):
-            slot = decoder.admit(rows, RequestParams(max_new_frames=frames))
+        due = [(rows, RequestParams(max_new_frames=frames)) for rows in schedule.get(step, [])]
+        slots = decoder.admit_many(due) if together and due else [decoder.admit(*request) for request in due]
+        for slot in slots:
             owner[slot], codes[order], logits[order] = order, [], []
             order += 1
         if not decoder.active_slots:
@@ -119,12 +121,13 @@ def test_cacheless_oracle_gives_the_same_codes(model, prompts):
 
 
 def check_batch_invariance(model, prompts, frames, atol):
-    """A request's greedy codes are identical alone, in a batch of other prompt lengths, and admitted mid-flight."""
+    """A request's greedy codes are identical alone, in a batch of other prompt lengths, admitted mid-flight, and
+    with the prompts admitted together (one prefill over all of them)."""
     alone = [run_slots(FrameDecoder(model, slots=1, max_len=512), {0: [p]}, frames) for p in prompts]
-    batch = run_slots(FrameDecoder(model, slots=4, max_len=512), {0: list(prompts)}, frames)
-    late = run_slots(FrameDecoder(model, slots=4, max_len=512), {0: [prompts[0]], 3: list(prompts[1:])}, frames)
+    runs = [run_slots(FrameDecoder(model, slots=4, max_len=512), schedule, frames, together)
+            for schedule in ({0: list(prompts)}, {0: [prompts[0]], 3: list(prompts[1:])}) for together in (False, True)]
     for i in range(len(prompts)):
-        for codes, logits in ((batch[0][i], batch[1][i]), (late[0][i], late[1][i])):
+        for codes, logits in ((run[0][i], run[1][i]) for run in runs):
             assert torch.equal(codes, alone[i][0][0])
             assert torch.allclose(logits, alone[i][1][0], atol=atol)
 
