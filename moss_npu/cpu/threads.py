@@ -52,6 +52,13 @@ def set_threads(count: int = 0) -> int:
     return count
 
 
+def use_threads(count: int) -> None:
+    """Run this thread's torch ops on ``count`` intra-op threads. Call it first in every thread that runs torch
+    ops: the count belongs to each OpenMP thread, so a thread started after ``set_threads`` otherwise runs its
+    ops on OpenMP's default (every core) while ``torch.get_num_threads()`` still reports the setting."""
+    torch.set_num_threads(count)
+
+
 def limit_blas(count: int) -> None:
     """Limit numpy's BLAS (OpenBLAS in numpy's wheels) to ``count`` threads."""
     threadpool_limits(limits=count, user_api="blas")

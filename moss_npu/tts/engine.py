@@ -5,9 +5,12 @@ prepared (text normalization, reference decoding and encoding, chunking, prompt 
 engine's preparation thread, so a slow reference never delays a frame; a ``PreparedRequest`` skips that step.
 One background thread owns the ``FrameDecoder``: at every frame boundary it admits prepared text chunks into
 free slots, steps all active
-slots together (continuous batching), and turns the new codes of every request whose playback schedule asks
-for audio into audio with one streaming codec call (``CodecRows``: codec row = decoder slot). The chunks of
-one request run one after another (its audio comes in order); different requests share the batch. Every
+slots together (continuous batching). A second thread, the audio thread, owns the codec: it turns the new codes
+of every request whose playback schedule asks for audio into audio with one streaming codec call per frame
+(``CodecRows``: codec row = decoder slot) while the frame thread computes the next frame, so the two run on
+two cores. The frame thread hands it events in order (a chunk starts, a frame's codes, a request ends) and the
+audio thread alone writes to the requests' streams, so each stream's audio, pauses and end come in order. The
+chunks of one request run one after another (its audio comes in order); different requests share the batch. Every
 request samples with the noise-fed sampler from its own host generator (seeded by ``settings.seed``), so its
 audio does not depend on what else is in the batch.
 """
@@ -30,6 +33,7 @@ from moss_npu.codec.rows import CodecRows
 from moss_npu.errors import InputError, MossNpuError
 from moss_npu.nano.decoder import FrameDecoder, RequestParams
 from moss_npu.nano.reuse import PrefixCache
+from moss_npu.cpu.threads import use_threads
 from moss_npu.tts.pipeline import MossTTSNano
 from moss_npu.tts.prepare import PreparedRequest, PromptAudio, SpeechRequest
 from moss_npu.tts.settings import RunConfig
@@ -104,6 +108,7 @@ class _Job:
     chunk: int = 0
     slot: Optional[int] = None
     codes: list = field(default_factory=list)
+    failed: bool = False  # its audio failed (set by the audio thread): the frame thread frees its slot
 
 
 class Engine:
@@ -115,8 +120,9 @@ class Engine:
     def __init__(self, tts: MossTTSNano, max_batch: int = 8, *, max_len: int = 1024, graph: str = "auto",
                  prepare_threads: int = 1) -> None:
         self.tts = tts
-        self._preparing = ThreadPoolExecutor(max_workers=max(1, prepare_threads),
-                                             thread_name_prefix="moss-npu-prepare")
+        self._threads = torch.get_num_threads()
+        self._preparing = ThreadPoolExecutor(max_workers=max(1, prepare_threads), thread_name_prefix="moss-npu-prepare",
+                                             initializer=use_threads, initargs=(self._threads,))
         self._unprepared: set[RequestStream] = set()  # submitted, preparation not finished
         self.decoder = FrameDecoder(tts.model, slots=max_batch, max_len=max_len, sampler="noise", graph=graph,
                                     prefix_cache=PrefixCache())
@@ -125,8 +131,11 @@ class Engine:
         self._running: dict[int, _Job] = {}  # slot -> job
         self._cond = threading.Condition()
         self._closed = False
+        self._events: "queue.Queue[tuple]" = queue.Queue()  # frame thread -> audio thread, in order
         self._thread = threading.Thread(target=self._loop, name="moss-npu-engine", daemon=True)
+        self._audio_thread = threading.Thread(target=self._audio_loop, name="moss-npu-audio", daemon=True)
         self._thread.start()
+        self._audio_thread.start()
 
     @property
     def active_slots(self) -> int:
@@ -196,6 +205,8 @@ class Engine:
             self._cond.notify()
         self._preparing.shutdown(wait=True, cancel_futures=True)
         self._thread.join()
+        self._events.put(("stop",))
+        self._audio_thread.join()
         for stream in list(self._unprepared):
             stream._end(MossNpuError("the engine was closed before the request started"))
         self._unprepared.clear()
@@ -215,6 +226,7 @@ class Engine:
             self._cond.notify()
 
     def _loop(self) -> None:
+        use_threads(self._threads)
         while True:
             with self._cond:
                 while not self._closed and not self._running and not self._waiting:
@@ -228,37 +240,55 @@ class Engine:
 
     def _drop_cancelled(self) -> None:
         for slot, job in list(self._running.items()):
-            if job.stream.cancelled:
+            if job.stream.cancelled or job.failed:
                 self._finish(job, error=Cancelled("request cancelled"), release=True)
         with self._cond:
-            kept = [job for job in self._waiting if not job.stream.cancelled]
+            kept = [job for job in self._waiting if not (job.stream.cancelled or job.failed)]
             for job in self._waiting:
-                if job.stream.cancelled:
-                    job.stream._end(Cancelled("request cancelled"))
+                if job.stream.cancelled or job.failed:
+                    self._finish(job, error=Cancelled("request cancelled"))
             self._waiting = deque(kept)
 
     def _admit_waiting(self) -> None:
-        """Admit waiting chunks into free slots (a frame boundary: no slot is mid-frame)."""
-        while self.decoder.free_slots:
-            with self._cond:
-                if not self._waiting:
-                    return
-                job = self._waiting.popleft()
+        """Admit waiting chunks into free slots, all in one prefill (a frame boundary: no slot is mid-frame)."""
+        with self._cond:
+            jobs = [self._waiting.popleft() for _ in range(min(self.decoder.free_slots, len(self._waiting)))]
+        requests, admitted = [], []
+        for job in jobs:
             try:
-                self._admit(job)
+                requests.append(self._request(job))
+                admitted.append(job)
             except Exception as exc:  # bad input (MossNpuError) or a bug: this request fails, the engine serves on
-                if not isinstance(exc, MossNpuError):
-                    log.exception("admitting a request failed")
-                self._finish(job, error=exc, release=True)
+                self._fail_admission(job, exc)
+        if not admitted:
+            return
+        try:
+            slots = self.decoder.admit_many(requests)
+        except Exception as exc:  # checked above, so a device failure or a bug: these requests fail alone
+            for job in admitted:
+                self._fail_admission(job, exc)
+            return
+        for job, slot in zip(admitted, slots):
+            job.slot = slot
+            self._running[slot] = job
+            self._events.put(("start", job, job.chunk, slot))
 
-    def _admit(self, job: _Job) -> None:
+    def _request(self, job: _Job) -> tuple[torch.Tensor, RequestParams]:
+        """Return the prompt rows and decoding parameters of a job's next chunk, checked (``admit_many`` refuses
+        a whole call for one bad request)."""
         prepared, settings = job.prepared, job.prepared.settings
         params = RequestParams(settings.sampling(), prepared.plan.nq, settings.max_new_frames, job.generator)
-        job.slot = self.decoder.admit(prepared.rows[job.chunk], params)
-        self._running[job.slot] = job
-        job.audio.start_chunk(job.chunk, job.slot)
+        rows = prepared.rows[job.chunk]
+        self.decoder.check_request(rows, params)
+        return rows, params
+
+    def _fail_admission(self, job: _Job, exc: Exception) -> None:
+        if not isinstance(exc, MossNpuError):
+            log.exception("admitting a request failed", exc_info=exc)
+        self._finish(job, error=exc, release=True)
 
     def _frame(self) -> None:
+        """Step every slot once; hand the new codes to the audio thread; close the chunks that ended."""
         try:
             batch = self.decoder.step()
         except Exception as exc:  # a bug or a device failure: fail every running request, keep serving
@@ -266,63 +296,112 @@ class Engine:
             for job in list(self._running.values()):
                 self._finish(job, error=MossNpuError(f"generation failed: {type(exc).__name__}: {exc}"), release=True)
             return
-        due, ended = {}, []
+        frame, ended = [], []
         for slot, job in list(self._running.items()):
             if bool(batch.non_finite[slot]):
                 self._finish(job, error=self.decoder.non_finite_error(slot, batch.step_index), release=True)
                 continue
+            codes = None
             if bool(batch.active[slot]):
-                job.codes.append(batch.codes[slot])
+                codes = batch.codes[slot]
+                job.codes.append(codes)
                 job.stream.frames += 1
-                job.audio.add(batch.codes[slot])
             final = bool(batch.finished[slot])
-            codes = job.audio.due(final)
-            if codes is not None:
-                due[slot] = codes
+            frame.append((job, codes, final))
             if final:
                 ended.append(job)
-        self._decode(due)
+        self._events.put(("frame", frame))
         for job in ended:
-            if job.slot is not None:  # its audio did not fail
-                self._end_chunk(job)
-
-    def _decode(self, due: dict) -> None:
-        """Decode the frames due of every slot in one codec call and hand each request its audio."""
-        if not due:
-            return
-        try:
-            waves = self.audio.decode(due)
-        except Exception as exc:  # e.g. the codec failed: the requests in this call fail, the others go on
-            log.exception("decoding audio failed")
-            for slot in due:
-                self._finish(self._running[slot], error=exc, release=True)
-            return
-        for slot, wave in waves.items():
-            job = self._running[slot]
-            job.stream._put(job.audio.emit(wave))
+            self._end_chunk(job)
 
     def _end_chunk(self, job: _Job) -> None:
-        """Close a finished chunk (its pause when more follow); queue the next chunk first in line, or finish."""
-        chunks = job.prepared.plan.chunks
-        pause = job.audio.pause(chunks[job.chunk])
-        if pause is not None:
-            job.stream._put(pause)
+        """Free a finished chunk's slot; queue the request's next chunk first in line, or finish it."""
         self.decoder.release(job.slot)
         del self._running[job.slot]
         job.slot = None
         job.chunk += 1
-        if job.chunk < len(chunks):
+        if job.chunk < len(job.prepared.plan.chunks):
             with self._cond:
                 self._waiting.appendleft(job)
         else:
             self._finish(job)
 
     def _finish(self, job: _Job, error: Optional[BaseException] = None, release: bool = False) -> None:
+        """End a request (on the frame thread): free its slot if asked; its stream ends after its audio."""
         if release and job.slot is not None:
             self.decoder.release(job.slot)
             self._running.pop(job.slot, None)
             job.slot = None
+        codes = None
         if error is None:
             q = self.tts.config.n_vq
-            job.stream.codes = torch.stack(job.codes) if job.codes else torch.empty(0, q, dtype=torch.long)
+            codes = torch.stack(job.codes) if job.codes else torch.empty(0, q, dtype=torch.long)
+        self._events.put(("end", job, error, codes))
+
+    # ---- the audio thread -----------------------------------------------------------------------------------
+
+    def _audio_loop(self) -> None:
+        """Run the frame thread's events in order: start a chunk's codec row, decode a frame's due codes, end
+        a request's stream."""
+        use_threads(self._threads)
+        while True:
+            event = self._events.get()
+            kind = event[0]
+            if kind == "stop":
+                return
+            if kind == "start":
+                _, job, chunk, slot = event
+                if not job.failed:
+                    self._guard(job, job.audio.start_chunk, chunk, slot)
+            elif kind == "frame":
+                self._audio_frame(event[1])
+            else:
+                _, job, error, codes = event
+                if not job.failed:
+                    job.stream.codes = codes
+                    job.stream._end(error)
+
+    def _audio_frame(self, frame: list) -> None:
+        """Add one frame's codes to each request's audio, decode what is due in one codec call, hand each its
+        audio, and the pause after a chunk that ended."""
+        due, ended = {}, []
+        for job, codes, final in frame:
+            if job.failed:
+                continue
+            if codes is not None:
+                job.audio.add(codes)
+            ready = job.audio.due(final)
+            if ready is not None:
+                due[job.audio.row] = (job, ready)
+            if final:
+                ended.append(job)
+        if due:
+            try:
+                waves = self.audio.decode({row: codes for row, (_, codes) in due.items()})
+            except Exception as exc:  # e.g. the codec failed: the requests in this call fail, the others go on
+                log.exception("decoding audio failed")
+                for job, _ in due.values():
+                    self._fail_audio(job, exc)
+                waves = {}
+            for row, wave in waves.items():
+                job = due[row][0]
+                job.stream._put(job.audio.emit(wave))
+        for job in ended:
+            if not job.failed:
+                pause = job.audio.pause(job.prepared.plan.chunks[job.audio.index])
+                if pause is not None:
+                    job.stream._put(pause)
+
+    def _guard(self, job: _Job, action, *args) -> None:
+        """Run an audio step of ``job``; a failure fails the request alone."""
+        try:
+            action(*args)
+        except Exception as exc:  # noqa: BLE001 - the request fails, the engine serves on
+            log.exception("starting a request's audio failed")
+            self._fail_audio(job, exc)
+
+    def _fail_audio(self, job: _Job, error: BaseException) -> None:
+        """End ``job``'s stream with ``error`` now; the frame thread frees its slot at the next frame boundary."""
+        job.failed = True
         job.stream._end(error)
+        self._wake()

@@ -227,3 +227,62 @@ def test_requests_in_preparation_count_as_queued_and_can_be_cancelled(tts, monke
         with pytest.raises(Cancelled):
             collect(second)
         assert engine.queued == 0
+
+
+def test_frames_go_on_while_the_codec_decodes(tts, monkeypatch):
+    """The codec runs on its own thread: while one codec call is held, the frame thread keeps producing frames
+    (with the codec on the frame thread, no frame came until the call returned), and the held request's
+    audio still comes complete and in order afterwards."""
+    from moss_npu.codec.rows import CodecRows
+
+    release, held, frames_while_held = threading.Event(), threading.Event(), []
+    real_decode = CodecRows.decode
+
+    def slow_decode(self, due):
+        if not held.is_set():
+            held.set()
+            release.wait(10)
+        return real_decode(self, due)
+
+    monkeypatch.setattr(CodecRows, "decode", slow_decode)
+    settings = RunConfig(do_sample=False, max_new_frames=12)
+    with Engine(tts, max_batch=1) as engine:
+        stream = engine.submit(SpeechRequest("Hello there, my friend.", settings=settings))
+        assert held.wait(30)
+        before = engine.decoder.frame_index
+        deadline = time.monotonic() + 10
+        while engine.decoder.frame_index == before and time.monotonic() < deadline:
+            time.sleep(0.01)
+        frames_while_held.append(engine.decoder.frame_index - before)
+        release.set()
+        wave, _ = collect(stream)
+    with Engine(tts, max_batch=1) as engine:
+        alone, _ = collect(engine.submit(SpeechRequest("Hello there, my friend.", settings=settings)))
+    assert frames_while_held[0] > 0
+    assert wave.shape == alone.shape and torch.allclose(wave, alone, atol=1e-5)
+
+
+def test_a_codec_failure_fails_its_request_alone(tts, monkeypatch):
+    """A codec call that raises fails the requests it decoded (their streams raise the error); the engine frees
+    their slots and serves the next request."""
+    from moss_npu.codec.rows import CodecRows
+
+    real_decode, failures = CodecRows.decode, []
+
+    def failing_once(self, due):
+        if not failures:
+            failures.append(True)
+            raise RuntimeError("codec broke")
+        return real_decode(self, due)
+
+    monkeypatch.setattr(CodecRows, "decode", failing_once)
+    settings = RunConfig(do_sample=False, max_new_frames=8)
+    with Engine(tts, max_batch=1) as engine:
+        with pytest.raises(RuntimeError, match="codec broke"):
+            collect(engine.submit(SpeechRequest("Hello there, my friend.", settings=settings)))
+        wave, _ = collect(engine.submit(SpeechRequest("Short.", settings=settings)))
+        assert wave.shape[1] > 0
+        deadline = time.monotonic() + 10
+        while engine.active_slots and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert engine.active_slots == 0 and engine.decoder.free_slots == 1
