@@ -27,11 +27,11 @@ enum { BAD_CALL = -1 };
 
 #define DECLARE(target)                                                                                         \
     void moss_tile_f32_##target(const float *, const void *, float *, const float *, const float *,          \
-                                const float *, long, int);                                                          \
+                                const float *, long);                                                               \
     void moss_tile_bf16_##target(const float *, const void *, float *, const float *, const float *,         \
-                                 const float *, long, int);                                                         \
+                                 const float *, long);                                                              \
     void moss_tile_int8_##target(const float *, const void *, float *, const float *, const float *,         \
-                                 const float *, long, int);
+                                 const float *, long);
 #define ROW(target) {moss_tile_f32_##target, moss_tile_bf16_##target, moss_tile_int8_##target}
 
 DECLARE(portable)
@@ -69,25 +69,25 @@ int moss_targets(void) {
     return mask;
 }
 
-/* One product, as the pool shares it out: unit j covers columns [j·TILE, (j+1)·TILE) of every row, or with `halves`
- * the first or second half of tile j / 2 (finer units keep two threads busy to the end of a 3-tile product). */
+/* One product, as the pool shares it out: unit j is tile j, columns [j·TILE, (j+1)·TILE) of every row. Whole
+ * tiles, each one contiguous block of weights, let every thread stream its own memory: half tiles (each thread
+ * half of every tile row) read more slowly on two threads than whole tiles, and for bf16 more slowly than one
+ * thread alone (docs/native.md#threads). */
 typedef struct {
     TileFunction tile;
     const float *x, *scale, *bias, *residual;
     const char *w;
     float *y;
     long rows, in, out, tile_bytes;
-    int halves;
 } Job;
 
-static void run_tile(const Job *job, long unit) {
-    const long j = job->halves ? unit / 2 : unit, first = j * TILE;
-    const int part = job->halves ? (int)(unit % 2) : -1;
+static void run_tile(const Job *job, long j) {
+    const long first = j * TILE;
     const void *tile = job->w + j * job->tile_bytes;
     const float *scale = job->scale ? job->scale + first : NULL, *bias = job->bias ? job->bias + first : NULL;
     for (long r = 0; r < job->rows; r++)
         job->tile(job->x + r * job->in, tile, job->y + r * job->out + first, scale, bias,
-                  job->residual ? job->residual + r * job->out + first : NULL, job->in, part);
+                  job->residual ? job->residual + r * job->out + first : NULL, job->in);
 }
 
 /* The ticket says which product is on (its number, 24 bits), how many tiles it has and how many are claimed
@@ -252,10 +252,10 @@ int moss_matvec(void *pool, int target, int format, const float *x, const void *
                 const float *bias, const float *residual, float *y, long rows, long in, long out) {
     if (target < 0 || target >= TARGETS || format < 0 || format >= FORMATS || !(moss_targets() >> target & 1))
         return BAD_CALL;
-    if (rows < 1 || in < 1 || out < TILE || out % TILE != 0 || 2 * (out / TILE) > MAX_TILES) return BAD_CALL;
+    if (rows < 1 || in < 1 || out < TILE || out % TILE != 0 || out / TILE > MAX_TILES) return BAD_CALL;
     if (format == INT8 && scale == NULL) return BAD_CALL;
     Job job = {TABLE[target][format], x, scale, bias, residual, (const char *)w, y, rows, in, out,
-               in * TILE * VALUE_BYTES[format], 0};
+               in * TILE * VALUE_BYTES[format]};
     const long tiles = out / TILE;
     Pool *shared = pool;
     /* Alone: no pool, one thread asked for, or another thread's product holding the pool. */
@@ -263,8 +263,7 @@ int moss_matvec(void *pool, int target, int format, const float *x, const void *
         for (long j = 0; j < tiles; j++) run_tile(&job, j);
         return 0;
     }
-    job.halves = 1;
-    share(shared, &job, 2 * tiles);
+    share(shared, &job, tiles);
     pthread_mutex_unlock(&shared->caller);
     return 0;
 }

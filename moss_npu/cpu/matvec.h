@@ -5,8 +5,8 @@
 #define TILE 256 /* output columns per tile: matrices are padded to a multiple */
 
 /* One tile of a product: y[0..TILE) = x · tile, then finished with the tile's columns of scale (int8 only),
- * bias and residual (either may be NULL); `part` -1 the whole tile, 0 or 1 the first or second TILE / 2 columns. */
+ * bias and residual (either may be NULL). */
 typedef void (*TileFunction)(const float *x, const void *tile, float *y, const float *scale, const float *bias,
-                             const float *residual, long in, int part);
+                             const float *residual, long in);
 
 #endif

@@ -1,5 +1,4 @@
-/* One tile of a one-row product: y[0..TILE) = x · tile (+ bias, + residual), or half of its columns, for one
- * instruction set.
+/* One tile of a one-row product: y[0..TILE) = x · tile (+ bias, + residual), for one instruction set.
  *
  * Compiled once per target by moss_npu/cpu/native_build.py, with MOSS_TARGET naming it (avx512, avx2, neon,
  * portable) and that target's compiler flags; matvec.c picks the set the CPU runs. Every target sums each
@@ -25,87 +24,68 @@
 #define NAMED(a, b) JOIN(a, b)
 #define NAME(base) NAMED(base, MOSS_TARGET)
 
-/* Columns [first, first + width) of the tile: the sums plus bias and residual (either may be NULL). */
-static void add_finish(float *y, const float *bias, const float *residual, int first, int width) {
-    for (int c = first; c < first + width; c++) y[c] += (bias ? bias[c] : 0.0f) + (residual ? residual[c] : 0.0f);
+/* The tile's columns: the sums plus bias and residual (either may be NULL). */
+static void add_finish(float *y, const float *bias, const float *residual) {
+    for (int c = 0; c < TILE; c++) y[c] += (bias ? bias[c] : 0.0f) + (residual ? residual[c] : 0.0f);
 }
 
-static void int8_finish(float *y, const float *scale, const float *bias, const float *residual, int first,
-                        int width) {
-    for (int c = first; c < first + width; c++)
+static void int8_finish(float *y, const float *scale, const float *bias, const float *residual) {
+    for (int c = 0; c < TILE; c++)
         y[c] = y[c] * scale[c] + (bias ? bias[c] : 0.0f) + (residual ? residual[c] : 0.0f);
 }
 
 #if defined(MOSS_AVX512)
-/* Up to 16 registers of 16 sums: a whole tile, or half of one (when two threads share a product). Inlined with a
- * constant width, so that the sums stay in registers. */
-static inline __attribute__((always_inline)) void f32_block(const float *x, const float *tile, float *sums, long in,
-                                                            int first, const int width) {
+/* 16 registers of 16 sums: a whole tile, so that the sums stay in registers. */
+static void f32_sums(const float *x, const float *tile, float *sums, long in) {
     __m512 acc[TILE / 16];
-    for (int a = 0; a < width / 16; a++) acc[a] = _mm512_setzero_ps();
+    for (int a = 0; a < TILE / 16; a++) acc[a] = _mm512_setzero_ps();
     for (long i = 0; i < in; i++) {
         const __m512 xi = _mm512_set1_ps(x[i]);
-        const float *row = tile + i * TILE + first;
-        for (int a = 0; a < width / 16; a++) acc[a] = _mm512_fmadd_ps(xi, _mm512_loadu_ps(row + 16 * a), acc[a]);
+        const float *row = tile + i * TILE;
+        for (int a = 0; a < TILE / 16; a++) acc[a] = _mm512_fmadd_ps(xi, _mm512_loadu_ps(row + 16 * a), acc[a]);
     }
-    for (int a = 0; a < width / 16; a++) _mm512_storeu_ps(sums + first + 16 * a, acc[a]);
+    for (int a = 0; a < TILE / 16; a++) _mm512_storeu_ps(sums + 16 * a, acc[a]);
 }
 
 /* `word << 16` is column t as a float32 and `word & 0xffff0000` column 16 + t: two instructions for 32 values. */
-static inline __attribute__((always_inline)) void bf16_block(const float *x, const uint32_t *tile, float *sums,
-                                                             long in, int first, const int width) {
+static void bf16_sums(const float *x, const uint32_t *tile, float *sums, long in) {
     const __m512i high = _mm512_set1_epi32((int)0xffff0000u);
     __m512 acc[TILE / 16];
-    for (int a = 0; a < width / 16; a++) acc[a] = _mm512_setzero_ps();
+    for (int a = 0; a < TILE / 16; a++) acc[a] = _mm512_setzero_ps();
     for (long i = 0; i < in; i++) {
         const __m512 xi = _mm512_set1_ps(x[i]);
-        const uint32_t *row = tile + i * (TILE / 2) + first / 2;
-        for (int g = 0; g < width / 32; g++) {
+        const uint32_t *row = tile + i * (TILE / 2);
+        for (int g = 0; g < TILE / 32; g++) {
             __m512i v = _mm512_loadu_si512((const void *)(row + 16 * g));
             acc[2 * g] = _mm512_fmadd_ps(xi, _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), acc[2 * g]);
             acc[2 * g + 1] = _mm512_fmadd_ps(xi, _mm512_castsi512_ps(_mm512_and_si512(v, high)), acc[2 * g + 1]);
         }
     }
-    for (int a = 0; a < width / 16; a++) _mm512_storeu_ps(sums + first + 16 * a, acc[a]);
+    for (int a = 0; a < TILE / 16; a++) _mm512_storeu_ps(sums + 16 * a, acc[a]);
 }
 
-static inline __attribute__((always_inline)) void int8_block(const float *x, const int8_t *tile, float *sums, long in,
-                                                             int first, const int width) {
+static void int8_sums(const float *x, const int8_t *tile, float *sums, long in) {
     __m512 acc[TILE / 16];
-    for (int a = 0; a < width / 16; a++) acc[a] = _mm512_setzero_ps();
+    for (int a = 0; a < TILE / 16; a++) acc[a] = _mm512_setzero_ps();
     for (long i = 0; i < in; i++) {
         const __m512 xi = _mm512_set1_ps(x[i]);
-        const int8_t *row = tile + i * TILE + first;
-        for (int a = 0; a < width / 16; a++) {
+        const int8_t *row = tile + i * TILE;
+        for (int a = 0; a < TILE / 16; a++) {
             __m512i v = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(row + 16 * a)));
             acc[a] = _mm512_fmadd_ps(xi, _mm512_cvtepi32_ps(v), acc[a]);
         }
     }
-    for (int a = 0; a < width / 16; a++) _mm512_storeu_ps(sums + first + 16 * a, acc[a]);
+    for (int a = 0; a < TILE / 16; a++) _mm512_storeu_ps(sums + 16 * a, acc[a]);
 }
 
-static void f32_sums(const float *x, const float *tile, float *sums, long in, int first, int width) {
-    if (width == TILE) f32_block(x, tile, sums, in, 0, TILE);
-    else f32_block(x, tile, sums, in, first, TILE / 2);
-}
-
-static void bf16_sums(const float *x, const uint32_t *tile, float *sums, long in, int first, int width) {
-    if (width == TILE) bf16_block(x, tile, sums, in, 0, TILE);
-    else bf16_block(x, tile, sums, in, first, TILE / 2);
-}
-
-static void int8_sums(const float *x, const int8_t *tile, float *sums, long in, int first, int width) {
-    if (width == TILE) int8_block(x, tile, sums, in, 0, TILE);
-    else int8_block(x, tile, sums, in, first, TILE / 2);
-}
 
 #elif defined(MOSS_AVX2)
 /* 16 vector registers cannot hold a tile's 32 of sums: the tile is taken in passes of PASS columns (8 registers),
  * each pass through all `in` rows (a column's sum is the same either way). */
 #define PASS 64
 
-static void f32_sums(const float *x, const float *tile, float *sums, long in, int first, int width) {
-    for (int p = first; p < first + width; p += PASS) {
+static void f32_sums(const float *x, const float *tile, float *sums, long in) {
+    for (int p = 0; p < TILE; p += PASS) {
         __m256 acc[PASS / 8];
         for (int a = 0; a < PASS / 8; a++) acc[a] = _mm256_setzero_ps();
         for (long i = 0; i < in; i++) {
@@ -118,9 +98,9 @@ static void f32_sums(const float *x, const float *tile, float *sums, long in, in
 }
 
 /* A group's 16 words in two loads: the low halves are columns 0-7 and 8-15, the high halves 16-23 and 24-31. */
-static void bf16_sums(const float *x, const uint32_t *tile, float *sums, long in, int first, int width) {
+static void bf16_sums(const float *x, const uint32_t *tile, float *sums, long in) {
     const __m256i high = _mm256_set1_epi32((int)0xffff0000u);
-    for (int p = first; p < first + width; p += PASS) {
+    for (int p = 0; p < TILE; p += PASS) {
         __m256 acc[PASS / 8];  /* group g of the pass: acc[4g] columns 0-7, [4g+1] 8-15, [4g+2] 16-23, [4g+3] 24-31 */
         for (int a = 0; a < PASS / 8; a++) acc[a] = _mm256_setzero_ps();
         for (long i = 0; i < in; i++) {
@@ -139,8 +119,8 @@ static void bf16_sums(const float *x, const uint32_t *tile, float *sums, long in
     }
 }
 
-static void int8_sums(const float *x, const int8_t *tile, float *sums, long in, int first, int width) {
-    for (int p = first; p < first + width; p += PASS) {
+static void int8_sums(const float *x, const int8_t *tile, float *sums, long in) {
+    for (int p = 0; p < TILE; p += PASS) {
         __m256 acc[PASS / 8];
         for (int a = 0; a < PASS / 8; a++) acc[a] = _mm256_setzero_ps();
         for (long i = 0; i < in; i++) {
@@ -159,8 +139,8 @@ static void int8_sums(const float *x, const int8_t *tile, float *sums, long in, 
 /* 32 registers of 4: passes of PASS columns in 16 of them. */
 #define PASS 64
 
-static void f32_sums(const float *x, const float *tile, float *sums, long in, int first, int width) {
-    for (int p = first; p < first + width; p += PASS) {
+static void f32_sums(const float *x, const float *tile, float *sums, long in) {
+    for (int p = 0; p < TILE; p += PASS) {
         float32x4_t acc[PASS / 4];
         for (int a = 0; a < PASS / 4; a++) acc[a] = vdupq_n_f32(0.0f);
         for (long i = 0; i < in; i++) {
@@ -173,9 +153,9 @@ static void f32_sums(const float *x, const float *tile, float *sums, long in, in
 }
 
 /* bf16 widened in registers: a group's 16 words in four loads; word << 16 and word & 0xffff0000 as on x86. */
-static void bf16_sums(const float *x, const uint32_t *tile, float *sums, long in, int first, int width) {
+static void bf16_sums(const float *x, const uint32_t *tile, float *sums, long in) {
     const uint32x4_t high = vdupq_n_u32(0xffff0000u);
-    for (int p = first; p < first + width; p += PASS) {
+    for (int p = 0; p < TILE; p += PASS) {
         float32x4_t acc[PASS / 4];  /* group g: acc[8g + q] columns 4q.. of its low halves, [8g + 4 + q] high */
         for (int a = 0; a < PASS / 4; a++) acc[a] = vdupq_n_f32(0.0f);
         for (long i = 0; i < in; i++) {
@@ -192,8 +172,8 @@ static void bf16_sums(const float *x, const uint32_t *tile, float *sums, long in
     }
 }
 
-static void int8_sums(const float *x, const int8_t *tile, float *sums, long in, int first, int width) {
-    for (int p = first; p < first + width; p += PASS) {
+static void int8_sums(const float *x, const int8_t *tile, float *sums, long in) {
+    for (int p = 0; p < TILE; p += PASS) {
         float32x4_t acc[PASS / 4];
         for (int a = 0; a < PASS / 4; a++) acc[a] = vdupq_n_f32(0.0f);
         for (long i = 0; i < in; i++) {
@@ -220,22 +200,22 @@ static inline float bf16_value(uint16_t bits) {
     return f;
 }
 
-static void f32_sums(const float *x, const float *tile, float *sums, long in, int first, int width) {
-    memset(sums + first, 0, (size_t)width * sizeof(float));
+static void f32_sums(const float *x, const float *tile, float *sums, long in) {
+    memset(sums, 0, TILE * sizeof(float));
     for (long i = 0; i < in; i++) {
         const float xi = x[i];
         const float *row = tile + i * TILE;
-        for (int j = first; j < first + width; j++) sums[j] += xi * row[j];
+        for (int j = 0; j < TILE; j++) sums[j] += xi * row[j];
     }
 }
 
 /* Value by value, not word by word: which half of a word is column t depends on the byte order. */
-static void bf16_sums(const float *x, const uint32_t *tile, float *sums, long in, int first, int width) {
-    memset(sums + first, 0, (size_t)width * sizeof(float));
+static void bf16_sums(const float *x, const uint32_t *tile, float *sums, long in) {
+    memset(sums, 0, TILE * sizeof(float));
     for (long i = 0; i < in; i++) {
         const float xi = x[i];
         const uint16_t *row = (const uint16_t *)tile + i * TILE;
-        for (int g = first / 32; g < (first + width) / 32; g++)
+        for (int g = 0; g < TILE / 32; g++)
             for (int t = 0; t < 16; t++) {
                 sums[32 * g + t] += xi * bf16_value(row[32 * g + 2 * t]);
                 sums[32 * g + 16 + t] += xi * bf16_value(row[32 * g + 2 * t + 1]);
@@ -243,38 +223,32 @@ static void bf16_sums(const float *x, const uint32_t *tile, float *sums, long in
     }
 }
 
-static void int8_sums(const float *x, const int8_t *tile, float *sums, long in, int first, int width) {
-    memset(sums + first, 0, (size_t)width * sizeof(float));
+static void int8_sums(const float *x, const int8_t *tile, float *sums, long in) {
+    memset(sums, 0, TILE * sizeof(float));
     for (long i = 0; i < in; i++) {
         const float xi = x[i];
         const int8_t *row = tile + i * TILE;
-        for (int j = first; j < first + width; j++) sums[j] += xi * (float)row[j];
+        for (int j = 0; j < TILE; j++) sums[j] += xi * (float)row[j];
     }
 }
 #endif
 
-/* `part`: the whole tile (-1), or its first (0) or second (1) half of columns (two threads sharing a product). */
-#define RANGE(part) const int first = (part) < 0 ? 0 : (part) * (TILE / 2), width = (part) < 0 ? TILE : TILE / 2
-
 void NAME(moss_tile_f32)(const float *x, const void *tile, float *y, const float *scale, const float *bias,
-                         const float *residual, long in, int part) {
-    RANGE(part);
+                         const float *residual, long in) {
     (void)scale;
-    f32_sums(x, (const float *)tile, y, in, first, width);
-    add_finish(y, bias, residual, first, width);
+    f32_sums(x, (const float *)tile, y, in);
+    add_finish(y, bias, residual);
 }
 
 void NAME(moss_tile_bf16)(const float *x, const void *tile, float *y, const float *scale, const float *bias,
-                          const float *residual, long in, int part) {
-    RANGE(part);
+                          const float *residual, long in) {
     (void)scale;
-    bf16_sums(x, (const uint32_t *)tile, y, in, first, width);
-    add_finish(y, bias, residual, first, width);
+    bf16_sums(x, (const uint32_t *)tile, y, in);
+    add_finish(y, bias, residual);
 }
 
 void NAME(moss_tile_int8)(const float *x, const void *tile, float *y, const float *scale, const float *bias,
-                          const float *residual, long in, int part) {
-    RANGE(part);
-    int8_sums(x, (const int8_t *)tile, y, in, first, width);
-    int8_finish(y, scale, bias, residual, first, width);
+                          const float *residual, long in) {
+    int8_sums(x, (const int8_t *)tile, y, in);
+    int8_finish(y, scale, bias, residual);
 }
