@@ -19,7 +19,7 @@ import os
 import platform
 from typing import Optional
 
-from moss_npu.errors import DeviceError
+from moss_npu.errors import DeviceError, InputError
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +147,22 @@ class Backend:
         """Return the process-wide settings this backend applied (reported in bench and eval JSON)."""
         return {}
 
+    def frame_step(self, model, compile_mode: str = "auto"):
+        """Return the step a ``FrameDecoder`` runs the model's blocks through on this device, or None for the
+        model's own modules (graph capture aside). Only the CPU has one (``moss_npu.cpu.step``)."""
+        if compile_mode == "on":
+            raise InputError(f"--compile on compiles the float32 CPU step; this model is on {self.kind}: "
+                              f"use --compile auto or off")
+        return None
+
+    def packs_linears(self, dtype) -> bool:
+        """Whether the codec's linear layers in ``dtype`` run faster from packed copies here (``cpu.packed``)."""
+        return False
+
+    def kernel_report(self) -> Optional[str]:
+        """Which instruction set this device's own kernels run (the CPU's one-row products), for reports."""
+        return None
+
 
 class CpuBackend(Backend):
     """The host CPU: always available; memory from psutil."""
@@ -195,6 +211,21 @@ class CpuBackend(Backend):
         except OSError:
             return None
         return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"}) if flags else None
+
+    def frame_step(self, model, compile_mode: str = "auto"):
+        from moss_npu.cpu.step import CpuStep
+
+        return CpuStep.build(model, compile_mode)
+
+    def packs_linears(self, dtype) -> bool:
+        from moss_npu.cpu.packed import packing_available
+
+        return dtype == torch.float32 and packing_available()
+
+    def kernel_report(self) -> Optional[str]:
+        from moss_npu.cpu.native import kernels_in_use
+
+        return kernels_in_use()
 
     def max_memory_allocated(self, index: int = 0) -> Optional[int]:
         try:
@@ -461,6 +492,13 @@ def parse_device(spec: Optional[str] = "auto") -> tuple[str, Optional[int]]:
     if index_text and not index_text.isdigit():
         raise DeviceError(f"--device {spec}: the index must be a number, e.g. {kind}:0")
     return kind, int(index_text) if index_text else None
+
+
+def is_host(device) -> bool:
+    """Whether ``device`` (a ``torch.device``, or a spec such as ``cpu`` / ``cuda:1``) is the host CPU, whose
+    cores every process on the machine shares (thread counts, llama.cpp layers kept off accelerators)."""
+    kind = device.type if hasattr(device, "type") else parse_device(device)[0]
+    return kind == CpuBackend.kind
 
 
 def replica_device(kind: str, cpus: float) -> tuple[str, dict]:

@@ -108,13 +108,13 @@ def place_on_device(run: DelayRunConfig, spec: Optional[str]) -> DelayRunConfig:
     Raises:
         DeviceError: the device string is unknown, or llama-cpp-python was built without GPU offload.
     """
-    from moss_npu.device import parse_device
+    from moss_npu.device import is_host, parse_device
 
     kind, index = parse_device(spec)
     if kind == "auto":
         return run
-    if kind == "cpu":
-        return dataclasses.replace(run, n_gpu_layers=0, audio_provider="cpu", heads_device="cpu", device_index=None)
+    if is_host(kind):
+        return dataclasses.replace(run, n_gpu_layers=0, audio_provider=kind, heads_device=kind, device_index=None)
     from moss_npu.delay.backbone import import_llama_cpp
 
     if not import_llama_cpp().llama_supports_gpu_offload():

@@ -22,7 +22,6 @@ from moss_npu.errors import InputError
 from moss_npu.nano.decoder import generate
 from moss_npu.nano.prompt import build_prompt_rows
 from moss_npu.cpu.quantize import dtype_name
-from moss_npu.cpu.native import kernels_in_use
 from moss_npu.sampling import SamplingParams
 
 FIXED_CODEC_FRAMES = 8
@@ -148,8 +147,9 @@ class NativeSide:
         info = {"impl": self.impl, "dtype": dtype_name(self.tts.model), "compute_dtype": _dtype_name(self.tts.model.dtype),
                 "codec_dtype": _dtype_name(codec_dtype), "quantize": self.tts.model.quantization,
                 **devices.describe(self.device)}
-        if self.device.type == "cpu":  # which instruction set the one-row kernels ran (moss_npu.cpu.native)
-            info["cpu_kernels"] = kernels_in_use()
+        kernels = devices.backend(self.device).kernel_report()  # the CPU's one-row kernels' instruction set
+        if kernels is not None:
+            info["cpu_kernels"] = kernels
         return info
 
     def close(self) -> None:

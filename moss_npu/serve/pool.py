@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional
 
+from moss_npu.device import is_host
 from moss_npu.serve import worker as worker_process
 from moss_npu.serve.errors import INTERNAL, WORKER_LOST, ApiError, from_engine
 from moss_npu.serve.metrics import Metrics
@@ -331,7 +332,6 @@ def usable_cores() -> int:
 
 def specs_for(devices: list[str], base: WorkerSpec) -> list[WorkerSpec]:
     """One spec per device; CPU workers share the cores but one (``cpu_threads``) unless a thread count was given."""
-    cpu = [d for d in devices if d.split(":")[0] == "cpu"]
+    cpu = [d for d in devices if is_host(d)]
     threads = base.num_threads or (cpu_threads(len(cpu), usable_cores()) if cpu else 0)
-    return [replace(base, device=d, num_threads=threads if d.split(":")[0] == "cpu" else base.num_threads)
-            for d in devices]
+    return [replace(base, device=d, num_threads=threads if is_host(d) else base.num_threads) for d in devices]
