@@ -17,6 +17,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from moss_npu.checkpoint_layers import CheckpointLinear
+
 
 def packing_available() -> bool:
     """Whether this torch can pack fp32 weights for oneDNN: built with it, exposing inductor's packing operators,
@@ -95,7 +97,7 @@ def pack_linears(module: nn.Module) -> int:
     swapped = 0
     for parent in list(module.modules()):
         for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear:
+            if type(child) in (nn.Linear, CheckpointLinear):
                 setattr(parent, name, PackedLinear(child))
                 swapped += 1
     return swapped
