@@ -72,6 +72,13 @@ class PackedLinear(nn.Module):
         # one attribute so that a thread reads a consistent triple
         self._cache: Optional[tuple[torch.Tensor, int, torch.Tensor]] = None
 
+    def pack(self) -> None:
+        """Pack the weight now (at load), so that the first product does not wait for it; nothing for a weight
+        that ``forward`` would not pack."""
+        w = self.weight
+        if w.dtype == torch.float32 and w.device.type == "cpu" and not w.is_inference():
+            self._cache = (w.detach(), w._version, pack_linear(w))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
         if w.dtype != torch.float32 or w.device.type != "cpu" or w.is_inference():
