@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from moss_npu.cli import (ArgumentParser, check_utf8_text, configure_logging, device_problem, device_spec,
-                          finite_float, int_in, read_utf8, run_cli, warn)
+                          finite_float, int_in, process_seconds, read_utf8, run_cli, warn)
 from moss_npu.errors import DeviceError, GenerationError, InputError
 from moss_npu.extras import LLAMA_INSTALL as DELAY_INSTALL
 from moss_npu.extras import NANO_INSTALL
@@ -246,11 +246,13 @@ def run_overrides(args: argparse.Namespace) -> dict:
 
 @dataclass(frozen=True)
 class Outcome:
-    """What the result line reports: audio length, synthesis time (models already loaded), first-audio time."""
+    """What the result line reports: audio length, synthesis time (models already loaded), first-audio time since
+    the synthesis started and since the process did (everything a user waits: imports, loading)."""
 
     audio_s: float
     elapsed_s: float
     first_audio_s: Optional[float] = None
+    first_audio_process_s: Optional[float] = None
     timestamps: tuple = ()  # moss_npu.tts.timeline.Timestamp of each text chunk (Nano only)
 
 
@@ -328,10 +330,11 @@ def synthesize_nano(args: argparse.Namespace, text: str, target: AudioTarget) ->
         _warn_at_cap(progress, settings.max_new_frames)
         save_audio(target.path, result.waveform, result.sample_rate, target=target)
         return Outcome(result.waveform.shape[-1] / result.sample_rate, elapsed, timestamps=result.timestamps)
-    first, timeline, stamps = None, Timeline(tts.sample_rate, settings.speed), []
+    first, first_process, timeline, stamps = None, None, Timeline(tts.sample_rate, settings.speed), []
     with AtomicAudioWriter(target, tts.sample_rate, tts.codec.channels) as writer, progress:
         for chunk in tts.synthesize_stream(text, **request):
-            first = time.perf_counter() - start if first is None else first
+            if first is None:
+                first, first_process = time.perf_counter() - start, process_seconds()
             writer.write(chunk.waveform)
             stamps += timeline.add(chunk.chunk_index, chunk.text, chunk.source_length)
             if not chunk.is_pause:
@@ -341,7 +344,7 @@ def synthesize_nano(args: argparse.Namespace, text: str, target: AudioTarget) ->
         samples = writer.samples_written
         elapsed = time.perf_counter() - start
     _warn_at_cap(progress, settings.max_new_frames)
-    return Outcome(samples / tts.sample_rate, elapsed, first, tuple(stamps + timeline.finish(samples)))
+    return Outcome(samples / tts.sample_rate, elapsed, first, first_process, tuple(stamps + timeline.finish(samples)))
 
 
 def _progress(args: argparse.Namespace, frame_rate_hz: Optional[float], unit: str = "frame"):
@@ -447,6 +450,8 @@ def run(argv: Optional[list[str]] = None) -> int:
     line = f"wrote {target.path}: {outcome.audio_s:.2f} s of audio in {outcome.elapsed_s:.2f} s (RTF {rtf:.2f})"
     if outcome.first_audio_s is not None:
         line += f", first audio after {outcome.first_audio_s * 1000:.0f} ms"
+        if outcome.first_audio_process_s is not None:
+            line += f" ({outcome.first_audio_process_s:.2f} s after the process started)"
     print(f"{line}, backend {BACKEND_NAMES[backend]}", flush=True)
     return 0
 

@@ -16,6 +16,7 @@ import math
 import os
 import signal
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Callable, Iterator, Optional
@@ -27,6 +28,18 @@ DEBUG_ENV = "MOSS_NPU_DEBUG"
 _SIGNAL_NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
 if hasattr(signal, "SIGHUP"):
     _SIGNAL_NAMES[signal.SIGHUP] = "SIGHUP (terminal closed)"
+
+
+def process_seconds() -> Optional[float]:
+    """Return the seconds since this process started (what a user waited since the command), None where the
+    system does not say: Linux's start time of the process (``/proc/self/stat``, in clock ticks since boot,
+    10 ms here) against the clock since boot, so the interpreter's own start-up and every import count."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22, counted from field 3 (after the name)
+        return time.clock_gettime(time.CLOCK_BOOTTIME) - started
+    except (OSError, ValueError, IndexError, AttributeError):  # not Linux
+        return None
 
 
 class ArgumentParser(argparse.ArgumentParser):

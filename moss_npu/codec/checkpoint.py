@@ -20,7 +20,7 @@ import torch
 from moss_npu.codec.config import codec_config_from_dict, load_codec_config
 from moss_npu.codec.model import NanoCodec
 from moss_npu.errors import CheckpointError
-from moss_npu.cpu.packed import pack_linears, packing_available
+from moss_npu.cpu.packed import PackedLinear, pack_linears, packing_available
 
 # (pattern, replacement) applied in order to every checkpoint key (official load-time pre-hooks).
 RENAMES: tuple[tuple[str, str], ...] = (
@@ -119,6 +119,9 @@ def load_codec(codec_dir: Union[str, Path], *, device: Union[str, torch.device] 
     model.decoder.to(dtype=dtype)
     if torch.device(device).type == "cpu" and dtype == torch.float32 and packing_available():
         pack_linears(model)  # oneDNN-packed products: faster streamed and batched decodes (docs/performance.md)
+        for layer in model.decoder.modules():  # packed now: every synthesis decodes (encoding: voice clones only)
+            if isinstance(layer, PackedLinear):
+                layer.pack()
     return model
 
 

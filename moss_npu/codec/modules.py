@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from moss_npu.checkpoint_layers import CheckpointLinear
 from moss_npu.codec.config import TransformerStage
 from moss_npu.codec.streaming import CodecDecodeState, KVCache
 
@@ -130,8 +131,8 @@ class MultiheadAttention(nn.Module):
         self.context = context
         self.max_period = max_period
         self.attend = ATTENTION_FUNCTIONS[attention]
-        self.in_proj = nn.Linear(embed_dim, 3 * embed_dim, bias=False)
-        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=False)
+        self.in_proj = CheckpointLinear(embed_dim, 3 * embed_dim, bias=False)
+        self.out_proj = CheckpointLinear(embed_dim, embed_dim, bias=False)
 
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         b, t, d = x.shape
@@ -183,8 +184,8 @@ class TransformerLayer(nn.Module):
         self.self_attn = MultiheadAttention(d, stage.num_heads, context, stage.max_period, attention)
         self.norm1 = nn.LayerNorm(d, eps=1e-5)
         self.norm2 = nn.LayerNorm(d, eps=1e-5)
-        self.ffn = nn.Sequential(nn.Linear(d, stage.dim_feedforward, bias=False), nn.GELU(),
-                                 nn.Linear(stage.dim_feedforward, d, bias=False))
+        self.ffn = nn.Sequential(CheckpointLinear(d, stage.dim_feedforward, bias=False), nn.GELU(),
+                                 CheckpointLinear(stage.dim_feedforward, d, bias=False))
         scale = stage.layer_scale
         self.layer_scale_1 = LayerScale(d, scale) if scale is not None else nn.Identity()
         self.layer_scale_2 = LayerScale(d, scale) if scale is not None else nn.Identity()
@@ -220,9 +221,9 @@ class ProjectedTransformer(nn.Module):
         super().__init__()
         self.stage = stage
         self.context = context
-        self.input_proj = nn.Linear(stage.input_dimension, stage.d_model, bias=False)
+        self.input_proj = CheckpointLinear(stage.input_dimension, stage.d_model, bias=False)
         self.transformer = Transformer(stage, context, attention)
-        self.output_proj = nn.Linear(stage.d_model, stage.output_dimension, bias=False)
+        self.output_proj = CheckpointLinear(stage.d_model, stage.output_dimension, bias=False)
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor,
                 caches: Optional[list[KVCache]] = None) -> tuple[torch.Tensor, torch.Tensor]:

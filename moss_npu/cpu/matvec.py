@@ -21,6 +21,7 @@ it hands over (``native.require``). Where the library is missing ``MatVecKernels
 from __future__ import annotations
 
 import ctypes
+import functools
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -28,12 +29,16 @@ import numpy as np
 import torch
 
 from moss_npu.cpu.native import choose_target, load_library, require, TARGETS
+from moss_npu.cpu.prepared import PageArena
+from moss_npu.cpu.quantize import int8_rows
 
 TILE = 256  # output columns per tile (matvec.h): matrices are padded to a multiple
 GROUP = 32  # bf16 columns interleaved together in a tile row (matvec_tiles.c)
 FORMATS = {"float32": 0, "bfloat16": 1, "int8": 2}  # matvec.c's numbering
 _POINTER, _LONG, _INT = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
-Allocate = Callable[[tuple, type], np.ndarray]  # (shape, dtype) -> an uninitialized array (np.empty's contract)
+STORED = {"float32": np.float32, "bfloat16": np.uint16, "int8": np.int8}  # the tiles' numpy dtype per format
+# (shape, dtype, fill) -> an array holding the values fill writes (``prepared.PreparedArena.array``'s contract)
+Prepare = Callable[[tuple, type, Callable[[np.ndarray], None]], np.ndarray]
 
 
 class KernelThreads:
@@ -122,6 +127,20 @@ def table_bytes(weight: torch.Tensor, itemsize: int) -> int:
     return weight.shape[1] * _padded(weight.shape[0]) * itemsize
 
 
+def tile_bytes(weight: torch.Tensor, format: str) -> int:
+    """Return the arena bytes (``prepared.PageArena.room``) of ``weight``'s tiles in ``format``, int8's scales
+    included."""
+    table = PageArena.room(table_bytes(weight, np.dtype(STORED[format]).itemsize))
+    return table + (PageArena.room(_padded(weight.shape[0]) * 4) if format == "int8" else 0)
+
+
+def filled(shape: tuple, dtype, fill: Callable[[np.ndarray], None]) -> np.ndarray:
+    """``Prepare`` without an arena: a new array, filled by ``fill``."""
+    out = np.empty(shape, dtype)
+    fill(out)
+    return out
+
+
 def _pad_vector(values: Optional[torch.Tensor], columns: int) -> np.ndarray:
     out = np.zeros(_padded(columns), np.float32)
     if values is not None:
@@ -142,27 +161,31 @@ def _fitted(residual: np.ndarray, length: int) -> np.ndarray:
 class _Tiles:
     """A weight in one of the library's tiled formats, multiplied by one float32 row at a time (``__call__``).
 
-    ``weight`` (out, in) holds the stored values (float32, bf16 bits, int8), copied once into memory from
-    ``allocate`` (``cpu_step.PageArena``: huge pages) as tiles: (out / TILE, in, TILE), the columns padded with
-    zeros; ``order`` rearranges each tile row's columns (bf16's interleave). ``extra`` are the kernel's
-    per-column vectors before the bias (int8's scales).
+    ``values()`` gives the (out, in) stored values (float32, bf16, int8) of a weight of ``shape``; they are
+    laid out as tiles (out / TILE, in, TILE), the columns padded with zeros, in an array from ``prepare``
+    (``prepared.PreparedArena.array``: huge pages, or a cached arena that holds them already, and then
+    ``values`` is never called); ``order`` rearranges each tile row's columns (bf16's interleave). ``extra`` are
+    the kernel's per-column vectors before the bias (int8's scales).
     """
 
-    def __init__(self, kernels: MatVecKernels, format: str, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                 allocate: Allocate, *extra: np.ndarray,
-                 order: Callable[[torch.Tensor], torch.Tensor] = lambda rows: rows) -> None:
-        self.out_features, self.in_features = weight.shape
+    def __init__(self, kernels: MatVecKernels, format: str, shape: tuple[int, int],
+                 values: Callable[[], torch.Tensor], bias: Optional[torch.Tensor], prepare: Prepare,
+                 *extra: np.ndarray, order: Callable[[torch.Tensor], torch.Tensor] = lambda rows: rows) -> None:
+        self.out_features, self.in_features = shape
         self._columns = _padded(self.out_features)
-        weight = weight.contiguous()
-        if self._columns != self.out_features:
-            weight = torch.cat([weight, weight.new_zeros(self._columns - self.out_features, self.in_features)])
-        rows = order(weight.view(self._columns // TILE, TILE, self.in_features).transpose(1, 2))  # (tiles, in, TILE)
-        bits = rows.dtype == torch.bfloat16
-        self.values = allocate(tuple(rows.shape), np.uint16 if bits else rows.numpy().dtype)
-        target = torch.from_numpy(self.values.view(np.int16) if bits else self.values)
-        target.copy_(rows.view(torch.int16) if bits else rows)  # torch's blocked transpose: ~10x numpy's here
-        require(self.values, {"float32": np.float32, "bfloat16": np.uint16, "int8": np.int8}[format],
-                tuple(rows.shape), "tiles")
+        tiled = (self._columns // TILE, self.in_features, TILE)
+
+        def fill(out: np.ndarray) -> None:
+            weight = values().contiguous()
+            if self._columns != self.out_features:
+                weight = torch.cat([weight, weight.new_zeros(self._columns - self.out_features, self.in_features)])
+            rows = order(weight.view(tiled[0], TILE, self.in_features).transpose(1, 2))  # (tiles, in, TILE)
+            bits = rows.dtype == torch.bfloat16
+            target = torch.from_numpy(out.view(np.int16) if bits else out)
+            target.copy_(rows.view(torch.int16) if bits else rows)  # torch's blocked transpose: ~10x numpy's here
+
+        self.values = prepare(tiled, STORED[format], fill)
+        require(self.values, STORED[format], tiled, "tiles")
         self._vectors = (*extra, _pad_vector(bias, self.out_features))  # kept alive: the kernel reads them
         self._kernels, self._format = kernels, format
 
@@ -185,8 +208,8 @@ class Fp32Tiles(_Tiles):
     transposed weight)."""
 
     def __init__(self, kernels: MatVecKernels, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                 allocate: Allocate = np.empty) -> None:
-        super().__init__(kernels, "float32", weight.detach().float(), bias, allocate)
+                 prepare: Prepare = filled) -> None:
+        super().__init__(kernels, "float32", tuple(weight.shape), lambda: weight.detach().float(), bias, prepare)
 
 
 def _interleave(rows: torch.Tensor) -> torch.Tensor:
@@ -200,9 +223,9 @@ class Bf16Tiles(_Tiles):
     values are bf16 already, rounded to nearest otherwise)."""
 
     def __init__(self, kernels: MatVecKernels, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                 allocate: Allocate = np.empty) -> None:
-        super().__init__(kernels, "bfloat16", weight.detach().to(torch.bfloat16), bias, allocate,
-                         order=lambda rows: _interleave(rows).reshape(rows.shape))
+                 prepare: Prepare = filled) -> None:
+        super().__init__(kernels, "bfloat16", tuple(weight.shape), lambda: weight.detach().to(torch.bfloat16), bias,
+                         prepare, order=lambda rows: _interleave(rows).reshape(rows.shape))
 
 
 class Int8Tiles(_Tiles):
@@ -210,8 +233,26 @@ class Int8Tiles(_Tiles):
     per-output float32 ``scale``: the quantized weight (``cpu.quantize``) in a quarter of the bytes."""
 
     def __init__(self, kernels: MatVecKernels, values: torch.Tensor, scale: torch.Tensor,
-                 bias: Optional[torch.Tensor], allocate: Allocate = np.empty) -> None:
-        super().__init__(kernels, "int8", values, bias, allocate, _pad_vector(scale, values.shape[0]))
+                 bias: Optional[torch.Tensor], prepare: Prepare = filled) -> None:
+        self._tile(kernels, tuple(values.shape), lambda: (values, scale), bias, prepare)
+
+    @classmethod
+    def rounded(cls, kernels: MatVecKernels, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                prepare: Prepare = filled) -> "Int8Tiles":
+        """Return the tiles of float ``weight`` rounded to int8 (``quantize.int8_rows``), rounded only where
+        ``prepare`` fills them (a cached arena holds the values and scales already)."""
+        tiles = cls.__new__(cls)
+        tiles._tile(kernels, tuple(weight.shape), functools.cache(lambda: int8_rows(weight.detach())), bias, prepare)
+        return tiles
+
+    def _tile(self, kernels: MatVecKernels, shape: tuple[int, int],
+              quantized: Callable[[], tuple[torch.Tensor, torch.Tensor]], bias: Optional[torch.Tensor],
+              prepare: Prepare) -> None:
+        def fill(out: np.ndarray) -> None:
+            out[:] = _pad_vector(quantized()[1], shape[0])
+
+        scale = prepare((_padded(shape[0]),), np.float32, fill)
+        super().__init__(kernels, "int8", shape, lambda: quantized()[0], bias, prepare, scale)
 
     def rows(self, x: np.ndarray, residual: Optional[np.ndarray] = None) -> np.ndarray:
         """Return the (n, out) products of n float32 rows ``x`` (n, in), each bit for bit what ``__call__`` gives

@@ -34,7 +34,7 @@ from typing import Optional
 import numpy as np
 
 from moss_npu.cpu import native_build
-from moss_npu.cache_dir import CACHE_ENV, default_cache_dir
+from moss_npu.cache_dir import CACHE_ENV, default_cache_dir, open_trusted_folder, trusted
 from moss_npu.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -90,28 +90,6 @@ def report_build(logger: logging.Logger, what: str, built: Optional[str], took: 
                        built)
 
 
-def _trusted(info: os.stat_result) -> bool:
-    """Whether a cache folder or file is this user's alone: owned by this user, writable by nobody else."""
-    return info.st_uid == os.getuid() and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-
-
-def _open_trusted_folder(folder: Path) -> Optional[int]:
-    """Return a descriptor of ``folder`` (made 0700 where missing) if this user owns it and nobody else can write
-    it, else None (with a log line saying why)."""
-    try:
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError as exc:
-        log.debug("kernel cache %s unusable (%s)", folder, exc)
-        return None
-    if not _trusted(os.fstat(fd)):
-        os.close(fd)
-        log.warning("kernel cache %s is not used: it is owned by another user or writable by others (the kernels "
-                    "are built in a private folder instead)", folder)
-        return None
-    return fd
-
-
 def _load_trusted(folder_fd: int, folder: Path, name: str) -> Optional[ctypes.CDLL]:
     """Load ``name`` inside the opened folder if it is a regular file this user owns that nobody else can write;
     None where there is no such file. The folder is reached through its descriptor where the system has
@@ -125,7 +103,7 @@ def _load_trusted(folder_fd: int, folder: Path, name: str) -> Optional[ctypes.CD
         info = os.fstat(fd)
     finally:
         os.close(fd)
-    if not stat.S_ISREG(info.st_mode) or not _trusted(info):
+    if not stat.S_ISREG(info.st_mode) or not trusted(info):
         log.warning("kernel cache file %s is not loaded: owned by another user or writable by others", name)
         return None
     through = Path(f"/proc/self/fd/{folder_fd}")
@@ -171,7 +149,7 @@ def build_for_this_cpu(cache: Optional[Path] = None) -> tuple[ctypes.CDLL, Optio
         raise KernelUnavailable(str(exc)) from exc
     name = f"{Path(native_build.LIBRARY).stem}-{_build_key(command)}.so"
     root = cache if cache is not None else default_cache_dir()
-    folder_fd = None if root is None else _open_trusted_folder(Path(root) / "kernels")
+    folder_fd = None if root is None else open_trusted_folder(Path(root) / "kernels", "kernel cache", log)
     if folder_fd is not None:
         folder = Path(root) / "kernels"
         try:

@@ -17,6 +17,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from moss_npu.checkpoint_layers import CheckpointLinear
+
 
 def packing_available() -> bool:
     """Whether this torch can pack fp32 weights for oneDNN: built with it, exposing inductor's packing operators,
@@ -70,6 +72,13 @@ class PackedLinear(nn.Module):
         # one attribute so that a thread reads a consistent triple
         self._cache: Optional[tuple[torch.Tensor, int, torch.Tensor]] = None
 
+    def pack(self) -> None:
+        """Pack the weight now (at load), so that the first product does not wait for it; nothing for a weight
+        that ``forward`` would not pack."""
+        w = self.weight
+        if w.dtype == torch.float32 and w.device.type == "cpu" and not w.is_inference():
+            self._cache = (w.detach(), w._version, pack_linear(w))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
         if w.dtype != torch.float32 or w.device.type != "cpu" or w.is_inference():
@@ -95,7 +104,7 @@ def pack_linears(module: nn.Module) -> int:
     swapped = 0
     for parent in list(module.modules()):
         for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear:
+            if type(child) in (nn.Linear, CheckpointLinear):
                 setattr(parent, name, PackedLinear(child))
                 swapped += 1
     return swapped

@@ -25,6 +25,7 @@ import torch
 import torch.nn as nn
 
 from moss_npu.errors import InputError
+from moss_npu.nano.checkpoint import origin_identity, stamp_origin
 
 QUANTIZE_MODES = ("none", "int8")
 
@@ -65,11 +66,14 @@ def quantize_int8(model: nn.Module) -> None:
     """
     weight = model.local_transformer.ln_f.weight
     check_int8(weight.device, weight.dtype)
+    origin = origin_identity(model)
     with torch.no_grad():
         for layer in block_linears(model):
             values, scale = int8_rows(layer.weight)
             layer.weight.copy_(values.float() * scale[:, None])
     model.quantization = "int8"
+    if origin is not None:  # still the checkpoint's weights, rounded by this step
+        stamp_origin(model, f"{origin}:int8")
 
 
 def store_bf16(model: nn.Module) -> None:
@@ -79,10 +83,13 @@ def store_bf16(model: nn.Module) -> None:
     if weight.device.type != "cpu" or weight.dtype != torch.float32:
         raise InputError(f"bf16 weights with float32 arithmetic are a CPU float32 model's; this one is "
                          f"{weight.dtype} on {weight.device}")
+    origin = origin_identity(model)
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.copy_(parameter.to(torch.bfloat16).float())
     model.weight_dtype = "bfloat16"
+    if origin is not None:  # still the checkpoint's weights, rounded by this step
+        stamp_origin(model, f"{origin}:bf16")
 
 
 def dtype_name(model: nn.Module) -> str:

@@ -29,9 +29,9 @@ Shapes: n slots, E hidden, H heads, D head dim, M cache rows, T keys attended.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
-import mmap
 import time
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -42,11 +42,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from moss_npu.errors import InputError
-from moss_npu.cpu.matvec import BlasGemv, Bf16Tiles, Fp32Tiles, Int8Tiles, MatVecKernels, table_bytes
+from moss_npu.cpu.matvec import BlasGemv, Bf16Tiles, Fp32Tiles, Int8Tiles, MatVecKernels, Prepare, filled, tile_bytes
 from moss_npu.nano.model import Block
 from moss_npu.cpu.quantize import block_linears, int8_rows
 from moss_npu.cpu.native import KernelUnavailable, report_build
 from moss_npu.cpu.packed import pack_linear, packed_matmul, packing_available
+from moss_npu.cpu.prepared import PageArena, PreparedArena, fresh_arena
 from moss_npu.cpu.threads import ThreadPools, limit_blas
 
 log = logging.getLogger(__name__)
@@ -259,45 +260,6 @@ def _bias(layer: nn.Linear) -> torch.Tensor:
     return torch.zeros(layer.weight.shape[0]) if layer.bias is None else layer.bias.detach().clone()
 
 
-class PageArena:
-    """One anonymous memory map of ``nbytes`` on transparent huge pages where the kernel offers them
-    (``madvise``), handing out arrays one after another (``array``) in the order a frame reads them: a frame
-    streams hundreds of MB of weights, and 2 MB pages spare the page walks of 4 KB ones."""
-
-    ALIGN = 64  # a cache line: every array starts on one
-
-    def __init__(self, nbytes: int) -> None:
-        size = max(nbytes, 1)
-        # Private anonymous memory: a shared mapping (mmap's default) is shmem, which gets no huge pages.
-        private = getattr(mmap, "MAP_PRIVATE", None)
-        self._map = (mmap.mmap(-1, size) if private is None
-                     else mmap.mmap(-1, size, flags=private | mmap.MAP_ANONYMOUS))
-        if hasattr(mmap, "MADV_HUGEPAGE"):
-            try:
-                self._map.madvise(mmap.MADV_HUGEPAGE)
-            except OSError:
-                pass  # no transparent huge pages here: 4 KB pages work the same, a little slower
-        self._used = 0
-
-    @classmethod
-    def room(cls, nbytes: int) -> int:
-        """Return the arena bytes an array of ``nbytes`` takes (aligned)."""
-        return -(-nbytes // cls.ALIGN) * cls.ALIGN
-
-    def array(self, shape: tuple, dtype) -> np.ndarray:
-        """Return the next uninitialized array of ``shape`` and ``dtype``; raises ValueError when full."""
-        count = math.prod(shape)
-        nbytes = count * np.dtype(dtype).itemsize
-        if self._used + nbytes > len(self._map):
-            raise ValueError(f"arena of {len(self._map)} bytes is full")
-        out = np.frombuffer(self._map, dtype=dtype, count=count, offset=self._used).reshape(shape)
-        self._used += self.room(nbytes)
-        return out
-
-    def nbytes(self) -> int:
-        return len(self._map)
-
-
 class WeightArena:
     """Transposed (in, out) float32 copies of linear weights in one ``PageArena``, in the order a frame reads
     them."""
@@ -333,14 +295,27 @@ class ModelWeights:
 
 class Int8Weights:
     """The int8 values, float32 scales and bias of each block linear of an int8-quantized model (``quantize``),
-    for ``int8_matmul``: a quarter of the fp32 weight bytes a frame streams."""
+    for ``int8_matmul``: a quarter of the fp32 weight bytes a frame streams. Values and scales are arrays from
+    ``prepare`` (``matvec.Prepare``), rounded only where it fills them."""
 
-    def __init__(self, layers: list[nn.Linear]) -> None:
+    def __init__(self, layers: list[nn.Linear], prepare: Prepare = filled) -> None:
         self._weights = {}
         for layer in layers:
-            values, scale = int8_rows(layer.weight.detach())  # the rounded weights give back their own grid
-            unit = torch.ones(values.shape[0], dtype=torch.bfloat16)
-            self._weights[layer] = (values.contiguous(), scale, unit)
+            # the rounded weights give back their own grid
+            rounded = functools.cache(lambda layer=layer: int8_rows(layer.weight.detach()))
+            out_features, in_features = layer.weight.shape
+            values = prepare((out_features, in_features), np.int8,
+                             lambda out, rounded=rounded: torch.from_numpy(out).copy_(rounded()[0]))
+            scale = prepare((out_features,), np.float32,
+                            lambda out, rounded=rounded: torch.from_numpy(out).copy_(rounded()[1]))
+            unit = torch.ones(out_features, dtype=torch.bfloat16)
+            self._weights[layer] = (torch.from_numpy(values), torch.from_numpy(scale), unit)
+
+    @staticmethod
+    def arena_bytes(layers: list[nn.Linear]) -> int:
+        """Return the arena bytes the values and scales of ``layers`` take."""
+        return sum(PageArena.room(layer.weight.numel()) + PageArena.room(layer.weight.shape[0] * 4)
+                   for layer in layers)
 
     def linear(self, layer: nn.Linear) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
         """Return ``layer``'s (values, scales, unit scales) and its bias."""
@@ -410,7 +385,10 @@ class CpuStep:
     blocks run as compiled graphs.
     """
 
-    def __init__(self, model: nn.Module, compile_mode: str) -> None:
+    def __init__(self, model: nn.Module, compile_mode: str,
+                 arena: Callable[[int], PreparedArena] = fresh_arena) -> None:
+        """``arena(nbytes)`` gives the arena the tiles are prepared in (``prepared.WeightCache.arena``, which may
+        hold them already); it is ``tile_arena``, None without the kernels."""
         cfg = model.config.gpt2_config
         self.int8 = getattr(model, "quantization", "none") == "int8"
         self.weight_dtype = "int8" if self.int8 else getattr(model, "weight_dtype", "float32")
@@ -431,14 +409,15 @@ class CpuStep:
         # heads need tiles then. An int8 model's several rows use its tiles too (``Int8TileWeights``).
         rows = (not self.int8 or kernels is not None) and compile_mode != "on"
         self._tiles, self._int8_tiles = None, {}
+        prefill_linears = block_linears(model, local=False) if self.int8 and kernels is not None else []
         if kernels is not None:
             heads = list(model.audio_lm_heads)
             tiled = (linears if rows else []) + heads
-            self._tiles = PageArena(sum(PageArena.room(table_bytes(layer.weight, self._itemsize(layer in heads)))
-                                        for layer in tiled))
+            self._tiles = arena(sum(tile_bytes(layer.weight, self._tile_format(layer in heads)) for layer in tiled)
+                                + Int8Weights.arena_bytes(prefill_linears))
             if self.int8:
-                self._int8_tiles = {layer: Int8Tiles(kernels, *int8_rows(layer.weight.detach()), layer.bias,
-                                                     self._tiles.array) for layer in linears}
+                self._int8_tiles = {layer: Int8Tiles.rounded(kernels, layer.weight, layer.bias, self._tiles.array)
+                                    for layer in linears}
         if self.int8:
             weights = Int8TileWeights(self._int8_tiles) if self._int8_tiles else Int8Weights(linears)
         else:
@@ -452,9 +431,9 @@ class CpuStep:
         # the tiles row by row (docs/performance.md).
         self._prefill_blocks = self.global_blocks
         if self._int8_tiles:
-            torch_int8 = Int8Weights(block_linears(model, local=False))
+            torch_int8 = Int8Weights(prefill_linears, self._tiles.array)
             self._prefill_blocks = [_block_weights(b, torch_int8) for b in model.transformer.h]
-            self._int8_bytes = torch_int8.nbytes()
+            self._int8_bytes = 0  # counted with the tile arena
         self.global_final = (model.transformer.ln_f.weight.detach(), model.transformer.ln_f.bias.detach())
         self.local_final = (model.local_transformer.ln_f.weight.detach(), model.local_transformer.ln_f.bias.detach())
         self.heads = [self.arena.linear(h) for h in model.audio_lm_heads]
@@ -479,9 +458,14 @@ class CpuStep:
         if compile_mode == "on":  # auto = eager: compiled measured slower (module docstring)
             self._compile(compile_mode)
 
-    def _itemsize(self, head: bool) -> int:
-        """Bytes per stored weight value: int8 1 (its heads 4: not quantized), bf16 2, float32 4."""
-        return {"int8": 4 if head else 1, "bfloat16": 2, "float32": 4}[self.weight_dtype]
+    @property
+    def tile_arena(self) -> Optional[PreparedArena]:
+        """The arena of the one-row kernels' tiles (None without the kernels)."""
+        return self._tiles
+
+    def _tile_format(self, head: bool) -> str:
+        """The tiles' format of a weight: the stored one, except an int8 model's heads (not quantized)."""
+        return "float32" if head and self.int8 else self.weight_dtype
 
     def _kernels(self) -> Optional[MatVecKernels]:
         """Return the one-row kernels (``matvec``), or None where they cannot be built: with one warning line for
@@ -520,8 +504,10 @@ class CpuStep:
                         product(block.mlp.fc_in), product(block.mlp.fc_out))
 
     @classmethod
-    def build(cls, model: nn.Module, compile_mode: str = "auto") -> Optional["CpuStep"]:
-        """Return a ``CpuStep`` for an fp32 model on the CPU, None for any other (its own kernels are fine)."""
+    def build(cls, model: nn.Module, compile_mode: str = "auto",
+              arena: Callable[[int], PreparedArena] = fresh_arena) -> Optional["CpuStep"]:
+        """Return a ``CpuStep`` for an fp32 model on the CPU (its tiles in ``arena``), None for any other (its
+        own kernels are fine)."""
         if compile_mode not in COMPILE_MODES:
             raise InputError(f"--compile {compile_mode}: unknown; use one of {', '.join(COMPILE_MODES)}")
         weight = model.local_transformer.ln_f.weight
@@ -532,7 +518,7 @@ class CpuStep:
                 raise InputError(f"--compile on compiles the float32 CPU step; this model is {weight.dtype} on "
                                  f"{weight.device}: use --compile auto or off")
             return None
-        return cls(model, compile_mode)
+        return cls(model, compile_mode, arena)
 
     def _arena_pairs(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Return the (weight view, bias) of every product that reads the arena: the blocks' (unless int8) and
@@ -568,10 +554,21 @@ class CpuStep:
         out = packed_matmul(x, self._packed_weight(weight_t), bias)
         return out if residual is None else out.add_(residual)
 
+    def pack(self, batched: bool) -> None:
+        """Pack now what several rows will multiply by (``_packed_weight``), so that no request waits for it: a
+        prompt's prefill reads the global blocks, and ``batched`` (a decoder of several slots) adds the local
+        blocks and the heads. Nothing where products are not packed (no packing here, int8, compiled blocks)."""
+        if not self.packing or self.int8 or self.compiled:
+            return
+        blocks = self.global_blocks + (self.local_blocks if batched else [])
+        weights = [w for block in blocks for w in (block[2], block[4], block[8], block[10])]
+        for weight_t in weights + ([w for w, _ in self.heads] if batched else []):
+            self._packed_weight(weight_t)
+
     def _packed_weight(self, weight_t: torch.Tensor) -> torch.Tensor:
-        """Return the packed copy of an arena weight, made the first time several rows multiply by it: a
-        one-request run packs the global blocks (its prefill, ~340 MB for the real model), a server's batches
-        every block and head (~420 MB)."""
+        """Return the packed copy of an arena weight, made by ``pack`` or the first time several rows multiply by
+        it: a one-request run packs the global blocks (its prefill, ~340 MB for the real model), a server's
+        batches every block and head (~420 MB)."""
         key = weight_t.data_ptr()
         packed = self._packed.get(key)
         if packed is None:  # from the arena copy, as one-row products read it: the same weights until refresh()

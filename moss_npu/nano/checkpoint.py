@@ -8,8 +8,11 @@ keys; everything else must match the model exactly (strict load).
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
@@ -23,6 +26,7 @@ WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
 # Keys a file may hold that the model does not use (upstream `_keys_to_ignore_on_load_unexpected`).
 IGNORED_KEYS = ("local_transformer.wte.weight",)
+SAMPLED_BYTES = 1 << 20  # checkpoint_identity hashes this much of the weights file's start and of its end
 
 
 def tied_keys(config: NanoConfig) -> dict[str, str]:
@@ -83,6 +87,7 @@ def load_model(
     """
     model_dir = Path(model_dir)
     config = load_config(model_dir)
+    identity = checkpoint_identity(model_dir)
     state = resolve_state_dict(read_state_dict(weights_file(model_dir)), config)
     model = NanoTTSModel(config, attn_impl=attn_impl)
     expected = {k for k in model.state_dict() if k not in tied_keys(config)}
@@ -102,7 +107,63 @@ def load_model(
         state[alias] = state[source]
     model.load_state_dict(state, strict=True)
     # Cast after loading: the RoPE buffer follows the dtype, as upstream's model.to(dtype) does.
-    return model.to(device=torch.device(device), dtype=dtype).eval().requires_grad_(False)
+    model = model.to(device=torch.device(device), dtype=dtype).eval().requires_grad_(False)
+    if checkpoint_identity(model_dir) == identity:  # else the folder changed while it was read: no origin
+        stamp_origin(model, f"{identity}:{dtype}")
+    return model
+
+
+def checkpoint_identity(model_dir: Path) -> str:
+    """Return a name for the content of a model folder's weights and config without reading the weights whole
+    (hashing 0.5-2 GB at every start would cost seconds): the weights file's size, inode, device, modification
+    and change times in nanoseconds, and a SHA-256 of its first and last MiB (a safetensors header, the
+    names, shapes and offsets of every tensor, is at the start) and of ``config.json``.
+
+    Rewriting the file sets its modification and change times, and replacing it gives another inode or change
+    time; tools that carry a modification time over (``cp -p``, rsync, tar) still set the change time, which
+    only a changed system clock can set back. So two different contents share a name only when the same inode
+    of the same size is rewritten under a clock set back to the nanosecond, with the same first and last MiB.
+    A folder moved or copied gets a new name (its entries are prepared once more), which is safe.
+    """
+    path = weights_file(model_dir).resolve()
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as weights:
+            info = os.fstat(weights.fileno())
+            digest.update(weights.read(SAMPLED_BYTES))
+            weights.seek(max(info.st_size - SAMPLED_BYTES, 0))
+            digest.update(weights.read(SAMPLED_BYTES))
+        digest.update((model_dir / "config.json").read_bytes())
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot read weights ({type(exc).__name__}: {exc}); re-download it") from exc
+    stamp = (info.st_size, info.st_ino, info.st_dev, info.st_mtime_ns, info.st_ctime_ns)
+    return f"{':'.join(map(str, stamp))}:{digest.hexdigest()}"
+
+
+@dataclass(frozen=True)
+class WeightsOrigin:
+    """Where a model's weights came from (``identity``) and the parameters' ``weights_state`` then: the weights
+    still are that checkpoint's while the state is unchanged."""
+
+    identity: str
+    state: tuple
+
+
+def weights_state(model: torch.nn.Module) -> tuple:
+    """Return each parameter's address and version counter: every in-place edit or replacement changes it."""
+    return tuple((p.data_ptr(), p._version) for p in model.parameters())
+
+
+def stamp_origin(model: torch.nn.Module, identity: str) -> None:
+    """Record that ``model``'s weights, as they are now, are what ``identity`` names (a checkpoint as loaded, or
+    such weights rounded by a named step: ``cpu.quantize``)."""
+    model.weights_origin = WeightsOrigin(identity, weights_state(model))
+
+
+def origin_identity(model: torch.nn.Module) -> Optional[str]:
+    """Return the identity stamped on ``model`` if its weights were not changed since, else None."""
+    origin = getattr(model, "weights_origin", None)
+    return origin.identity if origin is not None and origin.state == weights_state(model) else None
 
 
 def _names(keys: list[str], limit: int = 8) -> str:

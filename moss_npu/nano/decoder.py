@@ -31,8 +31,9 @@ from moss_npu.errors import InputError
 from moss_npu.nano.frames import (FrameBatch, GenerationResult, LogitsHook, PhaseTimer, check_budget,
                                   non_finite_error, phase, trim_codes, unpad)
 from moss_npu.nano.graphs import FrameGraphs, resolve_graph
-from moss_npu.cpu.step import CpuStep, Segment, rotations
+from moss_npu.cpu.step import Segment, rotations
 from moss_npu.nano.model import KVCache, NanoTTSModel
+from moss_npu.nano.prepared import DecoderWeights
 from moss_npu.nano.reuse import LocalTables, PrefixCache
 from moss_npu.nano.state import DecodeState
 from moss_npu.sampling import SamplingParams, SlotSampling, TokenParams, sample_token, sample_with_noise
@@ -83,13 +84,16 @@ class FrameDecoder:
         prefix_cache: a ``PrefixCache`` to start prefills from shared prompt prefixes; None for none.
         logits_hook / timer: every logits row the sampler sees / wall time per phase (eager only).
         compile: "auto" | "on" | "off": torch.compile the float32 CPU step (``cpu.step``; auto = eager).
+        weights: the weight-derived parts prepared already (``nano.prepared``; a pipeline's, shared by its
+            decoders); None, or parts of other weights, and they are built here.
     The weights are read at construction: after editing them call ``refresh()``.
     """
 
     def __init__(self, model: NanoTTSModel, *, slots: int = 1, max_len: int = 1024, sampler: str = "official",
                  graph: str = "off", generator: Optional[torch.Generator] = None,
                  prefix_cache: Optional[PrefixCache] = None, logits_hook: Optional[LogitsHook] = None,
-                 timer: Optional[PhaseTimer] = None, compile: str = "auto") -> None:
+                 timer: Optional[PhaseTimer] = None, compile: str = "auto",
+                 weights: Optional[DecoderWeights] = None) -> None:
         if sampler not in SAMPLERS:
             raise InputError(f"sampler {sampler!r} is unknown; use one of {', '.join(SAMPLERS)}")
         if slots < 1 or max_len < 2:
@@ -98,16 +102,18 @@ class FrameDecoder:
         self.prefix_cache, self.logits_hook, self.timer = prefix_cache, logits_hook, timer
         cfg = model.config
         self.pad = cfg.audio_pad_token_id
+        self.compile_mode = compile
+        current = weights is not None and weights.current(model, compile)
+        self.weights = weights if current else DecoderWeights.build(model, compile)
         with torch.inference_mode():
             self.state = DecodeState.allocate(model, slots, max_len)
-            self.tables = LocalTables.build(model, max_len)
+            self.tables = LocalTables.build(model, max_len, self.weights.audio_qkv)
             self._key_range = torch.arange(max_len, device=model.device)
             self._channel_range = torch.arange(cfg.n_vq, device=model.device)
             # Flattened cache row of each (slot, head) at position 0 (+ position: its new key), local and global.
             heads = torch.arange(slots * cfg.gpt2_config.n_head, device=model.device)
             self._local_rows = heads * self.state.local_kv.shape[4]
             self._global_rows = (heads * max_len).view(slots, -1)
-        self.compile_mode = compile
         self._build_cpu_step()
         self._params: list[Optional[tuple[TokenParams, TokenParams]]] = [None] * slots
         self._generators: list[Optional[torch.Generator]] = [None] * slots
@@ -232,7 +238,8 @@ class FrameDecoder:
         """Rebuild the weight-derived tables and forget cached prompts (call after editing the weights)."""
         with torch.inference_mode():
             self._run_pending(hold=True)
-            self.tables = LocalTables.build(self.model, self.state.max_len)
+            self.weights = DecoderWeights.build(self.model, self.compile_mode)
+            self.tables = LocalTables.build(self.model, self.state.max_len, self.weights.audio_qkv)
         self._build_cpu_step()
         if self.prefix_cache is not None:
             self.prefix_cache.clear()
@@ -240,8 +247,11 @@ class FrameDecoder:
             self.graphs.reset()
 
     def _build_cpu_step(self) -> None:
-        """Pick the CPU step (fp32 on the CPU) and its complex RoPE tables; None elsewhere."""
-        self.cpu_step = CpuStep.build(self.model, self.compile_mode)
+        """Take the prepared CPU step (fp32 on the CPU; None elsewhere), its weights packed for a batch of slots
+        where this decoder has several, and its complex RoPE tables."""
+        self.cpu_step = self.weights.cpu_step
+        if self.cpu_step is not None:
+            self.cpu_step.pack(batched=self.slots > 1)
         self._rotations = None if self.cpu_step is None else (
             rotations(*self.tables.global_rope), rotations(*self.tables.local_rope))
 

@@ -18,6 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from moss_npu.checkpoint_layers import CheckpointLinear
 from moss_npu.errors import InputError
 from moss_npu.nano.config import GPT2Config, NanoConfig
 
@@ -130,8 +131,8 @@ class Attention(nn.Module):
     def __init__(self, cfg: GPT2Config, layer_idx: int) -> None:
         super().__init__()
         self.n_head, self.head_dim = cfg.n_head, cfg.head_dim
-        self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd)
-        self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd)
+        self.c_attn = CheckpointLinear(cfg.n_embd, 3 * cfg.n_embd)
+        self.c_proj = CheckpointLinear(cfg.n_embd, cfg.n_embd)
         scale = 1.0 / math.sqrt(self.head_dim) if cfg.scale_attn_weights else 1.0
         self.scale = scale / (layer_idx + 1) if cfg.scale_attn_by_inverse_layer_idx else scale
 
@@ -156,8 +157,8 @@ class MLP(nn.Module):
 
     def __init__(self, cfg: GPT2Config) -> None:
         super().__init__()
-        self.fc_in = nn.Linear(cfg.n_embd, cfg.inner_size)
-        self.fc_out = nn.Linear(cfg.inner_size, cfg.n_embd)
+        self.fc_in = CheckpointLinear(cfg.n_embd, cfg.inner_size)
+        self.fc_out = CheckpointLinear(cfg.inner_size, cfg.n_embd)
         self.act = ACTIVATION_FUNCTIONS[cfg.activation_function]
         self.fused_act = FUSED_ACTIVATIONS.get(cfg.activation_function, self.act)
 
@@ -273,8 +274,8 @@ class NanoTTSModel(nn.Module):
         g, e = config.gpt2_config, config.hidden_size
         self.transformer = Decoder(g, g.n_layer, attn_impl, has_wte=True)
         self.audio_embeddings = nn.ModuleList(_embedding(n, e) for n in config.audio_codebook_sizes)
-        self.text_lm_head = nn.Linear(e, g.vocab_size, bias=False)
-        self.audio_lm_heads = nn.ModuleList(nn.Linear(e, n, bias=False) for n in config.audio_codebook_sizes)
+        self.text_lm_head = CheckpointLinear(e, g.vocab_size, bias=False)
+        self.audio_lm_heads = nn.ModuleList(CheckpointLinear(e, n, bias=False) for n in config.audio_codebook_sizes)
         # The local decoder has no embedding table (upstream replaces its wte by Identity).
         self.local_transformer = Decoder(g, config.local_transformer_layers, attn_impl, has_wte=False)
         self.tie_weights()

@@ -16,8 +16,11 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Optional
 
+import numpy as np
 import torch
 
+from moss_npu.cpu.matvec import Prepare
+from moss_npu.cpu.prepared import PageArena
 from moss_npu.nano.model import NanoTTSModel
 
 # Below this many shared rows a copy saves too little to be worth a host sync.
@@ -38,14 +41,40 @@ class LocalTables:
 
     @classmethod
     @torch.inference_mode()
-    def build(cls, model: NanoTTSModel, max_len: int) -> "LocalTables":
-        """Compute every table from the model's current weights (about half a second for the real model)."""
+    def build(cls, model: NanoTTSModel, max_len: int,
+              audio_qkv: Optional[tuple[torch.Tensor, ...]] = None) -> "LocalTables":
+        """Compute every table from the model's current weights; ``audio_qkv``: the large ones ready-made
+        (``audio_qkv_tables``, computed once per weights: about half a second for the real model)."""
         cfg = model.config
         ids = torch.tensor([cfg.audio_assistant_slot_token_id, cfg.audio_end_token_id], device=model.device)
         embed = model.transformer.wte(ids).to(model.dtype)
         return cls(ids, model.text_lm_head.weight.index_select(0, ids), embed, model.first_qkv(embed),
-                   tuple(model.first_qkv(e.weight) for e in model.audio_embeddings[:-1]),
+                   audio_qkv_tables(model) if audio_qkv is None else audio_qkv,
                    model.transformer.rope_table(max_len), model.local_transformer.rope_table(cfg.n_vq + 1))
+
+
+def audio_qkv_bytes(model: NanoTTSModel) -> int:
+    """Return the arena bytes of ``audio_qkv_tables`` for a float32 CPU model."""
+    width = model.local_transformer.h[0].attn.c_attn.weight.shape[0]
+    return sum(PageArena.room(e.weight.shape[0] * width * 4) for e in model.audio_embeddings[:-1])
+
+
+@torch.inference_mode()
+def audio_qkv_tables(model: NanoTTSModel, prepare: Optional[Prepare] = None) -> tuple[torch.Tensor, ...]:
+    """Return ``LocalTables.audio_qkv``: ``first_qkv`` of audio embedding c's rows for c < Q - 1, (V_c, 3E) each.
+    With ``prepare`` (a float32 CPU model; ``prepared.PreparedArena.array``) they are arrays of its arena,
+    computed only where it fills them."""
+    if prepare is None:
+        return tuple(model.first_qkv(e.weight) for e in model.audio_embeddings[:-1])
+    width = model.local_transformer.h[0].attn.c_attn.weight.shape[0]
+
+    def table(embedding: torch.nn.Embedding) -> torch.Tensor:
+        def fill(out: np.ndarray) -> None:
+            torch.from_numpy(out).copy_(model.first_qkv(embedding.weight))
+
+        return torch.from_numpy(prepare((embedding.weight.shape[0], width), np.float32, fill))
+
+    return tuple(table(e) for e in model.audio_embeddings[:-1])
 
 
 class PrefixCache:

@@ -125,7 +125,7 @@ class Engine:
                                              initializer=use_threads, initargs=(self._threads,))
         self._unprepared: set[RequestStream] = set()  # submitted, preparation not finished
         self.decoder = FrameDecoder(tts.model, slots=max_batch, max_len=max_len, sampler="noise", graph=graph,
-                                    prefix_cache=PrefixCache())
+                                    prefix_cache=PrefixCache(), weights=tts.weights)
         self.audio = CodecRows(tts.codec, max_batch, max(RunConfig().schedule().budgets))
         self._waiting: deque[_Job] = deque()  # jobs whose next chunk waits for a slot
         self._running: dict[int, _Job] = {}  # slot -> job

@@ -24,10 +24,11 @@ from moss_npu.codec.model import NanoCodec
 from moss_npu.codec.rows import CodecRows
 from moss_npu.errors import InputError, NumericalError
 from moss_npu.hub import DEFAULT_CODEC, DEFAULT_MODEL, resolve_model_dir
-from moss_npu.nano.checkpoint import load_model
+from moss_npu.nano.checkpoint import load_model, weights_state
 from moss_npu.nano.decoder import FrameDecoder, RequestParams
 from moss_npu.nano.frames import PhaseTimer, left_pad, trim_codes
 from moss_npu.nano.model import NanoTTSModel
+from moss_npu.nano.prepared import DecoderWeights
 from moss_npu.cpu.quantize import check_int8, quantize_int8, store_bf16
 from moss_npu.nano.reference import reference_generate
 from moss_npu.nano.reuse import PrefixCache
@@ -74,10 +75,16 @@ class SynthesisResult:
 class MossTTSNano:
     """The native MOSS-TTS-Nano pipeline on one device."""
 
-    def __init__(self, model: NanoTTSModel, tokenizer: TextTokenizer, codec: NanoCodec) -> None:
+    def __init__(self, model: NanoTTSModel, tokenizer: TextTokenizer, codec: NanoCodec, *,
+                 name: str = "the model") -> None:
+        """Prepare what the frame decoder derives from the weights now (``nano.prepared``; on the CPU from the
+        prepared-weights cache, built there once per checkpoint, which a line naming ``name`` says), so that
+        the first synthesis costs what the second does."""
         self.model, self.tokenizer, self.codec = model, tokenizer, codec
         self.config = model.config
         self.preparer = Preparer(tokenizer, self.config, codec)  # text preparation and the reference cache
+        self._name = name
+        self.weights = DecoderWeights.build(model, cache=True, label=name)
         self._decoder: Optional[FrameDecoder] = None
         self._idle_stream_codec: Optional[CodecRows] = None  # the last stream's codec state, for the next one
 
@@ -112,7 +119,8 @@ class MossTTSNano:
             store_bf16(lm)
         if load.quantize == "int8":
             quantize_int8(lm)
-        return cls(lm, TextTokenizer.from_dir(model_dir), load_codec(codec_dir, device=dev, attention=attn))
+        return cls(lm, TextTokenizer.from_dir(model_dir), load_codec(codec_dir, device=dev, attention=attn),
+                   name=str(model_dir))
 
     @property
     def device(self) -> torch.device:
@@ -148,15 +156,21 @@ class MossTTSNano:
         chunks of a text), handed on to a rebuilt one. Sizes grow in steps so that few rebuilds happen.
         """
         current = self._decoder
+        if not self.weights.current(self.model, compile):  # edited weights, or another --compile
+            if current is not None and current.prefix_cache is not None and self.weights.state != weights_state(
+                    self.model):
+                current.prefix_cache.clear()  # keys and values of the old weights
+            self.weights = DecoderWeights.build(self.model, compile, cache=True, label=self._name)
         if (current is None or current.slots < slots or current.state.max_len < max_len
                 or current.sampler != sampler or current.graph_mode != graph or current.compile_mode != compile
-                or current.dtype != self.model.dtype):
+                or current.dtype != self.model.dtype or current.weights is not self.weights):
             cache = current.prefix_cache if current is not None and current.dtype == self.model.dtype else None
             size = max(slots, current.slots if current is not None else 1)
             length = -(-max(max_len, current.state.max_len if current is not None else 0) // 256) * 256
             self._decoder = None  # free the old state before allocating the new one
             self._decoder = FrameDecoder(self.model, slots=size, max_len=length, sampler=sampler, graph=graph,
-                                         prefix_cache=cache if cache is not None else PrefixCache(), compile=compile)
+                                         prefix_cache=cache if cache is not None else PrefixCache(), compile=compile,
+                                         weights=self.weights)
         return self._decoder
 
     def _fallback(self, exc: NumericalError, settings: RunConfig, lm: NanoTTSModel) -> NanoTTSModel:

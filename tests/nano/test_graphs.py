@@ -43,7 +43,7 @@ def standin(monkeypatch):
     def install(fail=False):
         capture = FrozenCapture(fail)
         devices.register_backend("cpu", GraphCpu(capture))
-        monkeypatch.setattr(CpuStep, "build", classmethod(lambda cls, model, compile_mode="auto": None))
+        monkeypatch.setattr(CpuStep, "build", classmethod(lambda cls, model, compile_mode="auto", **kwargs: None))
         return capture
     yield install
     devices.register_backend("cpu", None)
