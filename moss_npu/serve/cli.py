@@ -171,14 +171,11 @@ def serve(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
-        from moss_npu.serve.app import ServerConfig, create_app
-        from moss_npu.serve.connections import ConnectionLimits
         from moss_npu.serve.metrics import Metrics
         from moss_npu.serve.pool import WorkerPool, specs_for
         from moss_npu.serve.spec import WorkerSpec
     except ImportError as exc:
-        raise MissingDependency(f"the server needs the serve extra ({exc.name} is missing); run "
-                                "pip install -e '.[serve]'") from None
+        raise _missing(exc) from None
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s: %(message)s")
     fatal: list[tuple[str, bool]] = []
     holder: dict = {}
@@ -192,31 +189,46 @@ def serve(args: argparse.Namespace) -> int:
     base = WorkerSpec(model=args.model, codec=args.codec, device="", dtype=args.dtype, max_batch=args.max_batch,
                       num_threads=args.num_threads, max_new_frames=args.max_new_frames)
     pool = WorkerPool(specs_for(devices, base), max_queue=args.max_queue, metrics=metrics, on_fatal=on_fatal)
-    config = ServerConfig(voices_dir=args.voices_dir, model_names=(args.model_name,), api_key=args.api_key,
-                          max_input_chars=args.max_input_chars, max_new_frames=args.max_new_frames,
-                          request_timeout_s=args.request_timeout, max_upload_bytes=int(args.max_upload_mb * 2**20),
-                          max_voice_seconds=args.max_voice_seconds, body_timeout_s=args.body_timeout,
-                          bind_host=args.host, allowed_hosts=args.allowed_hosts, cors_origins=args.cors_origins)
-    limits = ConnectionLimits(header_timeout_s=args.header_timeout, keep_alive_s=args.keep_alive,
-                              max_connections=args.max_connections)
-    limits.raise_file_limit()
-    server = _server_class()(uvicorn.Config(create_app(config, pool, metrics), host=args.host, port=args.port,
-                                           log_level=args.log_level, timeout_graceful_shutdown=5,
-                                           **limits.uvicorn_options()))
-    holder["server"] = server
     problem = _port_problem(args.host, args.port)
     if problem:
         raise ServerError(f"cannot listen on {args.host}:{args.port} ({problem}); pick another --port or --host")
+    pool.start()  # the workers load while this process imports the app (torch, FastAPI): both at once
     try:
-        server.run()
-    except SystemExit:  # uvicorn exits this way when it cannot start
-        server.started = False
-    if fatal:
-        message, user_fault = fatal[0]
-        raise ServerError(message, exit_code=BAD_INPUT if user_fault else RUNTIME_FAILURE)
-    if not server.started:
-        raise ServerError(f"could not listen on {args.host}:{args.port} (see the log above); pick another --port")
+        try:
+            from moss_npu.serve.app import ServerConfig, create_app
+            from moss_npu.serve.connections import ConnectionLimits
+        except ImportError as exc:
+            raise _missing(exc) from None
+        config = ServerConfig(voices_dir=args.voices_dir, model_names=(args.model_name,), api_key=args.api_key,
+                              max_input_chars=args.max_input_chars, max_new_frames=args.max_new_frames,
+                              request_timeout_s=args.request_timeout, max_upload_bytes=int(args.max_upload_mb * 2**20),
+                              max_voice_seconds=args.max_voice_seconds, body_timeout_s=args.body_timeout,
+                              bind_host=args.host, allowed_hosts=args.allowed_hosts, cors_origins=args.cors_origins)
+        limits = ConnectionLimits(header_timeout_s=args.header_timeout, keep_alive_s=args.keep_alive,
+                                  max_connections=args.max_connections)
+        limits.raise_file_limit()
+        server = _server_class()(uvicorn.Config(create_app(config, pool, metrics), host=args.host, port=args.port,
+                                               log_level=args.log_level, timeout_graceful_shutdown=5,
+                                               **limits.uvicorn_options()))
+        holder["server"] = server
+        if fatal:  # a worker failed before the server existed: stop right after starting
+            server.should_exit = True
+        try:
+            server.run()
+        except SystemExit:  # uvicorn exits this way when it cannot start
+            server.started = False
+        if fatal:
+            message, user_fault = fatal[0]
+            raise ServerError(message, exit_code=BAD_INPUT if user_fault else RUNTIME_FAILURE)
+        if not server.started:
+            raise ServerError(f"could not listen on {args.host}:{args.port} (see the log above); pick another --port")
+    finally:
+        pool.close()  # the app's shutdown closed it already, unless the server never started
     return INTERRUPTED if getattr(server, "signals", []) else 0
+
+
+def _missing(exc: ImportError) -> MissingDependency:
+    return MissingDependency(f"the server needs the serve extra ({exc.name} is missing); run pip install -e '.[serve]'")
 
 
 def _port_problem(host: str, port: int) -> Optional[str]:

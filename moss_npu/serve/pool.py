@@ -21,7 +21,6 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional
 
 from moss_npu.device import is_host
-from moss_npu.serve import worker as worker_process
 from moss_npu.serve.errors import INTERNAL, WORKER_LOST, ApiError, from_engine
 from moss_npu.serve.metrics import Metrics
 from moss_npu.serve.spec import WorkerSpec
@@ -130,16 +129,25 @@ class Worker:
                 return False
 
 
+def run_worker(conn, spec: WorkerSpec) -> None:
+    """A worker process's entry point. The worker module (torch, the model) is imported in the child only, so the
+    server can spawn its workers before it imports torch itself, and both imports run at once."""
+    from moss_npu.serve.worker import main
+
+    main(conn, spec)
+
+
 class WorkerPool:
     """Starts one worker per device spec and routes requests to them."""
 
     def __init__(self, specs: list[WorkerSpec], *, max_queue: int, metrics: Metrics,
                  on_fatal: Callable[[str, bool], None] = lambda message, user_fault: None,
-                 backoff: Backoff = Backoff(), target: Callable = worker_process.main) -> None:
-        """``target(conn, spec)`` is a worker process's entry point (an importable function: workers are spawned)."""
+                 backoff: Backoff = Backoff(), target: Optional[Callable] = None) -> None:
+        """``target(conn, spec)`` is a worker process's entry point (an importable function: workers are spawned;
+        default ``run_worker``)."""
         self.workers = [Worker(i, spec) for i, spec in enumerate(specs)]
         self.max_queue, self.metrics, self.on_fatal, self.backoff = max_queue, metrics, on_fatal, backoff
-        self.target = target
+        self.target = target or run_worker
         self._ids = itertools.count(1)
         self._closing = False
         self._started = False
@@ -300,7 +308,9 @@ class WorkerPool:
         return event[1]
 
     def close(self) -> None:
-        """Stop every worker (they finish the frame in progress and exit)."""
+        """Stop every worker (they finish the frame in progress and exit); later calls do nothing."""
+        if self._closing:
+            return
         self._closing = True
         for w in self.workers:
             if w.state == "starting" and w.process is not None:
