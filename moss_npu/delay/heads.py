@@ -77,7 +77,7 @@ def build_audio_heads(weights: DelayWeights, backend: str, device_spec: str = "a
 
 def _torch_device(device_spec: str, required: bool) -> Optional[object]:
     try:
-        import torch
+        import torch  # noqa: F401  (importable at all: a torch build for another CUDA fails here)
     except Exception as exc:  # absent, or a build for another CUDA that fails with OSError at import
         if required:
             raise ConfigError("heads_backend=torch but torch is not importable; install torch or use "
