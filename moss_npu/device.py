@@ -147,9 +147,10 @@ class Backend:
         """Return the process-wide settings this backend applied (reported in bench and eval JSON)."""
         return {}
 
-    def frame_step(self, model, compile_mode: str = "auto"):
+    def frame_step(self, model, compile_mode: str = "auto", **options):
         """Return the step a ``FrameDecoder`` runs the model's blocks through on this device, or None for the
-        model's own modules (graph capture aside). Only the CPU has one (``moss_npu.cpu.step``)."""
+        model's own modules (graph capture aside). Only the CPU has one (``moss_npu.cpu.step``; ``options`` go
+        to its ``build``)."""
         if compile_mode == "on":
             raise InputError(f"--compile on compiles the float32 CPU step; this model is on {self.kind}: "
                               f"use --compile auto or off")
@@ -158,6 +159,15 @@ class Backend:
     def packs_linears(self, dtype) -> bool:
         """Whether the codec's linear layers in ``dtype`` run faster from packed copies here (``cpu.packed``)."""
         return False
+
+    def rounds_weights_only(self, dtype) -> bool:
+        """Whether ``dtype`` here means float32 arithmetic on weights rounded to ``dtype`` (the CPU's bf16:
+        ``cpu.quantize.store_bf16``) rather than arithmetic in ``dtype``."""
+        return False
+
+    def zeros(self, shape: tuple[int, ...], dtype, device):
+        """A zeroed tensor for a large state (the decoder's KV cache)."""
+        return torch.zeros(shape, dtype=dtype, device=device)
 
     def kernel_report(self) -> Optional[str]:
         """Which instruction set this device's own kernels run (the CPU's one-row products), for reports."""
@@ -212,15 +222,30 @@ class CpuBackend(Backend):
             return None
         return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"}) if flags else None
 
-    def frame_step(self, model, compile_mode: str = "auto"):
+    def frame_step(self, model, compile_mode: str = "auto", **options):
         from moss_npu.cpu.step import CpuStep
 
-        return CpuStep.build(model, compile_mode)
+        return CpuStep.build(model, compile_mode, **options)
 
     def packs_linears(self, dtype) -> bool:
         from moss_npu.cpu.packed import packing_available
 
         return dtype == torch.float32 and packing_available()
+
+    def rounds_weights_only(self, dtype) -> bool:
+        return dtype == torch.bfloat16
+
+    def zeros(self, shape: tuple[int, ...], dtype, device):
+        """In fresh anonymous pages (``cpu.prepared.PageArena``), which the kernel hands out zeroed when first
+        touched: a server's cache for 8 slots of 1,536 rows is ~0.9 GB, which ``torch.zeros`` wrote page by page
+        at start-up (0.3-2.8 s here), while a request touches only the rows it fills."""
+        import math
+
+        from moss_npu.cpu.prepared import PageArena
+
+        count = math.prod(shape)
+        pages = PageArena(count * torch.empty((), dtype=dtype).element_size())
+        return torch.frombuffer(pages.buffer, dtype=dtype, count=count).view(shape)  # holds the map alive
 
     def kernel_report(self) -> Optional[str]:
         from moss_npu.cpu.native import kernels_in_use

@@ -90,3 +90,29 @@ def test_loading_the_runtime_loads_no_verification_module():
     done = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE.parent, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, f"loaded by the runtime: {done.stderr.strip()[-2000:]}"
+
+
+CPU_PACKAGE = PACKAGE / "cpu"
+COMPARISONS = {"==", "!=", "in", "is"}
+
+
+def _cpu_comparisons(path):
+    """Yield the lines where a "cpu" string is compared with something (a device branch); moving a tensor to the
+    host (``.cpu()``, ``.to("cpu")``, ``map_location="cpu"``) compares nothing."""
+    tokens = [t for t in _tokens(path) if t.type in (tokenize.NAME, tokenize.OP, tokenize.STRING, tokenize.NUMBER)]
+    for i, tok in enumerate(tokens):
+        if tok.type != tokenize.STRING or tok.string.strip("rbuRBU").strip("'\"").lower() != "cpu":
+            continue
+        around = [t for t in tokens[max(0, i - 5):i + 2] if t.start[0] == tok.start[0]]
+        if any(t.string in COMPARISONS for t in around):
+            yield tok.start[0], tok.line.strip()
+
+
+@pytest.mark.parametrize("path", [p for p in SOURCES if CPU_PACKAGE not in p.parents],
+                         ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_no_cpu_branches_outside_the_device_layer(path):
+    """The CPU is a device like the others: outside device.py and the CPU package (moss_npu/cpu/) no code branches
+    on it; the device layer says what the CPU does differently (``Backend.frame_step``, ``packs_linears``,
+    ``kernel_report``, ``is_host``)."""
+    found = list(_cpu_comparisons(path))
+    assert not found, f"{path.name} branches on the CPU: {found}"

@@ -20,7 +20,8 @@ import torch
 from moss_npu.codec.config import codec_config_from_dict, load_codec_config
 from moss_npu.codec.model import NanoCodec
 from moss_npu.errors import CheckpointError
-from moss_npu.cpu.packed import PackedLinear, pack_linears, packing_available
+from moss_npu.cpu.packed import PackedLinear, pack_linears
+from moss_npu.device import backend
 
 # (pattern, replacement) applied in order to every checkpoint key (official load-time pre-hooks).
 RENAMES: tuple[tuple[str, str], ...] = (
@@ -117,7 +118,7 @@ def load_codec(codec_dir: Union[str, Path], *, device: Union[str, torch.device] 
     model.eval().to(device=torch.device(device))
     model.encoder.to(dtype=dtype)
     model.decoder.to(dtype=dtype)
-    if torch.device(device).type == "cpu" and dtype == torch.float32 and packing_available():
+    if backend(torch.device(device)).packs_linears(dtype):
         pack_linears(model)  # oneDNN-packed products: faster streamed and batched decodes (docs/performance.md)
         for layer in model.decoder.modules():  # packed now: every synthesis decodes (encoding: voice clones only)
             if isinstance(layer, PackedLinear):

@@ -113,9 +113,9 @@ class MossTTSNano:
             check_int8(dev, dt)  # before minutes of loading
         model_dir = resolve_model_dir(model, required=("config.json", "tokenizer.model"), role="TTS model")
         codec_dir = resolve_model_dir(codec, required=("config.json",), role="codec", example=DEFAULT_CODEC)
-        cpu_bf16 = dev.type == "cpu" and dt == torch.bfloat16  # bf16 weights, float32 arithmetic (cpu.quantize)
-        lm = load_model(model_dir, device=dev, dtype=torch.float32 if cpu_bf16 else dt, attn_impl=attn)
-        if cpu_bf16:
+        rounded = devices.backend(dev).rounds_weights_only(dt)  # bf16 weights, float32 arithmetic (cpu.quantize)
+        lm = load_model(model_dir, device=dev, dtype=torch.float32 if rounded else dt, attn_impl=attn)
+        if rounded:
             store_bf16(lm)
         if load.quantize == "int8":
             quantize_int8(lm)
