@@ -352,7 +352,7 @@ def run(argv: Optional[list[str]] = None) -> int:
     info = devices.describe(tts.device)
     report = {"device": info, "frames_per_chunk": args.frames, "runs": args.runs, "warmup": args.warmup,
               "threads": torch.get_num_threads(), "model": model_dir, "codec": codec_dir,
-              "records": [asdict(r) for r in records]}
+              "prepared_weights": tts.weights.source, "records": [asdict(r) for r in records]}
     if sizes:
         rows = summarize_batches(records)
         table, speedup = batch_markdown(rows), batch_speedup(rows, graphs[0])
@@ -372,9 +372,10 @@ def run(argv: Optional[list[str]] = None) -> int:
             report["read_bandwidth_gb_s"] = read_bandwidth()
             table += "\n\n" + bandwidth_line(report["read_bandwidth_gb_s"])
     write_atomic(stem.with_suffix(".json"), json.dumps(report, indent=2, ensure_ascii=False) + "\n")
-    write_atomic(stem.with_suffix(".md"), f"Device: {info['name']} ({info['device']}), torch {info['torch']}\n\n"
-                 + table + "\n")
-    print(f"device: {info['name']} ({info['device']}), torch {info['torch']}; results: {stem}.json, {stem}.md")
+    what = (f"{info['name']} ({info['device']}), torch {info['torch']}, {torch.get_num_threads()} thread(s) by "
+            f"default, prepared CPU weights: {tts.weights.source}")
+    write_atomic(stem.with_suffix(".md"), f"Device: {what}\n\n" + table + "\n")
+    print(f"device: {what}; results: {stem}.json, {stem}.md")
     print(table)
     if last is not None:
         print(last)

@@ -265,9 +265,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     report = {"server": target.url, "workers": health.get("workers"), "frames": args.frames,
               "requests_per_client": args.requests, "rounds": args.rounds, "summary": rows, "samples": [asdict(s) for s in samples]}
     table = markdown(rows)
+    ran = "; ".join(f"worker {w.get('index')} on {w.get('device')}: "
+                    + ", ".join(f"{k} {v}" for k, v in w.get("runs", {}).items()) for w in health.get("workers") or [])
     write_atomic(stem.with_suffix(".json"), json.dumps(report, indent=2) + "\n")
-    write_atomic(stem.with_suffix(".md"), table + "\n")
+    write_atomic(stem.with_suffix(".md"), (f"Server: {ran}\n\n" if ran else "") + table + "\n")
     print(f"results: {stem}.json, {stem}.md")
+    if ran:
+        print(f"server: {ran}")
     print(table)
     if len(rows) >= 2:
         low, high = min(rows, key=lambda r: r["concurrency"]), max(rows, key=lambda r: r["concurrency"])

@@ -116,6 +116,8 @@ class Worker:
                  "active_slots": self.active, "queued": self.queued, "restarts": self.restarts}
         if self.cause is not None:
             state["cause"] = self.cause
+        if self.info and "runs" in self.info:
+            state["runs"] = self.info["runs"]
         return state
 
     def send(self, *message: Any) -> bool:
