@@ -2,7 +2,7 @@
 
 A frame at batch 1 is ~116 matrix-vector products over ~750 MB of fp32 weights, so its speed is the bandwidth
 of those products plus the cost of the ~700 small ops around them. One slot's row runs through numpy, the
-small operations between the products included (``row_block``: a numpy operation on a few thousand floats
+small operations between the products included (``cpu.blocks.row_block``: a numpy operation on a few thousand floats
 costs a fraction of a torch one's dispatch), and its products through ``cpu.matvec``'s kernels, which stream
 each weight once from tiles laid out
 for them (one more copy of the LM's linear weights in the format the model stores: float32, bf16 for
@@ -13,7 +13,7 @@ streams at about half that rate). Several rows (a batch of slots, or a prompt's 
 multiply through oneDNN with the weights packed (``moss_npu.cpu.packed``); an int8 model's batches through its
 int8 tiles (row for row what one slot computes), its prefill through torch's int8 weight-only kernel
 (``int8_matmul``).
-The block math for torch is written once, functionally (``block_step``: the same as ``model.Block`` on one new
+The block math for torch is written once, functionally (``cpu.blocks.block_step``: the same as ``model.Block`` on one new
 row per slot, with the tanh GELU the decode steps use), so that with ``compile`` torch.compile (inductor) turns
 each block's small ops into a few fused kernels: one graph serves every block of both decoders (the weights are
 inputs), the products stay BLAS calls through a custom op and RoPE is real arithmetic. Compiling needs
@@ -29,11 +29,8 @@ Shapes: n slots, E hidden, H heads, D head dim, M cache rows, T keys attended.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
-import math
 import time
-from dataclasses import dataclass
 from typing import Callable, Optional
 
 import numpy as np
@@ -42,43 +39,22 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from moss_npu.errors import InputError
-from moss_npu.cpu.matvec import BlasGemv, Bf16Tiles, Fp32Tiles, Int8Tiles, MatVecKernels, Prepare, filled, tile_bytes
+from moss_npu.cpu.matvec import BlasGemv, Bf16Tiles, Fp32Tiles, Int8Tiles, MatVecKernels, tile_bytes
 from moss_npu.nano.model import Block
-from moss_npu.cpu.quantize import block_linears, int8_rows
+from moss_npu.cpu.quantize import block_linears
 from moss_npu.cpu.native import KernelUnavailable, report_build
 from moss_npu.cpu.packed import pack_linear, packed_matmul, packing_available
-from moss_npu.cpu.prepared import PageArena, PreparedArena, fresh_arena
+from moss_npu.cpu.prepared import PreparedArena, fresh_arena
 from moss_npu.cpu.threads import ThreadPools, limit_blas
+from moss_npu.cpu.blocks import (Matmul, RowBlock, Segment, blas_matmul, block_rows, block_step, gemv, rotate_real,
+                             row_block, row_norm)
+from moss_npu.cpu.weights import (Int8TileWeights, Int8Weights, ModelWeights, WeightArena, block_weights,
+                                  int8_matmul, int8_tile_matmul)
 
 log = logging.getLogger(__name__)
 
 COMPILE_MODES = ("auto", "on", "off")
 COMPILE_NOTICE_S = 0.5  # a compiled call slower than this compiled a graph first
-Matmul = Callable[..., torch.Tensor]
-
-
-def blas_matmul(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor,
-                residual: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Return ``x @ weight_t + bias (+ residual)`` for (n, in) fp32 ``x`` and (in, out) ``weight_t``.
-
-    One row is a GEMV through numpy's BLAS, the additions in place on its result (cheaper than torch ops at this
-    size); several rows are a GEMM, where torch's is as fast (compute-bound) and needs no copy.
-    """
-    if x.shape[0] > 1:
-        out = torch.addmm(bias, x, weight_t)
-        return out if residual is None else out.add_(residual)
-    return gemv(x, weight_t.numpy(), bias.numpy(), residual)
-
-
-def gemv(x: torch.Tensor, weight_t: np.ndarray, bias: np.ndarray,
-         residual: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Return ``x @ weight_t + bias (+ residual)`` (1, out) for one fp32 row ``x`` (1, in) and numpy (in, out)
-    ``weight_t``, (out,) ``bias``: numpy's BLAS GEMV, the additions in place on its result."""
-    out = x.numpy()[0] @ weight_t
-    out += bias
-    if residual is not None:
-        out += residual.numpy()[0]
-    return torch.from_numpy(out)[None]
 
 
 def _compiled_matmul() -> Optional[Matmul]:
@@ -94,286 +70,6 @@ def _compiled_matmul() -> Optional[Matmul]:
     op = custom_op(name, mutates_args=())(blas_matmul)
     op.register_fake(lambda x, w, b, residual=None: x.new_empty(x.shape[0], w.shape[1]))
     return torch.ops.moss_npu.blas_matmul
-
-
-def rotations(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Return RoPE tables (P, D) as complex (P, D/2) rotations: multiplying pairs (2i, 2i+1) as complex numbers by
-    them is ``model.apply_rope`` (real part x₀c − x₁s, imaginary x₁c + x₀s) in one kernel."""
-    return torch.complex(cos[:, ::2].float(), sin[:, ::2].float())
-
-
-def rotate_complex(pairs: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
-    """RoPE of (n, 2, H, D/2, 2) feature pairs by a complex (n, D/2) ``rotation``: one complex multiply (eager)."""
-    return torch.view_as_real(torch.view_as_complex(pairs) * rotation[:, None, None])
-
-
-def rotate_real(pairs: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
-    """The same rotation in real arithmetic by ``view_as_real(rotation)`` (n, D/2, 2), for inductor, which
-    generates no code for complex operators."""
-    cos, sin = rotation.unbind(-1)
-    cos, sin, even, odd = cos[:, None, None], sin[:, None, None], pairs[..., 0], pairs[..., 1]
-    return torch.stack((even * cos - odd * sin, odd * cos + even * sin), dim=-1)
-
-
-def block_step(x: torch.Tensor, rotation: torch.Tensor, kv: torch.Tensor, index: torch.Tensor,
-               keys: int, mask: Optional[torch.Tensor], qkv: Optional[torch.Tensor], *weights: torch.Tensor,
-               heads: int, eps: float, scale: float, matmul: Matmul,
-               rotate: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = rotate_complex) -> torch.Tensor:
-    """One pre-norm GPT-2 block on one new row per slot; return (n, E).
-
-    ``x`` (n, E); ``rotation`` (n, D/2) complex RoPE of each row's position (``rotations``); ``kv`` (2, S, H, M, D)
-    the layer's cache, whose flattened rows ``index`` (n·H,) receive the new keys/values; the first ``keys`` rows
-    are attended, under
-    ``mask`` (n, 1, 1, T) or all of them (None). ``qkv`` (n, 3E): ready-made ``c_attn(ln_1(x))`` or None.
-    ``weights``: ln_1 w, b; c_attn wᵀ, b; c_proj wᵀ, b; ln_2 w, b; fc_in wᵀ, b; fc_out wᵀ, b.
-    """
-    ln1_w, ln1_b, attn_w, attn_b = weights[:4]
-    n, e = x.shape
-    d = e // heads
-    if qkv is None:
-        qkv = matmul(torch.layer_norm(x, (e,), ln1_w, ln1_b, eps), attn_w, attn_b)
-    qkv = qkv.view(n, 3, heads, d)
-    qk = rotate(qkv[:, :2].reshape(n, 2, heads, d // 2, 2), rotation).view(n, 2, heads, d)
-    keys_all, values_all = kv[0, :n], kv[1, :n]
-    keys_all.view(-1, d).index_copy_(0, index, qk[:, 1].reshape(-1, d))
-    values_all.view(-1, d).index_copy_(0, index, qkv[:, 2].reshape(-1, d))
-    out = F.scaled_dot_product_attention(qk[:, 0, :, None], keys_all[:, :, :keys], values_all[:, :, :keys],
-                                         attn_mask=mask, scale=scale)
-    return _block_tail(out.reshape(n, e), x, *weights[4:], eps=eps, matmul=matmul)
-
-
-@dataclass(frozen=True)
-class Segment:
-    """One prompt's new rows in a prefill: ``rows`` rows written to ``slot``'s cache from position ``start``."""
-
-    slot: int
-    start: int
-    rows: int
-
-
-def block_rows(x: torch.Tensor, rotation: torch.Tensor, kv: torch.Tensor, segments: list[Segment],
-               *weights: torch.Tensor, heads: int, eps: float, scale: float, matmul: Matmul,
-               last_only: bool = False) -> torch.Tensor:
-    """The same block on the new rows of one or more prompts (a prefill), one after another in ``x``; return
-    their (ΣL, E), or (segments, E) for each prompt's last row alone with ``last_only`` (the final block: of the
-    other rows only their keys and values are read later, so their attention and MLP are skipped).
-
-    ``x`` (ΣL, E) holds each segment's rows at positions ``start`` .. ``start + rows - 1`` of its slot,
-    ``rotation`` (ΣL, D/2) theirs; ``kv`` (2, S, H, M, D) the layer's cache: each segment's keys/values are
-    written to its slot at those positions, and each row attends to its slot's keys up to its own position.
-    The products run once over every segment's rows (one pass over the weights for all prompts); only the
-    attention is per segment. ``weights`` as in ``block_step``.
-    """
-    ln1_w, ln1_b, attn_w, attn_b = weights[:4]
-    total, e = x.shape
-    d = e // heads
-    qkv = matmul(torch.layer_norm(x, (e,), ln1_w, ln1_b, eps), attn_w, attn_b).view(total, 3, heads, d)
-    qk = rotate_complex(qkv[:, :2].reshape(total, 2, heads, d // 2, 2), rotation).view(total, 2, heads, d)
-    attended, lasts, offset = [], [], 0
-    for seg in segments:
-        part, end = slice(offset, offset + seg.rows), seg.start + seg.rows
-        kv[0, seg.slot, :, seg.start:end] = qk[part, 1].transpose(0, 1)
-        kv[1, seg.slot, :, seg.start:end] = qkv[part, 2].transpose(0, 1)
-        if last_only:  # the last row attends to every key: no mask
-            queries, causal = qk[offset + seg.rows - 1:offset + seg.rows, 0], None
-        else:
-            queries = qk[part, 0]
-            causal = torch.arange(end)[None, :] <= torch.arange(seg.start, end)[:, None]  # (L, T)
-        out = F.scaled_dot_product_attention(queries.transpose(0, 1)[None], kv[0, seg.slot, None, :, :end],
-                                             kv[1, seg.slot, None, :, :end], attn_mask=causal, scale=scale)
-        attended.append(out[0].transpose(0, 1).reshape(-1, e))
-        lasts.append(offset + seg.rows - 1)
-        offset += seg.rows
-    if last_only:
-        x = x[lasts]
-    out = attended[0] if len(attended) == 1 else torch.cat(attended)
-    return _block_tail(out, x, *weights[4:], eps=eps, matmul=matmul)
-
-
-def row_block(x: np.ndarray, rotation: np.ndarray, keys: np.ndarray, values: np.ndarray, position: int,
-              attended: int, qkv: Optional[np.ndarray], block: "RowBlock", *, heads: int, eps: float,
-              scale: float) -> np.ndarray:
-    """``block_step`` for one slot's one new row, in numpy; return (E,).
-
-    A one-row block is ~25 small operations around its four products, and a numpy operation on a few thousand
-    floats costs several times less than a torch one (dispatch, and SDPA's blocking for a single query): this
-    is that block with every operation in numpy. ``x`` (E,); ``rotation`` (D/2,) complex64 RoPE of the row's
-    position; ``keys``/``values`` (H, M, D) the slot's cache of this layer, which receives the row at
-    ``position``; the first ``attended`` rows are attended. ``qkv`` (3E,) ready-made or None; ``block`` its
-    norms and products (``RowBlock``).
-    """
-    e = x.shape[0]
-    d = e // heads
-    if qkv is None:
-        qkv = block.attn(_row_norm(x, block.ln1_w, block.ln1_b, eps))
-    qk = (qkv[:2 * e].view(np.complex64).reshape(2, heads, d // 2) * rotation).view(np.float32)  # (2, H, D)
-    keys[:, position] = qk[1]
-    values[:, position] = qkv[2 * e:].reshape(heads, d)
-    scores = np.matmul(keys[:, :attended], qk[0][:, :, None])[:, :, 0]  # (H, T)
-    scores *= np.float32(scale)
-    scores -= scores.max(axis=1, keepdims=True)
-    np.exp(scores, out=scores)
-    scores /= scores.sum(axis=1, keepdims=True)
-    out = block.proj(np.matmul(scores[:, None], values[:, :attended]).reshape(e), x)
-    hidden = block.fc_in(_row_norm(out, block.ln2_w, block.ln2_b, eps))
-    _gelu_tanh(hidden)
-    return block.fc_out(hidden, out)
-
-
-def _row_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
-    """LayerNorm of one row (E,) in float32."""
-    count = np.float32(x.shape[0])
-    centered = x - x.sum() / count  # the mean (ndarray.mean is a slower Python-level function)
-    variance = np.dot(centered, centered) / count
-    centered *= np.float32(1.0) / np.sqrt(variance + np.float32(eps))
-    centered *= weight
-    centered += bias
-    return centered
-
-
-def _gelu_tanh(x: np.ndarray) -> None:
-    """The tanh GELU (``gelu_new``), in place: x · (1 + tanh(√(2/π) · (x + 0.044715 x³))) / 2."""
-    inner = x * x
-    inner *= x
-    inner *= np.float32(0.044715)
-    inner += x
-    inner *= np.float32(math.sqrt(2.0 / math.pi))
-    np.tanh(inner, out=inner)
-    inner += np.float32(1.0)
-    x *= np.float32(0.5)
-    x *= inner
-
-
-def _block_tail(attended: torch.Tensor, x: torch.Tensor, proj_w: torch.Tensor, proj_b: torch.Tensor,
-                ln2_w: torch.Tensor, ln2_b: torch.Tensor, in_w: torch.Tensor, in_b: torch.Tensor,
-                out_w: torch.Tensor, out_b: torch.Tensor, *, eps: float, matmul: Matmul) -> torch.Tensor:
-    """The block after attention, for ``block_step`` and ``block_rows``: ``x + c_proj(attended)``, then the
-    tanh-GELU MLP of its ``ln_2`` added; (rows, E)."""
-    x = matmul(attended, proj_w, proj_b, x)
-    e = x.shape[-1]
-    hidden = F.gelu(matmul(torch.layer_norm(x, (e,), ln2_w, ln2_b, eps), in_w, in_b), approximate="tanh")
-    return matmul(hidden, out_w, out_b, x)
-
-
-def _bias(layer: nn.Linear) -> torch.Tensor:
-    """Return a copy of ``layer``'s bias, or zeros for a layer without one (the products always add one)."""
-    return torch.zeros(layer.weight.shape[0]) if layer.bias is None else layer.bias.detach().clone()
-
-
-class WeightArena:
-    """Transposed (in, out) float32 copies of linear weights in one ``PageArena``, in the order a frame reads
-    them."""
-
-    def __init__(self, layers: list[nn.Linear]) -> None:
-        self._pages = PageArena(sum(PageArena.room(layer.weight.numel() * 4) for layer in layers))
-        self._views: dict[nn.Linear, torch.Tensor] = {}
-        for layer in layers:
-            out_features, in_features = layer.weight.shape
-            view = torch.from_numpy(self._pages.array((in_features, out_features), np.float32))
-            view.copy_(layer.weight.detach().t())
-            self._views[layer] = view
-
-    def linear(self, layer: nn.Linear) -> tuple[torch.Tensor, torch.Tensor]:
-        """Return ``layer``'s transposed weight (a view into the arena) and its bias."""
-        return self._views[layer], _bias(layer)
-
-    def nbytes(self) -> int:
-        return self._pages.nbytes()
-
-
-class ModelWeights:
-    """The model's own linear weights as transposed (in, out) views, no copy: ``WeightArena``'s interface for a
-    CPU step whose one-row products have their own tiles (``matvec``)."""
-
-    def linear(self, layer: nn.Linear) -> tuple[torch.Tensor, torch.Tensor]:
-        """Return ``layer``'s weight as an (in, out) view and its bias."""
-        return layer.weight.detach().t(), _bias(layer)
-
-    def nbytes(self) -> int:
-        return 0
-
-
-class Int8Weights:
-    """The int8 values, float32 scales and bias of each block linear of an int8-quantized model (``quantize``),
-    for ``int8_matmul``: a quarter of the fp32 weight bytes a frame streams. Values and scales are arrays from
-    ``prepare`` (``matvec.Prepare``), rounded only where it fills them."""
-
-    def __init__(self, layers: list[nn.Linear], prepare: Prepare = filled) -> None:
-        self._weights = {}
-        for layer in layers:
-            # the rounded weights give back their own grid
-            rounded = functools.cache(lambda layer=layer: int8_rows(layer.weight.detach()))
-            out_features, in_features = layer.weight.shape
-            values = prepare((out_features, in_features), np.int8,
-                             lambda out, rounded=rounded: torch.from_numpy(out).copy_(rounded()[0]))
-            scale = prepare((out_features,), np.float32,
-                            lambda out, rounded=rounded: torch.from_numpy(out).copy_(rounded()[1]))
-            unit = torch.ones(out_features, dtype=torch.bfloat16)
-            self._weights[layer] = (torch.from_numpy(values), torch.from_numpy(scale), unit)
-
-    @staticmethod
-    def arena_bytes(layers: list[nn.Linear]) -> int:
-        """Return the arena bytes the values and scales of ``layers`` take."""
-        return sum(PageArena.room(layer.weight.numel()) + PageArena.room(layer.weight.shape[0] * 4)
-                   for layer in layers)
-
-    def linear(self, layer: nn.Linear) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
-        """Return ``layer``'s (values, scales, unit scales) and its bias."""
-        return self._weights[layer], _bias(layer)
-
-    def nbytes(self) -> int:
-        return sum(v.numel() + s.numel() * 4 + u.numel() * 2 for v, s, u in self._weights.values())
-
-
-def int8_matmul(x: torch.Tensor, weight: tuple[torch.Tensor, ...], bias: torch.Tensor,
-                residual: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Return ``x @ (values · scale)ᵀ + bias (+ residual)`` with int8 ``values``: bf16 activations into torch's
-    int8 weight-only kernel (unit scales), the float32 scales applied to its output."""
-    values, scale, unit = weight
-    out = torch.addcmul(bias, torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), values, unit).float(), scale)
-    return out if residual is None else out.add_(residual)
-
-
-class Int8TileWeights:
-    """``Int8Weights``' interface over the int8 tiles (``matvec.Int8Tiles``, bias included) that one-slot
-    frames multiply by: several rows then go through the same kernel, row for row the same sums."""
-
-    def __init__(self, tiles: dict) -> None:
-        self._tiles = tiles
-
-    def linear(self, layer: nn.Linear) -> tuple[Int8Tiles, torch.Tensor]:
-        return self._tiles[layer], _bias(layer)
-
-    def nbytes(self) -> int:
-        return 0  # the tiles are counted with the tile arena
-
-
-def int8_tile_matmul(x: torch.Tensor, tiles: Int8Tiles, bias: torch.Tensor,
-                     residual: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Return ``x @ (values · scale)ᵀ + bias (+ residual)`` for (n, in) rows through the int8 tiles (which hold
-    the bias): float32 activations, each row what a one-slot frame computes for it."""
-    rows = np.ascontiguousarray(x.detach().numpy())
-    return torch.from_numpy(tiles.rows(rows, None if residual is None else np.ascontiguousarray(residual.numpy())))
-
-
-@dataclass(frozen=True)
-class RowBlock:
-    """One block's norm weights (numpy) and its four one-row products (``matvec``), for ``row_block``."""
-
-    ln1_w: np.ndarray
-    ln1_b: np.ndarray
-    attn: Callable[..., np.ndarray]
-    proj: Callable[..., np.ndarray]
-    ln2_w: np.ndarray
-    ln2_b: np.ndarray
-    fc_in: Callable[..., np.ndarray]
-    fc_out: Callable[..., np.ndarray]
-
-
-def _block_weights(block: Block, weights) -> tuple:
-    return (block.ln_1.weight.detach(), block.ln_1.bias.detach(), *weights.linear(block.attn.c_attn),
-            *weights.linear(block.attn.c_proj), block.ln_2.weight.detach(), block.ln_2.bias.detach(),
-            *weights.linear(block.mlp.fc_in), *weights.linear(block.mlp.fc_out))
 
 
 class CpuStep:
@@ -423,8 +119,8 @@ class CpuStep:
         else:
             weights = self.arena
         self._int8_matmul = int8_tile_matmul if self._int8_tiles else int8_matmul
-        self.global_blocks = [_block_weights(b, weights) for b in model.transformer.h]
-        self.local_blocks = [_block_weights(b, weights) for b in model.local_transformer.h]
+        self.global_blocks = [block_weights(b, weights) for b in model.transformer.h]
+        self.local_blocks = [block_weights(b, weights) for b in model.local_transformer.h]
         self._int8_bytes = weights.nbytes() if self.int8 else 0
         # A prompt's prefill (one request's rows, whether it decodes alone or in a batch) multiplies an int8
         # model's global blocks through torch's int8 kernel: bf16 activations, but faster on 20–100 rows than
@@ -432,7 +128,7 @@ class CpuStep:
         self._prefill_blocks = self.global_blocks
         if self._int8_tiles:
             torch_int8 = Int8Weights(prefill_linears, self._tiles.array)
-            self._prefill_blocks = [_block_weights(b, torch_int8) for b in model.transformer.h]
+            self._prefill_blocks = [block_weights(b, torch_int8) for b in model.transformer.h]
             self._int8_bytes = 0  # counted with the tile arena
         self.global_final = (model.transformer.ln_f.weight.detach(), model.transformer.ln_f.bias.detach())
         self.local_final = (model.local_transformer.ln_f.weight.detach(), model.local_transformer.ln_f.bias.detach())
@@ -638,7 +334,7 @@ class CpuStep:
                 row = row_block(row, turn, cache[i, 0, 0], cache[i, 1, 0], position, keys,
                                 qkv.numpy()[0] if qkv is not None and i == 0 else None, weights,
                                 heads=self.n_head, eps=self.eps, scale=scales[i])
-            row = _row_norm(row, norm_w, norm_b, self.eps)
+            row = row_norm(row, norm_w, norm_b, self.eps)
         return torch.from_numpy(row)[None]
 
     def prefill(self, x: torch.Tensor, rotation: torch.Tensor, kv: torch.Tensor,

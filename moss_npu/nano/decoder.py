@@ -31,7 +31,7 @@ from moss_npu.errors import InputError
 from moss_npu.nano.frames import (FrameBatch, GenerationResult, LogitsHook, PhaseTimer, check_budget,
                                   non_finite_error, phase, trim_codes, unpad)
 from moss_npu.nano.graphs import FrameGraphs, resolve_graph
-from moss_npu.cpu.step import Segment, rotations
+from moss_npu.cpu.blocks import Segment, rotations
 from moss_npu.nano.model import KVCache, NanoTTSModel
 from moss_npu.nano.prepared import DecoderWeights
 from moss_npu.nano.reuse import LocalTables, PrefixCache

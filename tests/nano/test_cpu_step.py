@@ -9,9 +9,12 @@ import torch
 import torch.nn.functional as F
 
 from moss_npu.errors import InputError, NumericalError
+from moss_npu.cpu import blocks, prepared
 from moss_npu.cpu import step as cpu_step
 from moss_npu.nano.checkpoint import load_model
-from moss_npu.cpu.step import CpuStep, WeightArena, blas_matmul
+from moss_npu.cpu.blocks import blas_matmul
+from moss_npu.cpu.step import CpuStep
+from moss_npu.cpu.weights import WeightArena
 from moss_npu.nano.decoder import FrameDecoder, RequestParams, generate
 from moss_npu.cpu.matvec import BlasGemv
 from tests.optional import needs
@@ -47,14 +50,14 @@ def test_row_block_is_block_step_for_one_row(keys, ready_qkv):
     kv = torch.randn(2, 2, heads, rows, d, generator=gen)  # two slots; slot 0 is the one written
     expected_kv = kv.clone()
     index = torch.arange(heads) * rows + position
-    expected = cpu_step.block_step(x, rotation, expected_kv, index, keys, None, qkv, *weights, heads=heads,
+    expected = blocks.block_step(x, rotation, expected_kv, index, keys, None, qkv, *weights, heads=heads,
                                    eps=1e-5, scale=d ** -0.5, matmul=blas_matmul)
     before = kv.clone()
     cache = kv.numpy()
     arrays = [w.numpy() for w in weights]
-    block = cpu_step.RowBlock(arrays[0], arrays[1], BlasGemv(*arrays[2:4]), BlasGemv(*arrays[4:6]), arrays[6],
+    block = blocks.RowBlock(arrays[0], arrays[1], BlasGemv(*arrays[2:4]), BlasGemv(*arrays[4:6]), arrays[6],
                               arrays[7], BlasGemv(*arrays[8:10]), BlasGemv(*arrays[10:12]))
-    out = cpu_step.row_block(x.numpy()[0], rotation.numpy()[0], cache[0, 0], cache[1, 0], position, keys,
+    out = blocks.row_block(x.numpy()[0], rotation.numpy()[0], cache[0, 0], cache[1, 0], position, keys,
                              None if qkv is None else qkv.numpy()[0], block, heads=heads, eps=1e-5, scale=d ** -0.5)
     torch.testing.assert_close(torch.from_numpy(out)[None], expected, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(kv, expected_kv, rtol=1e-5, atol=1e-6)
@@ -83,7 +86,7 @@ def test_arena_holds_each_weight_transposed(model):
         weight, bias = arena.linear(layer)
         assert torch.equal(weight, layer.weight.detach().t())
         assert torch.equal(bias, layer.bias.detach() if layer.bias is not None else torch.zeros(weight.shape[1]))
-    assert arena.nbytes() == sum(cpu_step.PageArena.room(layer.weight.numel() * 4) for layer in layers)
+    assert arena.nbytes() == sum(prepared.PageArena.room(layer.weight.numel() * 4) for layer in layers)
 
 
 def decode(model, prompts, frames, use_cpu_step):
@@ -176,15 +179,15 @@ def test_prefill_fills_the_cache_like_the_model_forward(model, prompts, split):
     length, g = rows.shape[0], model.config.gpt2_config
     start = split % length
     step = CpuStep.build(model)
-    rotation = cpu_step.rotations(*model.transformer.rope_table(length))
+    rotation = blocks.rotations(*model.transformer.rope_table(length))
     kv = torch.zeros(g.n_layer, 2, 2, g.n_head, length, g.head_dim)
     reference = model.transformer.init_cache(1, length)
     with torch.inference_mode():
         expected = model(rows[None], None, reference)[0, -1]
         embed = model.embed_rows(rows[None])[0]
         if start:
-            step.prefill(embed[:start], rotation[:start], kv, [cpu_step.Segment(1, 0, start)])
-        hidden = step.prefill(embed[start:], rotation[start:length], kv, [cpu_step.Segment(1, start, length - start)])[0]
+            step.prefill(embed[:start], rotation[:start], kv, [blocks.Segment(1, 0, start)])
+        hidden = step.prefill(embed[start:], rotation[start:length], kv, [blocks.Segment(1, start, length - start)])[0]
     torch.testing.assert_close(hidden, expected, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(kv[:, 0, 1], torch.stack([k[0] for k in reference.keys]), rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(kv[:, 1, 1], torch.stack([v[0] for v in reference.values]), rtol=1e-4, atol=1e-5)
@@ -198,21 +201,21 @@ def test_prompts_prefilled_together_fill_each_slot_as_alone(model, prompts):
     g = model.config.gpt2_config
     longest = max(p.shape[0] for p in prompts[:3])
     step = CpuStep.build(model)
-    rotation = cpu_step.rotations(*model.transformer.rope_table(longest))
+    rotation = blocks.rotations(*model.transformer.rope_table(longest))
     slots, starts = [0, 2, 3], [0, 3, 0]
 
     def prefill(kv, chosen):
         with torch.inference_mode():
             embed = torch.cat([model.embed_rows(prompts[i][None])[0][starts[i]:] for i in chosen])
             turns = torch.cat([rotation[starts[i]:prompts[i].shape[0]] for i in chosen])
-            segments = [cpu_step.Segment(slots[i], starts[i], prompts[i].shape[0] - starts[i]) for i in chosen]
+            segments = [blocks.Segment(slots[i], starts[i], prompts[i].shape[0] - starts[i]) for i in chosen]
             return step.prefill(embed, turns, kv, segments)
 
     fresh = lambda: torch.zeros(g.n_layer, 2, 4, g.n_head, longest, g.head_dim)  # noqa: E731
     together = fresh()
     with torch.inference_mode():  # the cached prefix of prompt 1: its first 3 rows, already in slot 2
         embed = model.embed_rows(prompts[1][None])[0][:3]
-        step.prefill(embed, rotation[:3], together, [cpu_step.Segment(2, 0, 3)])
+        step.prefill(embed, rotation[:3], together, [blocks.Segment(2, 0, 3)])
     prefix = together.clone()
     hidden = prefill(together, [0, 1, 2])
     assert hidden.shape == (3, g.n_embd)

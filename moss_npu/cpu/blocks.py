@@ -1,0 +1,218 @@
+"""The transformer block's math on the CPU, for the frame step (``cpu.step``): the same as ``model.Block``.
+
+``block_step`` is one new row per slot in torch (written functionally, so that torch.compile can fuse its small
+ops: the weights are inputs), ``block_rows`` the new rows of one or more prompts (a prefill: one pass of
+products over all of them, attention per prompt), ``row_block`` one slot's row in numpy (a numpy operation on a
+few thousand floats costs a fraction of a torch one's dispatch) with its products through the one-row kernels
+(``cpu.matvec``). The decode steps use the tanh GELU. Results agree with the model's modules to float rounding.
+Shapes: n slots, E hidden, H heads, D head dim, M cache rows, T keys attended.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+Matmul = Callable[..., torch.Tensor]
+
+
+def blas_matmul(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor,
+                residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Return ``x @ weight_t + bias (+ residual)`` for (n, in) fp32 ``x`` and (in, out) ``weight_t``.
+
+    One row is a GEMV through numpy's BLAS, the additions in place on its result (cheaper than torch ops at this
+    size); several rows are a GEMM, where torch's is as fast (compute-bound) and needs no copy.
+    """
+    if x.shape[0] > 1:
+        out = torch.addmm(bias, x, weight_t)
+        return out if residual is None else out.add_(residual)
+    return gemv(x, weight_t.numpy(), bias.numpy(), residual)
+
+
+def gemv(x: torch.Tensor, weight_t: np.ndarray, bias: np.ndarray,
+         residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Return ``x @ weight_t + bias (+ residual)`` (1, out) for one fp32 row ``x`` (1, in) and numpy (in, out)
+    ``weight_t``, (out,) ``bias``: numpy's BLAS GEMV, the additions in place on its result."""
+    out = x.numpy()[0] @ weight_t
+    out += bias
+    if residual is not None:
+        out += residual.numpy()[0]
+    return torch.from_numpy(out)[None]
+
+
+def rotations(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Return RoPE tables (P, D) as complex (P, D/2) rotations: multiplying pairs (2i, 2i+1) as complex numbers by
+    them is ``model.apply_rope`` (real part x₀c − x₁s, imaginary x₁c + x₀s) in one kernel."""
+    return torch.complex(cos[:, ::2].float(), sin[:, ::2].float())
+
+
+def rotate_complex(pairs: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
+    """RoPE of (n, 2, H, D/2, 2) feature pairs by a complex (n, D/2) ``rotation``: one complex multiply (eager)."""
+    return torch.view_as_real(torch.view_as_complex(pairs) * rotation[:, None, None])
+
+
+def rotate_real(pairs: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
+    """The same rotation in real arithmetic by ``view_as_real(rotation)`` (n, D/2, 2), for inductor, which
+    generates no code for complex operators."""
+    cos, sin = rotation.unbind(-1)
+    cos, sin, even, odd = cos[:, None, None], sin[:, None, None], pairs[..., 0], pairs[..., 1]
+    return torch.stack((even * cos - odd * sin, odd * cos + even * sin), dim=-1)
+
+
+def block_step(x: torch.Tensor, rotation: torch.Tensor, kv: torch.Tensor, index: torch.Tensor,
+               keys: int, mask: Optional[torch.Tensor], qkv: Optional[torch.Tensor], *weights: torch.Tensor,
+               heads: int, eps: float, scale: float, matmul: Matmul,
+               rotate: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = rotate_complex) -> torch.Tensor:
+    """One pre-norm GPT-2 block on one new row per slot; return (n, E).
+
+    ``x`` (n, E); ``rotation`` (n, D/2) complex RoPE of each row's position (``rotations``); ``kv`` (2, S, H, M, D)
+    the layer's cache, whose flattened rows ``index`` (n·H,) receive the new keys/values; the first ``keys`` rows
+    are attended, under
+    ``mask`` (n, 1, 1, T) or all of them (None). ``qkv`` (n, 3E): ready-made ``c_attn(ln_1(x))`` or None.
+    ``weights``: ln_1 w, b; c_attn wᵀ, b; c_proj wᵀ, b; ln_2 w, b; fc_in wᵀ, b; fc_out wᵀ, b.
+    """
+    ln1_w, ln1_b, attn_w, attn_b = weights[:4]
+    n, e = x.shape
+    d = e // heads
+    if qkv is None:
+        qkv = matmul(torch.layer_norm(x, (e,), ln1_w, ln1_b, eps), attn_w, attn_b)
+    qkv = qkv.view(n, 3, heads, d)
+    qk = rotate(qkv[:, :2].reshape(n, 2, heads, d // 2, 2), rotation).view(n, 2, heads, d)
+    keys_all, values_all = kv[0, :n], kv[1, :n]
+    keys_all.view(-1, d).index_copy_(0, index, qk[:, 1].reshape(-1, d))
+    values_all.view(-1, d).index_copy_(0, index, qkv[:, 2].reshape(-1, d))
+    out = F.scaled_dot_product_attention(qk[:, 0, :, None], keys_all[:, :, :keys], values_all[:, :, :keys],
+                                         attn_mask=mask, scale=scale)
+    return _block_tail(out.reshape(n, e), x, *weights[4:], eps=eps, matmul=matmul)
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One prompt's new rows in a prefill: ``rows`` rows written to ``slot``'s cache from position ``start``."""
+
+    slot: int
+    start: int
+    rows: int
+
+
+def block_rows(x: torch.Tensor, rotation: torch.Tensor, kv: torch.Tensor, segments: list[Segment],
+               *weights: torch.Tensor, heads: int, eps: float, scale: float, matmul: Matmul,
+               last_only: bool = False) -> torch.Tensor:
+    """The same block on the new rows of one or more prompts (a prefill), one after another in ``x``; return
+    their (ΣL, E), or (segments, E) for each prompt's last row alone with ``last_only`` (the final block: of the
+    other rows only their keys and values are read later, so their attention and MLP are skipped).
+
+    ``x`` (ΣL, E) holds each segment's rows at positions ``start`` .. ``start + rows - 1`` of its slot,
+    ``rotation`` (ΣL, D/2) theirs; ``kv`` (2, S, H, M, D) the layer's cache: each segment's keys/values are
+    written to its slot at those positions, and each row attends to its slot's keys up to its own position.
+    The products run once over every segment's rows (one pass over the weights for all prompts); only the
+    attention is per segment. ``weights`` as in ``block_step``.
+    """
+    ln1_w, ln1_b, attn_w, attn_b = weights[:4]
+    total, e = x.shape
+    d = e // heads
+    qkv = matmul(torch.layer_norm(x, (e,), ln1_w, ln1_b, eps), attn_w, attn_b).view(total, 3, heads, d)
+    qk = rotate_complex(qkv[:, :2].reshape(total, 2, heads, d // 2, 2), rotation).view(total, 2, heads, d)
+    attended, lasts, offset = [], [], 0
+    for seg in segments:
+        part, end = slice(offset, offset + seg.rows), seg.start + seg.rows
+        kv[0, seg.slot, :, seg.start:end] = qk[part, 1].transpose(0, 1)
+        kv[1, seg.slot, :, seg.start:end] = qkv[part, 2].transpose(0, 1)
+        if last_only:  # the last row attends to every key: no mask
+            queries, causal = qk[offset + seg.rows - 1:offset + seg.rows, 0], None
+        else:
+            queries = qk[part, 0]
+            causal = torch.arange(end)[None, :] <= torch.arange(seg.start, end)[:, None]  # (L, T)
+        out = F.scaled_dot_product_attention(queries.transpose(0, 1)[None], kv[0, seg.slot, None, :, :end],
+                                             kv[1, seg.slot, None, :, :end], attn_mask=causal, scale=scale)
+        attended.append(out[0].transpose(0, 1).reshape(-1, e))
+        lasts.append(offset + seg.rows - 1)
+        offset += seg.rows
+    if last_only:
+        x = x[lasts]
+    out = attended[0] if len(attended) == 1 else torch.cat(attended)
+    return _block_tail(out, x, *weights[4:], eps=eps, matmul=matmul)
+
+
+def row_block(x: np.ndarray, rotation: np.ndarray, keys: np.ndarray, values: np.ndarray, position: int,
+              attended: int, qkv: Optional[np.ndarray], block: "RowBlock", *, heads: int, eps: float,
+              scale: float) -> np.ndarray:
+    """``block_step`` for one slot's one new row, in numpy; return (E,).
+
+    A one-row block is ~25 small operations around its four products, and a numpy operation on a few thousand
+    floats costs several times less than a torch one (dispatch, and SDPA's blocking for a single query): this
+    is that block with every operation in numpy. ``x`` (E,); ``rotation`` (D/2,) complex64 RoPE of the row's
+    position; ``keys``/``values`` (H, M, D) the slot's cache of this layer, which receives the row at
+    ``position``; the first ``attended`` rows are attended. ``qkv`` (3E,) ready-made or None; ``block`` its
+    norms and products (``RowBlock``).
+    """
+    e = x.shape[0]
+    d = e // heads
+    if qkv is None:
+        qkv = block.attn(row_norm(x, block.ln1_w, block.ln1_b, eps))
+    qk = (qkv[:2 * e].view(np.complex64).reshape(2, heads, d // 2) * rotation).view(np.float32)  # (2, H, D)
+    keys[:, position] = qk[1]
+    values[:, position] = qkv[2 * e:].reshape(heads, d)
+    scores = np.matmul(keys[:, :attended], qk[0][:, :, None])[:, :, 0]  # (H, T)
+    scores *= np.float32(scale)
+    scores -= scores.max(axis=1, keepdims=True)
+    np.exp(scores, out=scores)
+    scores /= scores.sum(axis=1, keepdims=True)
+    out = block.proj(np.matmul(scores[:, None], values[:, :attended]).reshape(e), x)
+    hidden = block.fc_in(row_norm(out, block.ln2_w, block.ln2_b, eps))
+    _gelu_tanh(hidden)
+    return block.fc_out(hidden, out)
+
+
+def row_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
+    """LayerNorm of one row (E,) in float32."""
+    count = np.float32(x.shape[0])
+    centered = x - x.sum() / count  # the mean (ndarray.mean is a slower Python-level function)
+    variance = np.dot(centered, centered) / count
+    centered *= np.float32(1.0) / np.sqrt(variance + np.float32(eps))
+    centered *= weight
+    centered += bias
+    return centered
+
+
+def _gelu_tanh(x: np.ndarray) -> None:
+    """The tanh GELU (``gelu_new``), in place: x · (1 + tanh(√(2/π) · (x + 0.044715 x³))) / 2."""
+    inner = x * x
+    inner *= x
+    inner *= np.float32(0.044715)
+    inner += x
+    inner *= np.float32(math.sqrt(2.0 / math.pi))
+    np.tanh(inner, out=inner)
+    inner += np.float32(1.0)
+    x *= np.float32(0.5)
+    x *= inner
+
+
+def _block_tail(attended: torch.Tensor, x: torch.Tensor, proj_w: torch.Tensor, proj_b: torch.Tensor,
+                ln2_w: torch.Tensor, ln2_b: torch.Tensor, in_w: torch.Tensor, in_b: torch.Tensor,
+                out_w: torch.Tensor, out_b: torch.Tensor, *, eps: float, matmul: Matmul) -> torch.Tensor:
+    """The block after attention, for ``block_step`` and ``block_rows``: ``x + c_proj(attended)``, then the
+    tanh-GELU MLP of its ``ln_2`` added; (rows, E)."""
+    x = matmul(attended, proj_w, proj_b, x)
+    e = x.shape[-1]
+    hidden = F.gelu(matmul(torch.layer_norm(x, (e,), ln2_w, ln2_b, eps), in_w, in_b), approximate="tanh")
+    return matmul(hidden, out_w, out_b, x)
+
+
+@dataclass(frozen=True)
+class RowBlock:
+    """One block's norm weights (numpy) and its four one-row products (``matvec``), for ``row_block``."""
+
+    ln1_w: np.ndarray
+    ln1_b: np.ndarray
+    attn: Callable[..., np.ndarray]
+    proj: Callable[..., np.ndarray]
+    ln2_w: np.ndarray
+    ln2_b: np.ndarray
+    fc_in: Callable[..., np.ndarray]
+    fc_out: Callable[..., np.ndarray]
