@@ -4,7 +4,8 @@
 #   docker run --device /dev/davinci0 --device /dev/davinci_manager --device /dev/devmm_svm --device /dev/hisi_hdc \
 #     -v /usr/local/Ascend/driver:/usr/local/Ascend/driver:ro -v /srv/models:/models:ro -v /srv/voices:/voices \
 #     -e MOSS_NPU_API_KEY=KEY -p 8000:8000 moss-npu:npu
-# Untested here: these machines have no container engine that can pull a base image (docs/scaling.md).
+# Not built or tested here: these machines have the docker client but no daemon, and no registry is reachable
+# (docs/scaling.md).
 ARG CANN_IMAGE=ascendai/cann:8.0.0-910b-ubuntu22.04-py3.10
 FROM ${CANN_IMAGE}
 ARG TORCH=2.1.0

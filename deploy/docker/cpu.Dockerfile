@@ -1,7 +1,8 @@
 # moss-npu speech server, CPU. Build from the repository root:
 #   docker build -f deploy/docker/cpu.Dockerfile -t moss-npu:cpu .
 #   docker run -p 8000:8000 -e MOSS_NPU_API_KEY=KEY -v /srv/models:/models:ro -v /srv/voices:/voices moss-npu:cpu
-# Untested here: these machines have no container engine that can pull a base image (docs/scaling.md).
+# Not built or tested here: these machines have the docker client but no daemon, and no registry is reachable
+# (docs/scaling.md).
 
 # Build stage: the compiler and headers; wheels for the package (its C library compiled in, for every
 # instruction set of the architecture: setup.py) and everything it needs.

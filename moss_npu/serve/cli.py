@@ -23,13 +23,17 @@ import os
 import socket
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from moss_npu.cli import ArgumentParser, device_spec, run_cli
 from moss_npu.errors import BAD_INPUT, INTERRUPTED, RUNTIME_FAILURE, InputError, MissingDependency
 from moss_npu.hub import DEFAULT_CODEC, DEFAULT_MODEL, resolve_model_dir
 from moss_npu.limits import MAX_NEW_FRAMES
 from moss_npu.serve.errors import ServerError
+from moss_npu.serve.spec import WorkerSpec
+
+if TYPE_CHECKING:
+    from moss_npu.serve.app import ServerConfig
 
 
 def default_voices_dir() -> Path:
@@ -123,6 +127,23 @@ def _check(args: argparse.Namespace) -> list[str]:
     return devices
 
 
+def server_config(args: argparse.Namespace) -> ServerConfig:
+    """The ``ServerConfig`` (limits, names, access policy) that checked flags (``_check``) ask for."""
+    from moss_npu.serve.app import ServerConfig
+
+    return ServerConfig(voices_dir=args.voices_dir.resolve(), model_names=(args.model_name,), api_key=args.api_key,
+                        max_input_chars=args.max_input_chars, max_new_frames=args.max_new_frames,
+                        request_timeout_s=args.request_timeout, max_upload_bytes=int(args.max_upload_mb * 2**20),
+                        max_voice_seconds=args.max_voice_seconds, body_timeout_s=args.body_timeout,
+                        bind_host=args.host, allowed_hosts=args.allowed_hosts, cors_origins=args.cors_origins)
+
+
+def worker_spec(args: argparse.Namespace, device: str) -> WorkerSpec:
+    """What a worker on ``device`` loads and how it runs, from checked flags (``_check``)."""
+    return WorkerSpec(model=args.model, codec=args.codec, device=device, dtype=args.dtype, max_batch=args.max_batch,
+                      num_threads=args.num_threads, max_new_frames=args.max_new_frames)
+
+
 def _api_key(args: argparse.Namespace) -> Optional[str]:
     """The key from --api-key-file, --api-key (warned: it shows in ps) or MOSS_NPU_API_KEY, in that order."""
     if args.api_key_file is not None and args.api_key is not None:
@@ -173,7 +194,6 @@ def serve(args: argparse.Namespace) -> int:
 
         from moss_npu.serve.metrics import Metrics
         from moss_npu.serve.pool import WorkerPool, specs_for
-        from moss_npu.serve.spec import WorkerSpec
     except ImportError as exc:
         raise _missing(exc) from None
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s: %(message)s")
@@ -186,24 +206,19 @@ def serve(args: argparse.Namespace) -> int:
             holder["server"].should_exit = True
 
     metrics = Metrics()
-    base = WorkerSpec(model=args.model, codec=args.codec, device="", dtype=args.dtype, max_batch=args.max_batch,
-                      num_threads=args.num_threads, max_new_frames=args.max_new_frames)
-    pool = WorkerPool(specs_for(devices, base), max_queue=args.max_queue, metrics=metrics, on_fatal=on_fatal)
+    pool = WorkerPool(specs_for(devices, worker_spec(args, device="")), max_queue=args.max_queue, metrics=metrics,
+                      on_fatal=on_fatal)
     problem = _port_problem(args.host, args.port)
     if problem:
         raise ServerError(f"cannot listen on {args.host}:{args.port} ({problem}); pick another --port or --host")
     pool.start()  # the workers load while this process imports the app (torch, FastAPI): both at once
     try:
         try:
-            from moss_npu.serve.app import ServerConfig, create_app
+            from moss_npu.serve.app import create_app
             from moss_npu.serve.connections import ConnectionLimits
         except ImportError as exc:
             raise _missing(exc) from None
-        config = ServerConfig(voices_dir=args.voices_dir, model_names=(args.model_name,), api_key=args.api_key,
-                              max_input_chars=args.max_input_chars, max_new_frames=args.max_new_frames,
-                              request_timeout_s=args.request_timeout, max_upload_bytes=int(args.max_upload_mb * 2**20),
-                              max_voice_seconds=args.max_voice_seconds, body_timeout_s=args.body_timeout,
-                              bind_host=args.host, allowed_hosts=args.allowed_hosts, cors_origins=args.cors_origins)
+        config = server_config(args)
         limits = ConnectionLimits(header_timeout_s=args.header_timeout, keep_alive_s=args.keep_alive,
                                   max_connections=args.max_connections)
         limits.raise_file_limit()

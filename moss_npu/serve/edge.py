@@ -127,7 +127,7 @@ class Edge:
         try:
             refusal = self._refusal(scope)
             if refusal is not None:
-                await _answer(counted, refusal)
+                await answer(counted, refusal)
                 return
             await self._serve(scope, receive, counted, status)
         finally:
@@ -204,7 +204,7 @@ class Edge:
             if state["refused"] is None:
                 raise
         if state["refused"] is not None and status[0] == 0:
-            await _answer(send, state["refused"], close=True)
+            await answer(send, state["refused"], close=True)
 
 
 def _headers(scope) -> dict[str, str]:
@@ -215,7 +215,7 @@ def _too_large(limit: int) -> ApiError:
     return ApiError(413, f"request body is larger than {limit} bytes", code="request_too_large")
 
 
-async def _answer(send: Callable[[dict], Awaitable[None]], error: ApiError, close: bool = False) -> None:
+async def answer(send: Callable[[dict], Awaitable[None]], error: ApiError, close: bool = False) -> None:
     """Send ``error`` as a whole JSON response (``close``: the unread body ends the connection)."""
     body = json.dumps(error.body()).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]

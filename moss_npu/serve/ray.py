@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 import threading
+from dataclasses import replace
 from typing import Optional, Union
 
 from moss_npu.cli import run_cli
@@ -85,14 +86,8 @@ def settings_from_args(args: Union[argparse.Namespace, dict]):
     server_cli._check(args)  # the server's own checks: ranges, key, hosts, voices folder, model folders
     threads = args.num_threads or max(1, int(args.cpus_per_replica))
     device, _ = replica_device(kind, args.cpus_per_replica)
-    settings = ReplicaSettings(
-        model=args.model, codec=args.codec, device=device, voices_dir=str(args.voices_dir.resolve()),
-        dtype=args.dtype, max_batch=args.max_batch, max_queue=args.max_queue, num_threads=threads,
-        max_new_frames=args.max_new_frames, model_name=args.model_name, api_key=args.api_key,
-        max_input_chars=args.max_input_chars, request_timeout_s=args.request_timeout,
-        max_upload_bytes=int(args.max_upload_mb * 2**20), max_voice_seconds=args.max_voice_seconds,
-        body_timeout_s=args.body_timeout, bind_host=args.host, allowed_hosts=tuple(args.allowed_hosts),
-        cors_origins=tuple(args.cors_origins))
+    settings = ReplicaSettings(config=server_cli.server_config(args), max_queue=args.max_queue,
+                               spec=replace(server_cli.worker_spec(args, device), num_threads=threads))
     scaling = Scaling(device_kind=kind, min_replicas=args.min_replicas, max_replicas=args.max_replicas,
                       target_ongoing_requests=args.target_ongoing_requests, cpus_per_replica=args.cpus_per_replica,
                       upscale_delay_s=args.upscale_delay, downscale_delay_s=args.downscale_delay,

@@ -1,10 +1,13 @@
 """The speech server as a Ray Serve application: one replica per device, autoscaled on requests in flight.
 
-Each replica is the single-host server's own FastAPI app (``create_app``, through ``serve.ingress``) around a
-``WorkerPool`` of one worker on the one device Ray reserved for the replica, so every route, error shape and
-streaming format is the same; Ray's HTTP proxy routes requests to replicas and streams their answers. Ray
-scales the replicas between ``min_replicas`` and ``max_replicas`` on ongoing requests per replica (what a
-replica has queued plus generating), and a replica takes traffic only once its worker has loaded and warmed up.
+Each speech replica is the single-host server's own FastAPI app (``create_app``) around a ``WorkerPool`` of one
+worker on the one device Ray reserved for the replica. Ray's HTTP proxy hands requests to a small gateway
+deployment (``moss_npu.serve.ray_gateway``), which forwards each to a speech replica over a
+``DeploymentHandle``; the replica runs it through the app and streams back what the app sends, so every route,
+error shape and streaming format is the same. The gateway answers for a replica that is lost mid-request
+(503 in the OpenAI shape, or the request sent to another replica when nothing was answered yet). Ray scales
+the replicas between ``min_replicas`` and ``max_replicas`` on ongoing requests per replica (what a replica
+has queued plus generating), and a replica takes traffic only once its worker has loaded and warmed up.
 
 Voices live in one folder every replica shares (``--voices-dir``, a network file system across machines): the
 folder is the truth, each replica's index refreshes when the folder changes and on a miss, and name claims are
@@ -20,43 +23,36 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import asdict, dataclass
-from pathlib import Path
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from moss_npu.device import replica_device
+
+if TYPE_CHECKING:
+    from moss_npu.serve.app import ServerConfig
+    from moss_npu.serve.spec import WorkerSpec
 
 log = logging.getLogger("moss_npu.serve.ray")
 
 APP_NAME = "moss-npu"
 DEPLOYMENT = "speech"
+GATEWAY = "gateway"
 READY_TIMEOUT_S = 600.0  # a replica loading and warming up on a loaded machine
 FAILED_STATES = ("failed", "crash_loop")
 
 
 @dataclass(frozen=True)
 class ReplicaSettings:
-    """What every replica builds its server from (plain values: Ray ships them to the replicas)."""
+    """What every replica builds its server from: the server's config, its one worker's spec, its queue."""
 
-    model: str
-    codec: str
-    device: str  # inside the replica: cpu, cuda:0 or npu:0 (Ray makes its device index 0)
-    voices_dir: str
-    dtype: Optional[str] = None
-    max_batch: int = 8
+    config: ServerConfig
+    spec: WorkerSpec  # device inside the replica: cpu, cuda:0 or npu:0 (Ray makes its device index 0)
     max_queue: int = 32
-    num_threads: int = 1
-    max_new_frames: int = 375
-    model_name: str = "moss-tts-nano"
-    api_key: Optional[str] = None
-    max_input_chars: int = 4096
-    request_timeout_s: float = 300.0
-    max_upload_bytes: int = 10 * 2**20
-    max_voice_seconds: float = 30.0
-    body_timeout_s: float = 60.0
-    bind_host: str = "127.0.0.1"
-    allowed_hosts: tuple[str, ...] = ()
-    cors_origins: tuple[str, ...] = ()
+
+    @property
+    def max_ongoing(self) -> int:
+        """Requests a replica admits: its slots plus its queue (Ray queues the rest at its router)."""
+        return self.spec.max_batch + self.max_queue
 
 
 @dataclass(frozen=True)
@@ -89,6 +85,19 @@ class Scaling:
             "graceful_shutdown_timeout_s": 10.0,
         }
 
+    def gateway_options(self, max_ongoing: int) -> dict:
+        """``serve.deployment`` options of the gateway: no device and no core reserved (it relays bytes), room
+        for every replica's requests in one gateway, one more gateway per replica's worth of requests."""
+        return {
+            "ray_actor_options": {"num_cpus": 0},
+            "max_ongoing_requests": max_ongoing * self.max_replicas,
+            "autoscaling_config": {"min_replicas": 1, "max_replicas": self.max_replicas, "initial_replicas": 1,
+                                   "target_ongoing_requests": max_ongoing,
+                                   "upscale_delay_s": self.upscale_delay_s,
+                                   "downscale_delay_s": self.downscale_delay_s,
+                                   "look_back_period_s": self.look_back_s},
+        }
+
 
 class ReplicaHeader:
     """ASGI middleware: every HTTP answer names the replica that gave it (``X-Moss-Replica``)."""
@@ -109,36 +118,48 @@ class ReplicaHeader:
 
 
 class SpeechReplica:
-    """One replica: a worker pool of one worker on this replica's device, and the server app around it."""
+    """One replica: a worker pool of one worker on this replica's device, and the server app around it, which
+    runs the requests the gateway forwards (``moss_npu.serve.ray_gateway``)."""
 
-    async def __init__(self, settings: dict) -> None:
+    async def __init__(self, settings: ReplicaSettings) -> None:
         from ray import serve
 
-        from moss_npu.serve.app import ServerConfig
+        from moss_npu.serve.app import create_app
         from moss_npu.serve.metrics import Metrics
         from moss_npu.serve.pool import WorkerPool
-        from moss_npu.serve.spec import WorkerSpec
 
         logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(message)s")
-        s = ReplicaSettings(**settings)
-        self.settings = s
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         self.metrics = Metrics()
         self.fatal: list[str] = []
-        spec = WorkerSpec(model=s.model, codec=s.codec, device=s.device, dtype=s.dtype, max_batch=s.max_batch,
-                          num_threads=s.num_threads, max_new_frames=s.max_new_frames)
-        self.pool = WorkerPool([spec], max_queue=s.max_queue, metrics=self.metrics,
+        self.pool = WorkerPool([settings.spec], max_queue=settings.max_queue, metrics=self.metrics,
                                on_fatal=lambda message, _user_fault: self.fatal.append(message))
-        self.config = ServerConfig(
-            voices_dir=Path(s.voices_dir), model_names=(s.model_name,), api_key=s.api_key,
-            max_input_chars=s.max_input_chars, max_new_frames=s.max_new_frames,
-            request_timeout_s=s.request_timeout_s, max_upload_bytes=s.max_upload_bytes,
-            max_voice_seconds=s.max_voice_seconds, body_timeout_s=s.body_timeout_s, bind_host=s.bind_host,
-            allowed_hosts=tuple(s.allowed_hosts), cors_origins=tuple(s.cors_origins))
         self.pool.start()  # here, not in the app's lifespan: Ray routes to a replica once __init__ returns
-        await self._until_ready()
+        await self._until_ready(settings.spec.device)
+        app = create_app(settings.config, self.pool, self.metrics, health_extra=self._deployment_health)
+        self.app = ReplicaHeader(app, self.replica_id)
 
-    async def _until_ready(self) -> None:
+    async def http(self, scope: dict, body: bytes):
+        """One forwarded HTTP request through the app: the ASGI messages it sends."""
+        from moss_npu.serve.ray_gateway import body_receive, run_app
+
+        async for message in run_app(self.app, scope, body_receive(body)):
+            yield message
+
+    async def websocket(self, scope: dict, inbox, key: str):
+        """One forwarded WebSocket session through the app, the client's messages read from the gateway's inbox."""
+        from moss_npu.serve.ray_gateway import run_app
+
+        async for message in run_app(self.app, scope, lambda: inbox.get.remote(key)):
+            yield message
+
+    def __del__(self) -> None:
+        """Ray's graceful stop of the replica: stop its worker."""
+        pool = getattr(self, "pool", None)
+        if pool is not None:
+            pool.close()
+
+    async def _until_ready(self, device: str) -> None:
         """Wait for the worker to load and warm up; raise (Ray then starts the replica again) if it cannot."""
         end = time.monotonic() + READY_TIMEOUT_S
         while not self.pool.ready:
@@ -149,13 +170,7 @@ class SpeechReplica:
                 self.pool.close()
                 raise RuntimeError(f"replica {self.replica_id}: the worker was not ready after {READY_TIMEOUT_S:g} s")
             await asyncio.sleep(0.2)
-        log.info("replica %s ready on %s", self.replica_id, self.settings.device)
-
-    def __serve_build_asgi_app__(self):
-        from moss_npu.serve.app import create_app
-
-        app = create_app(self.config, self.pool, self.metrics, health_extra=self._deployment_health)
-        return ReplicaHeader(app, self.replica_id)
+        log.info("replica %s ready on %s", self.replica_id, device)
 
     def _deployment_health(self) -> dict:
         """This replica's id and the deployment's replicas by state (Ray's view), for ``/health``."""
@@ -178,17 +193,16 @@ class SpeechReplica:
                 raise RuntimeError(f"worker {w.index} is {w.state}: {w.cause}")
 
 
-def deployment(scaling: Scaling, max_ongoing: int):
-    """The Serve deployment class of the speech server (built here so ``ray`` is imported only when used)."""
+def application(settings: ReplicaSettings, scaling: Scaling):
+    """The bound Serve application (the gateway, bound to the speech deployment): ``serve.run(application(...))``
+    or the ``build`` of a config file. ``ray`` is imported only here, when it is used."""
     from ray import serve
 
-    ingress = serve.ingress()(SpeechReplica)
-    return serve.deployment(name=DEPLOYMENT, **scaling.deployment_options(max_ongoing))(ingress)
+    from moss_npu.serve.ray_gateway import Gateway
 
-
-def application(settings: ReplicaSettings, scaling: Scaling):
-    """The bound Serve application: ``serve.run(application(...))`` or the ``build`` of a config file."""
-    return deployment(scaling, settings.max_batch + settings.max_queue).bind(asdict(settings))
+    speech = serve.deployment(name=DEPLOYMENT, **scaling.deployment_options(settings.max_ongoing))(SpeechReplica)
+    gateway = serve.deployment(name=GATEWAY, **scaling.gateway_options(settings.max_ongoing))(serve.ingress()(Gateway))
+    return gateway.bind(speech.bind(settings), settings.config)
 
 
 def build(args: dict):

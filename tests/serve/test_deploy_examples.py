@@ -42,8 +42,10 @@ def test_ray_config_file_args_build_the_application(tmp_path):
     assert (module, name) == ("moss_npu.serve.ray_app", "build")
     model, codec = tiny_dirs()
     args = {**app["args"], "model": str(model), "codec": str(codec), "voices_dir": str(tmp_path / "voices")}
-    deployment = build(args)._bound_deployment
-    assert deployment.ray_actor_options["num_cpus"] == args["cpus_per_replica"]
+    gateway = build(args)._bound_deployment
+    assert gateway.name == "gateway" and gateway.ray_actor_options["num_cpus"] == 0  # it relays: no core reserved
+    deployment = gateway.init_args[0]._bound_deployment  # the speech replicas, behind the gateway
+    assert deployment.name == "speech" and deployment.ray_actor_options["num_cpus"] == args["cpus_per_replica"]
     scaling = deployment._deployment_config.autoscaling_config
     assert (scaling.min_replicas, scaling.max_replicas) == (args["min_replicas"], args["max_replicas"])
     assert scaling.target_ongoing_requests == args["target_ongoing_requests"]

@@ -1,14 +1,18 @@
 """The server as a Ray Serve application: a local cluster (2 cores) with 2 CPU replicas on the tiny checkpoint.
 
-Through Ray's HTTP proxy: the openai client gets wav and streamed pcm; a voice uploaded through one replica is
-used and deleted through the other (``X-Moss-Replica`` names the replica that answered); a replica's worker
-killed mid-request fails that request with 503 in the OpenAI shape; a whole replica killed is restarted by Ray
-and every request after the restart shows in ``/health`` succeeds.
+Through Ray's HTTP proxy and the gateway: the openai client gets wav and streamed pcm; a WebSocket session is
+relayed both ways; a voice uploaded through one replica is used and deleted through the other
+(``X-Moss-Replica`` names the replica that answered); a replica's worker killed mid-request fails that request
+with 503 in the OpenAI shape. A whole replica killed mid-request: a whole file still being made is sent to the
+other replica and arrives whole; a stream under way is cut (never completed); a request whose second replica is
+killed too gets 503 in the OpenAI shape; Ray restarts the replicas, ``/health`` shows the new ones, and every
+request after that succeeds.
 """
 
 from __future__ import annotations
 
 import io
+import json
 import signal
 import threading
 import time
@@ -19,11 +23,13 @@ import soundfile
 
 from tests.optional import require
 from tests.serve.conftest import API_KEY, FRAME, LONG, MODEL, ServerProcess, assert_error, serve_module
+from tests.serve.test_live import CONFIG, SENTENCES, collect, connect, expected_samples
 from tests.serve.test_voices import recording, upload
 
 serve_module("fastapi")
 require("ray", "pip install -e '.[ray]'")
 openai = serve_module("openai")
+from websockets.exceptions import InvalidStatus  # noqa: E402 - after test_live's check that websockets is there
 httpx = serve_module("httpx")
 psutil = require("psutil", "pip install psutil")
 
@@ -73,11 +79,12 @@ def _title(p) -> str:
     return (_cmdline(p) or [""])[0]
 
 
-def busy_replica(proc: ServerProcess, deadline_s: float = 30.0):
-    """The replica process handling a request now (Ray titles it after the request's method while it runs)."""
+def busy_replica(proc: ServerProcess, deadline_s: float = 30.0, besides: frozenset = frozenset()):
+    """The replica process handling a request now (Ray titles it after the request's method while it runs),
+    other than the processes ``besides``."""
     end = time.monotonic() + deadline_s
     while time.monotonic() < end:
-        busy = [p for p in replica_processes(proc) if ".handle_request" in _title(p)]
+        busy = [p for p in replica_processes(proc) if ".handle_request" in _title(p) and p.pid not in besides]
         if busy:
             return busy[0]
         time.sleep(0.05)
@@ -110,6 +117,20 @@ def test_openai_client_gets_wav_and_streamed_pcm_through_the_proxy(cluster):
         assert response.headers["x-sample-rate"] == "48000" and response.headers["x-moss-replica"]
         pieces = list(response.iter_bytes())
     assert len(b"".join(pieces)) == FRAMES * FRAME * 2 * 2
+
+
+def test_a_websocket_session_is_relayed_to_a_replica_and_back(cluster):
+    with connect(cluster) as ws:
+        ws.send(json.dumps(CONFIG))
+        for sentence in SENTENCES:
+            ws.send(json.dumps({"type": "input.text", "text": sentence + " "}))
+        ws.send(json.dumps({"type": "input.done"}))
+        events, audio = collect(ws)
+    assert events[-1]["type"] == "session.done" and events[-1]["total_sentences"] == len(SENTENCES)
+    assert len(audio) == expected_samples() * 2 * 2  # pcm16 stereo
+    with pytest.raises(InvalidStatus) as refused, connect(cluster, key="wrong"):
+        pass
+    assert refused.value.response.status_code == 403  # the edge's key check, at the gateway
 
 
 def test_a_voice_uploaded_through_one_replica_is_used_and_deleted_through_the_other(cluster):
@@ -199,19 +220,62 @@ def _cmdline(p) -> list[str]:
         return []
 
 
-def test_a_killed_replica_is_restarted_and_requests_after_it_succeed(cluster):
+def test_a_replica_killed_mid_file_has_the_request_answered_by_the_other_and_is_restarted(cluster):
     wait_replicas(cluster, 2)
     before = replica_ids(cluster)
     with cluster.client(timeout=120) as http:
         thread, result = in_background(lambda: http.post("/v1/audio/speech", json={**LONG, "response_format": "wav"}))
         busy_replica(cluster).send_signal(signal.SIGKILL)
-        thread.join(timeout=60)
+        thread.join(timeout=120)
         assert not thread.is_alive()
-        # Ray's proxy answers a request whose replica died with its own 500 (the replica that would answer is gone).
-        assert result["r"].status_code == 500
+        answer = result["r"]
+        # Nothing was answered yet (a whole file is sent once made): the gateway sent the request again.
+        assert answer.status_code == 200, answer.text[:500]
+        samples, rate = soundfile.read(io.BytesIO(answer.content), dtype="float32", always_2d=True)
+        assert rate == 48000 and samples.shape == (LONG["max_new_frames"] * FRAME, 2)
         wait_new_replica(cluster, before)
+        after = replica_ids(cluster)
         answered = [speak(http) for _ in range(TRIES // 4)]
+    assert answer.headers["x-moss-replica"] in after & before  # the replica that answered is the one not killed
     assert [r.status_code for r in answered] == [200] * len(answered)
+
+
+def test_a_replica_killed_mid_stream_cuts_the_stream(cluster):
+    wait_replicas(cluster, 2)
+    before = replica_ids(cluster)
+    whole = LONG["max_new_frames"] * FRAME * 2 * 2
+    received = 0
+    with cluster.client(timeout=120) as http:
+        with http.stream("POST", "/v1/audio/speech", json=LONG) as response:
+            assert response.status_code == 200
+            pieces = response.iter_raw()
+            received += len(next(pieces))
+            busy_replica(cluster).send_signal(signal.SIGKILL)
+            with pytest.raises(httpx.RemoteProtocolError, match="incomplete chunked read"):
+                for piece in pieces:
+                    received += len(piece)
+        assert 0 < received < whole  # the status line was out: the stream ends short, never looks whole
+        wait_new_replica(cluster, before)
+        assert response.headers["x-moss-replica"] not in replica_ids(cluster)  # the one that streamed was killed
+        until_served(http)
+
+
+def test_a_request_whose_second_replica_is_killed_too_gets_503_in_the_openai_shape(cluster):
+    wait_replicas(cluster, 2)
+    before = replica_ids(cluster)
+    with cluster.client(timeout=120) as http:
+        thread, result = in_background(lambda: http.post("/v1/audio/speech", json={**LONG, "response_format": "wav"}))
+        first = busy_replica(cluster)
+        first.send_signal(signal.SIGKILL)
+        busy_replica(cluster, besides=frozenset({first.pid})).send_signal(signal.SIGKILL)  # the request sent again
+        thread.join(timeout=120)
+        assert not thread.is_alive()
+        error = assert_error(result["r"], 503)
+        assert error["code"] == "replica_unavailable" and error["type"] == "server_error"
+        assert result["r"].headers["retry-after"] == "1"
+        wait_replicas(cluster, 2)
+        until_served(http)
+        assert not replica_ids(cluster) & before  # both were restarted
 
 
 def test_a_load_burst_scales_one_replica_to_two_and_back(tmp_path, monkeypatch):

@@ -45,5 +45,22 @@ def test_cpu_replicas_get_one_intra_op_thread_per_reserved_core(tmp_path):
     args = build_parser().parse_args(["--model", str(model), "--codec", str(codec), "--voices-dir", str(tmp_path),
                                       "--cpus-per-replica", "3", "--max-replicas", "4"])
     settings, scaling = settings_from_args(args)
-    assert settings.device == "cpu" and settings.num_threads == 3
+    assert settings.spec.device == "cpu" and settings.spec.num_threads == 3
     assert (scaling.min_replicas, scaling.max_replicas, scaling.device_kind) == (1, 4, "cpu")
+
+
+def test_replicas_get_the_single_host_servers_config_and_worker_spec_for_the_same_flags(tmp_path):
+    from moss_npu.serve import cli
+    from moss_npu.serve.ray import build_parser, settings_from_args
+
+    model, codec = tiny_dirs()
+    flags = ["--model", str(model), "--codec", str(codec), "--voices-dir", str(tmp_path), "--max-new-frames", "100",
+             "--request-timeout", "12", "--max-upload-mb", "2", "--max-voice-seconds", "9", "--body-timeout", "7",
+             "--max-input-chars", "99", "--max-batch", "3", "--max-queue", "5", "--num-threads", "2",
+             "--model-name", "m", "--allowed-hosts", "a.example", "--cors-origins", "https://b.example"]
+    settings, _ = settings_from_args(build_parser().parse_args(flags))
+    server = cli.build_parser().parse_args([*flags, "--device", "cpu"])
+    cli._check(server)
+    assert settings.config == cli.server_config(server)
+    assert settings.spec == cli.worker_spec(server, "cpu")
+    assert (settings.max_queue, settings.max_ongoing) == (5, 3 + 5)
