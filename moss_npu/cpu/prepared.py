@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Optional
 
 import numpy as np
+import torch
 
 from moss_npu.cache_dir import CACHE_ENV, default_cache_dir, open_trusted_folder, trusted
 
@@ -91,6 +92,18 @@ class PageArena:
 
     def nbytes(self) -> int:
         return len(self._map)
+
+
+def zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zeroed torch tensor; on the CPU in fresh anonymous pages (``PageArena``), which the kernel hands out
+    zeroed when first touched: a server's decode cache for 8 slots of 1,536 rows is ~0.9 GB, which
+    ``torch.zeros`` wrote page by page at start-up (0.3-2.8 s here), while a request touches only the rows it
+    fills."""
+    if torch.device(device).type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    count = math.prod(shape)
+    pages = PageArena(count * torch.empty((), dtype=dtype).element_size())
+    return torch.frombuffer(pages.buffer, dtype=dtype, count=count).view(shape)  # holds the map alive
 
 
 @dataclass(frozen=True)

@@ -9,25 +9,13 @@ V codebook size.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields
 
 import torch
 
-from moss_npu.cpu.prepared import PageArena
+from moss_npu.cpu.prepared import zeroed
 from moss_npu.nano.model import NanoTTSModel
 from moss_npu.sampling import SlotSampling
-
-
-def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A zeroed tensor; on the CPU in fresh anonymous pages (``PageArena``), which the kernel hands out zeroed
-    when first touched: a server's cache for 8 slots of 1,536 rows is ~0.9 GB, which ``torch.zeros`` wrote
-    page by page at start-up (0.3-2.8 s here), while a request touches only the rows it fills."""
-    if device.type != "cpu":
-        return torch.zeros(shape, dtype=dtype, device=device)
-    count = math.prod(shape)
-    pages = PageArena(count * torch.empty((), dtype=dtype).element_size())
-    return torch.frombuffer(pages.buffer, dtype=dtype, count=count).view(shape)  # holds the map alive
 
 
 @dataclass
@@ -65,7 +53,7 @@ class DecodeState:
             return torch.zeros(slots, dtype=torch.bool, device=dev)
 
         return cls(
-            kv=_zeros((g.n_layer, 2, slots, g.n_head, max_len, g.head_dim), dt, dev),
+            kv=zeroed((g.n_layer, 2, slots, g.n_head, max_len, g.head_dim), dt, dev),
             local_kv=torch.zeros(cfg.local_transformer_layers, 2, slots, g.n_head, q + 1, g.head_dim, dtype=dt,
                                  device=dev),
             lengths=longs(), hidden=torch.zeros(slots, cfg.hidden_size, dtype=dt, device=dev),
