@@ -16,6 +16,7 @@ Ctrl-C or SIGTERM (after a graceful stop). Every failure is one ``error:`` line 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import ipaddress
 import logging
 import math
@@ -166,19 +167,23 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 def serve(args: argparse.Namespace) -> int:
-    """Start the workers and the HTTP server; return 130 once stopped by a signal, 0 otherwise."""
-    devices = _check(args)
-    try:
-        import uvicorn
+    """Start the workers and the HTTP server; return 130 once stopped by a signal, 0 otherwise.
 
-        from moss_npu.serve.app import ServerConfig, create_app
-        from moss_npu.serve.connections import ConnectionLimits
-        from moss_npu.serve.metrics import Metrics
-        from moss_npu.serve.pool import WorkerPool, specs_for
-        from moss_npu.serve.spec import WorkerSpec
-    except ImportError as exc:
-        raise MissingDependency(f"the server needs the serve extra ({exc.name} is missing); run "
-                                "pip install -e '.[serve]'") from None
+    The workers are spawned as soon as the flags and the port are checked, before this process imports the
+    HTTP app (torch, FastAPI: ~1.5 s), so that both start at once on a machine with two cores or more.
+    """
+    devices = _check(args)
+    missing = [name for name in ("fastapi", "uvicorn", "prometheus_client") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise MissingDependency(f"the server needs the serve extra ({missing[0]} is missing); run "
+                                "pip install -e '.[serve]'")
+    from moss_npu.serve.metrics import Metrics
+    from moss_npu.serve.pool import WorkerPool, specs_for
+    from moss_npu.serve.spec import WorkerSpec
+
+    problem = _port_problem(args.host, args.port)
+    if problem:
+        raise ServerError(f"cannot listen on {args.host}:{args.port} ({problem}); pick another --port or --host")
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s: %(message)s")
     fatal: list[tuple[str, bool]] = []
     holder: dict = {}
@@ -192,6 +197,36 @@ def serve(args: argparse.Namespace) -> int:
     base = WorkerSpec(model=args.model, codec=args.codec, device="", dtype=args.dtype, max_batch=args.max_batch,
                       num_threads=args.num_threads, max_new_frames=args.max_new_frames)
     pool = WorkerPool(specs_for(devices, base), max_queue=args.max_queue, metrics=metrics, on_fatal=on_fatal)
+    pool.start()  # the app's lifespan finds it started
+    try:
+        server = _http_server(args, pool, metrics)
+    except BaseException:
+        pool.close()
+        raise
+    holder["server"] = server
+    if fatal:  # a worker failed while the app was being built
+        server.should_exit = True
+    try:
+        server.run()
+    except SystemExit:  # uvicorn exits this way when it cannot start
+        server.started = False
+    finally:
+        pool.close()  # the lifespan closed it already where the server ran; a second close only joins
+    if fatal:
+        message, user_fault = fatal[0]
+        raise ServerError(message, exit_code=BAD_INPUT if user_fault else RUNTIME_FAILURE)
+    if not server.started:
+        raise ServerError(f"could not listen on {args.host}:{args.port} (see the log above); pick another --port")
+    return INTERRUPTED if getattr(server, "signals", []) else 0
+
+
+def _http_server(args: argparse.Namespace, pool, metrics):
+    """Return the uvicorn server of the HTTP app over ``pool`` (imports the app: torch, FastAPI)."""
+    import uvicorn
+
+    from moss_npu.serve.app import ServerConfig, create_app
+    from moss_npu.serve.connections import ConnectionLimits
+
     config = ServerConfig(voices_dir=args.voices_dir, model_names=(args.model_name,), api_key=args.api_key,
                           max_input_chars=args.max_input_chars, max_new_frames=args.max_new_frames,
                           request_timeout_s=args.request_timeout, max_upload_bytes=int(args.max_upload_mb * 2**20),
@@ -200,23 +235,9 @@ def serve(args: argparse.Namespace) -> int:
     limits = ConnectionLimits(header_timeout_s=args.header_timeout, keep_alive_s=args.keep_alive,
                               max_connections=args.max_connections)
     limits.raise_file_limit()
-    server = _server_class()(uvicorn.Config(create_app(config, pool, metrics), host=args.host, port=args.port,
-                                           log_level=args.log_level, timeout_graceful_shutdown=5,
-                                           **limits.uvicorn_options()))
-    holder["server"] = server
-    problem = _port_problem(args.host, args.port)
-    if problem:
-        raise ServerError(f"cannot listen on {args.host}:{args.port} ({problem}); pick another --port or --host")
-    try:
-        server.run()
-    except SystemExit:  # uvicorn exits this way when it cannot start
-        server.started = False
-    if fatal:
-        message, user_fault = fatal[0]
-        raise ServerError(message, exit_code=BAD_INPUT if user_fault else RUNTIME_FAILURE)
-    if not server.started:
-        raise ServerError(f"could not listen on {args.host}:{args.port} (see the log above); pick another --port")
-    return INTERRUPTED if getattr(server, "signals", []) else 0
+    return _server_class()(uvicorn.Config(create_app(config, pool, metrics), host=args.host, port=args.port,
+                                          log_level=args.log_level, timeout_graceful_shutdown=5,
+                                          **limits.uvicorn_options()))
 
 
 def _port_problem(host: str, port: int) -> Optional[str]:

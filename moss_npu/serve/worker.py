@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from moss_npu.cli import process_seconds
 from moss_npu.errors import MossNpuError
 from moss_npu.serve.errors import kind_of
 from moss_npu.cpu.threads import set_threads
@@ -174,5 +175,6 @@ def main(conn: Connection, spec: WorkerSpec) -> None:
         return
     channel.send("ready", {"device": str(tts.device), "sample_rate": tts.sample_rate,
                            "channels": tts.codec.channels, "frame_rate_hz": tts.codec.frame_rate_hz,
-                           "load_s": time.perf_counter() - started, "pid": os.getpid()})
+                           "load_s": time.perf_counter() - started, "process_s": process_seconds(),
+                           "setup": tts.setup(), "pid": os.getpid()})
     WorkerLoop(tts, engine, channel).run()
