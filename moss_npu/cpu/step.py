@@ -513,6 +513,10 @@ class CpuStep:
         missing = self._tiles is None
         return name + ("+compiled" if self.compiled else "") + ("-no-kernel" if missing else "")
 
+    def dispatch(self) -> str:
+        """Return ``label()`` and the kernels' instruction set (``kernel_target``), e.g. ``cpu-fp32/avx2``."""
+        return f"{self.label()}/{self.kernel_target()}"
+
     def nbytes(self) -> int:
         """Return the bytes of the weight copies (transposed fp32 or int8 values with their scales, and packed)."""
         tiles = 0 if self._tiles is None else self._tiles.nbytes()
