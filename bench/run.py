@@ -153,8 +153,7 @@ def run_once(tts: MossTTSNano, case: str, config: BenchConfig, frames: int, stre
     sec = dict(timer.seconds)
     per_frame = {k: sec.get(k, 0.0) * 1e3 / max(n_frames, 1) for k in ("frame", "codec", "local", "global")}
     cpu_step = getattr(tts._decoder, "cpu_step", None) if config.decoder != "reference" else None
-    step = ("reference" if config.decoder == "reference" else "torch" if cpu_step is None
-            else f"{cpu_step.label()}/{cpu_step.kernel_target()}")
+    step = "reference" if config.decoder == "reference" else "torch" if cpu_step is None else cpu_step.dispatch()
     return RunRecord(
         case=case, config=config.label, threads=torch.get_num_threads(), chunks=n_chunks, frames=n_frames,
         wall_s=wall, rtf=wall / max(n_frames / tts.codec.frame_rate_hz, 1e-9), ttfa_ms=ttfa,
@@ -164,6 +163,15 @@ def run_once(tts: MossTTSNano, case: str, config: BenchConfig, frames: int, stre
         step=step, compile_s=cpu_step.compile_seconds if cpu_step is not None else 0.0,
         local_ms=per_frame["local"] if "local" in sec else None,
         global_ms=per_frame["global"] if "global" in sec else None, phases_s=sec)
+
+
+def setup_line(setup: Optional[dict]) -> str:
+    """One line of what a run ran (``MossTTSNano.setup``, plus how long loading took where known)."""
+    if not setup:
+        return "setup unknown (a server that does not report it)"
+    line = (f"dtype {setup['dtype']}, step {setup['step']}, {setup['threads']} threads, prepared weights: "
+            f"{setup['prepared_weights']}")
+    return line + (f", loaded in {setup['load_s']:.2f} s" if "load_s" in setup else "")
 
 
 def summarize(records: list[RunRecord]) -> list[dict]:
@@ -347,12 +355,15 @@ def run(argv: Optional[list[str]] = None) -> int:
         for suffix in (".json", ".md"):
             writable_file(stem.with_suffix(suffix), "--out")
     log = (lambda *a: None) if args.quiet else (lambda *a: print(*a, file=sys.stderr, flush=True))
+    loading = time.perf_counter()
     tts, model_dir, codec_dir = load_pipeline(args)
+    setup = {**tts.setup(), "load_s": round(time.perf_counter() - loading, 3)}  # as loaded: before any run
+    log(f"bench: {setup_line(setup)}")
     records = measure(tts, args, cases, configs, sizes, graphs, log)
     info = devices.describe(tts.device)
     report = {"device": info, "frames_per_chunk": args.frames, "runs": args.runs, "warmup": args.warmup,
-              "threads": torch.get_num_threads(), "model": model_dir, "codec": codec_dir,
-              "prepared_weights": tts.weights.source, "records": [asdict(r) for r in records]}
+              "threads": torch.get_num_threads(), "model": model_dir, "codec": codec_dir, "setup": setup,
+              "records": [asdict(r) for r in records]}
     if sizes:
         rows = summarize_batches(records)
         table, speedup = batch_markdown(rows), batch_speedup(rows, graphs[0])
@@ -372,10 +383,10 @@ def run(argv: Optional[list[str]] = None) -> int:
             report["read_bandwidth_gb_s"] = read_bandwidth()
             table += "\n\n" + bandwidth_line(report["read_bandwidth_gb_s"])
     write_atomic(stem.with_suffix(".json"), json.dumps(report, indent=2, ensure_ascii=False) + "\n")
-    what = (f"{info['name']} ({info['device']}), torch {info['torch']}, {torch.get_num_threads()} thread(s) by "
-            f"default, prepared CPU weights: {tts.weights.source}")
-    write_atomic(stem.with_suffix(".md"), f"Device: {what}\n\n" + table + "\n")
-    print(f"device: {what}; results: {stem}.json, {stem}.md")
+    write_atomic(stem.with_suffix(".md"), f"Device: {info['name']} ({info['device']}), torch {info['torch']}; "
+                 f"{setup_line(setup)}\n\n" + table + "\n")
+    print(f"device: {info['name']} ({info['device']}), torch {info['torch']}; {setup_line(setup)}; results: "
+          f"{stem}.json, {stem}.md")
     print(table)
     if last is not None:
         print(last)

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Optional
 
 from bench.checkpoints import SIZES, ensure_checkpoints
-from bench.run import RESULTS_DIR, SHORT, write_atomic
+from bench.run import RESULTS_DIR, SHORT, setup_line, write_atomic
 
 STARTUP_S = 600.0
 
@@ -60,8 +60,9 @@ class Target:
     """A server to load: started here (and stopped at the end) or given by ``--url``."""
 
     def __init__(self, url: str, api_key: Optional[str], process: Optional[subprocess.Popen] = None,
-                 voices: Optional[tempfile.TemporaryDirectory] = None) -> None:
+                 voices: Optional[tempfile.TemporaryDirectory] = None, started: Optional[float] = None) -> None:
         self.url, self.api_key, self.process = url.rstrip("/"), api_key, process
+        self.started = started  # time.monotonic() when the server command was started here
         self._voices = voices  # the started server's voice store, removed by stop()
 
     @property
@@ -83,8 +84,9 @@ class Target:
         repo = Path(__file__).resolve().parents[1]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])}
         log = open(log_path, "wb")
+        started = time.monotonic()
         process = subprocess.Popen(command, cwd=repo, env=env, stdout=log, stderr=subprocess.STDOUT)
-        return cls(f"http://127.0.0.1:{port}", None, process, voices)
+        return cls(f"http://127.0.0.1:{port}", None, process, voices, started)
 
     def wait_ready(self, deadline_s: float) -> dict:
         import httpx
@@ -99,7 +101,7 @@ class Target:
                     return r.json()
             except httpx.HTTPError:
                 pass
-            time.sleep(0.5)
+            time.sleep(0.1)  # the ready time is reported to this resolution
         raise RuntimeError(f"the server at {self.url} was not ready within {deadline_s:.0f} s")
 
     def stop(self) -> None:
@@ -238,6 +240,9 @@ def main(argv: Optional[list[str]] = None) -> int:
             target = Target.start(Path(made[0]), Path(made[1]), args, stem.with_suffix(".server.log"))
             log(f"bench: starting a server on {args.device} ({target.url})")
         health = target.wait_ready(STARTUP_S)
+        startup_s = None if target.started is None else time.monotonic() - target.started
+        for worker in health.get("workers", []):
+            log(f"bench: worker {worker['index']} on {worker['device']}: {setup_line(worker.get('setup'))}")
         serial = [0]
         if args.warmup:
             run_level(target, 1, args.warmup, args.frames, serial)
@@ -262,16 +267,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     rows = summarize(samples, walls)
     for row in rows:
         row["load_avg_by_round"] = loads[row["concurrency"]]
-    report = {"server": target.url, "workers": health.get("workers"), "frames": args.frames,
+    report = {"server": target.url, "workers": health.get("workers"), "startup_s": startup_s, "frames": args.frames,
               "requests_per_client": args.requests, "rounds": args.rounds, "summary": rows, "samples": [asdict(s) for s in samples]}
     table = markdown(rows)
-    ran = "; ".join(f"worker {w.get('index')} on {w.get('device')}: "
-                    + ", ".join(f"{k} {v}" for k, v in w.get("runs", {}).items()) for w in health.get("workers") or [])
     write_atomic(stem.with_suffix(".json"), json.dumps(report, indent=2) + "\n")
-    write_atomic(stem.with_suffix(".md"), (f"Server: {ran}\n\n" if ran else "") + table + "\n")
-    print(f"results: {stem}.json, {stem}.md")
-    if ran:
-        print(f"server: {ran}")
+    setup = "; ".join(f"worker {w['index']}: {setup_line(w.get('setup'))}" for w in health.get("workers", []))
+    ready = "" if startup_s is None else f"/health ready {startup_s:.1f} s after the server command; "
+    write_atomic(stem.with_suffix(".md"), f"{ready}{setup}\n\n{table}\n")
+    print(f"{ready}{setup}; results: {stem}.json, {stem}.md")
     print(table)
     if len(rows) >= 2:
         low, high = min(rows, key=lambda r: r["concurrency"]), max(rows, key=lambda r: r["concurrency"])

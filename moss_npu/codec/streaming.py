@@ -15,6 +15,7 @@ from typing import Optional
 
 import torch
 
+from moss_npu.device import backend
 from moss_npu.errors import ConfigError
 
 
@@ -44,8 +45,8 @@ class KVCache:
               device: torch.device, dtype: torch.dtype) -> "KVCache":
         """Preallocate an empty ring for ``batch_size`` rows."""
         slots = context + chunk_capacity
-        keys = torch.zeros(batch_size, num_heads, slots, head_dim, device=device, dtype=dtype)
-        return cls(keys=keys, values=torch.zeros_like(keys),
+        shape, place = (batch_size, num_heads, slots, head_dim), backend(torch.device(device))
+        return cls(keys=place.zeros(shape, dtype, device), values=place.zeros(shape, dtype, device),
                    positions=torch.full((batch_size, slots), -1, device=device, dtype=torch.long),
                    offsets=torch.zeros(batch_size, device=device, dtype=torch.long),
                    context=context, chunk_capacity=chunk_capacity, written=[0] * batch_size)

@@ -6,7 +6,8 @@ small operations between the products included (``cpu.blocks.row_block``: a nump
 costs a fraction of a torch one's dispatch), and its products through ``cpu.matvec``'s kernels, which stream
 each weight once from tiles laid out
 for them (one more copy of the LM's linear weights in the format the model stores: float32, bf16 for
-``--dtype bfloat16``, int8 for ``--quantize int8``; one ``PageArena`` on huge pages, in reading order). Where
+``--dtype bfloat16``, int8 for ``--quantize int8``; one arena in reading order, on huge pages where built, mapped
+from the prepared-weights cache on later starts: ``cpu.prepared``). Where
 the package's C library is missing (``native``), one slot's products are numpy's OpenBLAS GEMV on a transposed float32 copy
 (``WeightArena``; torch's one-row ``F.linear`` goes to MKL's GEMM, which on AMD and other non-Intel CPUs
 streams at about half that rate). Several rows (a batch of slots, or a prompt's prefill: ``block_rows``)
@@ -229,6 +230,10 @@ class CpuStep:
         name = {"float32": "cpu-fp32", "bfloat16": "cpu-bf16", "int8": "cpu-int8"}[self.weight_dtype]
         missing = self._tiles is None
         return name + ("+compiled" if self.compiled else "") + ("-no-kernel" if missing else "")
+
+    def dispatch(self) -> str:
+        """Return ``label()`` and the kernels' instruction set (``kernel_target``), e.g. ``cpu-fp32/avx2``."""
+        return f"{self.label()}/{self.kernel_target()}"
 
     def nbytes(self) -> int:
         """Return the bytes of the weight copies (transposed fp32 or int8 values with their scales, and packed)."""

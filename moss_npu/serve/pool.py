@@ -116,8 +116,8 @@ class Worker:
                  "active_slots": self.active, "queued": self.queued, "restarts": self.restarts}
         if self.cause is not None:
             state["cause"] = self.cause
-        if self.info and "runs" in self.info:
-            state["runs"] = self.info["runs"]
+        if self.state == "ready" and "setup" in self.info:
+            state["setup"] = self.info["setup"]  # dtype, frame step, threads, prepared weights: no process details
         return state
 
     def send(self, *message: Any) -> bool:
@@ -131,14 +131,6 @@ class Worker:
                 return False
 
 
-def run_worker(conn, spec: WorkerSpec) -> None:
-    """A worker process's entry point. The worker module (torch, the model) is imported in the child only, so the
-    server can spawn its workers before it imports torch itself, and both imports run at once."""
-    from moss_npu.serve.worker import main
-
-    main(conn, spec)
-
-
 class WorkerPool:
     """Starts one worker per device spec and routes requests to them."""
 
@@ -149,7 +141,7 @@ class WorkerPool:
         default ``run_worker``)."""
         self.workers = [Worker(i, spec) for i, spec in enumerate(specs)]
         self.max_queue, self.metrics, self.on_fatal, self.backoff = max_queue, metrics, on_fatal, backoff
-        self.target = target or run_worker
+        self.target = run_worker if target is None else target
         self._ids = itertools.count(1)
         self._closing = False
         self._started = False
@@ -208,8 +200,10 @@ class WorkerPool:
         kind = message[0]
         if kind == "ready":
             w.info, w.state, w.cause = message[1], "ready", None
-            log.info("worker %d ready on %s (pid %s, loaded in %.1f s)", w.index, w.info["device"],
-                     w.info["pid"], w.info["load_s"])
+            age = w.info.get("process_s")
+            log.info("worker %d ready on %s (pid %s, loaded in %.1f s%s; %s)", w.index, w.info["device"],
+                     w.info["pid"], w.info["load_s"], "" if age is None else f", {age:.1f} s after its process started",
+                     ", ".join(f"{k} {v}" for k, v in w.info.get("setup", {}).items()))
         elif kind == "failed":
             w.state, w.cause = "failed", f"loading failed: {message[2]}"
             if w.restarts == 0:  # a first load: the server cannot serve as configured
@@ -326,6 +320,14 @@ class WorkerPool:
                     w.process.kill()
                     w.process.join(timeout=5)
             w.state = "stopped"
+
+
+def run_worker(conn, spec: WorkerSpec) -> None:
+    """A worker process's entry point: the worker module (torch, the model) is imported inside the spawned
+    process only, so that the server's own process spawns its workers without paying for it first."""
+    from moss_npu.serve import worker
+
+    worker.main(conn, spec)
 
 
 def cpu_threads(workers: int, cores: int) -> int:

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from moss_npu.device import backend
+from moss_npu.cli import process_seconds
 from moss_npu.errors import MossNpuError
 from moss_npu.serve.errors import kind_of
 from moss_npu.cpu.threads import set_threads
@@ -156,14 +156,6 @@ def warm_up(engine: Engine, frames: int) -> None:
         pass
 
 
-def runs(tts: MossTTSNano) -> dict:
-    """How this worker computes, for ``/health`` and benchmarks: dtype, quantization, threads, the CPU kernels'
-    instruction set (None off the CPU) and where the prepared CPU weights came from (``nano.prepared``)."""
-    return {"dtype": str(tts.model.dtype).removeprefix("torch."), "weights": tts.model.weight_dtype,
-            "quantize": tts.model.quantization, "threads": torch.get_num_threads(),
-            "kernels": backend(tts.device).kernel_report(), "prepared_weights": tts.weights.source}
-
-
 def main(conn: Connection, spec: WorkerSpec) -> None:
     """Entry point of a worker process (spawned by the server's pool)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -183,5 +175,6 @@ def main(conn: Connection, spec: WorkerSpec) -> None:
         return
     channel.send("ready", {"device": str(tts.device), "sample_rate": tts.sample_rate,
                            "channels": tts.codec.channels, "frame_rate_hz": tts.codec.frame_rate_hz,
-                           "load_s": time.perf_counter() - started, "pid": os.getpid(), "runs": runs(tts)})
+                           "load_s": time.perf_counter() - started, "process_s": process_seconds(),
+                           "setup": tts.setup(), "pid": os.getpid()})
     WorkerLoop(tts, engine, channel).run()

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Optional
@@ -29,7 +31,7 @@ from moss_npu.nano.decoder import FrameDecoder, RequestParams
 from moss_npu.nano.frames import PhaseTimer, left_pad, trim_codes
 from moss_npu.nano.model import NanoTTSModel
 from moss_npu.nano.prepared import DecoderWeights
-from moss_npu.cpu.quantize import check_int8, quantize_int8, store_bf16
+from moss_npu.cpu.quantize import check_int8, dtype_name, quantize_int8, store_bf16
 from moss_npu.nano.reference import reference_generate
 from moss_npu.nano.reuse import PrefixCache
 from moss_npu.nano.text import pause_samples
@@ -76,15 +78,16 @@ class MossTTSNano:
     """The native MOSS-TTS-Nano pipeline on one device."""
 
     def __init__(self, model: NanoTTSModel, tokenizer: TextTokenizer, codec: NanoCodec, *,
-                 name: str = "the model") -> None:
-        """Prepare what the frame decoder derives from the weights now (``nano.prepared``; on the CPU from the
-        prepared-weights cache, built there once per checkpoint, which a line naming ``name`` says), so that
-        the first synthesis costs what the second does."""
+                 name: str = "the model", weights: Optional[DecoderWeights] = None) -> None:
+        """Prepare what the frame decoder derives from the weights now, unless ``weights`` holds them already
+        (``nano.prepared``; on the CPU from the prepared-weights cache, built there once per checkpoint, which a
+        line naming ``name`` says), so that the first synthesis costs what the second does."""
         self.model, self.tokenizer, self.codec = model, tokenizer, codec
         self.config = model.config
         self.preparer = Preparer(tokenizer, self.config, codec)  # text preparation and the reference cache
         self._name = name
-        self.weights = DecoderWeights.build(model, cache=True, label=name)
+        self.weights = (weights if weights is not None and weights.current(model, "auto")
+                        else DecoderWeights.build(model, cache=True, label=name))
         self._decoder: Optional[FrameDecoder] = None
         self._idle_stream_codec: Optional[CodecRows] = None  # the last stream's codec state, for the next one
 
@@ -114,17 +117,31 @@ class MossTTSNano:
         model_dir = resolve_model_dir(model, required=("config.json", "tokenizer.model"), role="TTS model")
         codec_dir = resolve_model_dir(codec, required=("config.json",), role="codec", example=DEFAULT_CODEC)
         rounded = devices.backend(dev).rounds_weights_only(dt)  # bf16 weights, float32 arithmetic (cpu.quantize)
-        lm = load_model(model_dir, device=dev, dtype=torch.float32 if rounded else dt, attn_impl=attn)
-        if rounded:
-            store_bf16(lm)
-        if load.quantize == "int8":
-            quantize_int8(lm)
-        return cls(lm, TextTokenizer.from_dir(model_dir), load_codec(codec_dir, device=dev, attention=attn),
-                   name=str(model_dir))
+        codec_loader = functools.partial(load_codec, codec_dir, device=dev, attention=attn)
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="moss-npu-codec-load") as beside:
+            # On the CPU the codec loads on another thread while the LM and its prepared weights load here (a
+            # second core starts the process ~0.1 s sooner); a device keeps one thread.
+            codec_future = beside.submit(codec_loader) if devices.is_host(dev) else None
+            lm = load_model(model_dir, device=dev, dtype=torch.float32 if rounded else dt, attn_impl=attn)
+            if rounded:
+                store_bf16(lm)
+            if load.quantize == "int8":
+                quantize_int8(lm)
+            weights = DecoderWeights.build(lm, cache=True, label=str(model_dir))
+            codec_model = codec_loader() if codec_future is None else codec_future.result()
+        return cls(lm, TextTokenizer.from_dir(model_dir), codec_model, name=str(model_dir), weights=weights)
 
     @property
     def device(self) -> torch.device:
         return self.model.device
+
+    def setup(self) -> dict:
+        """What this pipeline runs, for reports beside their numbers: the LM's dtype, the frame step
+        (``cpu.step``'s dispatch: label and instruction set; ``torch`` elsewhere), torch's intra-op threads, and
+        where the prepared weights came from (``nano.prepared``: ``cache``, ``built``, ...)."""
+        step = self.weights.cpu_step
+        return {"dtype": dtype_name(self.model), "step": "torch" if step is None else step.dispatch(),
+                "threads": torch.get_num_threads(), "prepared_weights": self.weights.source}
 
     @property
     def normalizer(self):

@@ -26,6 +26,10 @@ def test_compare_runs_end_to_end(tmp_path, capsys):
     # The biased random weights never stop early: every run made exactly --frames frames.
     assert all(r["frames"] == 2 and r["ttfa_ms"] > 0 and r["rtf"] > 0 for r in rows.values())
     assert "| short-en | optimized |" in stem.with_suffix(".md").read_text(encoding="utf-8")
+    setup = report["setup"]  # what ran, beside the numbers: a new checkpoint prepares its weights into the cache
+    assert setup["dtype"] == "float32" and setup["step"].startswith("cpu-fp32/") and setup["threads"] >= 1
+    assert setup["prepared_weights"] == "built" and setup["load_s"] > 0
+    assert "prepared weights: built" in stem.with_suffix(".md").read_text(encoding="utf-8")
 
 
 def test_checkpoints_are_cached(tmp_path):

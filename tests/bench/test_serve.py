@@ -30,6 +30,10 @@ def test_serve_bench_reports_every_level(tmp_path, capsys):
     assert all(r["errors"] == 0 and r["audio_s"] == pytest.approx(0.16 * r["requests"]) for r in rows.values())
     assert all(r["ttfa_p50_ms"] > 0 for r in rows.values())
     assert "| 2 | 6 | 0 |" in stem.with_suffix(".md").read_text(encoding="utf-8")
+    assert report["startup_s"] > 0  # from the server command to /health ready
+    setup = report["workers"][0]["setup"]  # what the worker ran, from /health
+    assert setup["dtype"] == "float32" and setup["step"].startswith("cpu-fp32/")
+    assert setup["threads"] == 1 and setup["prepared_weights"] in ("built", "cache")
 
 
 def test_bad_levels_are_usage_errors(capsys):
