@@ -244,7 +244,7 @@ class CpuBackend(Backend):
         from moss_npu.cpu.prepared import PageArena
 
         count = math.prod(shape)
-        pages = PageArena(count * torch.empty((), dtype=dtype).element_size())
+        pages = PageArena(count * torch.empty((), dtype=dtype).element_size(), huge_pages=False)
         return torch.frombuffer(pages.buffer, dtype=dtype, count=count).view(shape)  # holds the map alive
 
     def kernel_report(self) -> Optional[str]:
