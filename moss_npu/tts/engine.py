@@ -350,9 +350,7 @@ class Engine:
             if kind == "stop":
                 return
             if kind == "start":
-                _, job, chunk, slot = event
-                if not job.failed:
-                    self._guard(job, job.audio.start_chunk, chunk, slot)
+                self._audio_start(*event[1:])
             elif kind == "frame":
                 self._audio_frame(event[1])
             else:
@@ -392,10 +390,12 @@ class Engine:
                 if pause is not None:
                     job.stream._put(pause)
 
-    def _guard(self, job: _Job, action, *args) -> None:
-        """Run an audio step of ``job``; a failure fails the request alone."""
+    def _audio_start(self, job: _Job, chunk: int, slot: int) -> None:
+        """Begin ``job``'s text chunk ``chunk`` in codec row ``slot``; a failure fails the request alone."""
+        if job.failed:
+            return
         try:
-            action(*args)
+            job.audio.start_chunk(chunk, slot)
         except Exception as exc:  # noqa: BLE001 - the request fails, the engine serves on
             log.exception("starting a request's audio failed")
             self._fail_audio(job, exc)
