@@ -9,21 +9,20 @@
  *
  * Threads: a product's tiles are shared out over a small pool (`moss_pool_new`): the calling thread and the
  * workers each claim the next unclaimed tile until none is left, so a worker that the system has descheduled
- * delays a product by at most the one tile it claimed, and the caller takes the rest. Workers spin briefly
- * between products (a frame calls one every ~0.1 ms) and then sleep.
+ * delays a product by at most the one tile it claimed, and the caller takes the rest. The pool shares any task
+ * of independent units the same way (`moss_share`: a fused block's attention heads, fused_block.c). Workers spin
+ * between tasks for up to SPIN_SECONDS and then sleep.
  */
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <math.h>
 #include <stdlib.h>
 #include <time.h>
 
 #include "matvec.h"
 
-enum { PORTABLE, AVX2, AVX512, NEON, TARGETS };
-enum { F32, BF16, INT8, FORMATS };
-enum { BAD_CALL = -1 };
 
 #define DECLARE(target)                                                                                         \
     void moss_tile_f32_##target(const float *, const void *, float *, const float *, const float *,          \
@@ -79,15 +78,29 @@ typedef struct {
     const char *w;
     float *y;
     long rows, in, out, tile_bytes;
+    int gelu;  /* the tanh GELU on each finished column (moss_product) */
 } Job;
 
-static void run_tile(const Job *job, long j) {
+/* The tanh GELU (``gelu_new``) in the order cpu/blocks.py's _gelu_tanh computes it. */
+static void gelu_tanh(float *y, long n) {
+    for (long c = 0; c < n; c++) {
+        const float x = y[c];
+        const float inner = (x * x * x * 0.044715f + x) * 0.7978845608028654f;
+        y[c] = (x * 0.5f) * (tanhf(inner) + 1.0f);
+    }
+}
+
+static void run_tile(const void *task, long j) {
+    const Job *job = task;
     const long first = j * TILE;
     const void *tile = job->w + j * job->tile_bytes;
     const float *scale = job->scale ? job->scale + first : NULL, *bias = job->bias ? job->bias + first : NULL;
-    for (long r = 0; r < job->rows; r++)
-        job->tile(job->x + r * job->in, tile, job->y + r * job->out + first, scale, bias,
+    for (long r = 0; r < job->rows; r++) {
+        float *y = job->y + r * job->out + first;
+        job->tile(job->x + r * job->in, tile, y, scale, bias,
                   job->residual ? job->residual + r * job->out + first : NULL, job->in);
+        if (job->gelu) gelu_tanh(y, TILE);
+    }
 }
 
 /* The ticket says which product is on (its number, 24 bits), how many tiles it has and how many are claimed
@@ -114,9 +127,10 @@ struct Pool {
     pthread_mutex_t lock;
     pthread_cond_t wake;
     atomic_ullong ticket;
-    atomic_long finished;  /* tiles of the current product done */
+    atomic_long finished;  /* units of the current task done */
     atomic_int sleepers, stop;
-    Job job;
+    UnitFunction unit;  /* the current task: unit(task, j) for each of its units */
+    const void *task;  /* the sharing caller's, alive until every unit is done */
 };
 
 static unsigned long long product_of(unsigned long long ticket) { return ticket >> (2 * FIELD); }
@@ -129,7 +143,7 @@ static long work(Pool *pool, unsigned long long number) {
         unsigned long long claimed = ticket & FIELD_MASK, tiles = (ticket >> FIELD) & FIELD_MASK;
         if (product_of(ticket) != number || claimed >= tiles) return done;
         if (!atomic_compare_exchange_weak(&pool->ticket, &ticket, ticket + 1)) continue;
-        run_tile(&pool->job, (long)claimed);
+        pool->unit(pool->task, (long)claimed);
         atomic_fetch_add(&pool->finished, 1);
         done++;
     }
@@ -149,7 +163,10 @@ static inline void relax(void) {
 #endif
 }
 
-#define SPIN_SECONDS 200e-6  /* a worker's wait for the next product before it sleeps */
+/* A worker's wait for the next task before it sleeps: longer than the Python between two products of a frame
+ * (up to ~1 ms between two local steps on a slow core), so that a frame never waits for a worker to wake
+ * (200 us here left a third of a frame's products on one thread); yielding meanwhile. */
+#define SPIN_SECONDS 2000e-6
 
 static void *worker(void *argument) {
     Pool *pool = ((Worker *)argument)->pool;
@@ -161,6 +178,7 @@ static void *worker(void *argument) {
         for (int spins = 0; (number = product_of(atomic_load(&pool->ticket))) == seen; spins++) {
             if (atomic_load(&pool->stop)) return NULL;
             relax();
+            if ((spins & 1023) == 1023) sched_yield();  /* another runnable thread here (the codec's) goes first */
             if ((spins & 63) == 63 && seconds() > until) {
                 pthread_mutex_lock(&pool->lock);
                 atomic_fetch_add(&pool->sleepers, 1);
@@ -228,21 +246,46 @@ void moss_pool_use(void *handle, int threads) {
     atomic_store(&pool->active, threads < 1 ? 1 : threads > pool->threads ? pool->threads : threads);
 }
 
-static void share(Pool *pool, const Job *job, long tiles) {
+static void share(Pool *pool, UnitFunction unit, const void *task, long units) {
     unsigned long long number = product_of(atomic_load(&pool->ticket)) + 1;
-    pool->job = *job;
+    pool->unit = unit;
+    pool->task = task;
     atomic_store(&pool->finished, 0);
-    atomic_store(&pool->ticket, (number << (2 * FIELD)) | ((unsigned long long)tiles << FIELD));
+    atomic_store(&pool->ticket, (number << (2 * FIELD)) | ((unsigned long long)units << FIELD));
     if (atomic_load(&pool->sleepers) > 0) {
         pthread_mutex_lock(&pool->lock);
         pthread_cond_broadcast(&pool->wake);
         pthread_mutex_unlock(&pool->lock);
     }
     work(pool, number);
-    for (int spins = 0; atomic_load(&pool->finished) < tiles; spins++) {
+    for (int spins = 0; atomic_load(&pool->finished) < units; spins++) {
         relax();
-        if ((spins & 1023) == 1023) sched_yield();  /* a worker holding a tile was descheduled */
+        if ((spins & 1023) == 1023) sched_yield();  /* a worker holding a unit was descheduled */
     }
+}
+
+void moss_share(void *handle, UnitFunction unit, const void *task, long units) {
+    Pool *pool = handle;
+    /* Alone: no pool, one thread asked for, or another thread's task holding the pool. */
+    if (pool == NULL || units < 2 || units > MAX_TILES || atomic_load(&pool->active) < 2 ||
+        pthread_mutex_trylock(&pool->caller)) {
+        for (long j = 0; j < units; j++) unit(task, j);
+        return;
+    }
+    share(pool, unit, task, units);
+    pthread_mutex_unlock(&pool->caller);
+}
+
+int moss_product(void *pool, int target, int format, const float *x, const void *w, const float *scale,
+                 const float *bias, const float *residual, float *y, long rows, long in, long out, int gelu) {
+    if (target < 0 || target >= TARGETS || format < 0 || format >= FORMATS || !(moss_targets() >> target & 1))
+        return BAD_CALL;
+    if (rows < 1 || in < 1 || out < TILE || out % TILE != 0 || out / TILE > MAX_TILES) return BAD_CALL;
+    if (format == INT8 && scale == NULL) return BAD_CALL;
+    const Job job = {TABLE[target][format], x, scale, bias, residual, (const char *)w, y, rows, in, out,
+                     in * TILE * VALUE_BYTES[format], gelu};
+    moss_share(pool, run_tile, &job, out / TILE);
+    return 0;
 }
 
 /* y (rows × out) = x (rows × in) · W + bias (+ residual), W in `format`'s tiles; `out` a multiple of TILE;
@@ -250,20 +293,5 @@ static void share(Pool *pool, const Job *job, long tiles) {
  * BAD_CALL for a target this library or CPU lacks, an unknown format or sizes it cannot take. */
 int moss_matvec(void *pool, int target, int format, const float *x, const void *w, const float *scale,
                 const float *bias, const float *residual, float *y, long rows, long in, long out) {
-    if (target < 0 || target >= TARGETS || format < 0 || format >= FORMATS || !(moss_targets() >> target & 1))
-        return BAD_CALL;
-    if (rows < 1 || in < 1 || out < TILE || out % TILE != 0 || out / TILE > MAX_TILES) return BAD_CALL;
-    if (format == INT8 && scale == NULL) return BAD_CALL;
-    Job job = {TABLE[target][format], x, scale, bias, residual, (const char *)w, y, rows, in, out,
-               in * TILE * VALUE_BYTES[format]};
-    const long tiles = out / TILE;
-    Pool *shared = pool;
-    /* Alone: no pool, one thread asked for, or another thread's product holding the pool. */
-    if (shared == NULL || atomic_load(&shared->active) < 2 || pthread_mutex_trylock(&shared->caller)) {
-        for (long j = 0; j < tiles; j++) run_tile(&job, j);
-        return 0;
-    }
-    share(shared, &job, tiles);
-    pthread_mutex_unlock(&shared->caller);
-    return 0;
+    return moss_product(pool, target, format, x, w, scale, bias, residual, y, rows, in, out, 0);
 }

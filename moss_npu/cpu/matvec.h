@@ -1,12 +1,33 @@
-/* What matvec.c and the per-target tiles (matvec_tiles.c) share. */
+/* What matvec.c, the per-target tiles (matvec_tiles.c) and the fused one-row block (fused_block.c) share. */
 #ifndef MOSS_MATVEC_H
 #define MOSS_MATVEC_H
 
-#define TILE 256 /* output columns per tile: matrices are padded to a multiple */
+/* Output columns per tile: matrices are padded to a multiple. 64 keeps a tile's sums in registers on every
+ * target, one stream per tile, and cuts a 768-column product into 12 tiles, which two or more threads share
+ * evenly (256-column tiles gave 3, and two threads then read at 1.4x one's rate against 1.75x). */
+#define TILE 64
+
+enum { PORTABLE, AVX2, AVX512, NEON, TARGETS };
+enum { F32, BF16, INT8, FORMATS };
+enum { BAD_CALL = -1 };
 
 /* One tile of a product: y[0..TILE) = x · tile, then finished with the tile's columns of scale (int8 only),
  * bias and residual (either may be NULL). */
 typedef void (*TileFunction)(const float *x, const void *tile, float *y, const float *scale, const float *bias,
                              const float *residual, long in);
+
+/* Bit t set: target t is in this library and this CPU runs it. */
+int moss_targets(void);
+
+/* One unit of a task shared over the pool: a product's tile, a block's attention head. */
+typedef void (*UnitFunction)(const void *task, long unit);
+
+/* Run unit(task, j) for j in [0, units) over the pool's threads (alone where `pool` is NULL, busy or set to one
+ * thread); returns when every unit is done. */
+void moss_share(void *pool, UnitFunction unit, const void *task, long units);
+
+/* moss_matvec, with the tanh GELU on every finished column where `gelu` is set. */
+int moss_product(void *pool, int target, int format, const float *x, const void *w, const float *scale,
+                 const float *bias, const float *residual, float *y, long rows, long in, long out, int gelu);
 
 #endif

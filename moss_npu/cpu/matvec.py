@@ -1,7 +1,7 @@
 """One-row products y = x · W + b for the CPU frame step: float32, bf16 or int8 weights, float32 arithmetic.
 
 A one-slot frame is bound by the bytes its ~116 matrix-vector products read, so its speed is how fast one core
-streams them and how few there are. ``matvec.c`` stores each weight in tiles of 256 output columns, row after
+streams them and how few there are. ``matvec.c`` stores each weight in tiles of 64 output columns, row after
 row, and keeps a tile's sums in registers: the weights are read once, front to back, in one stream, at about
 this core's read bandwidth (≈30 GB/s on a 2-vCPU EPYC, against ≈21 for numpy's OpenBLAS GEMV on a transposed
 copy and ≈13 for torch's ``linear``, which goes to MKL's GEMM). bf16 (half the bytes) and int8 (a quarter, with
@@ -32,7 +32,7 @@ from moss_npu.cpu.native import choose_target, load_library, require, TARGETS
 from moss_npu.cpu.prepared import PageArena
 from moss_npu.cpu.quantize import int8_rows
 
-TILE = 256  # output columns per tile (matvec.h): matrices are padded to a multiple
+TILE = 64  # output columns per tile (matvec.h): matrices are padded to a multiple
 GROUP = 32  # bf16 columns interleaved together in a tile row (matvec_tiles.c)
 FORMATS = {"float32": 0, "bfloat16": 1, "int8": 2}  # matvec.c's numbering
 _POINTER, _LONG, _INT = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
@@ -84,10 +84,10 @@ class MatVecKernels:
     products over."""
 
     def __init__(self, library: ctypes.CDLL, built: Optional[str] = None, threads: int = 1) -> None:
-        self._library = library
+        self.library = library
         self.built = built  # where this load compiled them (PRIVATE: a temporary folder), None if installed/cached
         self.target = choose_target(library)
-        self._target = TARGETS.index(self.target)
+        self.target_index = TARGETS.index(self.target)
         self._call = library.moss_matvec
         self._call.argtypes = [_POINTER, _INT, _INT] + [_POINTER] * 6 + [_LONG] * 3
         self._call.restype = _INT
@@ -110,7 +110,7 @@ class MatVecKernels:
         """Run the product of checked arrays: ``y`` (rows, columns) = ``x`` (rows, in) times the ``format`` tiles of
         ``table``, finished with ``vectors`` (scale, bias: int8; bias otherwise) and ``residual``."""
         scale, bias = vectors if len(vectors) == 2 else (None, vectors[0])
-        status = self._call(self.threads.handle, self._target, FORMATS[format], x.ctypes.data, table.ctypes.data,
+        status = self._call(self.threads.handle, self.target_index, FORMATS[format], x.ctypes.data, table.ctypes.data,
                             None if scale is None else scale.ctypes.data, bias.ctypes.data,
                             None if residual is None else residual.ctypes.data, y.ctypes.data, rows, in_features,
                             columns)
@@ -158,7 +158,7 @@ def _fitted(residual: np.ndarray, length: int) -> np.ndarray:
     return padded
 
 
-class _Tiles:
+class Tiles:
     """A weight in one of the library's tiled formats, multiplied by one float32 row at a time (``__call__``).
 
     ``values()`` gives the (out, in) stored values (float32, bf16, int8) of a weight of ``shape``; they are
@@ -187,7 +187,13 @@ class _Tiles:
         self.values = prepare(tiled, STORED[format], fill)
         require(self.values, STORED[format], tiled, "tiles")
         self._vectors = (*extra, _pad_vector(bias, self.out_features))  # kept alive: the kernel reads them
-        self._kernels, self._format = kernels, format
+        self._kernels, self.format = kernels, format
+
+    def fields(self) -> tuple[int, Optional[int], int, int, int]:
+        """Return what the library's fused block reads of this product (``fused_block``): the tiles' address,
+        the scales' (int8) or None, the bias's, the inputs and the padded outputs."""
+        scale = self._vectors[0].ctypes.data if len(self._vectors) == 2 else None
+        return self.values.ctypes.data, scale, self._vectors[-1].ctypes.data, self.in_features, self._columns
 
     def __call__(self, x: np.ndarray, residual: Optional[np.ndarray] = None) -> np.ndarray:
         """Return the (out,) product of a float32 row ``x`` (in,); ``residual`` (out,) is added. Both must be
@@ -197,12 +203,12 @@ class _Tiles:
             require(residual, np.float32, (self.out_features,), "residual")
             residual = _fitted(residual, self._columns)
         y = np.empty(self._columns, np.float32)
-        self._kernels.multiply(self._format, x, self.values, self._vectors, residual, y, 1, self.in_features,
+        self._kernels.multiply(self.format, x, self.values, self._vectors, residual, y, 1, self.in_features,
                                self._columns)
         return y[:self.out_features]
 
 
-class Fp32Tiles(_Tiles):
+class Fp32Tiles(Tiles):
     """``x @ weightᵀ + bias (+ residual)`` for one float32 row, the (out, in) weight in float32 tiles: one stream
     through the weights, at this core's read bandwidth (≈30 GB/s measured, against ≈21 for numpy's GEMV on the
     transposed weight)."""
@@ -218,7 +224,7 @@ def _interleave(rows: torch.Tensor) -> torch.Tensor:
     return rows.reshape(tiles, in_features, TILE // GROUP, 2, GROUP // 2).transpose(3, 4)
 
 
-class Bf16Tiles(_Tiles):
+class Bf16Tiles(Tiles):
     """``x @ weightᵀ + bias (+ residual)`` for one float32 row, the weight held as bf16 (exact for a weight whose
     values are bf16 already, rounded to nearest otherwise)."""
 
@@ -228,7 +234,7 @@ class Bf16Tiles(_Tiles):
                          prepare, order=lambda rows: _interleave(rows).reshape(rows.shape))
 
 
-class Int8Tiles(_Tiles):
+class Int8Tiles(Tiles):
     """``x @ (values · scale)ᵀ + bias (+ residual)`` for one float32 row, with int8 ``values`` (out, in) and
     per-output float32 ``scale``: the quantized weight (``cpu.quantize``) in a quarter of the bytes."""
 
@@ -265,7 +271,7 @@ class Int8Tiles(_Tiles):
             require(residual, np.float32, (n, self.out_features), "residual")
             residual = _fitted(residual, self._columns)
         y = np.empty((n, self._columns), np.float32)
-        self._kernels.multiply(self._format, x, self.values, self._vectors, residual, y, n, self.in_features,
+        self._kernels.multiply(self.format, x, self.values, self._vectors, residual, y, n, self.in_features,
                                self._columns)
         return y if self._columns == self.out_features else np.ascontiguousarray(y[:, :self.out_features])
 

@@ -35,7 +35,7 @@ static void int8_finish(float *y, const float *scale, const float *bias, const f
 }
 
 #if defined(MOSS_AVX512)
-/* 16 registers of 16 sums: a whole tile, so that the sums stay in registers. */
+/* 4 registers of 16 sums: a whole tile, so that the sums stay in registers. */
 static void f32_sums(const float *x, const float *tile, float *sums, long in) {
     __m512 acc[TILE / 16];
     for (int a = 0; a < TILE / 16; a++) acc[a] = _mm512_setzero_ps();
@@ -80,116 +80,98 @@ static void int8_sums(const float *x, const int8_t *tile, float *sums, long in) 
 
 
 #elif defined(MOSS_AVX2)
-/* 16 vector registers cannot hold a tile's 32 of sums: the tile is taken in passes of PASS columns (8 registers),
- * each pass through all `in` rows (a column's sum is the same either way). */
-#define PASS 64
-
+/* 8 registers of 8 sums: a whole tile. */
 static void f32_sums(const float *x, const float *tile, float *sums, long in) {
-    for (int p = 0; p < TILE; p += PASS) {
-        __m256 acc[PASS / 8];
-        for (int a = 0; a < PASS / 8; a++) acc[a] = _mm256_setzero_ps();
-        for (long i = 0; i < in; i++) {
-            const __m256 xi = _mm256_set1_ps(x[i]);
-            const float *row = tile + i * TILE + p;
-            for (int a = 0; a < PASS / 8; a++) acc[a] = _mm256_fmadd_ps(xi, _mm256_loadu_ps(row + 8 * a), acc[a]);
-        }
-        for (int a = 0; a < PASS / 8; a++) _mm256_storeu_ps(sums + p + 8 * a, acc[a]);
+    __m256 acc[TILE / 8];
+    for (int a = 0; a < TILE / 8; a++) acc[a] = _mm256_setzero_ps();
+    for (long i = 0; i < in; i++) {
+        const __m256 xi = _mm256_set1_ps(x[i]);
+        const float *row = tile + i * TILE;
+        for (int a = 0; a < TILE / 8; a++) acc[a] = _mm256_fmadd_ps(xi, _mm256_loadu_ps(row + 8 * a), acc[a]);
     }
+    for (int a = 0; a < TILE / 8; a++) _mm256_storeu_ps(sums + 8 * a, acc[a]);
 }
 
 /* A group's 16 words in two loads: the low halves are columns 0-7 and 8-15, the high halves 16-23 and 24-31. */
 static void bf16_sums(const float *x, const uint32_t *tile, float *sums, long in) {
     const __m256i high = _mm256_set1_epi32((int)0xffff0000u);
-    for (int p = 0; p < TILE; p += PASS) {
-        __m256 acc[PASS / 8];  /* group g of the pass: acc[4g] columns 0-7, [4g+1] 8-15, [4g+2] 16-23, [4g+3] 24-31 */
-        for (int a = 0; a < PASS / 8; a++) acc[a] = _mm256_setzero_ps();
-        for (long i = 0; i < in; i++) {
-            const __m256 xi = _mm256_set1_ps(x[i]);
-            const uint32_t *row = tile + i * (TILE / 2) + p / 2;
-            for (int g = 0; g < PASS / 32; g++)
-                for (int h = 0; h < 2; h++) {
-                    __m256i v = _mm256_loadu_si256((const __m256i *)(row + 16 * g + 8 * h));
-                    acc[4 * g + h] = _mm256_fmadd_ps(xi, _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)),
-                                                     acc[4 * g + h]);
-                    acc[4 * g + 2 + h] = _mm256_fmadd_ps(xi, _mm256_castsi256_ps(_mm256_and_si256(v, high)),
-                                                         acc[4 * g + 2 + h]);
-                }
-        }
-        for (int a = 0; a < PASS / 8; a++) _mm256_storeu_ps(sums + p + 8 * a, acc[a]);
+    __m256 acc[TILE / 8];  /* group g: acc[4g] columns 0-7, [4g+1] 8-15, [4g+2] 16-23, [4g+3] 24-31 */
+    for (int a = 0; a < TILE / 8; a++) acc[a] = _mm256_setzero_ps();
+    for (long i = 0; i < in; i++) {
+        const __m256 xi = _mm256_set1_ps(x[i]);
+        const uint32_t *row = tile + i * (TILE / 2);
+        for (int g = 0; g < TILE / 32; g++)
+            for (int h = 0; h < 2; h++) {
+                __m256i v = _mm256_loadu_si256((const __m256i *)(row + 16 * g + 8 * h));
+                acc[4 * g + h] = _mm256_fmadd_ps(xi, _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), acc[4 * g + h]);
+                acc[4 * g + 2 + h] = _mm256_fmadd_ps(xi, _mm256_castsi256_ps(_mm256_and_si256(v, high)),
+                                                     acc[4 * g + 2 + h]);
+            }
     }
+    for (int a = 0; a < TILE / 8; a++) _mm256_storeu_ps(sums + 8 * a, acc[a]);
 }
 
 static void int8_sums(const float *x, const int8_t *tile, float *sums, long in) {
-    for (int p = 0; p < TILE; p += PASS) {
-        __m256 acc[PASS / 8];
-        for (int a = 0; a < PASS / 8; a++) acc[a] = _mm256_setzero_ps();
-        for (long i = 0; i < in; i++) {
-            const __m256 xi = _mm256_set1_ps(x[i]);
-            const int8_t *row = tile + i * TILE + p;
-            for (int a = 0; a < PASS / 8; a++) {
-                __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(row + 8 * a)));
-                acc[a] = _mm256_fmadd_ps(xi, _mm256_cvtepi32_ps(v), acc[a]);
-            }
+    __m256 acc[TILE / 8];
+    for (int a = 0; a < TILE / 8; a++) acc[a] = _mm256_setzero_ps();
+    for (long i = 0; i < in; i++) {
+        const __m256 xi = _mm256_set1_ps(x[i]);
+        const int8_t *row = tile + i * TILE;
+        for (int a = 0; a < TILE / 8; a++) {
+            __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(row + 8 * a)));
+            acc[a] = _mm256_fmadd_ps(xi, _mm256_cvtepi32_ps(v), acc[a]);
         }
-        for (int a = 0; a < PASS / 8; a++) _mm256_storeu_ps(sums + p + 8 * a, acc[a]);
     }
+    for (int a = 0; a < TILE / 8; a++) _mm256_storeu_ps(sums + 8 * a, acc[a]);
 }
 
 #elif defined(MOSS_NEON)
-/* 32 registers of 4: passes of PASS columns in 16 of them. */
-#define PASS 64
-
+/* 16 of the 32 registers of 4 sums: a whole tile. */
 static void f32_sums(const float *x, const float *tile, float *sums, long in) {
-    for (int p = 0; p < TILE; p += PASS) {
-        float32x4_t acc[PASS / 4];
-        for (int a = 0; a < PASS / 4; a++) acc[a] = vdupq_n_f32(0.0f);
-        for (long i = 0; i < in; i++) {
-            const float32x4_t xi = vdupq_n_f32(x[i]);
-            const float *row = tile + i * TILE + p;
-            for (int a = 0; a < PASS / 4; a++) acc[a] = vfmaq_f32(acc[a], xi, vld1q_f32(row + 4 * a));
-        }
-        for (int a = 0; a < PASS / 4; a++) vst1q_f32(sums + p + 4 * a, acc[a]);
+    float32x4_t acc[TILE / 4];
+    for (int a = 0; a < TILE / 4; a++) acc[a] = vdupq_n_f32(0.0f);
+    for (long i = 0; i < in; i++) {
+        const float32x4_t xi = vdupq_n_f32(x[i]);
+        const float *row = tile + i * TILE;
+        for (int a = 0; a < TILE / 4; a++) acc[a] = vfmaq_f32(acc[a], xi, vld1q_f32(row + 4 * a));
     }
+    for (int a = 0; a < TILE / 4; a++) vst1q_f32(sums + 4 * a, acc[a]);
 }
 
 /* bf16 widened in registers: a group's 16 words in four loads; word << 16 and word & 0xffff0000 as on x86. */
 static void bf16_sums(const float *x, const uint32_t *tile, float *sums, long in) {
     const uint32x4_t high = vdupq_n_u32(0xffff0000u);
-    for (int p = 0; p < TILE; p += PASS) {
-        float32x4_t acc[PASS / 4];  /* group g: acc[8g + q] columns 4q.. of its low halves, [8g + 4 + q] high */
-        for (int a = 0; a < PASS / 4; a++) acc[a] = vdupq_n_f32(0.0f);
-        for (long i = 0; i < in; i++) {
-            const float32x4_t xi = vdupq_n_f32(x[i]);
-            const uint32_t *row = tile + i * (TILE / 2) + p / 2;
-            for (int g = 0; g < PASS / 32; g++)
-                for (int q = 0; q < 4; q++) {
-                    uint32x4_t v = vld1q_u32(row + 16 * g + 4 * q);
-                    acc[8 * g + q] = vfmaq_f32(acc[8 * g + q], xi, vreinterpretq_f32_u32(vshlq_n_u32(v, 16)));
-                    acc[8 * g + 4 + q] = vfmaq_f32(acc[8 * g + 4 + q], xi, vreinterpretq_f32_u32(vandq_u32(v, high)));
-                }
-        }
-        for (int a = 0; a < PASS / 4; a++) vst1q_f32(sums + p + 4 * a, acc[a]);
+    float32x4_t acc[TILE / 4];  /* group g: acc[8g + q] columns 4q.. of its low halves, [8g + 4 + q] high */
+    for (int a = 0; a < TILE / 4; a++) acc[a] = vdupq_n_f32(0.0f);
+    for (long i = 0; i < in; i++) {
+        const float32x4_t xi = vdupq_n_f32(x[i]);
+        const uint32_t *row = tile + i * (TILE / 2);
+        for (int g = 0; g < TILE / 32; g++)
+            for (int q = 0; q < 4; q++) {
+                uint32x4_t v = vld1q_u32(row + 16 * g + 4 * q);
+                acc[8 * g + q] = vfmaq_f32(acc[8 * g + q], xi, vreinterpretq_f32_u32(vshlq_n_u32(v, 16)));
+                acc[8 * g + 4 + q] = vfmaq_f32(acc[8 * g + 4 + q], xi, vreinterpretq_f32_u32(vandq_u32(v, high)));
+            }
     }
+    for (int a = 0; a < TILE / 4; a++) vst1q_f32(sums + 4 * a, acc[a]);
 }
 
 static void int8_sums(const float *x, const int8_t *tile, float *sums, long in) {
-    for (int p = 0; p < TILE; p += PASS) {
-        float32x4_t acc[PASS / 4];
-        for (int a = 0; a < PASS / 4; a++) acc[a] = vdupq_n_f32(0.0f);
-        for (long i = 0; i < in; i++) {
-            const float32x4_t xi = vdupq_n_f32(x[i]);
-            const int8_t *row = tile + i * TILE + p;
-            for (int b = 0; b < PASS / 16; b++) {
-                int8x16_t v = vld1q_s8(row + 16 * b);
-                int16x8_t low = vmovl_s8(vget_low_s8(v)), high = vmovl_s8(vget_high_s8(v));
-                const int16x4_t parts[4] = {vget_low_s16(low), vget_high_s16(low), vget_low_s16(high),
-                                            vget_high_s16(high)};
-                for (int q = 0; q < 4; q++)
-                    acc[4 * b + q] = vfmaq_f32(acc[4 * b + q], xi, vcvtq_f32_s32(vmovl_s16(parts[q])));
-            }
+    float32x4_t acc[TILE / 4];
+    for (int a = 0; a < TILE / 4; a++) acc[a] = vdupq_n_f32(0.0f);
+    for (long i = 0; i < in; i++) {
+        const float32x4_t xi = vdupq_n_f32(x[i]);
+        const int8_t *row = tile + i * TILE;
+        for (int b = 0; b < TILE / 16; b++) {
+            int8x16_t v = vld1q_s8(row + 16 * b);
+            int16x8_t low = vmovl_s8(vget_low_s8(v)), high = vmovl_s8(vget_high_s8(v));
+            const int16x4_t parts[4] = {vget_low_s16(low), vget_high_s16(low), vget_low_s16(high),
+                                        vget_high_s16(high)};
+            for (int q = 0; q < 4; q++)
+                acc[4 * b + q] = vfmaq_f32(acc[4 * b + q], xi, vcvtq_f32_s32(vmovl_s16(parts[q])));
         }
-        for (int a = 0; a < PASS / 4; a++) vst1q_f32(sums + p + 4 * a, acc[a]);
     }
+    for (int a = 0; a < TILE / 4; a++) vst1q_f32(sums + 4 * a, acc[a]);
 }
 
 #else

@@ -22,8 +22,9 @@ PACKAGE = Path(__file__).resolve().parent  # moss_npu/cpu: the library is built 
 LIBRARY = "libmoss_npu_kernels.so"  # inside the package; loaded with ctypes (no Python C API: one wheel per architecture)
 MATVEC = PACKAGE / "matvec.c"
 TILES = PACKAGE / "matvec_tiles.c"
+FUSED_BLOCK = PACKAGE / "fused_block.c"
 LATTICE = PACKAGE.parent / "text" / "lattice.c"
-SOURCES = (MATVEC, PACKAGE / "matvec.h", TILES, LATTICE)  # what the library is made of
+SOURCES = (MATVEC, PACKAGE / "matvec.h", TILES, FUSED_BLOCK, LATTICE)  # what the library is made of
 BASE_FLAGS = ("-O3", "-fPIC", "-std=gnu11")
 # The tile kernels' instruction sets by architecture: (name, flags). The names are matvec.c's targets.
 TARGETS = {
@@ -82,7 +83,7 @@ def compile_objects(folder: Path, compiler: Sequence[str], machine: str, extra: 
         _run([*compiler, *BASE_FLAGS, *extra, *flags, f"-DMOSS_TARGET={name}", f"-DMOSS_{name.upper()}",
               "-c", str(TILES), "-o", str(obj)], f"{TILES.name} for {name}")
         objects.append(obj)
-    for source in (MATVEC, LATTICE):
+    for source in (MATVEC, FUSED_BLOCK, LATTICE):
         obj = Path(folder) / f"{source.stem}.o"
         _run([*compiler, *BASE_FLAGS, *extra, f'-DMOSS_SOURCES="{sources_digest()}"', "-c", str(source), "-o",
               str(obj)], source.name)

@@ -40,6 +40,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from moss_npu.errors import InputError
+from moss_npu.cpu.fused_block import FusedRowBlock
 from moss_npu.cpu.matvec import BlasGemv, Bf16Tiles, Fp32Tiles, Int8Tiles, MatVecKernels, tile_bytes
 from moss_npu.nano.model import Block
 from moss_npu.cpu.quantize import block_linears
@@ -150,8 +151,14 @@ class CpuStep:
         if rows:
             self._row_blocks = tuple([self._row_block(b, kernels) for b in blocks]
                                      for blocks in (model.transformer.h, model.local_transformer.h))
-        self._row_heads = [self._row_product(h, kernels, head=True) for h in model.audio_lm_heads]
         self._row_finals = tuple(tuple(w.numpy() for w in final) for final in (self.global_final, self.local_final))
+        # With the kernels each block's one row is one call of the library (``fused_block``): its small ops in C,
+        # its attention shared over the pool with its products.
+        self._fused = None
+        if self._row_blocks is not None and kernels is not None:
+            self._fused = tuple(self._fused_blocks(kernels, *parts)
+                                for parts in zip(self._row_blocks, self.scales, self._row_finals))
+        self._row_heads = [self._row_product(h, kernels, head=True) for h in model.audio_lm_heads]
         if compile_mode == "on":  # auto = eager: compiled measured slower (module docstring)
             self._compile(compile_mode)
 
@@ -199,6 +206,14 @@ class CpuStep:
                         product(block.attn.c_attn), product(block.attn.c_proj),
                         *(w.detach().numpy() for w in (block.ln_2.weight, block.ln_2.bias)),
                         product(block.mlp.fc_in), product(block.mlp.fc_out))
+
+    def _fused_blocks(self, kernels: MatVecKernels, blocks: list[RowBlock], scales: list[float],
+                      final: tuple[np.ndarray, np.ndarray]) -> list[FusedRowBlock]:
+        """Return one decoder's blocks as ``FusedRowBlock``s, its final norm on the last."""
+        last = len(blocks) - 1
+        return [FusedRowBlock(kernels, block, heads=self.n_head, eps=self.eps, scale=scale,
+                              final=final if i == last else None)
+                for i, (block, scale) in enumerate(zip(blocks, scales))]
 
     @classmethod
     def build(cls, model: nn.Module, compile_mode: str = "auto",
@@ -334,11 +349,15 @@ class CpuStep:
         blocks, (norm_w, norm_b) = self._row_blocks[local], self._row_finals[local]
         scales, cache = self.scales[local], kv.numpy()
         row, turn = x.numpy()[0], rotation.numpy()[0]
+        ready = qkv.numpy()[0] if qkv is not None else None
+        if self._fused is not None:  # the final norm comes with the last block
+            for i, block in enumerate(self._fused[local]):
+                row = block(row, turn, cache[i, 0, 0], cache[i, 1, 0], position, keys, ready if i == 0 else None)
+            return torch.from_numpy(row)[None]
         with np.errstate(all="ignore"):  # non-finite values propagate silently, as in torch: the decoder reports them
             for i, weights in enumerate(blocks):
-                row = row_block(row, turn, cache[i, 0, 0], cache[i, 1, 0], position, keys,
-                                qkv.numpy()[0] if qkv is not None and i == 0 else None, weights,
-                                heads=self.n_head, eps=self.eps, scale=scales[i])
+                row = row_block(row, turn, cache[i, 0, 0], cache[i, 1, 0], position, keys, ready if i == 0 else None,
+                                weights, heads=self.n_head, eps=self.eps, scale=scales[i])
             row = row_norm(row, norm_w, norm_b, self.eps)
         return torch.from_numpy(row)[None]
 

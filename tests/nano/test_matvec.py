@@ -25,7 +25,7 @@ from tests.optional import missing
 
 from .test_decoder import model, prompts  # noqa: F401 - the tiny steered model and its prompts (fixtures)
 
-SHAPES = [(64, 16), (40, 24), (17, 33), (300, 200), (1100, 7)]  # (out, in): padded columns, one tile to five
+SHAPES = [(64, 16), (40, 24), (17, 33), (300, 200), (1100, 7)]  # (out, in): padded columns, one tile to 18
 
 
 
@@ -144,7 +144,7 @@ BIG_ENDIAN_CHECK = r"""
 #include <stdio.h>
 #include <string.h>
 #include <stdint.h>
-#define TILE 256
+#define TILE 64
 void moss_tile_bf16_portable(const float *x, const void *tile, float *y, const float *scale, const float *bias,
                              const float *residual, long in, int part);
 enum { IN = 3 };
@@ -184,7 +184,7 @@ def test_bf16_portable_c_on_a_big_endian_cpu(tmp_path):
                     str(tmp_path / "check"), str(tmp_path / "check.c"), str(TILES)],
                    check=True, capture_output=True)
     done = subprocess.run([emulator, str(tmp_path / "check")], capture_output=True, text=True)
-    assert done.stdout == "0 wrong of 256\n"
+    assert done.stdout == "0 wrong of 64\n"
 
 
 def _decode(model, rows, frames, use_cpu_step):

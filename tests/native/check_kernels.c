@@ -1,15 +1,16 @@
-/* The library's one-row products checked on their own, for the kernel tests where Python cannot run (an aarch64
- * build under qemu-user): every target this CPU runs, the three formats, odd shapes, with and without bias and
- * residual, on one thread and shared over a pool of two; each column against a float64 sum of the same stored
- * values, and the pool's result bit for bit the one thread's. Built with the library's objects
- * (moss_npu/cpu/native_build.py); prints one line per target and exits 1 on any failure. */
+/* The library's one-row products and fused block checked on their own, for the kernel tests where Python cannot
+ * run (an aarch64 build under qemu-user): every target this CPU runs, the three formats, odd shapes, with and
+ * without bias and residual, on one thread and shared over a pool of two; each column against a float64 sum of
+ * the same stored values, and the pool's result bit for bit the one thread's; then the fused block (check_fused)
+ * against the same block in float64. Built with the library's objects (moss_npu/cpu/native_build.py); prints one
+ * line per target and exits 1 on any failure. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define TILE 256
+#define TILE 64
 enum { FORMATS = 3, TARGETS = 4 };
 static const char *TARGET_NAMES[TARGETS] = {"portable", "avx2", "avx512", "neon"};
 static const char *FORMAT_NAMES[FORMATS] = {"float32", "bfloat16", "int8"};
@@ -20,6 +21,24 @@ void moss_pool_free(void *pool);
 void moss_pool_use(void *pool, int threads);
 int moss_matvec(void *pool, int target, int format, const float *x, const void *w, const float *scale,
                 const float *bias, const float *residual, float *y, long rows, long in, long out);
+
+/* fused_block.c's structures (moss_npu/cpu/fused_block.py mirrors them too). */
+typedef struct {
+    const void *w;
+    const float *scale, *bias;
+    long in, columns;
+} Product;
+typedef struct {
+    int target, format;
+    long embed, heads, inner;
+    float eps, scale;
+    const float *ln1_w, *ln1_b, *ln2_w, *ln2_b;
+    Product attn, proj, fc_in, fc_out;
+    const float *final_w, *final_b;
+} Block;
+long moss_row_block_scratch(const Block *b, long attended);
+int moss_row_block(void *pool, const Block *b, float *x, const float *rotation, float *keys, float *values,
+                   long rows, long position, long attended, const float *qkv, float *scratch);
 
 static uint32_t state = 12345u;
 static float uniform(void) { /* in [-1, 1) */
@@ -119,6 +138,143 @@ static int check(int target, int format, long rows, long in, long out, int with_
     return bad;
 }
 
+
+/* The fused block (fused_block.c) against the same block computed here in double from the same values: a GPT-2
+ * block of odd sizes (E 24, 3 heads of 8, F 40: no size a multiple of TILE), a new row at position 3 of a cache of
+ * 6 rows, with the decoder's final norm; one thread and two, which must agree bit for bit. */
+enum { E = 24, H = 3, D = E / H, F = 40, M = 6, AT = 3 };
+
+typedef struct {
+    double w[3 * E * F];  /* (out, in), room for the largest */
+    float *tiles, bias[3 * E + TILE];
+    long in, out;
+} Linear;
+
+static void make_linear(Linear *l, long in, long out) {
+    long columns = (out + TILE - 1) / TILE * TILE;
+    l->in = in, l->out = out;
+    l->tiles = calloc((size_t)(in * columns), sizeof(float));
+    memset(l->bias, 0, sizeof l->bias);
+    for (long c = 0; c < out; c++) {
+        l->bias[c] = 0.1f * uniform();
+        for (long i = 0; i < in; i++) {
+            float v = uniform() * 0.4f;
+            l->tiles[place(0, c, i, in)] = v;
+            l->w[c * in + i] = v;
+        }
+    }
+}
+
+static Product product_of_linear(const Linear *l) {
+    return (Product){l->tiles, NULL, l->bias, l->in, (l->out + TILE - 1) / TILE * TILE};
+}
+
+static void apply(const Linear *l, const double *x, double *y) {
+    for (long c = 0; c < l->out; c++) {
+        double sum = l->bias[c];
+        for (long i = 0; i < l->in; i++) sum += l->w[c * l->in + i] * x[i];
+        y[c] = sum;
+    }
+}
+
+static void norm64(const double *x, const float *w, const float *b, double *y) {
+    double mean = 0, var = 0;
+    for (int i = 0; i < E; i++) mean += x[i] / E;
+    for (int i = 0; i < E; i++) var += (x[i] - mean) * (x[i] - mean) / E;
+    for (int i = 0; i < E; i++) y[i] = (x[i] - mean) / sqrt(var + 1e-5) * w[i] + b[i];
+}
+
+static int check_fused(int target, void *pool) {
+    Linear attn, proj, fc_in, fc_out;
+    make_linear(&attn, E, 3 * E), make_linear(&proj, E, E), make_linear(&fc_in, E, F), make_linear(&fc_out, F, E);
+    float ln[6][E], x[E], rotation[D], keys[H * M * D], values[H * M * D];
+    for (int k = 0; k < 6; k++)
+        for (int i = 0; i < E; i++) ln[k][i] = (k % 2 == 0 ? 1.0f : 0.0f) + 0.2f * uniform();
+    for (int i = 0; i < E; i++) x[i] = uniform();
+    for (int i = 0; i < D / 2; i++) {
+        double angle = 0.7 * (i + 1);
+        rotation[2 * i] = (float)cos(angle), rotation[2 * i + 1] = (float)sin(angle);
+    }
+    for (int k = 0; k < H * M * D; k++) keys[k] = uniform(), values[k] = uniform();
+    const float scale = 1.0f / sqrtf((float)D);
+    Block block = {target, 0, E, H, F, 1e-5f, scale, ln[0], ln[1], ln[2], ln[3], product_of_linear(&attn),
+                   product_of_linear(&proj), product_of_linear(&fc_in), product_of_linear(&fc_out), ln[4], ln[5]};
+    /* the reference, in double */
+    double h[E], n[E], qkv[3 * E], a[E] = {0}, h2[E], f[F], out[E], expected[E], k64[H][M][D], v64[H][M][D];
+    for (int i = 0; i < E; i++) h[i] = x[i];
+    norm64(h, ln[0], ln[1], n);
+    apply(&attn, n, qkv);
+    for (int part = 0; part < 2; part++)
+        for (int i = 0; i < E / 2; i++) {
+            double *pair = qkv + part * E + 2 * i, re = pair[0], im = pair[1];
+            double c = rotation[2 * (i % (D / 2))], s = rotation[2 * (i % (D / 2)) + 1];
+            pair[0] = re * c - im * s, pair[1] = re * s + im * c;
+        }
+    for (int hd = 0; hd < H; hd++)
+        for (int t = 0; t < M; t++)
+            for (int d = 0; d < D; d++) {
+                k64[hd][t][d] = t == AT ? qkv[E + hd * D + d] : keys[(hd * M + t) * D + d];
+                v64[hd][t][d] = t == AT ? qkv[2 * E + hd * D + d] : values[(hd * M + t) * D + d];
+            }
+    for (int hd = 0; hd < H; hd++) {
+        double score[AT + 1], top = -1e300, total = 0;
+        for (int t = 0; t <= AT; t++) {
+            score[t] = 0;
+            for (int d = 0; d < D; d++) score[t] += qkv[hd * D + d] * k64[hd][t][d];
+            score[t] *= scale;
+            top = score[t] > top ? score[t] : top;
+        }
+        for (int t = 0; t <= AT; t++) total += score[t] = exp(score[t] - top);
+        for (int t = 0; t <= AT; t++)
+            for (int d = 0; d < D; d++) a[hd * D + d] += score[t] / total * v64[hd][t][d];
+    }
+    apply(&proj, a, h2);
+    for (int i = 0; i < E; i++) h2[i] += h[i];
+    norm64(h2, ln[2], ln[3], n);
+    apply(&fc_in, n, f);
+    for (int i = 0; i < F; i++) f[i] = 0.5 * f[i] * (1.0 + tanh(sqrt(2.0 / M_PI) * (f[i] + 0.044715 * f[i] * f[i] * f[i])));
+    apply(&fc_out, f, out);
+    for (int i = 0; i < E; i++) out[i] += h2[i];
+    norm64(out, ln[4], ln[5], expected);
+    /* the library, on one thread and on two */
+    float got[2][E], cache_keys[2][H * M * D], cache_values[2][H * M * D];
+    float *scratch = malloc(sizeof(float) * (size_t)moss_row_block_scratch(&block, AT + 1));
+    int bad = 0;
+    for (int threads = 1; threads <= 2; threads++) {
+        memcpy(got[threads - 1], x, sizeof x);
+        memcpy(cache_keys[threads - 1], keys, sizeof keys), memcpy(cache_values[threads - 1], values, sizeof values);
+        moss_pool_use(pool, threads);
+        if (moss_row_block(pool, &block, got[threads - 1], rotation, cache_keys[threads - 1], cache_values[threads - 1],
+                           M, AT, AT + 1, NULL, scratch) != 0) {
+            printf("  fused block: refused\n");
+            bad = 1;
+        }
+    }
+    for (int i = 0; i < E && !bad; i++)
+        if (fabs(got[0][i] - expected[i]) > 1e-4 * (1.0 + fabs(expected[i]))) {
+            printf("  fused block output %d: %.7g, expected %.7g\n", i, got[0][i], expected[i]);
+            bad = 1;
+        }
+    for (int hd = 0; hd < H && !bad; hd++)
+        for (int d = 0; d < D; d++)
+            if (fabs(cache_keys[0][(hd * M + AT) * D + d] - k64[hd][AT][d]) > 1e-5 * (1.0 + fabs(k64[hd][AT][d])) ||
+                fabs(cache_values[0][(hd * M + AT) * D + d] - v64[hd][AT][d]) > 1e-5 * (1.0 + fabs(v64[hd][AT][d]))) {
+                printf("  fused block: head %d's new cache row is wrong\n", hd);
+                bad = 1;
+                break;
+            }
+    if (!bad && (memcmp(got[0], got[1], sizeof got[0]) || memcmp(cache_keys[0], cache_keys[1], sizeof keys))) {
+        printf("  fused block: two threads differ from one\n");
+        bad = 1;
+    }
+    if (moss_row_block(pool, &block, got[0], rotation, cache_keys[0], cache_values[0], M, M, M, NULL, scratch) == 0) {
+        printf("  fused block: a row past the cache was not refused\n");
+        bad = 1;
+    }
+    free(scratch), free(attn.tiles), free(proj.tiles), free(fc_in.tiles), free(fc_out.tiles);
+    return bad;
+}
+
 int main(void) {
     static const long SHAPES[][3] = {{1, 16, 64}, {1, 24, 40}, {1, 33, 17}, {1, 200, 300}, {3, 7, 513}, {2, 768, 1024}};
     void *pool = moss_pool_new(2);
@@ -134,6 +290,7 @@ int main(void) {
             for (size_t s = 0; s < sizeof SHAPES / sizeof SHAPES[0]; s++)
                 for (int variant = 0; variant < 4; variant++, cases++)
                     bad += check(t, f, SHAPES[s][0], SHAPES[s][1], SHAPES[s][2], variant & 1, variant >> 1, pool);
+        bad += check_fused(t, pool), cases++;
         printf("%s: %d of %d cases agree\n", TARGET_NAMES[t], cases - bad, cases);
         failed += bad;
     }

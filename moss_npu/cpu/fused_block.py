@@ -1,0 +1,108 @@
+"""One slot's transformer block on one new row in one call of the package's C library (``fused_block.c``).
+
+``blocks.row_block`` runs a block's ~25 small operations in numpy between its four one-row products; at batch 1
+they cost about a third of what the products do, on one thread whatever ``--num-threads`` says, so a second
+core bought a frame little. ``FusedRowBlock`` is the same block with those operations in C, its products through
+the same tiles and pool (``matvec``), the GELU finished inside fc_in's tiles and the attention shared out over the
+pool head by head. Used where every product of the block has tiles (the kernels are installed); results agree
+with ``row_block`` to float rounding (norm statistics summed in double, attention in another order).
+Shapes: E hidden, H heads, D head dim, F inner, M cache rows.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Optional
+
+import numpy as np
+
+from moss_npu.cpu.blocks import RowBlock
+from moss_npu.cpu.matvec import FORMATS, MatVecKernels, Tiles
+from moss_npu.cpu.native import require
+
+_POINTER, _LONG, _INT, _FLOAT = ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_float
+
+
+class _Product(ctypes.Structure):
+    """fused_block.c's Product: one product's tiles, per-column vectors and sizes."""
+
+    _fields_ = [("w", _POINTER), ("scale", _POINTER), ("bias", _POINTER), ("in_features", _LONG),
+                ("columns", _LONG)]
+
+
+class _Block(ctypes.Structure):
+    """fused_block.c's Block: what the call needs of one block besides the row and the cache."""
+
+    _fields_ = [("target", _INT), ("format", _INT), ("embed", _LONG), ("heads", _LONG), ("inner", _LONG),
+                ("eps", _FLOAT), ("scale", _FLOAT), ("ln1_w", _POINTER), ("ln1_b", _POINTER), ("ln2_w", _POINTER),
+                ("ln2_b", _POINTER), ("attn", _Product), ("proj", _Product), ("fc_in", _Product),
+                ("fc_out", _Product), ("final_w", _POINTER), ("final_b", _POINTER)]
+
+
+def _bind(library: ctypes.CDLL) -> None:
+    library.moss_row_block.argtypes = [_POINTER, _POINTER] + [_POINTER] * 4 + [_LONG] * 3 + [_POINTER] * 2
+    library.moss_row_block.restype = _INT
+    library.moss_row_block_scratch.argtypes, library.moss_row_block_scratch.restype = [_POINTER, _LONG], _LONG
+
+
+class FusedRowBlock:
+    """``blocks.row_block`` for one block whose four products are ``matvec`` tiles of one format, in one C call.
+
+    Built from the block's ``RowBlock`` (its norms and tiles, kept alive here: the library reads them);
+    ``heads``, ``eps`` and ``scale`` are the block's head count, norm epsilon and attention scale; ``final``
+    the decoder's final norm (weight, bias), applied to the output of its last block, or None. Raises
+    ValueError for a block it cannot run (products without tiles, mixed formats, shapes that do not chain).
+    """
+
+    def __init__(self, kernels: MatVecKernels, block: RowBlock, *, heads: int, eps: float, scale: float,
+                 final: Optional[tuple[np.ndarray, np.ndarray]] = None) -> None:
+        products = (block.attn, block.proj, block.fc_in, block.fc_out)
+        if not all(isinstance(p, Tiles) for p in products):
+            raise ValueError("a fused block needs every product in tiles (the kernels)")
+        formats = {p.format for p in products}
+        if len(formats) != 1:
+            raise ValueError(f"a fused block needs one tile format, got {sorted(formats)}")
+        e, f = block.attn.in_features, block.fc_in.out_features
+        shapes = [(p.out_features, p.in_features) for p in products]
+        if shapes != [(3 * e, e), (e, e), (f, e), (e, f)] or e % heads or (e // heads) % 2:
+            raise ValueError(f"block products {shapes} with {heads} heads do not chain as a GPT-2 block")
+        norms = (block.ln1_w, block.ln1_b, block.ln2_w, block.ln2_b, *(final or ()))
+        for name, array in zip(("ln_1 weight", "ln_1 bias", "ln_2 weight", "ln_2 bias", "final norm weight",
+                                "final norm bias"), norms):
+            require(array, np.float32, (e,), name)
+        self._kernels, self._kept = kernels, (block, final)
+        self.embed, self.heads, self.dim = e, heads, e // heads
+        self._spec = _Block(kernels.target_index, FORMATS[formats.pop()], e, heads, f, eps, scale,
+                            *(a.ctypes.data for a in norms[:4]), *(_Product(*p.fields()) for p in products),
+                            *((a.ctypes.data for a in final) if final else (None, None)))
+        self._library = kernels.library
+        _bind(self._library)
+
+    def __call__(self, x: np.ndarray, rotation: np.ndarray, keys: np.ndarray, values: np.ndarray, position: int,
+                 attended: int, qkv: Optional[np.ndarray] = None) -> np.ndarray:
+        """Return the block's output (E,; after the final norm where given) for the row ``x`` (E,) and write its key and value at ``position`` of
+        ``keys``/``values`` (H, M, D), attending to their first ``attended`` rows; ``rotation`` (D/2,) complex64
+        is RoPE at the row's position, ``qkv`` (3E,) a ready-made ``c_attn(ln_1(x))`` or None. Every array is
+        checked first (ValueError), as are 0 <= position < attended <= M."""
+        e, heads, dim = self.embed, self.heads, self.dim
+        require(x, np.float32, (e,), "x")
+        require(rotation, np.complex64, (dim // 2,), "rotation")
+        if not isinstance(keys, np.ndarray) or keys.ndim != 3:
+            raise ValueError(f"keys: an (H, M, D) cache expected, got {getattr(keys, 'shape', type(keys))}")
+        rows = keys.shape[1]
+        require(keys, np.float32, (heads, rows, dim), "keys")
+        require(values, np.float32, (heads, rows, dim), "values")
+        if qkv is not None:
+            require(qkv, np.float32, (3 * e,), "qkv")
+        if not 0 <= position < attended <= rows:
+            raise ValueError(f"row {position} attending {attended} rows does not fit a cache of {rows}")
+        spec = ctypes.byref(self._spec)
+        scratch = np.empty(self._library.moss_row_block_scratch(spec, attended), np.float32)
+        out = x.copy()
+        status = self._library.moss_row_block(self._kernels.threads.handle, spec, out.ctypes.data,
+                                              rotation.ctypes.data, keys.ctypes.data, values.ctypes.data, rows,
+                                              position, attended, None if qkv is None else qkv.ctypes.data,
+                                              scratch.ctypes.data)
+        if status != 0:
+            raise ValueError(f"the fused block refused a row of {e} at {position} attending {attended}")
+        return out
