@@ -3,8 +3,9 @@
 ``block_step`` is one new row per slot in torch (written functionally, so that torch.compile can fuse its small
 ops: the weights are inputs), ``block_rows`` the new rows of one or more prompts (a prefill: one pass of
 products over all of them, attention per prompt), ``row_block`` one slot's row in numpy (a numpy operation on a
-few thousand floats costs a fraction of a torch one's dispatch) with its products through the one-row kernels
-(``cpu.matvec``). The decode steps use the tanh GELU. Results agree with the model's modules to float rounding.
+few thousand floats costs a fraction of a torch one's dispatch) with its products through numpy's GEMV where the
+C library is missing (with the library the same row is one call: ``cpu.fused_block``). The decode steps use the
+tanh GELU. Results agree with the model's modules to float rounding.
 Shapes: n slots, E hidden, H heads, D head dim, M cache rows, T keys attended.
 """
 

@@ -123,7 +123,8 @@ static int fits(const Block *b) {
  * BAD_CALL for shapes that do not fit or a target or format the products refuse (x is then unchanged). */
 int moss_row_block(void *pool, const Block *b, float *x, const float *rotation, float *keys, float *values,
                    long rows, long position, long attended, const float *qkv, float *scratch) {
-    if (!fits(b) || (b->final_w == NULL) != (b->final_b == NULL) || position < 0 || position >= rows || attended <= position || attended > rows) return BAD_CALL;
+    if (!fits(b) || (b->final_w == NULL) != (b->final_b == NULL)) return BAD_CALL;
+    if (position < 0 || position >= rows || attended <= position || attended > rows) return BAD_CALL;
     const long e = b->embed, heads = b->heads, dim = e / heads;
     float *h = scratch, *h2 = h + padded(e), *out = h2 + padded(e), *attended_rows = out + padded(e);
     float *normed = attended_rows + padded(e), *normed2 = normed + e, *q = normed2 + e, *f = q + padded(3 * e);

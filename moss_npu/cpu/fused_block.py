@@ -80,10 +80,10 @@ class FusedRowBlock:
 
     def __call__(self, x: np.ndarray, rotation: np.ndarray, keys: np.ndarray, values: np.ndarray, position: int,
                  attended: int, qkv: Optional[np.ndarray] = None) -> np.ndarray:
-        """Return the block's output (E,; after the final norm where given) for the row ``x`` (E,) and write its key and value at ``position`` of
-        ``keys``/``values`` (H, M, D), attending to their first ``attended`` rows; ``rotation`` (D/2,) complex64
-        is RoPE at the row's position, ``qkv`` (3E,) a ready-made ``c_attn(ln_1(x))`` or None. Every array is
-        checked first (ValueError), as are 0 <= position < attended <= M."""
+        """Return the block's output (E,), after the final norm where given, for the row ``x`` (E,), and write its
+        key and value at ``position`` of ``keys``/``values`` (H, M, D), attending to their first ``attended`` rows;
+        ``rotation`` (D/2,) complex64 is RoPE at the row's position, ``qkv`` (3E,) a ready-made ``c_attn(ln_1(x))``
+        or None. Every array is checked first (ValueError), as are 0 <= position < attended <= M."""
         e, heads, dim = self.embed, self.heads, self.dim
         require(x, np.float32, (e,), "x")
         require(rotation, np.complex64, (dim // 2,), "rotation")

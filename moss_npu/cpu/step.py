@@ -1,11 +1,10 @@
 """The frame decoder's transformer blocks on the CPU: one-row products in tiles, optionally compiled.
 
 A frame at batch 1 is ~116 matrix-vector products over ~750 MB of fp32 weights, so its speed is the bandwidth
-of those products plus the cost of the ~700 small ops around them. One slot's row runs through numpy, the
-small operations between the products included (``cpu.blocks.row_block``: a numpy operation on a few thousand floats
-costs a fraction of a torch one's dispatch), and its products through ``cpu.matvec``'s kernels, which stream
-each weight once from tiles laid out
-for them (one more copy of the LM's linear weights in the format the model stores: float32, bf16 for
+of those products plus the cost of the ~700 small ops around them. One slot's row runs each block in one call
+of the C library (``cpu.fused_block``: the small operations between the products in C, the attention shared over
+the kernels' threads), its products through ``cpu.matvec``'s kernels, which stream each weight once from tiles
+laid out for them (one more copy of the LM's linear weights in the format the model stores: float32, bf16 for
 ``--dtype bfloat16``, int8 for ``--quantize int8``; one arena in reading order, on huge pages where built, mapped
 from the prepared-weights cache on later starts: ``cpu.prepared``). Where
 the package's C library is missing (``native``), one slot's products are numpy's OpenBLAS GEMV on a transposed float32 copy
@@ -100,11 +99,12 @@ class CpuStep:
         # the torch blocks (several rows: packed copies or GEMM) read the model's own weights as well.
         copied = (linears if not self.int8 else []) + list(model.audio_lm_heads)
         self.arena = WeightArena(copied) if kernels is None or compile_mode == "on" else ModelWeights()
-        # One row runs row_block on numpy norms and one-row products in the tiled formats of ``matvec`` (float32,
-        # bf16 or int8 as the model stores its weights; the heads are never quantized), all in one arena in
-        # reading order. Without the compiled kernels: numpy's GEMV on the float32 arena, and for int8 torch's
-        # int8 kernel in the torch block. Compiled blocks (float32 only) multiply through the arena: only the
-        # heads need tiles then. An int8 model's several rows use its tiles too (``Int8TileWeights``).
+        # One row runs each block as one library call (fused_block) over one-row products in the tiled formats of
+        # ``matvec`` (float32, bf16 or int8 as the model stores its weights; the heads are never quantized), all in
+        # one arena in reading order. Without the compiled kernels: row_block in numpy with numpy's GEMV on the
+        # float32 arena, and for int8 torch's int8 kernel in the torch block. Compiled blocks (float32 only)
+        # multiply through the arena: only the heads need tiles then. An int8 model's several rows use its tiles
+        # too (``Int8TileWeights``).
         rows = (not self.int8 or kernels is not None) and compile_mode != "on"
         self._tiles, self._int8_tiles = None, {}
         prefill_linears = block_linears(model, local=False) if self.int8 and kernels is not None else []
@@ -344,8 +344,9 @@ class CpuStep:
 
     def _run_row(self, local: bool, x: torch.Tensor, rotation: torch.Tensor, kv: torch.Tensor, position: int,
                  keys: int, qkv: Optional[torch.Tensor]) -> torch.Tensor:
-        """``run`` for slot 0 alone through ``row_block``: its row is written at ``position`` (the first entry
-        of ``run``'s index, slot 0's first head) and attends to the first ``keys`` rows."""
+        """``run`` for slot 0 alone, block by block through ``FusedRowBlock`` (``row_block`` without the library):
+        its row is written at ``position`` (the first entry of ``run``'s index, slot 0's first head) and attends to
+        the first ``keys`` rows."""
         blocks, (norm_w, norm_b) = self._row_blocks[local], self._row_finals[local]
         scales, cache = self.scales[local], kv.numpy()
         row, turn = x.numpy()[0], rotation.numpy()[0]
