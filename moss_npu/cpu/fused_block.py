@@ -39,12 +39,6 @@ class _Block(ctypes.Structure):
                 ("fc_out", _Product), ("final_w", _POINTER), ("final_b", _POINTER)]
 
 
-def _bind(library: ctypes.CDLL) -> None:
-    library.moss_row_block.argtypes = [_POINTER, _POINTER] + [_POINTER] * 4 + [_LONG] * 3 + [_POINTER] * 2
-    library.moss_row_block.restype = _INT
-    library.moss_row_block_scratch.argtypes, library.moss_row_block_scratch.restype = [_POINTER, _LONG], _LONG
-
-
 class FusedRowBlock:
     """``blocks.row_block`` for one block whose four products are ``matvec`` tiles of one format, in one C call.
 
@@ -75,8 +69,7 @@ class FusedRowBlock:
         self._spec = _Block(kernels.target_index, FORMATS[formats.pop()], e, heads, f, eps, scale,
                             *(a.ctypes.data for a in norms[:4]), *(_Product(*p.fields()) for p in products),
                             *((a.ctypes.data for a in final) if final else (None, None)))
-        self._library = kernels.library
-        _bind(self._library)
+        self._library = kernels.library  # its fused-block entries typed by MatVecKernels
 
     def __call__(self, x: np.ndarray, rotation: np.ndarray, keys: np.ndarray, values: np.ndarray, position: int,
                  attended: int, qkv: Optional[np.ndarray] = None) -> np.ndarray:

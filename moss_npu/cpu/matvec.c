@@ -13,16 +13,15 @@
  * of independent units the same way (`moss_share`: a fused block's attention heads, fused_block.c). Workers spin
  * between tasks for up to SPIN_SECONDS and then sleep.
  */
+#include <math.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
-#include <math.h>
 #include <stdlib.h>
 #include <time.h>
 
 #include "matvec.h"
-
 
 #define DECLARE(target)                                                                                         \
     void moss_tile_f32_##target(const float *, const void *, float *, const float *, const float *,          \

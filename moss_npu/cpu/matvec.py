@@ -95,6 +95,11 @@ class MatVecKernels:
         library.moss_pool_free.argtypes, library.moss_pool_free.restype = [_POINTER], None
         library.moss_pool_threads.argtypes, library.moss_pool_threads.restype = [_POINTER], _INT
         library.moss_pool_use.argtypes, library.moss_pool_use.restype = [_POINTER, _INT], None
+        # fused_block.c's (``cpu.fused_block``): pool, block, x, rotation, keys, values, rows, position,
+        # attended, qkv, scratch
+        library.moss_row_block.argtypes = [_POINTER, _POINTER] + [_POINTER] * 4 + [_LONG] * 3 + [_POINTER] * 2
+        library.moss_row_block.restype = _INT
+        library.moss_row_block_scratch.argtypes, library.moss_row_block_scratch.restype = [_POINTER, _LONG], _LONG
         self.threads = KernelThreads(library, threads)
 
     @classmethod
