@@ -6,8 +6,8 @@
  * The steps and their order are row_block's: ln_1, c_attn (or a ready-made qkv), RoPE on the queries and keys
  * (pairs (2i, 2i+1) times cos + i·sin), the new key and value written into the slot's cache at `position`,
  * softmax attention over the first `attended` rows, x + c_proj, ln_2, the tanh-GELU MLP added, and on a
- * decoder's last block its final norm (ln_f). Norm statistics
- * are summed in double; every other sum in float, so results agree with row_block to float rounding.
+ * decoder's last block its final norm (ln_f). Norm statistics are summed in double, every other sum in float,
+ * so results agree with row_block to float rounding.
  * Shapes: E hidden, H heads, D = E / H head dim, F inner, M cache rows.
  */
 #include <math.h>
@@ -34,7 +34,7 @@ static long padded(long n) { return (n + TILE - 1) / TILE * TILE; }
 
 /* Floats of scratch a call attending `attended` rows needs (moss_row_block's `scratch`). */
 long moss_row_block_scratch(const Block *b, long attended) {
-    return 4 * padded(b->embed) + 2 * b->embed + padded(3 * b->embed) + padded(b->inner) + b->heads * attended;
+    return 4 * padded(b->embed) + b->embed + padded(3 * b->embed) + padded(b->inner) + b->heads * attended;
 }
 
 static void layer_norm(const float *x, const float *weight, const float *bias, float *out, long n, float eps) {
@@ -127,7 +127,7 @@ int moss_row_block(void *pool, const Block *b, float *x, const float *rotation, 
     if (position < 0 || position >= rows || attended <= position || attended > rows) return BAD_CALL;
     const long e = b->embed, heads = b->heads, dim = e / heads;
     float *h = scratch, *h2 = h + padded(e), *out = h2 + padded(e), *attended_rows = out + padded(e);
-    float *normed = attended_rows + padded(e), *normed2 = normed + e, *q = normed2 + e, *f = q + padded(3 * e);
+    float *normed = attended_rows + padded(e), *q = normed + e, *f = q + padded(3 * e);  /* normed: ln_1, ln_2 */
     float *scores = f + padded(b->inner);
     memset(h, 0, sizeof(float) * (size_t)padded(e));  /* the padding is a residual's: zero */
     memcpy(h, x, sizeof(float) * (size_t)e);
@@ -145,8 +145,8 @@ int moss_row_block(void *pool, const Block *b, float *x, const float *rotation, 
     const Attention attention = {q, keys, values, scores, attended_rows, rows, attended, dim, b->scale};
     moss_share(pool, attend, &attention, heads);
     if (product(pool, b, &b->proj, attended_rows, h, h2, 0)) return BAD_CALL;
-    layer_norm(h2, b->ln2_w, b->ln2_b, normed2, e, b->eps);
-    if (product(pool, b, &b->fc_in, normed2, NULL, f, 1)) return BAD_CALL;
+    layer_norm(h2, b->ln2_w, b->ln2_b, normed, e, b->eps);
+    if (product(pool, b, &b->fc_in, normed, NULL, f, 1)) return BAD_CALL;
     if (product(pool, b, &b->fc_out, f, h2, out, 0)) return BAD_CALL;
     if (b->final_w != NULL)
         layer_norm(out, b->final_w, b->final_b, x, e, b->eps);
