@@ -52,6 +52,29 @@ class GraphCapture:
     def __init__(self, graph_type, graph_context) -> None:
         self.graph_type, self.graph_context = graph_type, graph_context
         self.broken: Optional[str] = None
+        self.checked = False
+
+    def check(self, device: torch.device) -> Optional[str]:
+        """Return why device graphs fail on ``device``, None when they work: one trial capture of an in-place
+        add, which must run nothing, then two replays that must add twice (``--graph on`` refuses up front
+        instead of at the first frame). Tried once per process; a failure turns capture off as ``disable`` does.
+        """
+        if self.broken is None and not self.checked:
+            self.checked = True
+            try:
+                total, one = torch.zeros(4, device=device), torch.ones(4, device=device)
+                replay = self.capture(lambda: total.add_(one))
+                after_capture = total.cpu().tolist()
+                replay()
+                replay()
+                after_replays = total.cpu().tolist()
+            except Exception as exc:  # what fails, and how, differs by driver and version
+                self.disable(f"{type(exc).__name__}: {exc}")
+            else:
+                if after_capture != [0.0] * 4 or after_replays != [2.0] * 4:
+                    self.disable(f"a trial capture left {after_capture} and two replays {after_replays}, "
+                                 "not [0.0]*4 and [2.0]*4")
+        return self.broken
 
     def capture(self, fn):
         """Record ``fn`` (not run: its kernels run on each replay); return the graph's ``replay``."""
@@ -369,6 +392,7 @@ class NpuBackend(Backend):
 
     def __init__(self) -> None:
         self._module = None
+        self._extension = None  # the torch_npu module, once imported
         self._import_error: Optional[BaseException] = None
         self._graphs: Optional[GraphCapture] = None
         self._settings: Optional[dict] = None
@@ -377,7 +401,7 @@ class NpuBackend(Backend):
         """Import torch_npu once and return ``torch.npu``; raise DeviceError with the fix when it cannot load."""
         if self._module is None and self._import_error is None:
             try:
-                importlib.import_module("torch_npu")
+                self._extension = importlib.import_module("torch_npu")
                 self._module = torch.npu  # registered by torch_npu
             except Exception as exc:  # torch_npu can raise far more than ImportError without CANN
                 self._import_error = exc
@@ -435,40 +459,55 @@ class NpuBackend(Backend):
         self._npu().reset_peak_memory_stats(index)
 
     def version(self) -> Optional[str]:
-        import torch_npu  # already imported by _npu() when this backend was used
-
-        return getattr(torch_npu, "__version__", None)
+        self._npu()
+        return getattr(self._extension, "__version__", None)
 
     def graph_capture(self) -> Optional[GraphCapture]:
-        # torch_npu builds with aclgraph capture (2.5.1+ on CANN 8.1+, Atlas A2/A3) have NPUGraph; others run eagerly.
+        """``torch.npu.NPUGraph`` and ``torch.npu.graph`` exist in every torch_npu (a dummy class where the build
+        has no capture), so their presence proves nothing: whether capture works shows at ``capture_begin``
+        (``GraphCapture.check`` tries one)."""
         npu = self._npu()
-        if self._graphs is None and hasattr(npu, "NPUGraph") and hasattr(npu, "graph"):
+        if self._graphs is None:
             self._graphs = GraphCapture(npu.NPUGraph, npu.graph)
         return self._graphs
 
     def apply_process_settings(self) -> dict:
-        """Apply the eager-NPU process settings once; return them.
+        """Apply the eager-NPU process settings once; return them as torch_npu reads them back.
 
         ``jit_compile=False`` runs prebuilt binary kernels instead of compiling an operator for every new shape
         (the growing KV length would otherwise compile each frame); internal formats off keeps tensors in ND
         layout. ``MOSS_NPU_JIT_COMPILE=1`` / ``MOSS_NPU_ALLOW_INTERNAL_FORMAT=1`` override them.
+
+        Raises:
+            DeviceError: torch_npu holds another value than the one given (the setting did not reach it).
         """
         if self._settings is None:
             npu = self._npu()
-            settings = {}
-            if hasattr(npu, "set_compile_mode"):  # every torch_npu for torch >= 2.1 has both; report what was set
-                settings["jit_compile"] = os.environ.get("MOSS_NPU_JIT_COMPILE", "0") == "1"
-                npu.set_compile_mode(jit_compile=settings["jit_compile"])
-            if hasattr(getattr(npu, "config", None), "allow_internal_format"):
-                settings["allow_internal_format"] = os.environ.get("MOSS_NPU_ALLOW_INTERNAL_FORMAT", "0") == "1"
-                npu.config.allow_internal_format = settings["allow_internal_format"]
-            self._settings = settings
+            wanted = {name: os.environ.get(variable, "0") == "1" for name, (variable, _) in _NPU_OPTIONS.items()}
+            npu.set_compile_mode(jit_compile=wanted["jit_compile"])
+            # torch.npu.config has a __setattr__ only (it forwards the write to _npu_setOption): nothing to read
+            npu.config.allow_internal_format = wanted["allow_internal_format"]
+            self._settings = {name: self._option(option) for name, (_, option) in _NPU_OPTIONS.items()}
+            for name, value in self._settings.items():
+                if value is not None and value != wanted[name]:
+                    raise DeviceError(f"torch_npu kept {_NPU_OPTIONS[name][1]}={value} after it was set to "
+                                      f"{wanted[name]}: the installed torch_npu ignores this setting; report it "
+                                      f"with the output of `python -m moss_npu.doctor --device npu:0`")
         return self._settings
+
+    def _option(self, option: str) -> Optional[bool]:
+        """Read an option back from torch_npu's own store (``torch_npu._C._npu_getOption``: b"enable" /
+        b"disable"); None where the store does not hold it."""
+        value = self._extension._C._npu_getOption(option)
+        return None if value is None else value.decode() == "enable"
 
     def process_settings(self) -> dict:
         return dict(self._settings or {})
 
 
+# The NPU process settings: report name -> (the environment variable that turns it on, torch_npu's option name).
+_NPU_OPTIONS = {"jit_compile": ("MOSS_NPU_JIT_COMPILE", "jitCompile"),
+                "allow_internal_format": ("MOSS_NPU_ALLOW_INTERNAL_FORMAT", "ALLOW_INTERNAL_FORMAT")}
 _BACKENDS: dict[str, Backend] = {}
 _PROBED: dict[tuple[str, torch.dtype], bool] = {}
 
