@@ -25,17 +25,37 @@ log = logging.getLogger(__name__)
 
 
 class _TorchOnFirstUse:
-    """Stands in for the torch module until an attribute is read, then imports torch and takes its place."""
+    """Stands in for the torch module until an attribute is read, then imports torch and takes its place.
+
+    An import that an installed device extension broke is remembered and raised again as it was: importing
+    torch a second time in that process raises another error that names neither the extension nor the fix.
+    """
+
+    def __init__(self) -> None:
+        self.failure: Optional[DeviceError] = None
+
+    def module(self):
+        """Import torch, put it in this placeholder's place and return it; raise DeviceError with the fix when a
+        device extension it loads fails (``extension_failure``)."""
+        if self.failure is not None:
+            raise self.failure
+        try:
+            import torch as module
+        except RuntimeError as exc:
+            self.failure = extension_failure(exc)
+            if self.failure is None:
+                raise
+            raise self.failure from exc
+        globals()["torch"] = module
+        return module
 
     def __getattr__(self, name: str):
-        import torch as module
-
-        globals()["torch"] = module
-        return getattr(module, name)
+        return getattr(self.module(), name)
 
 
 torch = _TorchOnFirstUse()
 ATTENTION_IMPLS = ("sdpa", "eager")
+_EXTENSION_FAILED = "Failed to load the backend extension: "  # torch's message (torch/__init__.py, torch >= 2.5)
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
           "float16": "float16", "fp16": "float16"}  # names of torch dtypes
 _GIB = 1 << 30
@@ -400,6 +420,7 @@ class NpuBackend(Backend):
     def _npu(self):
         """Import torch_npu once and return ``torch.npu``; raise DeviceError with the fix when it cannot load."""
         if self._module is None and self._import_error is None:
+            import_torch()  # torch_npu imports torch: a broken torch import is raised as it was, not retried
             try:
                 self._extension = importlib.import_module("torch_npu")
                 self._module = torch.npu  # registered by torch_npu
@@ -510,6 +531,36 @@ _NPU_OPTIONS = {"jit_compile": ("MOSS_NPU_JIT_COMPILE", "jitCompile"),
                 "allow_internal_format": ("MOSS_NPU_ALLOW_INTERNAL_FORMAT", "ALLOW_INTERNAL_FORMAT")}
 _BACKENDS: dict[str, Backend] = {}
 _PROBED: dict[tuple[str, torch.dtype], bool] = {}
+
+
+def import_torch():
+    """Import torch and return it, the way every command should first import it.
+
+    Raises:
+        DeviceError: an installed device extension broke ``import torch`` (``extension_failure``); raised again,
+            without a second import, on every later call.
+    """
+    return torch.module() if isinstance(torch, _TorchOnFirstUse) else torch
+
+
+def extension_failure(exc: BaseException) -> Optional[DeviceError]:
+    """The DeviceError, with its fix, for an ``import torch`` that a device extension broke, else None.
+
+    torch >= 2.5 imports every ``torch.backends`` entry point when it is imported; torch_npu >= 2.5 installs one,
+    and without CANN's environment its import fails (a CANN library is missing), so ``import torch`` raises
+    ``RuntimeError: Failed to load the backend extension: torch_npu ...`` whatever device was asked for.
+    """
+    for error in (exc, exc.__cause__, exc.__context__):
+        if isinstance(error, RuntimeError) and str(error).startswith(_EXTENSION_FAILED):
+            name = str(error)[len(_EXTENSION_FAILED):].split(". ")[0].rstrip(".")
+            cause = error.__cause__
+            detail = f" ({type(cause).__name__}: {str(cause).strip().splitlines()[0]})" if cause and str(cause).strip() else ""
+            cann = ("source <CANN>/set_env.sh (e.g. /usr/local/Ascend/ascend-toolkit/set_env.sh) to use the NPU, or "
+                    if name == NpuBackend.extension else "")
+            return DeviceError(f"torch cannot be imported: it loads the installed device extension {name}, which "
+                               f"failed{detail}; {cann}set TORCH_DEVICE_BACKEND_AUTOLOAD=0 to run without it "
+                               "(--device cpu or cuda)")
+    return None
 
 
 def register_backend(kind: str, obj: Optional[Backend]) -> None:
