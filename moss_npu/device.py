@@ -773,10 +773,14 @@ def describe(device: torch.device) -> dict:
     version = b.version()
     if b.extension is not None and version is not None:
         info[b.extension] = version
-    settings = b.process_settings()
-    if settings:
-        info["process_settings"] = settings
-    return info
+    return {**info, **settings_report(device)}
+
+
+def settings_report(device: torch.device) -> dict:
+    """``{"process_settings": ...}``: the settings ``device``'s backend gave its extension, as read back (what
+    ``/health`` shows of a worker); empty where none were applied."""
+    settings = backend(device).process_settings()
+    return {"process_settings": settings} if settings else {}
 
 
 def _index(device: torch.device) -> int:

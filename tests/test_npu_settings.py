@@ -89,3 +89,12 @@ def test_graph_on_refuses_when_a_trial_capture_fails(monkeypatch):
 def test_cpu_reports_no_process_settings():
     assert "process_settings" not in device.describe(device.resolve_device("cpu"))
     assert device.backend("cpu").graph_capture() is None
+
+
+def test_eval_report_shows_the_settings_read_back(npu):
+    from moss_npu.evaluation.report import _side
+
+    info = {"impl": "native", "dtype": "float32", **device.describe(device.resolve_device("npu:0"))}
+    assert _side(info) == "native float32 on npu:0 (Ascend910B4, jit_compile=False, allow_internal_format=False)"
+    assert device.settings_report(torch.device("npu", 0)) == {
+        "process_settings": {"jit_compile": False, "allow_internal_format": False}}
