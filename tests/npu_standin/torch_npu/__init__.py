@@ -1,0 +1,29 @@
+"""A test-only torch_npu: registers the stand-in device (``tests/npu_standin/standin.cpp``) as ``npu``, the way
+torch_npu registers itself (rename the PrivateUse1 backend, generate its tensor methods, register ``torch.npu``).
+"""
+
+import atexit
+import os
+
+import torch
+
+from . import _C, npu
+
+__version__ = "2.5.1+standin"
+
+torch.utils.rename_privateuse1_backend("npu")
+torch._register_device_module("npu", npu)
+torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=True)
+
+
+def _write_report(path: str) -> None:
+    """Write the stand-in's counters and peak memory as JSON (``MOSS_NPU_STANDIN_REPORT``: a test reads them)."""
+    import json
+
+    report = {**npu.counters(), "peak_bytes": [npu.max_memory_allocated(i) for i in range(npu.device_count())]}
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(report, f)
+
+
+if os.environ.get("MOSS_NPU_STANDIN_REPORT"):
+    atexit.register(_write_report, os.environ["MOSS_NPU_STANDIN_REPORT"])
