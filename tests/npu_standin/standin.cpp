@@ -80,6 +80,18 @@ DeviceIndex checked(DeviceIndex index) {
   return index;
 }
 
+// MOSS_NPU_STANDIN_BREAK=KIND:N raises at the N-th copy of KIND (host_to_device, device_to_host): the traceback
+// shows which line of a program moved data across (a debugging aid; the tests do not set it).
+void break_at(const char* kind, int64_t n) {
+  static const std::string spec = [] {
+    const char* v = std::getenv("MOSS_NPU_STANDIN_BREAK");
+    return std::string(v ? v : "");
+  }();
+  const std::string prefix = std::string(kind) + ":";
+  TORCH_CHECK(spec.rfind(prefix, 0) != 0 || std::atoll(spec.c_str() + prefix.size()) != n,
+              "MOSS_NPU_STANDIN_BREAK: ", kind, " copy number ", n);
+}
+
 // ---- graphs (state) ------------------------------------------------------------------------------------------
 
 struct Graph;
@@ -89,11 +101,15 @@ thread_local bool replaying = false;
 std::mutex capture_lock;
 std::unordered_map<void*, size_t> capture_blocks;  // memory allocated while capturing (a graph's pool) -> bytes
 
+bool capture_global = true;  // capture_error_mode "global": a sync from any thread breaks the capture
+
 bool is_capturing() { return capturing != nullptr && std::this_thread::get_id() == capturing_thread; }
 
 void refuse_sync_in_capture(const char* what) {
   TORCH_CHECK(!is_capturing(), what, ": a host synchronization while capturing a graph (operation not permitted "
               "when stream is capturing)");
+  TORCH_CHECK(capturing == nullptr || !capture_global, what, ": a host synchronization in another thread while a "
+              "graph is captured with capture_error_mode=\"global\" (operation not permitted when stream is capturing)");
 }
 
 // ---- memory ---------------------------------------------------------------------------------------------------
@@ -151,7 +167,7 @@ struct Allocator final : c10::Allocator {
     int64_t peak = u.peak.load();
     while (now > peak && !u.peak.compare_exchange_weak(peak, now)) {
     }
-    if (capturing != nullptr) {
+    if (is_capturing()) {  // the graph's pool: memory the capturing thread takes (other threads run as usual)
       std::lock_guard<std::mutex> guard(capture_lock);
       capture_blocks[static_cast<char*>(raw) + kHeader] = n;
     }
@@ -272,6 +288,7 @@ struct Call {
   DeviceIndex index = -1;
   std::vector<std::pair<at::Tensor, at::Tensor>> tensors;  // (device tensor, its host view)
   std::vector<std::pair<at::Generator, at::Generator>> generators;  // (device generator, host stand-in)
+  std::vector<std::unique_lock<std::mutex>> generator_locks;  // held for the whole op, as a CPU kernel holds its own
 };
 
 void check_device(Call& call, const at::Tensor& t, const c10::OperatorName& name) {
@@ -328,10 +345,8 @@ at::Generator host_generator(Call& call, at::Generator device_gen) {
   TORCH_CHECK(call.index < 0 || device_gen.device().index() == call.index, "generator on ", device_gen.device().str(),
               " given to an op on npu:", int(call.index));
   at::Generator host = at::make_generator<at::CPUGeneratorImpl>();
-  {
-    std::lock_guard<std::mutex> guard(device_gen.mutex());
-    host.set_state(device_gen.get_state());
-  }
+  call.generator_locks.emplace_back(device_gen.mutex());
+  host.set_state(device_gen.get_state());
   call.generators.emplace_back(device_gen, host);
   return host;
 }
@@ -439,7 +454,6 @@ void run(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool recording
   }
   for (auto& [device_gen, host_gen] : call.generators) {
     if (recording) continue;  // a capture draws nothing: the generator keeps its state
-    std::lock_guard<std::mutex> lock(device_gen.mutex());
     device_gen.set_state(host_gen.get_state());
   }
   for (c10::IValue& v : host) {
@@ -570,6 +584,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   }
   refuse_sync_in_capture(from_npu ? "a device->host copy" : "a host->device copy");
   count(from_npu ? &Counters::device_to_host : &Counters::host_to_device);
+  break_at(from_npu ? "device_to_host" : "host_to_device", from_npu ? counters.device_to_host : counters.host_to_device);
   host_view(dst).copy_(host_view(self), non_blocking);
   return dst;
 }
@@ -638,8 +653,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("default_generator", [](int index) { return default_generator(index); });
   py::class_<Graph, std::shared_ptr<Graph>>(m, "Graph")
       .def(py::init<>())
-      .def("capture_begin", [](Graph& g) {
+      .def("capture_begin", [](Graph& g, const std::string& mode) {
         TORCH_CHECK(capturing == nullptr, "another graph is being captured");
+        TORCH_CHECK(mode == "global" || mode == "thread_local" || mode == "relaxed", "capture_error_mode ", mode,
+                    ": use global, thread_local or relaxed");
+        capture_global = mode == "global";
         g.calls.clear();
         g.captured = false;
         capturing = &g;

@@ -122,7 +122,7 @@ class NPUGraph:
         self._graph = _ext.Graph()
 
     def capture_begin(self, pool=None, capture_error_mode="global"):
-        self._graph.capture_begin()
+        self._graph.capture_begin(capture_error_mode)
 
     def capture_end(self):
         self._graph.capture_end()
