@@ -13,6 +13,7 @@ itself is imported on first use, so the device names for llama.cpp and ONNX Runt
 from __future__ import annotations
 
 import importlib
+import inspect
 import logging
 import math
 import os
@@ -97,11 +98,23 @@ class GraphCapture:
         return self.broken
 
     def capture(self, fn):
-        """Record ``fn`` (not run: its kernels run on each replay); return the graph's ``replay``."""
+        """Record ``fn`` (not run: its kernels run on each replay); return the graph's ``replay``.
+
+        Captured with ``capture_error_mode="thread_local"`` where the context takes it (torch and torch_npu 2.1+):
+        the default, "global", fails any host sync in any thread while the capture lasts, and the engine's audio
+        thread copies waveforms to the host while the decoding thread captures a frame.
+        """
         graph = self.graph_type()
-        with self.graph_context(graph):
+        with self.graph_context(graph, **self._mode()):
             fn()
         return graph.replay
+
+    def _mode(self) -> dict:
+        try:
+            parameters = inspect.signature(self.graph_context).parameters
+        except (TypeError, ValueError):  # a context without a signature Python can read
+            return {}
+        return {"capture_error_mode": "thread_local"} if "capture_error_mode" in parameters else {}
 
     def disable(self, reason: str) -> None:
         """Turn capture off for this process, remembering why."""

@@ -129,3 +129,43 @@ def test_the_npu_backend_on_the_standin(standin):
     assert got["describe"]["process_settings"] == {"jit_compile": False, "allow_internal_format": False}
     assert got["describe"]["torch_npu"] == "2.5.1+standin" and got["device"] == "npu:1"
     assert got["graph"] is None and got["bf16"] is True and got["memory"] == [True, True]
+
+
+THREADS = r'''
+import threading, torch, torch_npu
+from moss_npu import device
+
+dev = device.resolve_device("npu:0")
+capture = device.backend(dev).graph_capture()
+state, step = torch.zeros(4, device=dev), torch.ones(4, device=dev)
+audio = torch.full((8,), 0.5, device=dev)
+inside, copied, errors = threading.Event(), threading.Event(), []
+
+def audio_thread():  # what the engine's audio thread does: copy a waveform to the host
+    inside.wait()
+    try:
+        audio.cpu()
+    except RuntimeError as exc:
+        errors.append(str(exc))
+    copied.set()
+
+def frame():
+    inside.set()
+    copied.wait()
+    state.add_(step)
+
+worker = threading.Thread(target=audio_thread)
+worker.start()
+replay = capture.capture(frame)
+worker.join()
+replay()
+print(errors or state.cpu().tolist())
+'''
+
+
+def test_another_thread_reads_the_device_while_a_frame_is_captured(standin):
+    """The engine's audio thread copies waveforms to the host while the decoding thread captures a frame graph:
+    with torch's default capture_error_mode ("global") that copy fails on a device; the capture is thread_local."""
+    done = standin.run("-c", THREADS)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "[1.0, 1.0, 1.0, 1.0]"
