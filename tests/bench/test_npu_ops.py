@@ -1,0 +1,26 @@
+"""bench.npu_ops on the stand-in npu: the per-frame budgets that decide an NPU frame's time (no timing here).
+
+With graphs a frame is one replay, at most one device->host read (the frame's codes) and one host->device
+upload (the host-drawn uniforms); eager frames dispatch their ops one by one.
+"""
+
+import json
+
+from tests.npu_standin.fixtures import REPO, standin  # noqa: F401 - the fixture
+
+
+def test_per_frame_budgets_eager_and_graph(standin, tmp_path):
+    out = tmp_path / "ops.json"
+    done = standin.run("-m", "bench.npu_ops", "--frames", "4,10", "--json", str(out))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.startswith("| mode | ops | host_syncs |")
+    rows = json.loads(out.read_text())["per_frame"]
+    graph, eager = rows["graph"], rows["eager"]
+    assert graph["replays"] == 1 and graph["device_to_host"] <= 1 and graph["items"] == 0
+    assert graph["host_to_device"] <= 1 and graph["ops"] <= 8
+    assert eager["replays"] == 0 and eager["ops"] > 50 * graph["ops"] and eager["host_syncs"] <= 2
+
+
+def test_without_the_standin_on_the_path_it_says_so_in_one_line(standin):
+    done = standin.run("-m", "bench.npu_ops", PYTHONPATH=str(REPO))
+    assert done.returncode == 2 and done.stderr.startswith("error: --device npu:0: torch_npu is not importable")
