@@ -83,10 +83,18 @@ class FakeGraph:
         self.npu_graph.capture_end()
 
 
+class FakeGraphWithDispatch(FakeGraph):
+    """``torch.npu.graph`` of 2.1.0.post13, 2.9.0 and 2.13.0: ``auto_dispatch_capture`` before ``capture_error_mode``."""
+
+    def __init__(self, npu_graph, pool=None, stream=None, auto_dispatch_capture=False, capture_error_mode="global"):
+        super().__init__(npu_graph, pool, stream, capture_error_mode)
+
+
 class FakeTorchNpu:
     """The part of ``torch.npu`` that the backend calls, answering like a two-card Ascend 910B box; records calls.
 
-    ``version`` picks the signature of ``is_bf16_supported`` (2.13 added ``including_emulation``); ``bf16=None``
+    ``version`` picks the signatures of ``is_bf16_supported`` (2.13 added ``including_emulation``) and ``graph``
+    (2.5.1 has no ``auto_dispatch_capture``); ``bf16=None``
     removes it; ``capture=False`` makes ``capture_begin`` raise, as on a build or CANN without graph capture.
     """
 
@@ -96,7 +104,7 @@ class FakeTorchNpu:
         self.c = FakeNpuC()
         self.config = npu_config(self.c)
         self.NPUGraph = type("NPUGraph", (FakeNpuGraph,), {"supported": capture})
-        self.graph = FakeGraph
+        self.graph = FakeGraph if version.startswith("2.5.") else FakeGraphWithDispatch
         if bf16 is not None:  # None: a torch_npu without the query
             if version.startswith("2.13"):
                 self.is_bf16_supported = lambda including_emulation=False: bf16
@@ -128,7 +136,7 @@ class FakeTorchNpu:
     def _is_in_bad_fork(self):  # with manual_seed_all, lets torch.manual_seed seed the NPU too, as with torch_npu
         return False
 
-    def get_device_name(self, device=None):
+    def get_device_name(self, device_name=None):
         return "Ascend910B4"
 
     def max_memory_allocated(self, device=None):

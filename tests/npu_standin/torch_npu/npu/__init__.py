@@ -57,8 +57,8 @@ def empty_cache() -> None:
     pass
 
 
-def get_device_name(device=None) -> str:
-    return f"Ascend910B4 (stand-in npu:{_index(device)})"
+def get_device_name(device_name=None) -> str:
+    return f"Ascend910B4 (stand-in npu:{_index(device_name)})"
 
 
 def is_bf16_supported() -> bool:
