@@ -9,7 +9,7 @@ import torch
 
 from . import _C, npu
 
-__version__ = "2.5.1+standin"
+__version__ = torch.__version__.split("+")[0] + "+standin"  # built against this torch
 
 torch.utils.rename_privateuse1_backend("npu")
 torch._register_device_module("npu", npu)
