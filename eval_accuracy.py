@@ -105,9 +105,9 @@ def check_report_path(args: argparse.Namespace) -> Optional[Path]:
 
 def build_request(args: argparse.Namespace):
     """Resolve devices, dtype, sides, inputs, generation and thresholds; raise MossNpuError on bad input."""
-    import torch
-
     from moss_npu import device as devices
+
+    torch = devices.import_torch()
     from moss_npu.evaluation import EvalRequest, SideSpec, Thresholds, generation_settings
 
     thresholds = Thresholds(args.max_mse, args.max_rel, args.min_snr, args.min_token_agreement)

@@ -257,9 +257,17 @@ class Outcome:
 
 
 def torch_imports() -> bool:
-    """Return whether torch can be imported here (a broken build counts as absent)."""
+    """Return whether torch can be imported here (a broken build counts as absent).
+
+    Raises:
+        DeviceError: torch is installed but an installed device extension (torch_npu) broke its import.
+    """
+    from moss_npu.device import import_torch
+
     try:
-        import torch  # noqa: F401
+        import_torch()
+    except DeviceError:
+        raise
     except Exception:  # a torch built for another CUDA can fail with OSError at import
         return False
     return True

@@ -21,6 +21,7 @@ import traceback
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
+from moss_npu.device import extension_failure
 from moss_npu.errors import RUNTIME_FAILURE, InputError, Interrupted, MossNpuError, OutputError
 from moss_npu.extras import missing_optional_part
 
@@ -161,6 +162,7 @@ def describe_failure(exc: BaseException) -> tuple[str, int]:
     """Return the ``error:`` message and exit code for any exception a CLI body let escape."""
     if isinstance(exc, ModuleNotFoundError) and missing_optional_part(exc) is not None:
         exc = missing_optional_part(exc)  # an optional part is not installed: bad input, naming the install
+    exc = extension_failure(exc) or exc  # an `import torch` that an installed torch_npu broke
     if isinstance(exc, MossNpuError):
         return one_line(str(exc)), exc.exit_code
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:

@@ -25,17 +25,37 @@ log = logging.getLogger(__name__)
 
 
 class _TorchOnFirstUse:
-    """Stands in for the torch module until an attribute is read, then imports torch and takes its place."""
+    """Stands in for the torch module until an attribute is read, then imports torch and takes its place.
+
+    An import that an installed device extension broke is remembered and raised again as it was: importing
+    torch a second time in that process raises another error that names neither the extension nor the fix.
+    """
+
+    def __init__(self) -> None:
+        self.failure: Optional[DeviceError] = None
+
+    def module(self):
+        """Import torch, put it in this placeholder's place and return it; raise DeviceError with the fix when a
+        device extension it loads fails (``extension_failure``)."""
+        if self.failure is not None:
+            raise self.failure
+        try:
+            import torch as module
+        except RuntimeError as exc:
+            self.failure = extension_failure(exc)
+            if self.failure is None:
+                raise
+            raise self.failure from exc
+        globals()["torch"] = module
+        return module
 
     def __getattr__(self, name: str):
-        import torch as module
-
-        globals()["torch"] = module
-        return getattr(module, name)
+        return getattr(self.module(), name)
 
 
 torch = _TorchOnFirstUse()
 ATTENTION_IMPLS = ("sdpa", "eager")
+_EXTENSION_FAILED = "Failed to load the backend extension: "  # torch's message (torch/__init__.py, torch >= 2.5)
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
           "float16": "float16", "fp16": "float16"}  # names of torch dtypes
 _GIB = 1 << 30
@@ -52,6 +72,29 @@ class GraphCapture:
     def __init__(self, graph_type, graph_context) -> None:
         self.graph_type, self.graph_context = graph_type, graph_context
         self.broken: Optional[str] = None
+        self.checked = False
+
+    def check(self, device: torch.device) -> Optional[str]:
+        """Return why device graphs fail on ``device``, None when they work: one trial capture of an in-place
+        add, which must run nothing, then two replays that must add twice (``--graph on`` refuses up front
+        instead of at the first frame). Tried once per process; a failure turns capture off as ``disable`` does.
+        """
+        if self.broken is None and not self.checked:
+            self.checked = True
+            try:
+                total, one = torch.zeros(4, device=device), torch.ones(4, device=device)
+                replay = self.capture(lambda: total.add_(one))
+                after_capture = total.cpu().tolist()
+                replay()
+                replay()
+                after_replays = total.cpu().tolist()
+            except Exception as exc:  # what fails, and how, differs by driver and version
+                self.disable(f"{type(exc).__name__}: {exc}")
+            else:
+                if after_capture != [0.0] * 4 or after_replays != [2.0] * 4:
+                    self.disable(f"a trial capture left {after_capture} and two replays {after_replays}, "
+                                 "not [0.0]*4 and [2.0]*4")
+        return self.broken
 
     def capture(self, fn):
         """Record ``fn`` (not run: its kernels run on each replay); return the graph's ``replay``."""
@@ -369,6 +412,7 @@ class NpuBackend(Backend):
 
     def __init__(self) -> None:
         self._module = None
+        self._extension = None  # the torch_npu module, once imported
         self._import_error: Optional[BaseException] = None
         self._graphs: Optional[GraphCapture] = None
         self._settings: Optional[dict] = None
@@ -376,8 +420,9 @@ class NpuBackend(Backend):
     def _npu(self):
         """Import torch_npu once and return ``torch.npu``; raise DeviceError with the fix when it cannot load."""
         if self._module is None and self._import_error is None:
+            import_torch()  # torch_npu imports torch: a broken torch import is raised as it was, not retried
             try:
-                importlib.import_module("torch_npu")
+                self._extension = importlib.import_module("torch_npu")
                 self._module = torch.npu  # registered by torch_npu
             except Exception as exc:  # torch_npu can raise far more than ImportError without CANN
                 self._import_error = exc
@@ -435,42 +480,87 @@ class NpuBackend(Backend):
         self._npu().reset_peak_memory_stats(index)
 
     def version(self) -> Optional[str]:
-        import torch_npu  # already imported by _npu() when this backend was used
-
-        return getattr(torch_npu, "__version__", None)
+        self._npu()
+        return getattr(self._extension, "__version__", None)
 
     def graph_capture(self) -> Optional[GraphCapture]:
-        # torch_npu builds with aclgraph capture (2.5.1+ on CANN 8.1+, Atlas A2/A3) have NPUGraph; others run eagerly.
+        """``torch.npu.NPUGraph`` and ``torch.npu.graph`` exist in every torch_npu (a dummy class where the build
+        has no capture), so their presence proves nothing: whether capture works shows at ``capture_begin``
+        (``GraphCapture.check`` tries one)."""
         npu = self._npu()
-        if self._graphs is None and hasattr(npu, "NPUGraph") and hasattr(npu, "graph"):
+        if self._graphs is None:
             self._graphs = GraphCapture(npu.NPUGraph, npu.graph)
         return self._graphs
 
     def apply_process_settings(self) -> dict:
-        """Apply the eager-NPU process settings once; return them.
+        """Apply the eager-NPU process settings once; return them as torch_npu reads them back.
 
         ``jit_compile=False`` runs prebuilt binary kernels instead of compiling an operator for every new shape
         (the growing KV length would otherwise compile each frame); internal formats off keeps tensors in ND
         layout. ``MOSS_NPU_JIT_COMPILE=1`` / ``MOSS_NPU_ALLOW_INTERNAL_FORMAT=1`` override them.
+
+        Raises:
+            DeviceError: torch_npu holds another value than the one given (the setting did not reach it).
         """
         if self._settings is None:
             npu = self._npu()
-            settings = {}
-            if hasattr(npu, "set_compile_mode"):  # every torch_npu for torch >= 2.1 has both; report what was set
-                settings["jit_compile"] = os.environ.get("MOSS_NPU_JIT_COMPILE", "0") == "1"
-                npu.set_compile_mode(jit_compile=settings["jit_compile"])
-            if hasattr(getattr(npu, "config", None), "allow_internal_format"):
-                settings["allow_internal_format"] = os.environ.get("MOSS_NPU_ALLOW_INTERNAL_FORMAT", "0") == "1"
-                npu.config.allow_internal_format = settings["allow_internal_format"]
-            self._settings = settings
+            wanted = {name: os.environ.get(variable, "0") == "1" for name, (variable, _) in _NPU_OPTIONS.items()}
+            npu.set_compile_mode(jit_compile=wanted["jit_compile"])
+            # torch.npu.config has a __setattr__ only (it forwards the write to _npu_setOption): nothing to read
+            npu.config.allow_internal_format = wanted["allow_internal_format"]
+            self._settings = {name: self._option(option) for name, (_, option) in _NPU_OPTIONS.items()}
+            for name, value in self._settings.items():
+                if value is not None and value != wanted[name]:
+                    raise DeviceError(f"torch_npu kept {_NPU_OPTIONS[name][1]}={value} after it was set to "
+                                      f"{wanted[name]}: the installed torch_npu ignores this setting; report it "
+                                      f"with the output of `python -m moss_npu.doctor --device npu:0`")
         return self._settings
+
+    def _option(self, option: str) -> Optional[bool]:
+        """Read an option back from torch_npu's own store (``torch_npu._C._npu_getOption``: b"enable" /
+        b"disable"); None where the store does not hold it."""
+        value = self._extension._C._npu_getOption(option)
+        return None if value is None else value.decode() == "enable"
 
     def process_settings(self) -> dict:
         return dict(self._settings or {})
 
 
+# The NPU process settings: report name -> (the environment variable that turns it on, torch_npu's option name).
+_NPU_OPTIONS = {"jit_compile": ("MOSS_NPU_JIT_COMPILE", "jitCompile"),
+                "allow_internal_format": ("MOSS_NPU_ALLOW_INTERNAL_FORMAT", "ALLOW_INTERNAL_FORMAT")}
 _BACKENDS: dict[str, Backend] = {}
 _PROBED: dict[tuple[str, torch.dtype], bool] = {}
+
+
+def import_torch():
+    """Import torch and return it, the way every command should first import it.
+
+    Raises:
+        DeviceError: an installed device extension broke ``import torch`` (``extension_failure``); raised again,
+            without a second import, on every later call.
+    """
+    return torch.module() if isinstance(torch, _TorchOnFirstUse) else torch
+
+
+def extension_failure(exc: BaseException) -> Optional[DeviceError]:
+    """The DeviceError, with its fix, for an ``import torch`` that a device extension broke, else None.
+
+    torch >= 2.5 imports every ``torch.backends`` entry point when it is imported; torch_npu >= 2.5 installs one,
+    and without CANN's environment its import fails (a CANN library is missing), so ``import torch`` raises
+    ``RuntimeError: Failed to load the backend extension: torch_npu ...`` whatever device was asked for.
+    """
+    for error in (exc, exc.__cause__, exc.__context__):
+        if isinstance(error, RuntimeError) and str(error).startswith(_EXTENSION_FAILED):
+            name = str(error)[len(_EXTENSION_FAILED):].split(". ")[0].rstrip(".")
+            cause = error.__cause__
+            detail = f" ({type(cause).__name__}: {str(cause).strip().splitlines()[0]})" if cause and str(cause).strip() else ""
+            cann = ("source <CANN>/set_env.sh (e.g. /usr/local/Ascend/ascend-toolkit/set_env.sh) to use the NPU, or "
+                    if name == NpuBackend.extension else "")
+            return DeviceError(f"torch cannot be imported: it loads the installed device extension {name}, which "
+                               f"failed{detail}; {cann}set TORCH_DEVICE_BACKEND_AUTOLOAD=0 to run without it "
+                               "(--device cpu or cuda)")
+    return None
 
 
 def register_backend(kind: str, obj: Optional[Backend]) -> None:
@@ -683,10 +773,14 @@ def describe(device: torch.device) -> dict:
     version = b.version()
     if b.extension is not None and version is not None:
         info[b.extension] = version
-    settings = b.process_settings()
-    if settings:
-        info["process_settings"] = settings
-    return info
+    return {**info, **settings_report(device)}
+
+
+def settings_report(device: torch.device) -> dict:
+    """``{"process_settings": ...}``: the settings ``device``'s backend gave its extension, as read back (what
+    ``/health`` shows of a worker); empty where none were applied."""
+    settings = backend(device).process_settings()
+    return {"process_settings": settings} if settings else {}
 
 
 def _index(device: torch.device) -> int:

@@ -97,7 +97,9 @@ def _side(info: dict[str, Any]) -> str:
     quantized = info.get("quantize") not in (None, "none")
     weights = f" with {info['quantize']} weights" if quantized else ""
     kernels = f", kernels {info['cpu_kernels']}" if info.get("cpu_kernels") else ""
-    return f"{info.get('impl')} {info.get('dtype')}{weights} on {info.get('device')} ({info.get('name')}{kernels})"
+    settings = "".join(f", {name}={value}" for name, value in (info.get("process_settings") or {}).items())
+    return (f"{info.get('impl')} {info.get('dtype')}{weights} on {info.get('device')} "
+            f"({info.get('name')}{kernels}{settings})")
 
 
 def _num(x: Any) -> str:

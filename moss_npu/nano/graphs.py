@@ -14,7 +14,7 @@ from typing import Callable, Optional
 import torch
 
 from moss_npu import device as devices
-from moss_npu.errors import InputError
+from moss_npu.errors import DeviceError, InputError
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +25,8 @@ WARMUP_FRAMES = 2  # eager frames per bucket before capture (lazy kernel/workspa
 def resolve_graph(mode: str, device: torch.device, sampler: str, has_hook: bool) -> Optional[devices.GraphCapture]:
     """Return the capture API to use for ``mode`` on ``device``, or None to run eagerly.
 
-    "on" refuses what cannot be captured (no capture API, the official device-RNG sampler, a logits hook);
+    "on" refuses what cannot be captured (no capture API, a failed trial capture, the official device-RNG
+    sampler, a logits hook);
     "auto" captures where the backend can and the sampler is the noise-fed one.
     """
     if mode not in GRAPH_MODES:
@@ -41,6 +42,10 @@ def resolve_graph(mode: str, device: torch.device, sampler: str, has_hook: bool)
                              "device random numbers eagerly")
         if has_hook:
             raise InputError("--graph on cannot show logits rows to a hook; use --graph off")
+        failure = capture.check(device)
+        if failure is not None:
+            raise DeviceError(f"--graph on: a trial device-graph capture on {device} failed ({failure}); use "
+                              "--graph auto or off")
     if capture is None or sampler != "noise" or has_hook or capture.broken is not None:
         return None
     return capture

@@ -324,7 +324,17 @@ class WorkerPool:
 
 def run_worker(conn, spec: WorkerSpec) -> None:
     """A worker process's entry point: the worker module (torch, the model) is imported inside the spawned
-    process only, so that the server's own process spawns its workers without paying for it first."""
+    process only, so that the server's own process spawns its workers without paying for it first.
+
+    An installed torch_npu that breaks ``import torch`` breaks it in the server too, which says so in one line:
+    the worker exits without a traceback."""
+    from moss_npu.device import import_torch
+    from moss_npu.errors import DeviceError
+
+    try:
+        import_torch()
+    except DeviceError as exc:
+        raise SystemExit(exc.exit_code) from None
     from moss_npu.serve import worker
 
     worker.main(conn, spec)

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from moss_npu.cli import process_seconds
+from moss_npu.device import settings_report
 from moss_npu.errors import MossNpuError
 from moss_npu.serve.errors import kind_of
 from moss_npu.cpu.threads import set_threads
@@ -176,5 +177,5 @@ def main(conn: Connection, spec: WorkerSpec) -> None:
     channel.send("ready", {"device": str(tts.device), "sample_rate": tts.sample_rate,
                            "channels": tts.codec.channels, "frame_rate_hz": tts.codec.frame_rate_hz,
                            "load_s": time.perf_counter() - started, "process_s": process_seconds(),
-                           "setup": tts.setup(), "pid": os.getpid()})
+                           "setup": {**tts.setup(), **settings_report(tts.device)}, "pid": os.getpid()})
     WorkerLoop(tts, engine, channel).run()

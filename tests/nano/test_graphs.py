@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from moss_npu import device as devices
-from moss_npu.errors import InputError
+from moss_npu.errors import DeviceError, InputError
 from moss_npu.nano.checkpoint import load_model
 from moss_npu.cpu.step import CpuStep
 from moss_npu.nano.decoder import FrameDecoder, RequestParams
@@ -144,12 +144,29 @@ def test_capture_failure_falls_back_to_eager_with_one_warning(setup, standin, ca
     capture = standin(fail=True)
     eager = decode(FrameDecoder(model, slots=2, max_len=256, sampler="noise"), prompts[:2])
     with caplog.at_level(logging.WARNING, logger="moss_npu.nano.graphs"):
-        decoder = FrameDecoder(model, slots=2, max_len=256, sampler="noise", graph="on")
+        decoder = FrameDecoder(model, slots=2, max_len=256, sampler="noise", graph="auto")
         got = decode(decoder, prompts[:2])
         again = FrameDecoder(model, slots=2, max_len=256, sampler="noise", graph="auto")  # the process knows
     assert [torch.equal(a, b) for a, b in zip(eager, got)] == [True, True]
     assert len([r for r in caplog.records if "capture failed" in r.message]) == 1
     assert capture.broken and not decoder.graphs_active and again.graphs is None
+
+
+def test_graph_on_refuses_up_front_when_a_trial_capture_fails(setup, standin):
+    model, _ = setup
+    capture = standin(fail=True)
+    with pytest.raises(DeviceError, match=r"--graph on: a trial device-graph capture on cpu failed \(RuntimeError: "
+                                          r"operation not permitted when stream is capturing\); use --graph auto or off"):
+        FrameDecoder(model, slots=2, max_len=256, sampler="noise", graph="on")
+    assert capture.broken
+
+
+def test_graph_on_runs_after_a_trial_capture_that_replays(setup, standin):
+    model, _ = setup
+    capture = standin()
+    decoder = FrameDecoder(model, slots=2, max_len=256, sampler="noise", graph="on")
+    assert capture.checked and capture.broken is None and capture.captures == 1 and capture.replays == 2
+    assert decoder.graphs is not None
 
 
 def test_graph_modes_refuse_what_cannot_be_captured(setup, standin):
