@@ -128,7 +128,7 @@ class FakeTorchNpu:
     def _is_in_bad_fork(self):  # with manual_seed_all, lets torch.manual_seed seed the NPU too, as with torch_npu
         return False
 
-    def get_device_name(self, device=None):
+    def get_device_name(self, device_name=None):
         return "Ascend910B4"
 
     def max_memory_allocated(self, device=None):

@@ -1,6 +1,7 @@
 """What our code asks of torch_npu, checked against the torch_npu lines our users run (issue 35, item 6), and the
 extraction that keeps those lines as data, checked on a small wheel built here."""
 
+import inspect
 import json
 import zipfile
 from pathlib import Path
@@ -8,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from moss_npu_verify.npu_wheels import check, extract
+from tests.fake_npu import FakeTorchNpu
 
 LINES = ["2.1.0.post13", "2.5.1", "2.9.0", "2.13.0"]
 
@@ -107,3 +109,38 @@ def test_extract_refuses_a_file_that_is_not_a_wheel(tmp_path, capsys):
     bad.write_text("not a zip")
     assert extract.main([str(bad)]) == 2
     assert capsys.readouterr().err.startswith("error: ")
+
+
+def _names(fn) -> list[str]:
+    return [p.name for p in inspect.signature(fn).parameters.values()]
+
+
+def _real_names(spec: dict, bound: bool) -> list[str]:
+    return spec["positional"][1 if bound else 0:] + spec["keyword_only"]
+
+
+@pytest.mark.parametrize("version", LINES)
+def test_the_fakes_have_the_names_and_signatures_of_each_line(version):
+    """tests/fake_npu.py answers for torch_npu in CI: each of its members must exist in the real line with the
+    same parameters, so that a test passing on the fake cannot hide a call the real package refuses."""
+    real, c_names = extract.load(version)["api"]["torch.npu"], extract.load(version)["c_names"]
+    fake = FakeTorchNpu(version=version)
+    members = [name for name in dir(fake) if not name.startswith("__") and callable(getattr(fake, name))
+               and name not in ("c",)]
+    assert {"mem_get_info", "is_bf16_supported", "set_compile_mode", "NPUGraph", "graph"} <= set(members)
+    for name in members:
+        assert name in real, f"the fake has torch.npu.{name}, torch_npu {version} has not"
+        spec = real[name]
+        if spec["kind"] == "function":
+            assert _names(getattr(fake, name)) == _real_names(spec, bound=False), name
+    graph_init = real["graph"]["methods"]["__init__"]
+    fake_graph, real_graph = _names(fake.graph.__init__)[1:], _real_names(graph_init, bound=True)
+    assert fake_graph[0] == real_graph[0] == "npu_graph" and set(fake_graph) <= set(real_graph)
+    assert graph_init["required"] == 2  # self, npu_graph: what the fake leaves out has defaults
+    for method in ("capture_begin", "capture_end", "replay"):
+        assert _names(getattr(fake.NPUGraph, method))[1:] == _real_names(real["NPUGraph"]["methods"][method], bound=True)
+    assert real["config"]["of"]["settable"] == ["allow_internal_format"]
+    with pytest.raises(AttributeError):
+        fake.config.allow_internal_format  # noqa: B018 - nothing to read, as in every line
+    for name in ("_npu_setOption", "_npu_getOption"):
+        assert callable(getattr(fake.c, name)) and name in c_names
