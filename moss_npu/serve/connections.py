@@ -3,7 +3,9 @@
 uvicorn bounds an idle kept-alive connection but not one whose request headers never finish: a client that
 sends a byte every few seconds (slowloris) holds a connection, and a file descriptor, forever. ``HeaderTimeout``
 closes a connection whose request line and headers have not all arrived ``header_timeout_s`` after the
-connection opened or the previous response ended. Body reads are bounded separately (``edge.Edge``).
+connection opened or the previous response ended; a connection upgraded to a WebSocket is no longer timed
+by it (WebSocket pings and the session's idle timeout take over). Body reads are bounded separately
+(``edge.Edge``).
 
 A connection closed while the client is still sending (a body refused at its limit) would be reset by the
 kernel, and a reset can reach the client before it has read the answer: it then sees "connection reset" instead
@@ -117,6 +119,12 @@ class HeaderTimeout(H11Protocol):
         self._header_timer = None
         if self.cycle is waiting_for and not self.transport.is_closing():
             self.transport.close()
+
+    def handle_websocket_upgrade(self, event: Any) -> None:
+        """The connection becomes a WebSocket: its headers are complete, and from now on the WebSocket's pings
+        and the session's idle timeout (``moss_npu.serve.live``) bound it."""
+        self._cancel_header_timer()
+        super().handle_websocket_upgrade(event)
 
     def connection_lost(self, exc: Optional[Exception]) -> None:
         self._cancel_header_timer()

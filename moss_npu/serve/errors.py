@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from moss_npu.errors import RUNTIME_FAILURE, AudioError, ConfigError, InputError, MossNpuError
+from moss_npu.errors import RUNTIME_FAILURE, AudioError, AudioTooLong, ConfigError, InputError, MossNpuError
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
           404: "invalid_request_error", 408: "timeout_error",
@@ -41,6 +41,8 @@ class ApiError(Exception):
 
 def from_engine(kind: str, message: str) -> ApiError:
     """Map a failure reported by a worker (the exception's class name and message) to an answer."""
+    if kind == AudioTooLong.__name__:
+        return ApiError(413, message, code="audio_too_long")
     if kind in (InputError.__name__, AudioError.__name__, ConfigError.__name__):
         return ApiError(400, message, code="invalid_value")
     if kind == WORKER_LOST:
