@@ -16,10 +16,14 @@ for good ``LINGER_S`` later, as nginx's lingering close does, without reading wh
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from moss_npu.serve.errors import ApiError
 
 
 @dataclass(frozen=True)
@@ -89,9 +93,14 @@ class LingeringTransport:
         return getattr(self._transport, name)
 
 
+_FOLDED = re.compile(rb"\r?\n[ \t]")  # a header line continued on the next (obs-fold, RFC 9112 §5.2)
+_HEAD_END = b"\r\n\r\n"
+
+
 class HeaderTimeout(H11Protocol):
     """uvicorn's h11 protocol, closing connections whose request headers take longer than ``header_timeout_s``,
-    with lingering closes."""
+    with lingering closes; a request whose header lines are folded, or that h11 finds malformed, is answered
+    400 in the OpenAI error shape and its connection closed."""
 
     header_timeout_s = 10.0
 
@@ -103,7 +112,31 @@ class HeaderTimeout(H11Protocol):
         self._arm_header_timer()  # before super(): it may start a pipelined request's cycle at once
         super().on_response_complete()
 
+    def data_received(self, data: bytes) -> None:
+        """Refuse folded header lines before h11 sees them: h11 joins them into one value, so a front proxy
+        that reads them otherwise would see a different request (the header-smuggling trick)."""
+        if self._head_tail is not None:
+            window = self._head_tail + data
+            end = window.find(_HEAD_END)
+            if _FOLDED.search(window if end < 0 else window[:end + 2]):
+                self._refuse("a header line is folded onto the next (obs-fold); send each header on one line")
+                return
+            self._head_tail = window[-3:] if end < 0 else None
+        super().data_received(data)
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to a request h11 refuses (e.g. conflicting Content-Length), in the OpenAI shape."""
+        self._refuse("the request is not valid HTTP/1.1 (malformed or conflicting headers)")
+
+    def _refuse(self, message: str) -> None:
+        """Answer 400 and close, below h11 (whose state may not allow a response yet)."""
+        body = json.dumps(ApiError(400, message, code="invalid_http").body()).encode()
+        self.transport.write(b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n"
+                             b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body))
+        self.transport.close()
+
     def _arm_header_timer(self) -> None:
+        self._head_tail: Optional[bytes] = b""  # a request's head is due: its bytes are checked for folds
         self._cancel_header_timer()
         waiting_for = self.cycle  # a new request replaces the cycle once its headers are complete
         self._header_timer: Optional[asyncio.TimerHandle] = self.loop.call_later(

@@ -39,6 +39,16 @@ class ApiError(Exception):
                           "param": self.param, "code": self.code}}
 
 
+SHOWN_CHARS = 64  # how much of a client's value an error message repeats
+
+
+def shown(value: object, limit: int = SHOWN_CHARS) -> str:
+    """``repr(value)`` cut to ``limit`` characters with an ellipsis: an answer never echoes a hostile value whole
+    (a 13 MB ``model`` would come back as a 13 MB error), and only the part shown is ever copied."""
+    text = repr(value[: limit + 1] if isinstance(value, str) else value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def from_engine(kind: str, message: str) -> ApiError:
     """Map a failure reported by a worker (the exception's class name and message) to an answer."""
     if kind == AudioTooLong.__name__:

@@ -19,6 +19,7 @@ import soxr
 import torch
 
 from moss_npu.audio import to_channels
+from moss_npu.serve.errors import shown
 
 FORMATS = ("wav", "pcm", "flac", "mp3", "opus")
 STREAMABLE = ("wav", "pcm")
@@ -35,7 +36,7 @@ MIN_RATE, MAX_RATE = 8000, 192000
 def check_output(fmt: str, sample_rate: int, channels: int) -> Optional[str]:
     """Return why ``fmt`` at ``sample_rate`` / ``channels`` cannot be produced, or None when it can."""
     if fmt not in FORMATS:
-        return f"response_format {fmt!r}: unsupported; use one of {', '.join(FORMATS)}"
+        return f"response_format {shown(fmt)}: unsupported; use one of {', '.join(FORMATS)}"
     if channels not in (1, 2):
         return f"channels {channels}: use 1 (mono) or 2 (stereo)"
     if not MIN_RATE <= sample_rate <= MAX_RATE:
