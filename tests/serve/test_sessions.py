@@ -33,10 +33,15 @@ HEALTH_BOUND_S = 0.5
 
 @pytest.fixture(scope="module")
 def session_server(tmp_path_factory):
-    proc = ServerProcess(tmp_path_factory.mktemp("sessions"), "--device", "cpu", "--header-timeout",
+    proc = ServerProcess(tmp_path_factory.mktemp("sessions"), "--device", "auto", "--header-timeout",
                          str(HEADER_TIMEOUT_S), "--request-timeout", str(IDLE_TIMEOUT_S), api_key=None)
     yield proc
     proc.stop()
+
+
+def test_health_shows_the_device_a_worker_resolved(session_server):
+    """Started with --device auto, the worker says where it runs (here: the CPU), not "auto"."""
+    assert [w["device"] for w in session_server.health()["workers"]] == ["cpu"]
 
 
 def connect(server):
