@@ -1,6 +1,9 @@
 """Audio I/O: torchaudio-equivalent resampling, real recordings, channel rules, bad input, atomic writes."""
 
+import io
 import math
+import os
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -8,7 +11,7 @@ import pytest
 import soundfile
 import torch
 
-from moss_npu.audio import load_reference_audio, read_audio, resample, to_channels
+from moss_npu.audio import audio_source_key, load_reference_audio, read_audio, resample, to_channels
 from moss_npu.errors import AudioError
 from moss_npu_verify.goldens import fixtures_root
 from tests.optional import needs
@@ -126,3 +129,38 @@ def test_bad_reference_audio_raises_one_line(tmp_path, make, match):
     with pytest.raises(AudioError, match=match) as info:
         load_reference_audio(make(tmp_path), 48000, 2, min_samples=3840)
     assert "\n" not in str(info.value)
+
+
+def _flac_of_silence(channels: int, rate: int, seconds: int) -> bytes:
+    out = io.BytesIO()
+    with soundfile.SoundFile(out, "w", samplerate=rate, channels=channels, format="FLAC", subtype="PCM_16") as fh:
+        for _ in range(seconds):
+            fh.write(np.zeros((rate, channels), dtype=np.int16))
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("channels, rate, seconds, problem", [
+    (8, 655_350, 30, "8 channels"),
+    (2, 655_350, 2, "sample rate 655350 Hz"),
+    (1, 48_000, 130, "130.0 s long"),
+], ids=["8-channels", "655kHz", "longer-than-the-limit"])
+def test_a_recording_is_judged_by_its_header_before_it_is_decoded(channels, rate, seconds, problem):
+    """A small file that decodes to hundreds of megabytes is refused without allocating them."""
+    data = _flac_of_silence(channels, rate, seconds)
+    tracemalloc.start()
+    try:
+        with pytest.raises(AudioError, match=problem):
+            load_reference_audio(data)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 20 * 2**20, peak
+
+
+def test_a_huge_file_that_is_no_recording_is_refused_before_it_is_hashed(tmp_path):
+    """The reference cache's key once read the whole file first (a 2 GB sparse file: 2.4 GB of memory)."""
+    path = tmp_path / "zeros.wav"
+    with open(path, "wb") as fh:
+        os.truncate(fh.fileno(), 256 * 2**20)
+    with pytest.raises(AudioError, match="cannot decode"):
+        audio_source_key(path)
