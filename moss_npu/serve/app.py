@@ -392,7 +392,8 @@ class _Reply:
         pieces.append(self.converter.flush())
         self._finish()
         wave = torch.cat(pieces, dim=1)
-        return await asyncio.to_thread(encode_file, wave, self.out_rate, self.body.response_format), event[1]
+        return await asyncio.to_thread(encode_file, wave, self.out_rate, self.body.response_format,
+                                       self.body.sample_format), event[1]
 
 
 def _sse(obj: dict) -> bytes:

@@ -164,6 +164,9 @@ class Session:
             raise ApiError(400, f"response_format {fields['response_format']} cannot stream; use pcm or wav, or "
                            "set stream_audio false (one file per sentence)", param="response_format",
                            code="invalid_value")
+        if self.stream_audio and fields.get("sample_format", "s16") != "s16":
+            raise ApiError(400, "sample_format: streamed audio is s16; set stream_audio false for s24 or f32 files",
+                           param="sample_format", code="invalid_value")
         self.fields = fields
         self._body("x")  # every setting checked now, with a placeholder text
 
@@ -291,7 +294,8 @@ class Session:
             sent += await self._send(pcm16(tail))
         else:
             wave = torch.cat([*whole, tail], dim=1)
-            sent += await self._send(await asyncio.to_thread(encode_file, wave, out_rate, body.response_format))
+            sent += await self._send(await asyncio.to_thread(encode_file, wave, out_rate, body.response_format,
+                                                             body.sample_format))
         info = event[1]
         self.usage["input_tokens"] += int(info["input_tokens"])
         self.usage["output_tokens"] += int(info["frames"])

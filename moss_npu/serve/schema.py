@@ -31,7 +31,7 @@ BODY_RUN_FIELDS = ("text_temperature", "text_top_p", "text_top_k", "audio_temper
               "audio_repetition_penalty", "text_normalization", "wetext")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 MAX_NAME_CHARS = 256  # model, voice, formats: names, checked for length before they are looked up
-_NAMES = ("model", "voice", "response_format", "stream_format")
+_NAMES = ("model", "voice", "response_format", "stream_format", "sample_format")
 _DATA_URI = re.compile(r"^data:[\w.+/-]*(;[\w=.+-]+)*;base64,", re.IGNORECASE)
 
 
@@ -52,6 +52,7 @@ class SpeechBody(BaseModel):
     input: str
     voice: Union[str, VoiceRef] = DEFAULT_VOICE
     response_format: str = "wav"
+    sample_format: str = "s16"  # s24 (wav, flac) or f32 (wav) for whole files
     speed: float = 1.0
     stream_format: str = "audio"
     stream: Optional[bool] = None  # None: pcm streams, the other formats arrive whole
@@ -155,7 +156,7 @@ def check_body(body: SpeechBody, *, model_names: tuple[str, ...], max_chars: int
         raise ApiError(400, f"response_format {body.response_format} cannot stream; use pcm or wav, or drop "
                        "stream / stream_format sse", param="response_format", code="invalid_value")
     problem = check_output(body.response_format, body.sample_rate or sample_rate,
-                           channels if body.channels is None else body.channels)
+                           channels if body.channels is None else body.channels, body.sample_format, body.streams())
     if problem:
         param = problem.split(" ", 1)[0]
         raise ApiError(400, problem, param=param, code="invalid_value")
