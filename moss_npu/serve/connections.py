@@ -126,7 +126,7 @@ class HeaderTimeout(H11Protocol):
 
     def send_400_response(self, msg: str) -> None:
         """uvicorn's answer to a request h11 refuses (e.g. conflicting Content-Length), in the OpenAI shape."""
-        self._refuse("the request is not valid HTTP/1.1 (malformed or conflicting headers)")
+        self._refuse("the request's headers are malformed or conflict (e.g. two different Content-Lengths)")
 
     def _refuse(self, message: str) -> None:
         """Answer 400 and close, below h11 (whose state may not allow a response yet)."""
