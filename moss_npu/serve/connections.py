@@ -93,7 +93,7 @@ class LingeringTransport:
         return getattr(self._transport, name)
 
 
-_FOLDED = re.compile(rb"\r?\n[ \t]")  # a header line continued on the next (obs-fold, RFC 9112 §5.2)
+_FOLDED = re.compile(rb"\r?\n[ \t]")  # a header line continued on the next (obs-fold)
 _HEAD_END = b"\r\n\r\n"
 
 

@@ -157,8 +157,8 @@ class Edge:
         policy = self.policy
         names = [name for name, _ in scope["headers"]]
         if b"transfer-encoding" in names and b"content-length" in names:
-            return ApiError(400, "Content-Length and Transfer-Encoding together make the body's end ambiguous "
-                            "(RFC 9112 §6.1); send one of them", code="invalid_http")
+            return ApiError(400, "Content-Length and Transfer-Encoding together make the body's end ambiguous; "
+                            "send one of them", code="invalid_http")
         headers = _headers(scope)
         host = headers.get("host", "")
         if policy.checks_host() and not policy.host_allowed(host):
