@@ -11,6 +11,10 @@ A connection closed while the client is still sending (a body refused at its lim
 kernel, and a reset can reach the client before it has read the answer: it then sees "connection reset" instead
 of the 413. So closes linger (``LingeringTransport``): the server ends its side (FIN), stops reading, and closes
 for good ``LINGER_S`` later, as nginx's lingering close does, without reading what the client still sends.
+
+``HeaderTimeout`` extends uvicorn's ``H11Protocol`` (its ``cycle``, ``on_response_complete``,
+``handle_websocket_upgrade`` and ``send_400_response``), internals that may change between releases: setup.py
+pins the uvicorn range the tests ran on.
 """
 
 from __future__ import annotations
