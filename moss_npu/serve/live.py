@@ -125,6 +125,9 @@ class Session:
         stop = asyncio.ensure_future(self.stopping.wait())
         try:
             await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # the idle timeout: nothing may read the next message in our place
+            task.cancel()
+            raise
         finally:
             stop.cancel()
         if not task.done():
