@@ -91,3 +91,23 @@ def test_sigterm_with_requests_in_flight_loses_none(tmp_path):
         assert server.process.wait(60) == 130
     finally:
         server.stop()
+
+
+def test_a_request_that_outlasts_the_grace_gets_503_in_the_openai_shape(tmp_path):
+    """Past --shutdown-grace a whole-file request is answered 503 shutting_down, not uvicorn's bare 500."""
+    server = ServerProcess(tmp_path, "--device", "cpu", "--shutdown-grace", "0.5", "--max-new-frames", "7500",
+                           api_key=None)
+    try:
+        results: list = [None]
+        body = {"model": MODEL, "input": "A very long one.", "max_new_frames": 7500, "greedy": True,
+                "response_format": "wav"}
+        thread = threading.Thread(target=lambda: results.__setitem__(0, httpx.post(
+            f"{server.url}/v1/audio/speech", json=body, timeout=120)))
+        thread.start()
+        _wait_in_flight(server, 1, 60)
+        server.process.send_signal(signal.SIGTERM)
+        thread.join(60)
+        assert assert_error(results[0], 503)["code"] == "shutting_down"
+        assert server.process.wait(60) == 130
+    finally:
+        server.stop()
