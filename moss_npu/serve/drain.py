@@ -11,6 +11,7 @@ flight, or when ``grace_s`` (``--shutdown-grace``) has passed; requests still ru
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from contextlib import contextmanager
 from typing import Callable, Iterator, Optional
@@ -39,9 +40,9 @@ class Drain:
         return self.started_at is not None and time.monotonic() - self.started_at >= self.grace_s
 
     def remaining_s(self) -> float:
-        """Seconds of grace left (the whole grace before the drain starts)."""
+        """Seconds of grace left (unbounded before the drain starts)."""
         if self.started_at is None:
-            return self.grace_s
+            return math.inf
         return max(0.0, self.grace_s - (time.monotonic() - self.started_at))
 
     def start(self) -> None:
