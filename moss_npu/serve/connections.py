@@ -61,10 +61,11 @@ class ConnectionLimits:
             header_timeout_s = timeout
 
         return {"http": Protocol, "timeout_keep_alive": self.keep_alive_s, "limit_concurrency": self.max_connections,
-                "h11_max_incomplete_event_size": 16 * 1024}
+                "h11_max_incomplete_event_size": 16 * 1024, "ws_ping_interval": WS_PING_S, "ws_ping_timeout": WS_PING_S}
 
 
 LINGER_S = 2.0
+WS_PING_S = 20.0  # a WebSocket is pinged this often and closed when a pong takes longer: a dead peer is found
 
 
 class LingeringTransport:
