@@ -164,6 +164,8 @@ def api_problems(uses: Iterable[Use], data: dict) -> list[str]:
 
 def _problem(use: Use, data: dict) -> Optional[str]:
     root, name, rest = use.path[0], use.path[1], use.path[2:]
+    if rest and f"{root}.{name}" in data["api"]:  # a submodule kept as its own namespace (torch.npu.utils)
+        root, name, rest = f"{root}.{name}", rest[0], rest[1:]
     if root == "torch_npu" and name == "_C":
         return None if not rest or rest[0] in data["c_names"] else "is not in this line's compiled _C module"
     spec = data["api"][root].get(name)

@@ -5,8 +5,8 @@ each wheel (``pip download torch-npu==VERSION --no-deps`` brings one). A file ho
 
 - ``ops``: the ATen operators the wheel has NPU kernels for: the ``supported`` and ``symint`` entries of
   ``torch_npu/csrc/aten/npu_native_functions*.yaml`` as ``name`` or ``name.overload``;
-- ``api``: the names of ``torch.npu`` (the module ``torch_npu.npu``, which torch_npu registers as ``torch.npu``)
-  and of ``torch_npu``, each with its kind and, for functions, classes and instances, its parameters and
+- ``api``: the names of ``torch.npu`` (the module ``torch_npu.npu``, which torch_npu registers as ``torch.npu``),
+  of its ``utils`` and of ``torch_npu``, each with its kind and, for functions, classes and instances, its parameters and
   methods; found by parsing the package's Python files, following their imports;
 - ``c_names``: the ``_npu_*`` names its compiled ``torch_npu._C`` module defines (strings in its binaries).
 
@@ -29,7 +29,7 @@ import yaml
 OP_FILES = re.compile(r"torch_npu/csrc/aten/npu_native_functions[^/]*\.yaml$")
 OP_SECTIONS = ("supported", "symint")
 C_NAME = re.compile(rb"\b_npu_[A-Za-z0-9_]+\b")
-NAMESPACES = {"torch.npu": "torch_npu.npu", "torch_npu": "torch_npu"}
+NAMESPACES = {"torch.npu": "torch_npu.npu", "torch.npu.utils": "torch_npu.npu.utils", "torch_npu": "torch_npu"}
 DATA = Path(__file__).resolve().parent
 
 
