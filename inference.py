@@ -32,6 +32,7 @@ from moss_npu.limits import MAX_NEW_FRAMES, MAX_SEED
 from moss_npu.output import (WAV_SUBTYPES, AtomicAudioWriter, AudioTarget, audio_target, refuse_own_inputs,
                              writable_file, write_json)
 from moss_npu.tempo import MAX_SPEED, MIN_SPEED, check_speed
+from moss_npu.wavfile import probe
 
 SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "repetition_penalty")
 NO_AUDIO = "the model stopped before any audio; try another --seed"
@@ -183,11 +184,16 @@ def read_text(args: argparse.Namespace) -> str:
 
 
 def check_reference(path: Optional[str]) -> None:
-    """Refuse a --prompt-audio-path that is not an existing regular file (before any model loads)."""
-    if path and not Path(path).is_file():
+    """Refuse a --prompt-audio-path that is not an existing regular file, or whose header is not a recording
+    within the limits (``moss_npu.wavfile.probe``: no sample is read), before any model loads."""
+    if not path:
+        return
+    if not Path(path).is_file():
         what = ("is a folder" if Path(path).is_dir() else "is not a regular file" if Path(path).exists()
                 else "file not found")
         raise InputError(f"--prompt-audio-path {path}: {what}; pass a wav/flac/mp3 recording")
+    with open(path, "rb") as fh:
+        probe(fh, f"--prompt-audio-path {path}")
 
 
 def warn_if_unspeakable(text: str) -> None:

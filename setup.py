@@ -77,8 +77,10 @@ class BinaryDistribution(Distribution):
 # aarch64 wheels); the grammars come from WeTextProcessing==1.2.0, installed with --no-deps (README): its pynini
 # requirement has no aarch64 wheel and is not needed here.
 NANO = ["torch>=2.1", "sentencepiece", "safetensors", "psutil", "kaldifst>=1.7", "threadpoolctl>=3"]
-# The speech server (moss_npu.serve): its workers run the Nano backend.
-SERVE = ["fastapi", "uvicorn", "prometheus_client", "python-multipart", "websockets"]  # websockets: /v1/audio/speech/stream
+# The speech server (moss_npu.serve): its workers run the Nano backend. uvicorn's range is the one whose h11
+# protocol internals moss_npu/serve/connections.py extends (0.29 brought the signal capture cli.py relies on;
+# 0.55 is the newest checked): raise the ceiling after running tests/serve on a newer one.
+SERVE = ["fastapi", "uvicorn>=0.29,<0.56", "prometheus_client", "python-multipart", "websockets"]  # websockets: /v1/audio/speech/stream
 # Speaking rate other than 1.0 (moss_npu.tempo): Rubber Band's real-time stretcher. Wheels for x86-64 (aarch64
 # builds it from source), so it is its own extra; the server and the dev install include it.
 TEMPO = ["pylibrb>=0.1.2"]

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from moss_npu.errors import AudioError
-from moss_npu.wavfile import PathLike, read_wav, read_wav_bytes
+from moss_npu.wavfile import PathLike, probe, read_wav, read_wav_bytes
 
 log = logging.getLogger(__name__)
 OFFICIAL_KERNEL_LIMIT = 2**20  # filter-bank elements (4 MiB in float32); 44.1 kHz → 48 kHz needs 25,760
@@ -79,9 +79,18 @@ def _waveform_pair(wave, rate) -> tuple[torch.Tensor, int]:
 
 
 def audio_source_key(source: AudioSource) -> str:
-    """Return a hash of a source's content: a file and its bytes hash alike; a waveform by rate, shape and values."""
+    """Return a hash of a source's content: a file and its bytes hash alike; a waveform by rate, shape and values.
+
+    A file is probed first (``moss_npu.wavfile.probe``), so one that is no recording, or claims more than the
+    limits allow, is refused before it is read, and it is hashed in blocks: memory stays bounded at any size.
+    """
     if isinstance(source, (str, Path)):
-        return hashlib.sha256(Path(source).read_bytes()).hexdigest()
+        digest = hashlib.sha256()
+        with open(source, "rb") as fh:
+            probe(fh, str(source))
+            for block in iter(lambda: fh.read(2**20), b""):
+                digest.update(block)
+        return digest.hexdigest()
     if isinstance(source, (bytes, bytearray, memoryview)):
         return hashlib.sha256(bytes(source)).hexdigest()
     wave, rate, _ = read_audio_source(source)

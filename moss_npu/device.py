@@ -12,12 +12,15 @@ itself is imported on first use, so the device names for llama.cpp and ONNX Runt
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 import logging
 import math
 import os
 import platform
+import re
+import warnings
 from typing import Optional
 
 from moss_npu.errors import DeviceError, InputError
@@ -194,6 +197,20 @@ class Backend:
     def graph_capture(self) -> Optional[GraphCapture]:
         """Return the device-graph capture API (one per process), or None where frames run eagerly."""
         return None
+
+    def runtime_version(self) -> Optional[str]:
+        """The device runtime under torch and its extension (Ascend CANN), where it says; None elsewhere."""
+        return None
+
+    def version_mismatch(self) -> Optional[str]:
+        """One line with the fix where torch and this backend's extension are not built for each other."""
+        return None
+
+    @contextlib.contextmanager
+    def counting_host_syncs(self):
+        """Count the operations that wait for the device (a read to the host): yields a list that gets one entry
+        per such wait, or None where this device does not report them (the CPU is the host)."""
+        yield None
 
     def apply_process_settings(self) -> dict:
         """Apply once the process-wide settings this backend needs when a device is resolved; return them."""
@@ -374,6 +391,11 @@ class CudaBackend(Backend):
             self._graphs = GraphCapture(torch.cuda.CUDAGraph, torch.cuda.graph)
         return self._graphs
 
+    @contextlib.contextmanager
+    def counting_host_syncs(self):
+        with _sync_warnings(torch.cuda.get_sync_debug_mode, torch.cuda.set_sync_debug_mode) as waits:
+            yield waits
+
 
 class MpsBackend(Backend):
     """Apple GPUs through torch.mps (no memory query, so chunk batching stays at 1)."""
@@ -537,6 +559,45 @@ class NpuBackend(Backend):
 
     def process_settings(self) -> dict:
         return dict(self._settings or {})
+
+    def runtime_version(self) -> Optional[str]:
+        """CANN's version as torch_npu reads it (``torch.npu.utils.get_cann_version``, in every supported line)."""
+        return str(self._npu().utils.get_cann_version())
+
+    def version_mismatch(self) -> Optional[str]:
+        """torch_npu X.Y.Z[.postN] is built for torch X.Y.Z only."""
+        ours, theirs = self.version(), torch.__version__
+        if ours is None or _release(ours) == _release(theirs):
+            return None
+        return (f"torch_npu {ours} is built for torch {_release(ours)}, not {theirs}: install the matching pair "
+                f"(pip install torch=={_release(ours)}, or the torch_npu for torch {_release(theirs)})")
+
+    @contextlib.contextmanager
+    def counting_host_syncs(self):
+        npu = self._npu()
+        with _sync_warnings(npu.get_sync_debug_mode, npu.set_sync_debug_mode) as waits:
+            yield waits
+
+
+def _release(version: str) -> str:
+    """``2.1.0`` of ``2.1.0.post13``, ``2.5.1rc1`` or ``2.1.0+cpu``."""
+    return re.match(r"\d+(?:\.\d+)*", version).group(0)
+
+
+@contextlib.contextmanager
+def _sync_warnings(get_mode, set_mode):
+    """``set_sync_debug_mode("warn")`` of torch.cuda or torch.npu for the block: each operation that waits for
+    the device warns; the warnings are collected into the list yielded."""
+    previous = get_mode()
+    waits: list[str] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        set_mode("warn")
+        try:
+            yield waits
+        finally:
+            set_mode(previous)
+            waits.extend(str(w.message) for w in caught if "synchroniz" in str(w.message).lower())
 
 
 # The NPU process settings: report name -> (the environment variable that turns it on, torch_npu's option name).

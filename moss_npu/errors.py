@@ -47,6 +47,12 @@ class AudioError(MossNpuError):
     exit_code = BAD_INPUT
 
 
+class AudioTooLong(AudioError):
+    """Reference audio lasts longer than the limit it was read under (a server answers 413, not 400)."""
+
+    exit_code = BAD_INPUT
+
+
 class InputError(MossNpuError):
     """Text, mode, output path or generation parameters are invalid."""
 

@@ -1,25 +1,71 @@
 """Audio files in without torch: read any soundfile-readable recording as a NumPy array.
 
 Reading goes through soundfile (libsndfile >= 1.1 reads WAV, FLAC, OGG and MP3 by content, whatever the file
-is called). Both backends read through here, so the Delay fallback never imports torch; ``moss_npu.output``
-writes. Shapes: C channels, S samples.
+is called). Both backends, the CLI and the server read through here, so the Delay fallback never imports
+torch; ``moss_npu.output`` writes. A file is judged by its header first (``probe``: channels, rate, duration
+against ``moss_npu.limits``) and decoding then reads at most the frames the limit allows, so a small file
+that claims hours of 8-channel audio (a "decompression bomb") is refused before a sample is decoded.
+Shapes: C channels, S samples.
 """
 
 from __future__ import annotations
 
 import io
+import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Union
 
 import numpy as np
 import soundfile
 
-from moss_npu.errors import AudioError
+from moss_npu.errors import AudioError, AudioTooLong
+from moss_npu.limits import MAX_REFERENCE_CHANNELS, MAX_REFERENCE_RATE, MAX_REFERENCE_SECONDS
 
 PathLike = Union[str, Path]
 
 
-def read_wav(path: PathLike) -> tuple[np.ndarray, int]:
+@dataclass(frozen=True)
+class AudioHeader:
+    """What a recording's header says: its sample rate, channel count and frames (samples per channel)."""
+
+    rate: int
+    channels: int
+    frames: int
+
+    @property
+    def seconds(self) -> float:
+        return self.frames / self.rate
+
+
+def probe(fh: BinaryIO, name: str, max_seconds: float = MAX_REFERENCE_SECONDS) -> AudioHeader:
+    """Read only the header of an open recording and check it against the limits; rewind ``fh``.
+
+    Raises:
+        AudioError: not a recording libsndfile reads, no samples, more than 2 channels, a rate outside
+            1 Hz..384 kHz; ``AudioTooLong`` when it lasts longer than ``max_seconds``.
+    """
+    try:
+        info = soundfile.info(fh)
+    except Exception as exc:  # libsndfile reports every unreadable input the same way
+        fh.seek(0)
+        raise AudioError(f"{name}: cannot decode ({decode_hint_bytes(fh.read(4), exc)})") from None
+    fh.seek(0)
+    header = AudioHeader(rate=int(info.samplerate), channels=int(info.channels), frames=int(info.frames))
+    if header.channels > MAX_REFERENCE_CHANNELS:
+        raise AudioError(f"{name}: {header.channels} channels; the codec takes mono or stereo, "
+                         "downmix it to 2 channels first")
+    if not 0 < header.rate <= MAX_REFERENCE_RATE:
+        raise AudioError(f"{name}: sample rate {header.rate} Hz; use 1..{MAX_REFERENCE_RATE} Hz")
+    if header.frames <= 0:
+        raise AudioError(f"{name}: no samples; record a few seconds of the voice")
+    if header.seconds > max_seconds:
+        raise AudioTooLong(f"{name}: {header.seconds:.1f} s long; the limit is {max_seconds:g} s, "
+                           "trim the recording")
+    return header
+
+
+def read_wav(path: PathLike, max_seconds: float = MAX_REFERENCE_SECONDS) -> tuple[np.ndarray, int]:
     """Read any soundfile-readable file as float32 ``(C, S)`` in [-1, 1] plus its sample rate.
 
     Integer PCM is scaled by 1/32768 (16-bit) etc., as torchaudio does. The format is detected from the
@@ -32,25 +78,30 @@ def read_wav(path: PathLike) -> tuple[np.ndarray, int]:
     if not path.is_file():
         raise AudioError(f"reference audio {path}: file not found; pass an existing wav/flac/mp3 file")
     with open(path, "rb") as fh:
-        return _decode(fh, str(path))
+        return _decode(fh, str(path), max_seconds)
 
 
-def read_wav_bytes(data: bytes) -> tuple[np.ndarray, int]:
+def read_wav_bytes(data: bytes, max_seconds: float = MAX_REFERENCE_SECONDS) -> tuple[np.ndarray, int]:
     """Read the bytes of a soundfile-readable file as ``read_wav`` reads a path (an upload, an HTTP body).
 
     Raises:
         AudioError: the bytes are not decodable.
     """
-    return _decode(io.BytesIO(data), f"<{len(data)} bytes>")
+    return _decode(io.BytesIO(data), f"<{len(data)} bytes>", max_seconds)
 
 
-def _decode(fh: BinaryIO, name: str) -> tuple[np.ndarray, int]:
-    """Decode an open binary file as float32 ``(C, S)``; ``name`` says in messages what it is."""
+def _decode(fh: BinaryIO, name: str, max_seconds: float) -> tuple[np.ndarray, int]:
+    """Probe, then decode an open binary file as float32 ``(C, S)``, reading at most ``max_seconds`` (a header
+    may understate the length: MP3's is an estimate); ``name`` says in messages what it is."""
+    header = probe(fh, f"reference audio {name}", max_seconds)
+    allowed = math.floor(max_seconds * header.rate)
     try:
-        data, rate = soundfile.read(fh, dtype="float32", always_2d=True)
+        data, rate = soundfile.read(fh, frames=allowed + 1, dtype="float32", always_2d=True)
     except Exception as exc:  # libsndfile reports every decode failure as a generic error
         fh.seek(0)
         raise AudioError(f"reference audio {name}: cannot decode ({decode_hint_bytes(fh.read(4), exc)})") from exc
+    if data.shape[0] > allowed:
+        raise AudioTooLong(f"reference audio {name}: longer than the limit of {max_seconds:g} s; trim the recording")
     return np.ascontiguousarray(data.T), int(rate)
 
 

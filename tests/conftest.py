@@ -5,14 +5,18 @@ own, so that no test writes into the user's ``~/.cache/moss-npu``.
 Run the slow ones with ``MOSS_NPU_SLOW_TESTS=1 python -m pytest -m slow tests``.
 
 Under ``CI`` a skipped test fails the run unless it is an ``allowed_skip`` (``tests/optional.py``); the allowed
-ones are listed by name at the end, so a green CI says exactly what it did not run.
+ones are listed by name at the end, so a green CI says exactly what it did not run. A run without the fixtures
+ends with one line counting the tests skipped for them and saying how to point ``MOSS_NPU_FIXTURES`` at them.
 """
 
 import os
 
 import pytest
 
+from moss_npu_verify.goldens import fixtures_root
 from tests import optional
+
+FIXTURES_VARIABLE = "MOSS_NPU_FIXTURES"  # a skip for a missing fixture names it or the fixtures folder
 
 
 def pytest_configure(config):
@@ -33,6 +37,17 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Count the tests skipped because the fixtures are missing (the per-test reasons show only with -rs)."""
+    root = str(fixtures_root())
+    skipped = [report for report in terminalreporter.stats.get("skipped", [])
+               if any(mark in str(getattr(report, "longrepr", "")) for mark in (FIXTURES_VARIABLE, root))]
+    if skipped:
+        terminalreporter.write_line(
+            f"{len(skipped)} tests skipped: the fixtures are not at {root}; point {FIXTURES_VARIABLE} at "
+            "the project's fixtures folder (README.md, Tests) and run again", yellow=True)
 
 
 @pytest.fixture(autouse=True, scope="session")

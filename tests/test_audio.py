@@ -1,6 +1,9 @@
 """Audio I/O: torchaudio-equivalent resampling, real recordings, channel rules, bad input, atomic writes."""
 
+import io
 import math
+import os
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -8,7 +11,7 @@ import pytest
 import soundfile
 import torch
 
-from moss_npu.audio import load_reference_audio, read_audio, resample, to_channels
+from moss_npu.audio import audio_source_key, load_reference_audio, read_audio, resample, to_channels
 from moss_npu.errors import AudioError
 from moss_npu_verify.goldens import fixtures_root
 from tests.optional import needs
@@ -126,3 +129,42 @@ def test_bad_reference_audio_raises_one_line(tmp_path, make, match):
     with pytest.raises(AudioError, match=match) as info:
         load_reference_audio(make(tmp_path), 48000, 2, min_samples=3840)
     assert "\n" not in str(info.value)
+
+
+def _silence(channels: int, rate: int, seconds: int, container: str = "FLAC") -> bytes:
+    out = io.BytesIO()
+    subtype = "MPEG_LAYER_III" if container == "MP3" else "PCM_16"
+    with soundfile.SoundFile(out, "w", samplerate=rate, channels=channels, format=container, subtype=subtype) as fh:
+        for _ in range(seconds):
+            fh.write(np.zeros((rate, channels), dtype=np.int16))
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("channels, rate, seconds, container, problem", [
+    (8, 655_350, 30, "FLAC", "8 channels"),
+    (2, 655_350, 2, "FLAC", "sample rate 655350 Hz"),
+    (1, 48_000, 130, "FLAC", "130.0 s long"),
+    (1, 8_000, 130, "MP3", "130.0 s long"),
+], ids=["8-channels", "655kHz", "longer-than-the-limit", "mp3-longer-than-the-limit"])
+def test_a_recording_is_judged_by_its_header_before_it_is_decoded(channels, rate, seconds, container, problem):
+    """A small file that decodes to hundreds of megabytes is refused without allocating them."""
+    if container not in soundfile.available_formats():
+        pytest.skip(f"libsndfile {soundfile.__libsndfile_version__} has no {container}")
+    data = _silence(channels, rate, seconds, container)
+    tracemalloc.start()
+    try:
+        with pytest.raises(AudioError, match=problem):
+            load_reference_audio(data)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 20 * 2**20, peak
+
+
+def test_a_huge_file_that_is_no_recording_is_refused_before_it_is_hashed(tmp_path):
+    """The reference cache's key once read the whole file first (a 2 GB sparse file: 2.4 GB of memory)."""
+    path = tmp_path / "zeros.wav"
+    with open(path, "wb") as fh:
+        os.truncate(fh.fileno(), 256 * 2**20)
+    with pytest.raises(AudioError, match="cannot decode"):
+        audio_source_key(path)

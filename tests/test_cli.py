@@ -15,7 +15,7 @@ from moss_npu.errors import MossNpuError
 
 EXPECTED = {
     "MossNpuError": 2, "DeviceError": 2, "MissingDependency": 2, "CheckpointError": 2, "ConfigError": 2,
-    "AudioError": 2, "InputError": 2, "DownloadError": 1, "NumericalError": 1, "GenerationError": 1, "OutputError": 1,
+    "AudioError": 2, "AudioTooLong": 2, "InputError": 2, "DownloadError": 1, "NumericalError": 1, "GenerationError": 1, "OutputError": 1,
     "Interrupted": 130,
 }
 CLASSES = [c for _, c in inspect.getmembers(errors, inspect.isclass) if issubclass(c, MossNpuError)]

@@ -4,6 +4,7 @@ Each bad input must give one ``error:`` line naming the problem and the fix, exi
 output file; a run that produces nothing exits 1. The fixture-based runs skip (with a message) in a clone without ../shared/fixtures.
 """
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -348,6 +349,23 @@ def test_text_file_dash_reads_stdin(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"\xfe not utf-8")))
     code, _, err = run(["--text-file", "-", "--output", tmp_path / "o.wav", "--model", tmp_path / "never"], capsys)
     assert code == 2 and "--text-file -: not UTF-8" in _one_error_line(err)
+
+
+@pytest.mark.skipif(not hasattr(os, "wait4"), reason="needs os.wait4 for the child's peak memory")
+def test_a_huge_reference_that_is_no_recording_is_refused_from_its_header(tmp_path):
+    """A 2 GB sparse file (all zeros) is refused as undecodable before it is read whole (it once took 2.4 GB
+    of memory and 12 s to say so)."""
+    ref = tmp_path / "huge.wav"
+    with open(ref, "wb") as fh:
+        os.truncate(fh.fileno(), 2 * 2**30)
+    cmd = [sys.executable, "inference.py", "--text", "hi", "--prompt-audio-path", str(ref), "--output",
+           str(tmp_path / "o.wav"), "--model", str(tmp_path / "never")]
+    child = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _, status, usage = os.wait4(child.pid, 0)
+    err = child.stderr.read()
+    assert os.waitstatus_to_exitcode(status) == 2, err
+    assert _one_error_line(err).startswith(f"error: --prompt-audio-path {ref}: cannot decode")
+    assert usage.ru_maxrss < 1024 * 1024, usage.ru_maxrss  # KiB: far below the file's 2 GiB
 
 
 def test_reference_that_is_not_a_regular_file(tmp_path, capsys):

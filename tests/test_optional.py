@@ -66,3 +66,24 @@ def test_under_ci_a_missing_part_or_a_plain_skip_fails_and_allowed_skips_are_lis
     assert "skipped under CI (1)" in done.stdout
     assert "test_suite.py::test_plain_skip: bypassed the rule" in lines
     assert "allowed skips (1)" in done.stdout and "test_suite.py::test_on_hardware: needs a real device" in lines
+
+
+def test_a_run_without_the_fixtures_ends_by_counting_their_skips(tmp_path):
+    """The skips for missing fixtures are counted in one line that says how to point at them (without -rs a new
+    user saw only "309 skipped")."""
+    (tmp_path / "conftest.py").write_text("from tests.conftest import pytest_configure, pytest_runtest_setup, "
+                                          "pytest_terminal_summary  # noqa\n")
+    (tmp_path / "test_suite.py").write_text(
+        "import pytest\nfrom tests.optional import missing\n"
+        "@pytest.mark.parametrize('n', range(3))\ndef test_fixture(n):\n"
+        "    missing('fixture x not found (set MOSS_NPU_FIXTURES)')\n"
+        "def test_other():\n    pytest.skip('not about fixtures')\n")
+    env = {k: v for k, v in os.environ.items() if k != "CI"}
+    env.update(PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]),
+               MOSS_NPU_FIXTURES=str(tmp_path / "nowhere"))
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    lines = done.stdout.strip().splitlines()
+    assert lines[-1].startswith("4 skipped"), done.stdout
+    assert lines[-2].startswith(f"3 tests skipped: the fixtures are not at {tmp_path / 'nowhere'}; point "
+                                "MOSS_NPU_FIXTURES at"), done.stdout

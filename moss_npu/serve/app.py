@@ -6,7 +6,9 @@ first audio before answering, so every failure before audio exists, a model that
 included, still gets its proper status. After the first audio has left, a failure ends the stream (SSE: an
 ``error`` event; raw audio: the connection closes without the final chunk, so a client never mistakes a cut
 stream for a whole one). A client that goes away frees its slot at the next frame, whole-file or streamed.
-File reads (voices) and recording checks run off the event loop.
+Everything that costs time in proportion to what a client sent (JSON parsing, checks, voice reads, recording
+probes) runs off the event loop, after the edge has bounded its size. On a stop signal the server drains
+(``moss_npu.serve.drain``).
 """
 
 from __future__ import annotations
@@ -29,13 +31,15 @@ from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
 
 from moss_npu.serve import live, page
+from moss_npu.serve.drain import Drain, shutting_down
 from moss_npu.serve.edge import Edge, EdgePolicy
 from moss_npu.serve.errors import ApiError, from_engine
 from moss_npu.serve.formats import MEDIA_TYPES, StreamConverter, encode_file, pcm16, wav_stream_header
 from moss_npu.serve.metrics import CONTENT_TYPE, Metrics
 from moss_npu.serve.pool import Ticket, WorkerPool
 from moss_npu.serve.recordings import probe_recording
-from moss_npu.serve.schema import DEFAULT_VOICE, SpeechBody, check_body, check_text, decode_ref_audio, run_config
+from moss_npu.serve.schema import (DEFAULT_VOICE, SpeechBody, check_body, check_text, decode_ref_audio, parse_json,
+                                   run_config, speech_body)
 from moss_npu.serve.voices import VoiceStore
 
 log = logging.getLogger("moss_npu.serve")
@@ -74,13 +78,14 @@ class Disconnected(Exception):
 
 
 def create_app(config: ServerConfig, pool: WorkerPool, metrics: Metrics,
-               health_extra: Optional[Callable[[], dict]] = None) -> FastAPI:
+               health_extra: Optional[Callable[[], dict]] = None, drain: Optional[Drain] = None) -> FastAPI:
     """Build the application around a worker pool (started and stopped with the app).
 
     ``health_extra`` adds fields to ``/health`` (run off the event loop): a Ray replica adds its id and its
-    deployment's replica states.
+    deployment's replica states. ``drain`` is the stop the server's signal handling starts (none: never).
     """
     store = VoiceStore(config.voices_dir)
+    drain = drain or Drain()
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
@@ -93,7 +98,7 @@ def create_app(config: ServerConfig, pool: WorkerPool, metrics: Metrics,
     app = FastAPI(title="moss-npu speech server", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
     _install_error_handlers(app)
-    app.add_middleware(Edge, policy=config.policy(), metrics=metrics)
+    app.add_middleware(Edge, policy=config.policy(), metrics=metrics, drain=drain)
     if config.cors_origins:  # outermost: preflights are answered, and refusals carry the CORS headers
         app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["*"],
                            allow_headers=["Authorization", "Content-Type"],
@@ -101,10 +106,15 @@ def create_app(config: ServerConfig, pool: WorkerPool, metrics: Metrics,
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        ready = pool.ready
+        ready = pool.ready and not drain.draining
+        status = "draining" if drain.draining else "ready" if ready else "starting"
         extra = await asyncio.to_thread(health_extra) if health_extra is not None else {}
-        return _json({"status": "ready" if ready else "starting", "workers": [w.describe() for w in pool.workers],
-                      **extra}, 200 if ready else 503)
+        return _json({"status": status, "workers": [w.describe() for w in pool.workers], **extra},
+                     200 if ready else 503)
+
+    @app.get("/favicon.ico")
+    async def favicon() -> Response:
+        return Response(status_code=204)  # browsers ask on every page load; the page has no icon
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:
@@ -148,14 +158,14 @@ def create_app(config: ServerConfig, pool: WorkerPool, metrics: Metrics,
         return _json(voice.public())
 
     @app.post("/v1/audio/speech")
-    async def speech(body: SpeechBody, request: Request) -> Response:
+    async def speech(request: Request) -> Response:
         arrived = time.perf_counter()
+        raw = await request.body()  # bounded by the edge
         rate, channels = pool.audio_format()
-        check_body(body, model_names=config.model_names, max_chars=config.max_input_chars, sample_rate=rate,
-                   channels=channels)
-        job = await asyncio.to_thread(_job, body, store, config)
+        body, job = await asyncio.to_thread(_parse_and_check, raw, request.headers.get("content-type"), store,
+                                            config, rate, channels)
         ticket = pool.submit(job)
-        deadline = asyncio.get_running_loop().time() + config.request_timeout_s
+        deadline = Deadline(asyncio.get_running_loop().time() + config.request_timeout_s, drain)
         watcher = asyncio.ensure_future(_watch_disconnect(request, ticket))
         try:
             head = await _first_audio(ticket, deadline)
@@ -178,13 +188,47 @@ def create_app(config: ServerConfig, pool: WorkerPool, metrics: Metrics,
         headers.update({"X-Audio-Frames": str(info["frames"]), "X-Codes-SHA256": info["codes_sha256"]})
         return Response(data, media_type=MEDIA_TYPES[body.response_format], headers=headers)
 
-    live.install(app, pool, lambda body: _job(body, store, config), config)  # WS /v1/audio/speech/stream
+    live.install(app, pool, lambda body: _job(body, store, config), config, drain)  # WS /v1/audio/speech/stream
     page.install(app, config)  # the page at /
     return app
 
 
 def _json(body: dict, status: int = 200, headers: Optional[dict] = None) -> JSONResponse:
     return JSONResponse(body, status_code=status, headers=headers)
+
+
+def _parse_and_check(raw: bytes, content_type: Optional[str], store: VoiceStore, config: ServerConfig, rate: int,
+                     channels: int) -> tuple[SpeechBody, dict]:
+    """Parse and check a ``POST /v1/audio/speech`` body and build its job (off the event loop: all of it takes
+    time in proportion to the body)."""
+    if content_type is not None and not _is_json(content_type):
+        raise ApiError(400, "the body must be JSON; send it with Content-Type: application/json", code="invalid_json")
+    body = speech_body(parse_json(raw, "the body"))
+    check_body(body, model_names=config.model_names, max_chars=config.max_input_chars, sample_rate=rate,
+               channels=channels)
+    return body, _job(body, store, config)
+
+
+def _is_json(content_type: str) -> bool:
+    kind = content_type.split(";", 1)[0].strip().lower()
+    return kind == "application/json" or (kind.startswith("application/") and kind.endswith("+json"))
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """When a request must be done: its own timeout (then 504), or the end of the server's drain (then 503)."""
+
+    at: float  # the event loop's time
+    drain: Drain
+
+    def remaining(self) -> float:
+        return min(self.at - asyncio.get_running_loop().time(), self.drain.remaining_s())
+
+    def overdue(self) -> ApiError:
+        if self.drain.expired():
+            return shutting_down()
+        return ApiError(504, "the request took longer than the server's timeout; shorten the text or raise "
+                        "--request-timeout", code="timeout")
 
 
 def _job(body: SpeechBody, store: VoiceStore, config: ServerConfig) -> dict:
@@ -204,16 +248,15 @@ def _job(body: SpeechBody, store: VoiceStore, config: ServerConfig) -> dict:
     return job
 
 
-async def _next(ticket: Ticket, deadline: float) -> tuple:
-    """The ticket's next event before ``deadline`` (504 after it)."""
-    remaining = deadline - asyncio.get_running_loop().time()
-    if remaining > 0:
-        try:
-            return await ticket.next(remaining)
+async def _next(ticket: Ticket, deadline: Deadline) -> tuple:
+    """The ticket's next event before ``deadline`` (504 after the request's timeout, 503 after the drain's)."""
+    remaining = deadline.remaining()
+    while remaining > 0:
+        try:  # in steps, so a drain that starts meanwhile shortens the wait
+            return await ticket.next(min(remaining, 1.0))
         except asyncio.TimeoutError:
-            pass
-    raise ApiError(504, "the request took longer than the server's timeout; shorten the text or raise "
-                   "--request-timeout", code="timeout")
+            remaining = deadline.remaining()
+    raise deadline.overdue()
 
 
 async def _watch_disconnect(request: Request, ticket: Ticket) -> None:
@@ -225,7 +268,7 @@ async def _watch_disconnect(request: Request, ticket: Ticket) -> None:
             return
 
 
-async def _first_audio(ticket: Ticket, deadline: float) -> list[tuple]:
+async def _first_audio(ticket: Ticket, deadline: Deadline) -> list[tuple]:
     """The events up to the first audible chunk (or the end); raise the request's failure as an answer.
 
     A request whose model stops before any audio is refused here (422), before a status line goes out: a
@@ -249,7 +292,7 @@ async def _first_audio(ticket: Ticket, deadline: float) -> list[tuple]:
 class _Reply:
     """The audio of one answered request, in the asked format, rate and channels."""
 
-    def __init__(self, body: SpeechBody, ticket: Ticket, rate: int, channels: int, arrived: float, deadline: float,
+    def __init__(self, body: SpeechBody, ticket: Ticket, rate: int, channels: int, arrived: float, deadline: Deadline,
                  metrics: Metrics, watcher: asyncio.Future) -> None:
         self.body, self.ticket, self.rate, self.metrics = body, ticket, rate, metrics
         self.out_rate = body.sample_rate or rate
@@ -329,7 +372,7 @@ class _Reply:
                     yield _sse({"type": "speech.audio.timestamp", **event[1]})
                 else:
                     yield _sse({"type": "error", **from_engine(event[1], event[2]).body()})
-        except ApiError as exc:  # the timeout
+        except ApiError as exc:  # the timeout, or the end of the drain
             yield _sse({"type": "error", **exc.body()})
 
     async def whole(self, head: list[tuple]) -> tuple[bytes, dict]:
@@ -349,7 +392,8 @@ class _Reply:
         pieces.append(self.converter.flush())
         self._finish()
         wave = torch.cat(pieces, dim=1)
-        return await asyncio.to_thread(encode_file, wave, self.out_rate, self.body.response_format), event[1]
+        return await asyncio.to_thread(encode_file, wave, self.out_rate, self.body.response_format,
+                                       self.body.sample_format), event[1]
 
 
 def _sse(obj: dict) -> bytes:

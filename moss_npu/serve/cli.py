@@ -8,14 +8,17 @@ shows in ps). A keyless server answers only requests whose Host names it (--allo
 refuses browser writes from other origins (--cors-origins allows some).
 
 One worker process per listed device (``--device cpu,cpu`` runs two on the CPU, sharing its cores). The
-server listens at once; ``GET /health`` answers 200 once a worker has loaded and warmed up. Exit codes: 0
-stopped, 1 runtime failure (port taken, a worker crashed while loading), 2 bad input (folders, flags), 130
-Ctrl-C or SIGTERM (after a graceful stop). Every failure is one ``error:`` line on stderr.
+server listens at once; ``GET /health`` answers 200 once a worker has loaded and warmed up. SIGTERM or Ctrl-C
+drains: /health turns 503, new requests get 503 shutting_down, requests in flight finish (within
+--shutdown-grace); a second signal stops at once. Exit codes: 0 stopped, 1 runtime failure (port taken, a
+worker crashed while loading), 2 bad input (folders, flags), 130 Ctrl-C or SIGTERM (after the drain). Every
+failure is one ``error:`` line on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import ipaddress
 import logging
 import math
@@ -28,7 +31,7 @@ from typing import TYPE_CHECKING, Optional
 from moss_npu.cli import ArgumentParser, device_spec, run_cli
 from moss_npu.errors import BAD_INPUT, INTERRUPTED, RUNTIME_FAILURE, InputError, MissingDependency
 from moss_npu.hub import DEFAULT_CODEC, DEFAULT_MODEL, resolve_model_dir
-from moss_npu.limits import MAX_NEW_FRAMES
+from moss_npu.limits import MAX_NEW_FRAMES, MAX_REFERENCE_SECONDS
 from moss_npu.serve.errors import ServerError
 from moss_npu.serve.spec import WorkerSpec
 
@@ -66,7 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated origins allowed to call from a browser, e.g. https://app.example ('*': any)")
     p.add_argument("--model-name", default="moss-tts-nano", help="the model id clients send and /v1/models lists")
     p.add_argument("--voices-dir", type=Path, default=default_voices_dir(),
-                   help="where uploaded voices are stored (may be shared by several servers)")
+                   help="where uploaded voices are stored (may be shared by several servers; default "
+                        "$XDG_DATA_HOME/moss-npu/voices, i.e. ~/.local/share/moss-npu/voices)")
     p.add_argument("--max-batch", type=int, default=8, help="engine slots per worker")
     p.add_argument("--max-queue", type=int, default=32, help="requests that may wait beyond the slots (then 429)")
     p.add_argument("--request-timeout", type=float, default=300.0, help="seconds a request may take (then 504)")
@@ -80,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--header-timeout", type=float, default=10.0,
                    help="seconds a connection may take to send its request headers (then it is closed)")
     p.add_argument("--keep-alive", type=int, default=5, help="seconds an idle kept-alive connection stays open")
+    p.add_argument("--shutdown-grace", type=float,
+                   help="seconds a stop signal waits for requests in flight to finish (default: --request-timeout, "
+                        "which no request outlasts)")
     p.add_argument("--max-connections", type=int, default=1000,
                    help="open connections and requests at most (then uvicorn answers 503 at once)")
     p.add_argument("--num-threads", type=int, default=0,
@@ -110,6 +117,13 @@ def _check(args: argparse.Namespace) -> list[str]:
                         ("--max-connections", args.max_connections)):
         if not (math.isfinite(value) and value > 0):
             raise InputError(f"{name} {value}: use a positive number")
+    if args.shutdown_grace is None:
+        args.shutdown_grace = args.request_timeout
+    if not (math.isfinite(args.shutdown_grace) and args.shutdown_grace >= 0):
+        raise InputError(f"--shutdown-grace {args.shutdown_grace}: use 0 or more seconds")
+    if args.max_voice_seconds > MAX_REFERENCE_SECONDS:
+        raise InputError(f"--max-voice-seconds {args.max_voice_seconds:g}: use at most {MAX_REFERENCE_SECONDS:g} (a "
+                         "longer recording does not fit the model's context)")
     args.api_key = _api_key(args)
     args.allowed_hosts = _listed(args.allowed_hosts)
     args.cors_origins = _listed(args.cors_origins)
@@ -220,15 +234,18 @@ def serve(args: argparse.Namespace) -> int:
         try:
             from moss_npu.serve.app import create_app
             from moss_npu.serve.connections import ConnectionLimits
+            from moss_npu.serve.drain import Drain
         except ImportError as exc:
             raise _missing(exc) from None
+        drain = Drain(args.shutdown_grace)
         config = server_config(args)
         limits = ConnectionLimits(header_timeout_s=args.header_timeout, keep_alive_s=args.keep_alive,
                                   max_connections=args.max_connections)
         limits.raise_file_limit()
-        server = _server_class()(uvicorn.Config(create_app(config, pool, metrics), host=args.host, port=args.port,
-                                               log_level=args.log_level, timeout_graceful_shutdown=5,
-                                               **limits.uvicorn_options()))
+        server = _server_class()(uvicorn.Config(create_app(config, pool, metrics, drain=drain), host=args.host,
+                                                port=args.port, log_level=args.log_level,
+                                                timeout_graceful_shutdown=FINAL_WAIT_S, **limits.uvicorn_options()),
+                                  drain)
         holder["server"] = server
         if fatal:  # a worker failed before the server existed: stop right after starting
             server.should_exit = True
@@ -262,17 +279,45 @@ def _port_problem(host: str, port: int) -> Optional[str]:
     return None
 
 
+FINAL_WAIT_S = 5  # after the drain: for the last bytes of answers to leave before uvicorn cancels what is left
+
+
 def _server_class():
     import uvicorn
 
     class Server(uvicorn.Server):
-        """uvicorn's server, minus re-raising the stop signal after shutdown (that ends in a traceback)."""
+        """uvicorn's server that drains on the first stop signal (``moss_npu.serve.drain``) and stops at the
+        second, minus re-raising the signal after shutdown (that ends in a traceback)."""
 
         signals: list
 
+        def __init__(self, config: uvicorn.Config, drain) -> None:
+            super().__init__(config)
+            self.drain = drain
+
         def handle_exit(self, sig, frame) -> None:
             self.signals = [*getattr(self, "signals", []), sig]
-            super().handle_exit(sig, frame)
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                loop = None
+            if loop is not None and not self.drain.draining and not self.should_exit:
+                loop.call_soon_threadsafe(self._begin_drain)  # not inside the signal handler: it interrupts the loop
+            else:
+                super().handle_exit(sig, frame)
+                if len(self.signals) > 1:
+                    self.force_exit = True
             self._captured_signals.clear()
+
+        def _begin_drain(self) -> None:
+            logging.getLogger("moss_npu.serve").info(
+                "stopping: draining the requests in flight (up to %g s; signal again to stop at once)",
+                self.drain.grace_s)
+            self.drain.start()
+            asyncio.ensure_future(self._exit_when_settled())
+
+        async def _exit_when_settled(self) -> None:
+            await self.drain.settled()
+            self.should_exit = True
 
     return Server

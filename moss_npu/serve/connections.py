@@ -3,21 +3,31 @@
 uvicorn bounds an idle kept-alive connection but not one whose request headers never finish: a client that
 sends a byte every few seconds (slowloris) holds a connection, and a file descriptor, forever. ``HeaderTimeout``
 closes a connection whose request line and headers have not all arrived ``header_timeout_s`` after the
-connection opened or the previous response ended. Body reads are bounded separately (``edge.Edge``).
+connection opened or the previous response ended; a connection upgraded to a WebSocket is no longer timed
+by it (WebSocket pings and the session's idle timeout take over). Body reads are bounded separately
+(``edge.Edge``).
 
 A connection closed while the client is still sending (a body refused at its limit) would be reset by the
 kernel, and a reset can reach the client before it has read the answer: it then sees "connection reset" instead
 of the 413. So closes linger (``LingeringTransport``): the server ends its side (FIN), stops reading, and closes
 for good ``LINGER_S`` later, as nginx's lingering close does, without reading what the client still sends.
+
+``HeaderTimeout`` extends uvicorn's ``H11Protocol`` (its ``cycle``, ``on_response_complete``,
+``handle_websocket_upgrade`` and ``send_400_response``), internals that may change between releases: setup.py
+pins the uvicorn range the tests ran on.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from moss_npu.serve.errors import ApiError
 
 
 @dataclass(frozen=True)
@@ -51,10 +61,11 @@ class ConnectionLimits:
             header_timeout_s = timeout
 
         return {"http": Protocol, "timeout_keep_alive": self.keep_alive_s, "limit_concurrency": self.max_connections,
-                "h11_max_incomplete_event_size": 16 * 1024}
+                "h11_max_incomplete_event_size": 16 * 1024, "ws_ping_interval": WS_PING_S, "ws_ping_timeout": WS_PING_S}
 
 
 LINGER_S = 2.0
+WS_PING_S = 20.0  # a WebSocket is pinged this often and closed when a pong takes longer: a dead peer is found
 
 
 class LingeringTransport:
@@ -87,9 +98,14 @@ class LingeringTransport:
         return getattr(self._transport, name)
 
 
+_FOLDED = re.compile(rb"\r?\n[ \t]")  # a header line continued on the next (obs-fold)
+_HEAD_END = b"\r\n\r\n"
+
+
 class HeaderTimeout(H11Protocol):
     """uvicorn's h11 protocol, closing connections whose request headers take longer than ``header_timeout_s``,
-    with lingering closes."""
+    with lingering closes; a request whose header lines are folded, or that h11 finds malformed, is answered
+    400 in the OpenAI error shape and its connection closed."""
 
     header_timeout_s = 10.0
 
@@ -101,7 +117,31 @@ class HeaderTimeout(H11Protocol):
         self._arm_header_timer()  # before super(): it may start a pipelined request's cycle at once
         super().on_response_complete()
 
+    def data_received(self, data: bytes) -> None:
+        """Refuse folded header lines before h11 sees them: h11 joins them into one value, so a front proxy
+        that reads them otherwise would see a different request (the header-smuggling trick)."""
+        if self._head_tail is not None:
+            window = self._head_tail + data
+            end = window.find(_HEAD_END)
+            if _FOLDED.search(window if end < 0 else window[:end + 2]):
+                self._refuse("a header line is folded onto the next (obs-fold); send each header on one line")
+                return
+            self._head_tail = window[-3:] if end < 0 else None
+        super().data_received(data)
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to a request h11 refuses (e.g. conflicting Content-Length), in the OpenAI shape."""
+        self._refuse("the request's headers are malformed or conflict (e.g. two different Content-Lengths)")
+
+    def _refuse(self, message: str) -> None:
+        """Answer 400 and close, below h11 (whose state may not allow a response yet)."""
+        body = json.dumps(ApiError(400, message, code="invalid_http").body()).encode()
+        self.transport.write(b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n"
+                             b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body))
+        self.transport.close()
+
     def _arm_header_timer(self) -> None:
+        self._head_tail: Optional[bytes] = b""  # a request's head is due: its bytes are checked for folds
         self._cancel_header_timer()
         waiting_for = self.cycle  # a new request replaces the cycle once its headers are complete
         self._header_timer: Optional[asyncio.TimerHandle] = self.loop.call_later(
@@ -117,6 +157,12 @@ class HeaderTimeout(H11Protocol):
         self._header_timer = None
         if self.cycle is waiting_for and not self.transport.is_closing():
             self.transport.close()
+
+    def handle_websocket_upgrade(self, event: Any) -> None:
+        """The connection becomes a WebSocket: its headers are complete, and from now on the WebSocket's pings
+        and the session's idle timeout (``moss_npu.serve.live``) bound it."""
+        self._cancel_header_timer()
+        super().handle_websocket_upgrade(event)
 
     def connection_lost(self, exc: Optional[Exception]) -> None:
         self._cancel_header_timer()

@@ -2,6 +2,9 @@
 
 ``Edge`` is plain ASGI middleware around the FastAPI app. For every HTTP request it checks, in order:
 
+0. **Framing**: ``Content-Length`` together with ``Transfer-Encoding`` is answered 400 and the connection
+   closed, so bytes smuggled after such a body are never read as a request (conflicting lengths and folded
+   header lines are refused below it, in ``moss_npu.serve.connections``).
 1. **Host** (keyless servers, or when ``--allowed-hosts`` is set): the ``Host`` header must name this server
    (its bind address, a loopback name, or an allowed host). A page on another site that re-points its own
    name at 127.0.0.1 (DNS rebinding) is refused here.
@@ -14,7 +17,8 @@
    body that takes longer than ``body_timeout_s`` to arrive is answered 408. Either way the rest of the body
    is never read.
 
-Refusals use the OpenAI error shape. Every answer is counted by route and status.
+While the server drains (``moss_npu.serve.drain``) every request but ``/health`` and ``/metrics`` is answered
+503 ``shutting_down``. Refusals use the OpenAI error shape. Every answer is counted by route and status.
 """
 
 from __future__ import annotations
@@ -26,12 +30,15 @@ import json
 from dataclasses import dataclass
 from typing import Awaitable, Callable, Optional
 
-from moss_npu.serve.errors import ApiError
+from moss_npu.serve.drain import Drain, shutting_down
+from moss_npu.serve.errors import ApiError, shown
 from moss_npu.serve.metrics import Metrics
 
 ROUTES = ("/health", "/metrics", "/v1/models", "/v1/audio/speech", "/v1/audio/voices", "/", "/page", "/static")
 PUBLIC_ROUTES = ("/health", "/", "/page", "/static")  # the page loads without the key, then asks for it
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+STAY_OPEN_ROUTES = ("/health", "/metrics")  # answered while the server drains
+CLOSING_STATUSES = (400, 503)  # ambiguous framing (the rest of the stream cannot be trusted); a server stopping
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
 
@@ -109,8 +116,8 @@ class _BodyRefused(Exception):
 class Edge:
     """ASGI middleware applying an ``EdgePolicy`` (see the module docstring) and counting answers."""
 
-    def __init__(self, app, policy: EdgePolicy, metrics: Metrics) -> None:
-        self.app, self.policy, self.metrics = app, policy, metrics
+    def __init__(self, app, policy: EdgePolicy, metrics: Metrics, drain: Optional[Drain] = None) -> None:
+        self.app, self.policy, self.metrics, self.drain = app, policy, metrics, drain or Drain()
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "websocket":
@@ -126,10 +133,13 @@ class Edge:
 
         try:
             refusal = self._refusal(scope)
+            if refusal is None and self.drain.draining and route_of(scope["path"]) not in STAY_OPEN_ROUTES:
+                refusal = shutting_down()
             if refusal is not None:
-                await answer(counted, refusal)
+                await answer(counted, refusal, close=refusal.status in CLOSING_STATUSES)
                 return
-            await self._serve(scope, receive, counted, status)
+            with self.drain.tracked():
+                await self._serve(scope, receive, counted, status)
         finally:
             self.metrics.requests.labels(route=route_of(scope["path"]), status=str(status[0] or 500)).inc()
 
@@ -139,20 +149,25 @@ class Edge:
         if self._refusal(scope, write=True, body=False) is not None:
             await send({"type": "websocket.close", "code": 1008})
             return
-        await self.app(scope, receive, send)
+        with self.drain.tracked():  # a session begun during a drain is told so (moss_npu.serve.live)
+            await self.app(scope, receive, send)
 
     def _refusal(self, scope, *, write: Optional[bool] = None, body: bool = True) -> Optional[ApiError]:
         """The answer for a request its headers already rule out, or None."""
         policy = self.policy
+        names = [name for name, _ in scope["headers"]]
+        if b"transfer-encoding" in names and b"content-length" in names:
+            return ApiError(400, "Content-Length and Transfer-Encoding together make the body's end ambiguous; "
+                            "send one of them", code="invalid_http")
         headers = _headers(scope)
         host = headers.get("host", "")
         if policy.checks_host() and not policy.host_allowed(host):
-            return ApiError(403, f"host {host!r} is not this server; a server without an API key answers only to "
+            return ApiError(403, f"host {shown(host)} is not this server; a server without an API key answers only to "
                             "its own address (start it with --allowed-hosts NAME to add one)", code="host_not_allowed")
         origin = headers.get("origin")
         write = scope.get("method") not in SAFE_METHODS if write is None else write
         if policy.api_key is None and origin is not None and write and not policy.origin_allowed(origin, host):
-            return ApiError(403, f"cross-origin write from {origin!r} refused; a server without an API key takes "
+            return ApiError(403, f"cross-origin write from {shown(origin)} refused; a server without an API key takes "
                             "writes only from its own pages (start it with --cors-origins ORIGIN to allow one)",
                             code="cross_origin")
         if (policy.api_key is not None and route_of(scope["path"]) not in PUBLIC_ROUTES

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from moss_npu.errors import RUNTIME_FAILURE, AudioError, ConfigError, InputError, MossNpuError
+from moss_npu.errors import RUNTIME_FAILURE, AudioError, AudioTooLong, ConfigError, InputError, MossNpuError
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
           404: "invalid_request_error", 408: "timeout_error",
@@ -39,8 +39,20 @@ class ApiError(Exception):
                           "param": self.param, "code": self.code}}
 
 
+SHOWN_CHARS = 64  # how much of a client's value an error message repeats
+
+
+def shown(value: object, limit: int = SHOWN_CHARS) -> str:
+    """``repr(value)`` cut to ``limit`` characters with an ellipsis: an answer never echoes a hostile value whole
+    (a 13 MB ``model`` would come back as a 13 MB error), and only the part shown is ever copied."""
+    text = repr(value[: limit + 1] if isinstance(value, str) else value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def from_engine(kind: str, message: str) -> ApiError:
     """Map a failure reported by a worker (the exception's class name and message) to an answer."""
+    if kind == AudioTooLong.__name__:
+        return ApiError(413, message, code="audio_too_long")
     if kind in (InputError.__name__, AudioError.__name__, ConfigError.__name__):
         return ApiError(400, message, code="invalid_value")
     if kind == WORKER_LOST:

@@ -3,8 +3,10 @@
 The model speaks 48 kHz stereo float. A request may ask for any rate from 8 kHz to 192 kHz (mp3 and opus: the
 rates their encoders take) and mono or stereo; the conversion runs chunk by chunk (``StreamConverter``), so a
 whole file is the joined stream.
-Formats: ``pcm`` (s16le, interleaved, no header), ``wav`` (16-bit; a streaming header with unknown sizes when
-streamed), ``flac``, ``mp3``, ``opus`` (Ogg) through soundfile, whole files only.
+Formats: ``pcm`` (s16le, interleaved, no header), ``wav`` (a streaming header with unknown sizes when
+streamed), ``flac``, ``mp3``, ``opus`` (Ogg) through soundfile, whole files only. WAV and FLAC are 16-bit, as
+OpenAI's are and every player reads; a request's ``sample_format`` asks for 24-bit (``s24``: WAV, FLAC) or 32-bit
+float (``f32``: WAV, what the CLI writes by default) in whole files.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import soxr
 import torch
 
 from moss_npu.audio import to_channels
+from moss_npu.serve.errors import shown
 
 FORMATS = ("wav", "pcm", "flac", "mp3", "opus")
 STREAMABLE = ("wav", "pcm")
@@ -26,16 +29,24 @@ MEDIA_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm", "flac": "audio/flac", "mp
                "opus": "audio/ogg"}
 _SOUNDFILE = {"wav": ("WAV", "PCM_16"), "flac": ("FLAC", "PCM_16"), "mp3": ("MP3", "MPEG_LAYER_III"),
               "opus": ("OGG", "OPUS")}
+SAMPLE_FORMATS = {"s16": None, "s24": "PCM_24", "f32": "FLOAT"}  # None: the format's own (above)
+DEEPER = {"s24": ("wav", "flac"), "f32": ("wav",)}  # the whole-file formats that hold them
 # Rates the encoders accept (libsndfile's MP3 and Opus encoders refuse the others).
 RATES = {"mp3": (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000),
          "opus": (8000, 12000, 16000, 24000, 48000)}
 MIN_RATE, MAX_RATE = 8000, 192000
 
 
-def check_output(fmt: str, sample_rate: int, channels: int) -> Optional[str]:
-    """Return why ``fmt`` at ``sample_rate`` / ``channels`` cannot be produced, or None when it can."""
+def check_output(fmt: str, sample_rate: int, channels: int, sample_format: str = "s16",
+                 streamed: bool = False) -> Optional[str]:
+    """Return why ``fmt`` at ``sample_rate`` / ``channels`` / ``sample_format`` cannot be produced, or None."""
     if fmt not in FORMATS:
-        return f"response_format {fmt!r}: unsupported; use one of {', '.join(FORMATS)}"
+        return f"response_format {shown(fmt)}: unsupported; use one of {', '.join(FORMATS)}"
+    if sample_format not in SAMPLE_FORMATS:
+        return f"sample_format {shown(sample_format)}: use one of {', '.join(SAMPLE_FORMATS)}"
+    if sample_format != "s16" and (streamed or fmt not in DEEPER[sample_format]):
+        return (f"sample_format {sample_format}: only whole {' or '.join(DEEPER[sample_format])} files hold it "
+                "(streams are s16)")
     if channels not in (1, 2):
         return f"channels {channels}: use 1 (mono) or 2 (stereo)"
     if not MIN_RATE <= sample_rate <= MAX_RATE:
@@ -94,11 +105,13 @@ def wav_stream_header(sample_rate: int, channels: int) -> bytes:
             + b"data" + struct.pack("<I", 0xFFFFFFFF))
 
 
-def encode_file(wave: torch.Tensor, sample_rate: int, fmt: str) -> bytes:
-    """Encode a whole ``(C, S)`` waveform as ``fmt`` (``pcm`` is headerless)."""
+def encode_file(wave: torch.Tensor, sample_rate: int, fmt: str, sample_format: str = "s16") -> bytes:
+    """Encode a whole ``(C, S)`` waveform as ``fmt`` (``pcm`` is headerless) in ``sample_format`` (checked by
+    ``check_output``)."""
     if fmt == "pcm":
         return pcm16(wave)
     container, subtype = _SOUNDFILE[fmt]
+    subtype = SAMPLE_FORMATS[sample_format] or subtype
     out = io.BytesIO()
     samples = np.clip(wave.detach().cpu().numpy().T, -1.0, 1.0)
     soundfile.write(out, samples, sample_rate, format=container, subtype=subtype)

@@ -10,6 +10,13 @@ text chunks); at the end ``session.done`` with the sentence count and usage; ``e
 error shape (a bad ``session.config`` or sentence ends the session after its error event). The handshake
 passes the edge's host, origin and key checks first (``moss_npu.serve.edge``; a refused one sees 403).
 
+A session lasts as long as its client keeps it: the connection's header timer ends at the upgrade
+(``moss_npu.serve.connections``), the WebSocket's pings find dead peers, and a session that sends nothing for
+``--request-timeout`` seconds gets a ``timeout`` error event and a close frame. A message longer than
+``MAX_MESSAGE_CHARS`` is refused before it is parsed, and parsing and sentence splitting run off the event loop.
+When the server drains (``moss_npu.serve.drain``) a session stops reading, speaks the sentences it has, and
+ends with a ``shutting_down`` error event and close code 1001.
+
 A sentence is complete when one of the official splitter's sentence marks (``moss_npu.nano.text``: ``.!?;``
 and their full-width forms, plus closing quotes or brackets) is followed by whitespace, or at once for a
 full-width mark, so a piece ending in "3." waits for "14" and the split never depends on where the pieces
@@ -21,40 +28,45 @@ sentence but the first, so the session's audio equals the same text sent whole i
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-from typing import Any, Callable, Optional
+import re
+from typing import Any, Awaitable, Callable, Optional
 
 import torch
 from fastapi import WebSocket, WebSocketDisconnect
-from pydantic import ValidationError
 
 from moss_npu.nano.text import CLOSING, SENTENCE_END, pause_samples
-from moss_npu.serve.errors import ApiError, from_engine
+from moss_npu.serve.drain import Drain, shutting_down
+from moss_npu.serve.errors import ApiError, from_engine, shown
 from moss_npu.serve.formats import STREAMABLE, StreamConverter, encode_file, pcm16, wav_stream_header
 from moss_npu.serve.pool import Ticket, WorkerPool
-from moss_npu.serve.schema import SpeechBody, check_body
+from moss_npu.serve.schema import SpeechBody, check_body, parse_json, speech_body
 
 log = logging.getLogger("moss_npu.serve")
 PATH = "/v1/audio/speech/stream"
 LOOKAHEAD = 2  # sentences of one session generating at once (the one playing and the next)
 FULL_WIDTH_END = frozenset("。！？；")
 HTTP_ONLY = ("input", "stream", "stream_format")  # SpeechBody fields a session does not take
+MAX_MESSAGE_CHARS = 2**20  # one client message; far above any piece an LLM streams
+GOING_AWAY = 1001  # the WebSocket close code of a server that stops
+
+
+def _chars(chars: frozenset) -> str:
+    return "".join(re.escape(c) for c in sorted(chars))
+
+
+# A sentence end: a full-width mark (with closing quotes or brackets) at once, any other mark once whitespace
+# follows. One regular expression, so a long buffer is split in time linear in its length.
+_SENTENCE_END = re.compile(f"[{_chars(FULL_WIDTH_END & SENTENCE_END)}][{_chars(CLOSING)}]*"
+                           f"|[{_chars(SENTENCE_END - FULL_WIDTH_END)}][{_chars(CLOSING)}]*(?=\\s)")
 
 
 def split_sentences(buffer: str, final: bool = False) -> tuple[list[str], str]:
     """Return the complete sentences at the start of ``buffer`` and the rest (``final``: the rest is one more)."""
-    sentences, start, i = [], 0, 0
-    while i < len(buffer):
-        if buffer[i] in SENTENCE_END:
-            j = i + 1
-            while j < len(buffer) and buffer[j] in CLOSING:
-                j += 1
-            if buffer[i] in FULL_WIDTH_END or (j < len(buffer) and buffer[j].isspace()):
-                sentences.append(buffer[start:j].strip())
-                start, i = j, j
-                continue
-        i += 1
+    sentences, start = [], 0
+    for end in _SENTENCE_END.finditer(buffer):
+        sentences.append(buffer[start:end.end()].strip())
+        start = end.end()
     rest = buffer[start:]
     if final:
         sentences.append(rest.strip())
@@ -65,8 +77,10 @@ def split_sentences(buffer: str, final: bool = False) -> tuple[list[str], str]:
 class Session:
     """One WebSocket session: reads the text, submits each sentence, streams the audio back in order."""
 
-    def __init__(self, ws: WebSocket, pool: WorkerPool, make_job: Callable[[SpeechBody], dict], config: Any) -> None:
-        self.ws, self.pool, self.make_job, self.config = ws, pool, make_job, config
+    def __init__(self, ws: WebSocket, pool: WorkerPool, make_job: Callable[[SpeechBody], dict], config: Any,
+                 drain: Drain) -> None:
+        self.ws, self.pool, self.make_job, self.config, self.drain = ws, pool, make_job, config, drain
+        self.stopping = asyncio.Event()  # set when the server drains: read no more text
         self.fields: dict = {}
         self.stream_audio = True
         self.sentences: asyncio.Queue = asyncio.Queue()  # str, then None at input.done
@@ -81,12 +95,8 @@ class Session:
         """Serve the session until ``session.done``, an error, or the client leaving."""
         tasks: list[asyncio.Task] = []
         try:
-            self._configure(await self._receive())
-            tasks = [asyncio.create_task(self._read()), asyncio.create_task(self._submit())]
-            await self._speak()
-            await self.ws.send_json({"type": "session.done", "total_sentences": self.spoken, "usage": {
-                **self.usage, "total_tokens": self.usage["input_tokens"] + self.usage["output_tokens"]}})
-            await self.ws.close()
+            with self.drain.listening(self.stopping.set):
+                await self._serve(tasks)
         except ApiError as exc:
             await self._fail(exc)
         except WebSocketDisconnect:
@@ -100,11 +110,41 @@ class Session:
             for ticket in self.open_tickets:
                 ticket.abandon()
 
-    async def _receive(self) -> dict:
+    async def _serve(self, tasks: list[asyncio.Task]) -> None:
+        """Configure, then read, submit and speak concurrently (``tasks``: the first two, for ``run`` to end)."""
+        self._configure(await self._receive())
+        tasks += [asyncio.create_task(self._read()), asyncio.create_task(self._submit())]
+        await self._speak()
+        await self.ws.send_json({"type": "session.done", "total_sentences": self.spoken, "usage": {
+            **self.usage, "total_tokens": self.usage["input_tokens"] + self.usage["output_tokens"]}})
+        await self.ws.close()
+
+    async def _unless_stopping(self, awaitable: Awaitable) -> Any:
+        """Await ``awaitable`` unless the server starts draining first (then 503 ``shutting_down``)."""
+        task = asyncio.ensure_future(awaitable)
+        stop = asyncio.ensure_future(self.stopping.wait())
         try:
-            message = json.loads(await self.ws.receive_text())
-        except (json.JSONDecodeError, KeyError, TypeError):
+            await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # the idle timeout: nothing may read the next message in our place
+            task.cancel()
+            raise
+        finally:
+            stop.cancel()
+        if not task.done():
+            task.cancel()
+            raise shutting_down()
+        return task.result()
+
+    async def _receive(self) -> dict:
+        """The next client message, checked for size, then parsed off the event loop."""
+        try:
+            text = await self._unless_stopping(self.ws.receive_text())
+        except (KeyError, TypeError):  # a binary frame
             raise ApiError(400, "messages must be JSON text frames with a 'type'", code="invalid_json") from None
+        if len(text) > MAX_MESSAGE_CHARS:
+            raise ApiError(413, f"a message of {len(text)} characters; send text in pieces of at most "
+                           f"{MAX_MESSAGE_CHARS}", code="message_too_large")
+        message = await asyncio.to_thread(parse_json, text, "the message")
         if not isinstance(message, dict) or not isinstance(message.get("type"), str):
             raise ApiError(400, "messages must be JSON objects with a 'type'", code="invalid_json")
         return message
@@ -112,7 +152,7 @@ class Session:
     def _configure(self, message: dict) -> None:
         """Check ``session.config`` completely (a sentence of it is checked as a request) before any text."""
         if message.get("type") != "session.config":
-            raise ApiError(400, f"the first message must be session.config, got {message.get('type')!r}",
+            raise ApiError(400, f"the first message must be session.config, got {shown(message.get('type'))}",
                            param="type", code="invalid_value")
         fields = {k: v for k, v in message.items() if k != "type"}
         self.stream_audio = fields.pop("stream_audio", True)
@@ -127,17 +167,14 @@ class Session:
             raise ApiError(400, f"response_format {fields['response_format']} cannot stream; use pcm or wav, or "
                            "set stream_audio false (one file per sentence)", param="response_format",
                            code="invalid_value")
+        if self.stream_audio and fields.get("sample_format", "s16") != "s16":
+            raise ApiError(400, "sample_format: streamed audio is s16; set stream_audio false for s24 or f32 files",
+                           param="sample_format", code="invalid_value")
         self.fields = fields
         self._body("x")  # every setting checked now, with a placeholder text
 
     def _body(self, text: str) -> SpeechBody:
-        try:
-            body = SpeechBody(**self.fields, input=text)
-        except ValidationError as exc:
-            problem = exc.errors()[0]
-            param = ".".join(str(p) for p in problem.get("loc", ()))
-            raise ApiError(422, f"{param}: {problem.get('msg')}", param=param or None,
-                           code="invalid_request") from None
+        body = speech_body({**self.fields, "input": text})
         rate, channels = self.pool.audio_format()
         check_body(body, model_names=self.config.model_names, max_chars=self.config.max_input_chars,
                    sample_rate=rate, channels=channels)
@@ -157,8 +194,7 @@ class Session:
                 if kind == "input.text":
                     if not isinstance(message.get("text"), str):
                         raise ApiError(400, "input.text needs a string 'text'", param="text", code="invalid_value")
-                    sentences, buffer = split_sentences(buffer + message["text"])
-                    buffer = self._cut_long(sentences, buffer)
+                    sentences, buffer = await asyncio.to_thread(self._split, buffer + message["text"])
                     for sentence in sentences:
                         await self.sentences.put(sentence)
                 elif kind == "input.done":
@@ -167,19 +203,22 @@ class Session:
                     await self.sentences.put(None)
                     return
                 else:
-                    raise ApiError(400, f"unknown message type {kind!r}; send input.text or input.done",
+                    raise ApiError(400, f"unknown message type {shown(kind)}; send input.text or input.done",
                                    param="type", code="invalid_value")
         except ApiError as exc:
             await self.sentences.put(exc)
 
-    def _cut_long(self, sentences: list[str], buffer: str) -> str:
-        """A text without sentence marks longer than one request may hold is cut at its last space."""
-        limit = self.config.max_input_chars
-        while len(buffer) > limit:
-            cut = buffer.rfind(" ", 0, limit) + 1 or limit
-            sentences.append(buffer[:cut].strip())
-            buffer = buffer[cut:]
-        return buffer
+    def _split(self, buffer: str) -> tuple[list[str], str]:
+        """The complete sentences of ``buffer`` and its rest; a rest without sentence marks longer than one
+        request may hold is cut at its last space before the limit (in time linear in its length)."""
+        sentences, rest = split_sentences(buffer)
+        limit, start = self.config.max_input_chars, 0
+        while len(rest) - start > limit:
+            cut = rest.rfind(" ", start, start + limit) + 1 or start + limit
+            if rest[start:cut].strip():
+                sentences.append(rest[start:cut].strip())
+            start = cut
+        return sentences, rest[start:]
 
     async def _submit(self) -> None:
         """Submit sentences as they complete, at most LOOKAHEAD ahead of the one being spoken."""
@@ -258,7 +297,8 @@ class Session:
             sent += await self._send(pcm16(tail))
         else:
             wave = torch.cat([*whole, tail], dim=1)
-            sent += await self._send(await asyncio.to_thread(encode_file, wave, out_rate, body.response_format))
+            sent += await self._send(await asyncio.to_thread(encode_file, wave, out_rate, body.response_format,
+                                                             body.sample_format))
         info = event[1]
         self.usage["input_tokens"] += int(info["input_tokens"])
         self.usage["output_tokens"] += int(info["frames"])
@@ -272,10 +312,12 @@ class Session:
         return len(data)
 
     async def _fail(self, exc: ApiError) -> None:
-        """Send the error event and close: 1008 for a request the client can fix, 1011 for a server failure."""
+        """Send the error event and close: 1008 for a request the client can fix, 1001 for a server that stops,
+        1011 for a server failure."""
+        code = 1008 if exc.status < 500 else GOING_AWAY if exc.code == "shutting_down" else 1011
         try:
             await self.ws.send_json({"type": "error", **exc.body()})
-            await self.ws.close(code=1008 if exc.status < 500 else 1011)
+            await self.ws.close(code=code)
         except (WebSocketDisconnect, RuntimeError):
             pass
 
@@ -289,10 +331,10 @@ async def _event(ticket: Ticket, deadline: float) -> tuple:
                        "--request-timeout", code="timeout") from None
 
 
-def install(app, pool: WorkerPool, make_job: Callable[[SpeechBody], dict], config: Any) -> None:
+def install(app, pool: WorkerPool, make_job: Callable[[SpeechBody], dict], config: Any, drain: Drain) -> None:
     """Add the WebSocket route to ``app``."""
 
     @app.websocket(PATH)
     async def speech_stream(ws: WebSocket) -> None:
         await ws.accept()  # the edge (moss_npu.serve.edge) already checked host, origin and key
-        await Session(ws, pool, make_job, config).run()
+        await Session(ws, pool, make_job, config, drain).run()

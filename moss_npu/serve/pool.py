@@ -112,7 +112,8 @@ class Worker:
 
     def describe(self) -> dict:
         """What ``/health`` shows of this worker: its state and load, never process details."""
-        state = {"index": self.index, "device": self.spec.device, "state": self.state, "in_flight": self.load,
+        # the device the worker resolved ("auto" becomes e.g. "cpu") once it has loaded
+        state = {"index": self.index, "device": self.info.get("device", self.spec.device), "state": self.state, "in_flight": self.load,
                  "active_slots": self.active, "queued": self.queued, "restarts": self.restarts}
         if self.cause is not None:
             state["cause"] = self.cause

@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import math
 import re
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from moss_npu.errors import MissingDependency, MossNpuError
 from moss_npu.limits import MAX_SEED
 from moss_npu.sampling import MAX_PENALTY, MAX_TEMPERATURE, MAX_TOP_K
-from moss_npu.serve.errors import ApiError
+from moss_npu.serve.errors import ApiError, shown
 from moss_npu.serve.formats import FORMATS, STREAMABLE, check_output
 from moss_npu.tempo import check_speed, rubberband
 from moss_npu.tts.settings import RunConfig
@@ -28,6 +29,9 @@ DEFAULT_VOICE = "default"  # speaks without a reference (continuation mode)
 # Body fields handed to RunConfig under the same name when given.
 BODY_RUN_FIELDS = ("text_temperature", "text_top_p", "text_top_k", "audio_temperature", "audio_top_p", "audio_top_k",
               "audio_repetition_penalty", "text_normalization", "wetext")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+MAX_NAME_CHARS = 256  # model, voice, formats: names, checked for length before they are looked up
+_NAMES = ("model", "voice", "response_format", "stream_format", "sample_format")
 _DATA_URI = re.compile(r"^data:[\w.+/-]*(;[\w=.+-]+)*;base64,", re.IGNORECASE)
 
 
@@ -48,6 +52,7 @@ class SpeechBody(BaseModel):
     input: str
     voice: Union[str, VoiceRef] = DEFAULT_VOICE
     response_format: str = "wav"
+    sample_format: str = "s16"  # s24 (wav, flac) or f32 (wav) for whole files
     speed: float = 1.0
     stream_format: str = "audio"
     stream: Optional[bool] = None  # None: pcm streams, the other formats arrive whole
@@ -84,10 +89,10 @@ def check_text(value: Optional[str], param: str) -> None:
     """400 when ``value`` is not valid Unicode (holds a lone surrogate): it cannot be spoken or stored."""
     if value is None:
         return
-    bad = next((i for i, c in enumerate(value) if "\ud800" <= c <= "\udfff"), None)
+    bad = _SURROGATE.search(value)
     if bad is not None:
-        raise ApiError(400, f"{param} holds a lone surrogate (U+{ord(value[bad]):04X}) at character {bad}; send "
-                       "valid Unicode text", param=param, code="invalid_text")
+        raise ApiError(400, f"{param} holds a lone surrogate (U+{ord(bad.group()):04X}) at character {bad.start()}; "
+                       "send valid Unicode text", param=param, code="invalid_text")
 
 
 # (lowest, highest) of the numeric body fields (the sampler's own bounds: moss_npu.sampling).
@@ -116,12 +121,17 @@ def check_ranges(body: SpeechBody) -> None:
 def check_body(body: SpeechBody, *, model_names: tuple[str, ...], max_chars: int, sample_rate: int,
                channels: int) -> None:
     """Refuse what cannot be served as asked, naming the field (``param``) and the fix."""
+    for param in _NAMES:
+        value = body.voice_name if param == "voice" else getattr(body, param)
+        if len(value) > MAX_NAME_CHARS:
+            raise ApiError(400, f"{param} has {len(value)} characters; names are at most {MAX_NAME_CHARS}",
+                           param=param, code="invalid_value")
     for param in ("model", "input", "ref_text", "instructions"):
         check_text(getattr(body, param), param)
     check_text(body.voice_name, "voice")
     check_ranges(body)
     if body.model not in model_names:
-        raise ApiError(404, f"model {body.model!r} not found; use {', '.join(model_names)} (GET /v1/models)",
+        raise ApiError(404, f"model {shown(body.model)} not found; use {', '.join(model_names)} (GET /v1/models)",
                        param="model", code="model_not_found")
     if not body.input.strip():
         raise ApiError(400, "input is empty; pass the text to speak", param="input", code="empty_input")
@@ -140,13 +150,13 @@ def check_body(body: SpeechBody, *, model_names: tuple[str, ...], max_chars: int
         raise ApiError(400, "instructions: not supported by MOSS-TTS-Nano; pass a voice or ref_audio instead",
                        param="instructions", code="unsupported_value")
     if body.stream_format not in ("audio", "sse"):
-        raise ApiError(400, f"stream_format {body.stream_format!r}: use audio or sse", param="stream_format",
+        raise ApiError(400, f"stream_format {shown(body.stream_format)}: use audio or sse", param="stream_format",
                        code="invalid_value")
     if body.streams() and body.response_format not in STREAMABLE and body.response_format in FORMATS:
         raise ApiError(400, f"response_format {body.response_format} cannot stream; use pcm or wav, or drop "
                        "stream / stream_format sse", param="response_format", code="invalid_value")
     problem = check_output(body.response_format, body.sample_rate or sample_rate,
-                           channels if body.channels is None else body.channels)
+                           channels if body.channels is None else body.channels, body.sample_format, body.streams())
     if problem:
         param = problem.split(" ", 1)[0]
         raise ApiError(400, problem, param=param, code="invalid_value")
@@ -155,6 +165,35 @@ def check_body(body: SpeechBody, *, model_names: tuple[str, ...], max_chars: int
                        param="ref_text", code="invalid_value")
     if body.ref_audio is not None and body.voice_name != DEFAULT_VOICE:
         raise ApiError(400, "pass either voice or ref_audio, not both", param="ref_audio", code="invalid_value")
+
+
+def parse_json(raw: Union[bytes, str], what: str) -> Any:
+    """Parse a JSON document from a client; 400 ``invalid_json`` for anything that is not one: bad syntax, bytes
+    that are not UTF-8, nesting too deep to parse, a number with more digits than Python converts."""
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as exc:
+        problem = f"{exc.msg} at character {exc.pos}"
+    except RecursionError:
+        problem = "nested too deeply"
+    except UnicodeDecodeError:
+        problem = "not UTF-8 text"
+    except ValueError:  # an integer beyond Python's digit limit (4,300)
+        problem = "a number with too many digits"
+    raise ApiError(400, f"{what} is not valid JSON ({problem}); send a JSON object in UTF-8", code="invalid_json")
+
+
+def speech_body(fields: Any) -> SpeechBody:
+    """Validate parsed JSON as a ``SpeechBody``; 422 naming the first field that is wrong or unknown."""
+    if not isinstance(fields, dict):
+        raise ApiError(422, f"the body must be a JSON object, not {type(fields).__name__}", code="invalid_request")
+    try:
+        return SpeechBody(**fields)
+    except ValidationError as exc:
+        problem = exc.errors(include_url=False, include_input=False)[0]
+        param = shown(".".join(str(p) for p in problem.get("loc", ()))).strip("'") or None
+        message = f"{param}: {problem.get('msg')}" if param else str(problem.get("msg"))
+        raise ApiError(422, message, param=param, code="invalid_request") from None
 
 
 def decode_ref_audio(text: str, max_bytes: int) -> bytes:

@@ -29,7 +29,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from moss_npu.serve.errors import ApiError
+from moss_npu.serve.errors import ApiError, shown
 
 _ID = re.compile(r"^voice_[0-9a-f]{16}$")
 _SUFFIX = ".safetensors"
@@ -79,7 +79,7 @@ class VoiceStore:
 
     def _path(self, voice_id: str) -> Path:
         if not _ID.match(voice_id):
-            raise ApiError(404, f"voice {voice_id!r} not found", param="voice", code="voice_not_found")
+            raise ApiError(404, f"voice {shown(voice_id)} not found", param="voice", code="voice_not_found")
         return self.root / f"{voice_id}{_SUFFIX}"
 
     def _claim_path(self, name: str) -> Path:
@@ -134,7 +134,7 @@ class VoiceStore:
             self._refresh(force=True)  # another server may have added it a moment ago
             voice = self._lookup(ref)
         if voice is None:
-            raise ApiError(404, f"voice {ref!r} not found; list voices with GET /v1/audio/voices or upload one",
+            raise ApiError(404, f"voice {shown(ref)} not found; list voices with GET /v1/audio/voices or upload one",
                            param="voice", code="voice_not_found")
         return voice, self._load_codes(voice)
 
@@ -211,7 +211,7 @@ class VoiceStore:
             voice = self._read_meta(path)
             path.unlink()
         except (FileNotFoundError, KeyError, ValueError, SafetensorError):
-            raise ApiError(404, f"voice {voice_id!r} not found", param="voice_id", code="voice_not_found") from None
+            raise ApiError(404, f"voice {shown(voice_id)} not found", param="voice_id", code="voice_not_found") from None
         claim = self._claim_path(voice.name)
         try:
             if claim.read_text().strip() == voice_id:

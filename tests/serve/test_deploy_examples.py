@@ -59,3 +59,16 @@ def test_ray_config_refuses_an_unknown_setting(tmp_path):
     model, codec = tiny_dirs()
     with pytest.raises(InputError, match="unknown settings: --replicas"):
         build({"model": str(model), "codec": str(codec), "voices_dir": str(tmp_path), "replicas": 2})
+
+
+def test_kubernetes_grace_period_covers_the_prestop_sleep_and_the_drain():
+    """Kubernetes kills the pod at terminationGracePeriodSeconds: the preStop sleep, the server's drain and its
+    final wait must fit in it, or a rolling update cuts the requests the drain was finishing."""
+    from moss_npu.serve.cli import FINAL_WAIT_S, build_parser
+
+    spec = _documents(REPO / "deploy" / "kubernetes" / "moss-npu.yaml")["Deployment"]["spec"]["template"]["spec"]
+    container = spec["containers"][0]
+    grace = build_parser().parse_args(container["args"]).shutdown_grace
+    command = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert command[0] == "sleep" and grace is not None
+    assert spec["terminationGracePeriodSeconds"] >= float(command[1]) + grace + FINAL_WAIT_S

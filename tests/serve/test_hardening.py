@@ -303,3 +303,96 @@ def test_two_servers_on_one_folder_race_for_a_name(open_server, tmp_path):
 def test_health_shows_states_not_pids(open_server):
     workers = open_server.health()["workers"]
     assert workers and all("pid" not in w and w["state"] == "ready" for w in workers)
+
+
+# --- framing, JSON and echoes (issue 36) ---------------------------------------------------------------------------
+
+SMUGGLED = b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+
+
+@pytest.mark.parametrize("head", [
+    b"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n",
+    b"Transfer-Encoding: chunked\r\nContent-Length: 5\r\n",
+    b"Content-Length: 5\r\nContent-Length: 45\r\n",
+    b"X-Note: one\r\n folded: in\r\nContent-Length: 5\r\n",
+], ids=["cl-then-te", "te-then-cl", "two-lengths", "obs-fold"])
+def test_ambiguous_framing_is_refused_and_the_connection_closed(open_server, head):
+    """A request whose end two readers could see differently is 400 and closes; the request smuggled after it is
+    never answered ."""
+    request = (b"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" + head
+               + b"\r\n0\r\n\r\n" + SMUGGLED)
+    answer = raw(open_server, request)
+    assert status_of(answer) == 400 and answer.count(b"HTTP/1.1 ") == 1, answer
+    error = json.loads(answer.partition(b"\r\n\r\n")[2])["error"]
+    assert error["code"] == "invalid_http" and b"connection: close" in answer.lower()
+
+
+@pytest.mark.parametrize("body", [
+    b'{"model": "moss-tts-nano", "input": "caf\xe9"}',  # latin-1, not UTF-8
+    b"[" * 100_000,
+    b'{"model": "moss-tts-nano", "input": "x", "seed": ' + b"9" * 5000 + b"}",
+    b'{"model": "moss-tts-nano", "input": ',
+], ids=["latin-1", "deep", "5000-digits", "cut-off"])
+def test_unparsable_json_is_400_invalid_json(open_server, body):
+    with open_server.client() as http:
+        r = http.post("/v1/audio/speech", content=body, headers={"Content-Type": "application/json"})
+    assert assert_error(r, 400)["code"] == "invalid_json"
+    assert "RecursionError" not in open_server.output()
+
+
+@pytest.mark.parametrize("field", ["model", "voice"])
+def test_a_huge_name_is_refused_without_being_echoed(open_server, field):
+    body = {**GREEDY, "input": "Hello.", field: "x" * 1_000_000}  # the body limit here is 1.4 MB
+    with open_server.client() as http:
+        r = http.post("/v1/audio/speech", json=body)
+    error = assert_error(r, 400, param=field)
+    assert len(r.content) < 1000 and "xxxxxxxx" not in error["message"]
+
+
+def test_an_unknown_name_is_echoed_cut_short(open_server):
+    with open_server.client() as http:
+        r = http.post("/v1/audio/speech", json={**GREEDY, "input": "Hello.", "voice": "v" * 200})
+    error = assert_error(r, 404, param="voice")
+    assert "v" * 60 in error["message"] and "v" * 70 not in error["message"] and "…" in error["message"]
+
+
+def test_the_favicon_is_answered_without_a_404(open_server):
+    with open_server.client() as http:
+        assert http.get("/favicon.ico").status_code == 204
+
+
+# --- recordings judged by their header (issue 36) ------------------------------------------------------------------
+
+
+def _rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:")) / 1024
+
+
+def flac_bomb(channels: int, seconds: int = 30, rate: int = 655_350) -> bytes:
+    """A small FLAC of silence that decodes to hundreds of megabytes: 8 channels at 655,350 Hz, 30 s."""
+    out = io.BytesIO()
+    with soundfile.SoundFile(out, "w", samplerate=rate, channels=channels, format="FLAC", subtype="PCM_16") as fh:
+        second = np.zeros((rate, channels), dtype=np.int16)
+        for _ in range(seconds):
+            fh.write(second)
+    return out.getvalue()
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/status"), reason="needs /proc for RSS")
+@pytest.mark.parametrize("channels, seconds", [(8, 30), (2, 1)], ids=["8-channels", "stereo-655kHz"])
+def test_a_flac_bomb_is_refused_from_its_header(open_server, channels, seconds):
+    """Refused before a sample is decoded: neither the server nor its worker grows by 50 MB."""
+    bomb = flac_bomb(channels, seconds)
+    assert len(bomb) < 1_000_000
+    pids = [open_server.process.pid, open_server.worker_pid(0)]
+    before = [_rss_mb(pid) for pid in pids]
+    with open_server.client() as http:
+        upload = http.post("/v1/audio/voices", data={"name": f"bomb{channels}"},
+                           files={"audio": ("bomb.flac", bomb, "audio/flac")})
+        inline = http.post("/v1/audio/speech", json={**GREEDY, "input": "Hi.", "max_new_frames": 2,
+                                                      "ref_audio": base64.b64encode(bomb).decode()})
+    for r in (upload, inline):
+        assert assert_error(r, 400)["code"] == "invalid_audio"
+    grown = [_rss_mb(pid) - rss for pid, rss in zip(pids, before)]
+    assert max(grown) < 50, grown

@@ -170,11 +170,38 @@ def test_bad_bodies_get_the_right_status_and_error_shape(server, body, status, p
 def test_garbage_json_and_unknown_routes_keep_the_server_serving(server):
     with server.client() as http:
         assert_error(http.post("/v1/audio/speech", content=b"{not json",
-                               headers={"content-type": "application/json"}), 422)
+                               headers={"content-type": "application/json"}), 400)
         assert_error(http.get("/v1/nothing-here"), 404)
         assert_error(http.put("/v1/audio/speech", json={}), 405)
         ok = http.post("/v1/audio/speech", json={"model": MODEL, "input": "Still here.", **GREEDY})
     assert ok.status_code == 200
+
+
+@pytest.mark.parametrize("fmt, sample_format, subtype", [
+    ("wav", None, "PCM_16"), ("flac", None, "PCM_16"), ("wav", "s24", "PCM_24"), ("flac", "s24", "PCM_24"),
+    ("wav", "f32", "FLOAT"),
+])
+def test_whole_files_are_16_bit_unless_a_sample_format_is_asked(server, fmt, sample_format, subtype):
+    body = {"model": MODEL, "input": "Depth.", "response_format": fmt, **GREEDY}
+    if sample_format:
+        body["sample_format"] = sample_format
+    with server.client() as http:
+        r = http.post("/v1/audio/speech", json=body)
+    assert r.status_code == 200, r.text
+    info = soundfile.info(io.BytesIO(r.content))
+    assert info.subtype == subtype and info.frames == FRAMES * FRAME
+
+
+@pytest.mark.parametrize("body", [
+    {"response_format": "flac", "sample_format": "f32"},
+    {"response_format": "pcm", "sample_format": "s24"},
+    {"response_format": "wav", "stream": True, "sample_format": "f32"},
+    {"response_format": "wav", "sample_format": "s8"},
+])
+def test_a_sample_format_the_answer_cannot_hold_is_refused(server, body):
+    with server.client() as http:
+        r = http.post("/v1/audio/speech", json={"model": MODEL, "input": "Depth.", **GREEDY, **body})
+    assert_error(r, 400, "sample_format")
 
 
 def test_api_key_is_required_except_for_health(server):

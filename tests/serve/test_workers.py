@@ -131,3 +131,18 @@ def test_usage_names_how_the_server_was_started(monkeypatch):
     assert build_parser().format_usage().startswith("usage: moss-npu-serve ")
     monkeypatch.setattr(sys, "argv", ["/repo/moss_npu/serve/__main__.py", "--help"])
     assert build_parser().format_usage().startswith("usage: python -m moss_npu.serve ")
+
+
+@pytest.mark.parametrize("flags, problem", [
+    (["--shutdown-grace", "-1"], "--shutdown-grace -1.0: use 0 or more seconds"),
+    (["--shutdown-grace", "nan"], "--shutdown-grace nan"),
+    (["--max-voice-seconds", "500"], "--max-voice-seconds 500: use at most 120"),
+])
+def test_stop_and_recording_limits_are_checked_before_serving(tmp_path, capsys, flags, problem):
+    from moss_npu.serve.cli import main
+
+    model, codec = tiny_dirs()
+    code = main(["--model", str(model), "--codec", str(codec), "--device", "cpu",
+                 "--voices-dir", str(tmp_path / "v"), *flags])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith(f"error: {problem}"), err
