@@ -115,3 +115,13 @@ def test_a_server_worker_on_npu0_answers_the_openai_route(standin, tmp_path, mon
         assert rate == 48000 and samples.shape[1] == 2 and np.abs(samples).max() > 0
     finally:
         assert server.stop() in (0, 130), server.output()
+
+
+def test_the_doctor_on_npu0_passes_every_check(standin, tmp_path):
+    out = tmp_path / "doctor.json"
+    done = standin.run("-m", "moss_npu.doctor", "--device", "npu:0", "--model", str(NANO / "tts"), "--codec",
+                       str(NANO / "codec"), "--json", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr[-2000:]
+    lines = [line for line in done.stdout.splitlines() if line[:4] in ("ok  ", "FAIL", "--  ")]
+    assert lines and all(line.startswith("ok") for line in lines), done.stdout
+    assert "host reads per frame" in done.stdout and "tier A PASS" in done.stdout

@@ -105,7 +105,11 @@ bool capture_global = true;  // capture_error_mode "global": a sync from any thr
 
 bool is_capturing() { return capturing != nullptr && std::this_thread::get_id() == capturing_thread; }
 
+int sync_debug_mode = 0;  // torch_npu's set_sync_debug_mode: 0 default, 1 warn, 2 error on each host sync
+
 void refuse_sync_in_capture(const char* what) {
+  if (sync_debug_mode == 1) TORCH_WARN("called a synchronizing NPU operation: ", what);
+  TORCH_CHECK(sync_debug_mode != 2, "called a synchronizing NPU operation: ", what);
   TORCH_CHECK(!is_capturing(), what, ": a host synchronization while capturing a graph (operation not permitted "
               "when stream is capturing)");
   TORCH_CHECK(capturing == nullptr || !capture_global, what, ": a host synchronization in another thread while a "
@@ -632,7 +636,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     Usage& u = usage(index);
     u.peak = u.current.load();
   });
-  m.def("synchronize", [] { refuse_sync_in_capture("synchronize"); });
+  m.def("synchronize", [] {
+    const int mode = sync_debug_mode;
+    sync_debug_mode = 0;  // an explicit synchronize is not reported, as in torch
+    try {
+      refuse_sync_in_capture("synchronize");
+    } catch (...) {
+      sync_debug_mode = mode;
+      throw;
+    }
+    sync_debug_mode = mode;
+  });
+  m.def("get_sync_debug_mode", [] { return sync_debug_mode; });
+  m.def("set_sync_debug_mode", [](int mode) { sync_debug_mode = mode; });
   m.def("counters", [] {
     std::lock_guard<std::mutex> guard(counters.lock);
     py::dict ops;

@@ -6,7 +6,9 @@ import gc
 import torch
 
 from .. import _C
+from . import utils
 from .config import NpuConfig
+from .utils import get_sync_debug_mode, set_sync_debug_mode
 
 _ext = _C.ext
 config = NpuConfig()
