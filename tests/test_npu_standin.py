@@ -5,6 +5,7 @@ replayed. Each runs a program in a subprocess (the stand-in registers itself pro
 """
 
 import pytest
+import torch
 
 from tests.npu_standin.fixtures import standin  # noqa: F401 - the fixture
 
