@@ -5,7 +5,8 @@ no other module names a device type (docs/architecture.md#devices). ``torch_npu`
 inside the NPU backend, because it cannot even import without Ascend CANN. Memory is in bytes, ``None``
 when unknown. Every fact about one kind of device lives on its ``Backend`` subclass (class attributes and
 methods), so adding a device is one subclass: defining it registers it. Real NPU runs are out of CI: the
-tests run ``NpuBackend``'s own code against a fake ``torch.npu`` namespace and ``torch_npu`` module. torch
+tests run ``NpuBackend``'s own code against a fake ``torch.npu`` with torch_npu's semantics, and the whole
+product on a stand-in ``npu`` device registered as torch_npu registers itself (docs/testing.md). torch
 itself is imported on first use, so the device names for llama.cpp and ONNX Runtime (``parse_device``,
 ``onnx_provider``) also serve the torch-free Delay fallback.
 """
