@@ -1,6 +1,7 @@
 """Device ops and host syncs per generated frame, on the stand-in npu of the tests (tests/npu_standin).
 
     PYTHONPATH=tests/npu_standin python -m bench.npu_ops                  # the nano-tiny fixture, eager and graphs
+    PYTHONPATH=tests/npu_standin python -m bench.npu_ops --size real --frames 4,8   # bench.run's real-size checkpoint
     PYTHONPATH=tests/npu_standin python -m bench.npu_ops --model DIR --codec DIR --frames 8,24
 
 An eager NPU frame pays one launch per device op (tens of µs each on Ascend), so the ops a frame dispatches are
@@ -33,8 +34,10 @@ TEXT = "The quick brown fox jumps over the lazy dog, again and again, until the 
 def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(prog="python -m bench.npu_ops", description=__doc__.split("\n\n")[0],
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", help="TTS folder (default: the nano-tiny fixture)")
-    p.add_argument("--codec", help="codec folder (default: the nano-tiny fixture)")
+    p.add_argument("--model", help="TTS folder (default: the checkpoint of --size)")
+    p.add_argument("--codec", help="codec folder (default: the checkpoint of --size)")
+    p.add_argument("--size", choices=("fixture", "real"), default="fixture",
+                   help="fixture: the nano-tiny fixture; real: bench.run's real-size random checkpoint (written once)")
     p.add_argument("--frames", default="8,24", help="F1,F2: the two request lengths whose difference is measured")
     p.add_argument("--modes", default="eager,graph", help=f"comma-separated, of {', '.join(MODES)}")
     p.add_argument("--json", help="also write the table as JSON here")
@@ -94,7 +97,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 def bench(args: argparse.Namespace) -> int:
-    from bench.checkpoints import steer_to_continue
+    from bench.checkpoints import ensure_checkpoints, steer_to_continue
     from moss_npu_verify import goldens
     from moss_npu.tts.pipeline import MossTTSNano
 
@@ -109,14 +112,15 @@ def bench(args: argparse.Namespace) -> int:
                          f"{', '.join(MODES)}")
     dev, npu = standin_npu()
     nano = goldens.fixtures_root() / "nano-tiny"
-    tts = MossTTSNano.from_pretrained(args.model or str(nano / "tts"), args.codec or str(nano / "codec"),
-                                      device=str(dev))
+    model, codec = ensure_checkpoints("real") if args.size == "real" else (nano / "tts", nano / "codec")
+    tts = MossTTSNano.from_pretrained(args.model or str(model), args.codec or str(codec), device=str(dev))
     steer_to_continue(tts.model)
     rows = {mode: per_frame(tts, npu, mode, frames) for mode in modes}
+    print(f"{args.model or model} on the stand-in npu, requests of {frames[0]} and {frames[1]} frames:")
     print(table(rows))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"frames": frames, "per_frame": rows}, f, indent=2)
+            json.dump({"model": str(args.model or model), "frames": frames, "per_frame": rows}, f, indent=2)
     return 0
 
 

@@ -13,7 +13,7 @@ def test_per_frame_budgets_eager_and_graph(standin, tmp_path):
     out = tmp_path / "ops.json"
     done = standin.run("-m", "bench.npu_ops", "--frames", "4,10", "--json", str(out))
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.startswith("| mode | ops | host_syncs |")
+    assert "| mode | ops | host_syncs |" in done.stdout
     rows = json.loads(out.read_text())["per_frame"]
     graph, eager = rows["graph"], rows["eager"]
     assert graph["replays"] == 1 and graph["device_to_host"] <= 1 and graph["items"] == 0
