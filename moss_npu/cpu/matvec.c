@@ -102,11 +102,12 @@ static void run_tile(const void *task, long j) {
     }
 }
 
-/* The ticket says which product is on (its number, 24 bits), how many tiles it has and how many are claimed
- * (20 bits each): a claim is one compare-and-swap, and a worker still busy with an earlier product can never
- * claim a tile of the next one. */
+/* The ticket says which product is on (its number, 24 bits, counted modulo 2^24), how many tiles it has and how
+ * many are claimed (20 bits each): a claim is one compare-and-swap, and a worker still busy with an earlier
+ * product can never claim a tile of the next one. */
 #define FIELD 20
 #define FIELD_MASK ((1ull << FIELD) - 1)
+#define NUMBER_MASK ((1ull << (64 - 2 * FIELD)) - 1)
 #define MAX_TILES ((long)FIELD_MASK)
 
 typedef struct Pool Pool;
@@ -239,6 +240,11 @@ void moss_pool_free(void *handle) {
 
 int moss_pool_threads(void *handle) { return ((Pool *)handle)->threads; }
 
+/* For the tests (tests/native/check_kernels.c): make `number` the last product shared, no task on. */
+void moss_pool_set_product(void *handle, unsigned long long number) {
+    atomic_store(&((Pool *)handle)->ticket, (number & NUMBER_MASK) << (2 * FIELD));
+}
+
 /* Use `threads` of the pool's threads (1 .. its size) for the products that follow. */
 void moss_pool_use(void *handle, int threads) {
     Pool *pool = handle;
@@ -246,7 +252,7 @@ void moss_pool_use(void *handle, int threads) {
 }
 
 static void share(Pool *pool, UnitFunction unit, const void *task, long units) {
-    unsigned long long number = product_of(atomic_load(&pool->ticket)) + 1;
+    unsigned long long number = (product_of(atomic_load(&pool->ticket)) + 1) & NUMBER_MASK;
     pool->unit = unit;
     pool->task = task;
     atomic_store(&pool->finished, 0);
