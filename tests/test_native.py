@@ -75,6 +75,33 @@ def test_the_installed_library_loads_with_no_compiler_anywhere(installed, tmp_pa
     assert done.stdout == "None 8.0\n" and "compiled" not in done.stderr
 
 
+FORK_AFTER_PRODUCTS = """
+import os, numpy, torch
+from moss_npu.cpu.matvec import Fp32Tiles, MatVecKernels
+kernels = MatVecKernels.load(threads=2)
+kernels.threads.use(2)
+tiles = Fp32Tiles(kernels, torch.ones(1024, 64), None)
+x = numpy.ones(64, numpy.float32)
+assert tiles(x)[0] == 64.0
+pid = os.fork()
+if pid == 0:
+    right = tiles(x)[0] == 64.0  # the pool's workers did not come along: started again
+    kernels.threads.use(3)  # a larger pool: the parent's is freed (no thread of it to join here)
+    os._exit(0 if right and tiles(x)[0] == 64.0 else 3)
+_, status = os.waitpid(pid, 0)
+print(os.waitstatus_to_exitcode(status), tiles(x)[0])
+"""
+
+
+def test_a_process_forked_after_shared_products_can_use_and_free_the_pool(installed):
+    """A library user who forks after a decode: the child's products still share out (over workers started again)
+    and its pool is freed without waiting for the parent's threads (on 96bcbaf the child hung in that join)."""
+    done = subprocess.run([sys.executable, "-c", FORK_AFTER_PRODUCTS], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "0 64.0\n"
+
+
 def test_a_missing_library_says_how_to_get_it(monkeypatch, tmp_path):
     monkeypatch.setattr(native, "installed_library", lambda: tmp_path / native_build.LIBRARY)
     with pytest.raises(native.KernelUnavailable, match=r"not installed beside it.*pip install \."):

@@ -131,6 +131,7 @@ struct Pool {
     atomic_int sleepers, stop;
     UnitFunction unit;  /* the current task: unit(task, j) for each of its units */
     const void *task;  /* the sharing caller's, alive until every unit is done */
+    Pool *next;  /* in the list of live pools (after_fork_in_child) */
 };
 
 static unsigned long long product_of(unsigned long long ticket) { return ticket >> (2 * FIELD); }
@@ -195,10 +196,47 @@ static void *worker(void *argument) {
     return NULL;
 }
 
+/* Start the workers a pool lacks (all of them when new, again in a child process after fork); 0 where one
+ * cannot be started (the pool then has the ones started so far). */
+static int start_workers(Pool *pool) {
+    for (; pool->started < pool->threads - 1; pool->started++) {
+        pool->workers[pool->started] = (Worker){pool, pool->started + 1};
+        if (pthread_create(&pool->threads_started[pool->started], NULL, worker, &pool->workers[pool->started]) != 0)
+            return 0;
+    }
+    return 1;
+}
+
+/* The pools alive in this process. fork copies a pool's memory into the child but none of its threads, and
+ * leaves its locks as they were at that instant: the child handler makes every pool a pool with no workers and
+ * fresh locks, which starts its workers again at its next task (moss_share), and frees without joining threads
+ * that the child never had. pthread_atfork keeps process-wide state, so the list of pools is such state too. */
+static pthread_mutex_t pools_lock = PTHREAD_MUTEX_INITIALIZER;
+static Pool *pools;
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+
+static void before_fork(void) { pthread_mutex_lock(&pools_lock); }
+
+static void after_fork_in_parent(void) { pthread_mutex_unlock(&pools_lock); }
+
+static void after_fork_in_child(void) {
+    for (Pool *pool = pools; pool != NULL; pool = pool->next) {
+        pthread_mutex_init(&pool->caller, NULL);
+        pthread_mutex_init(&pool->lock, NULL);
+        pthread_cond_init(&pool->wake, NULL);
+        pool->started = 0;
+        atomic_store(&pool->sleepers, 0);
+    }
+    pthread_mutex_init(&pools_lock, NULL);
+}
+
+static void register_atfork(void) { pthread_atfork(before_fork, after_fork_in_parent, after_fork_in_child); }
+
 void moss_pool_free(void *handle);
 
 /* A pool for `threads` threads in all (the caller included): NULL where the threads cannot be started. */
 void *moss_pool_new(int threads) {
+    pthread_once(&atfork_once, register_atfork);
     Pool *pool = calloc(1, sizeof(Pool));
     if (pool == NULL) return NULL;
     pool->threads = threads < 1 ? 1 : threads;
@@ -208,16 +246,12 @@ void *moss_pool_new(int threads) {
     pthread_cond_init(&pool->wake, NULL);
     pool->threads_started = calloc((size_t)pool->threads, sizeof(pthread_t));
     pool->workers = calloc((size_t)pool->threads, sizeof(Worker));
-    if (pool->threads_started == NULL || pool->workers == NULL) {
+    pthread_mutex_lock(&pools_lock);
+    pool->next = pools, pools = pool;
+    pthread_mutex_unlock(&pools_lock);
+    if (pool->threads_started == NULL || pool->workers == NULL || !start_workers(pool)) {
         moss_pool_free(pool);
         return NULL;
-    }
-    for (; pool->started < pool->threads - 1; pool->started++) {
-        pool->workers[pool->started] = (Worker){pool, pool->started + 1};
-        if (pthread_create(&pool->threads_started[pool->started], NULL, worker, &pool->workers[pool->started]) != 0) {
-            moss_pool_free(pool);
-            return NULL;
-        }
     }
     return pool;
 }
@@ -225,6 +259,13 @@ void *moss_pool_new(int threads) {
 void moss_pool_free(void *handle) {
     Pool *pool = handle;
     if (pool == NULL) return;
+    pthread_mutex_lock(&pools_lock);
+    for (Pool **at = &pools; *at != NULL; at = &(*at)->next)
+        if (*at == pool) {
+            *at = pool->next;
+            break;
+        }
+    pthread_mutex_unlock(&pools_lock);
     pthread_mutex_lock(&pool->lock);
     atomic_store(&pool->stop, 1);
     pthread_cond_broadcast(&pool->wake);
@@ -277,6 +318,7 @@ void moss_share(void *handle, UnitFunction unit, const void *task, long units) {
         for (long j = 0; j < units; j++) unit(task, j);
         return;
     }
+    if (pool->started < pool->threads - 1) start_workers(pool);  /* in a child after fork */
     share(pool, unit, task, units);
     pthread_mutex_unlock(&pool->caller);
 }
