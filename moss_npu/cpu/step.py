@@ -46,7 +46,7 @@ from moss_npu.cpu.quantize import block_linears
 from moss_npu.cpu.native import KernelUnavailable, report_build
 from moss_npu.cpu.packed import pack_linear, packed_matmul, packing_available
 from moss_npu.cpu.prepared import PreparedArena, fresh_arena
-from moss_npu.cpu.threads import ThreadPools, limit_blas
+from moss_npu.cpu.threads import limit_blas, this_thread_limited
 from moss_npu.cpu.blocks import (Matmul, RowBlock, Segment, blas_matmul, block_rows, block_step, gemv, rotate_real,
                              row_block, row_norm)
 from moss_npu.cpu.weights import (Int8TileWeights, Int8Weights, ModelWeights, WeightArena, block_weights,
@@ -137,8 +137,9 @@ class CpuStep:
         self.heads = [self.arena.linear(h) for h in model.audio_lm_heads]
         self.eps, self.n_head = cfg.layer_norm_epsilon, cfg.n_head
         self.scales = ([b.attn.scale for b in model.transformer.h], [b.attn.scale for b in model.local_transformer.h])
-        limit_blas(torch.get_num_threads())  # the products use as many threads as torch's own kernels
-        self.pools = ThreadPools()
+        # numpy's BLAS count is the process's, so it is set here once: one thread where one-slot frames multiply
+        # through it (numpy's GEMV, the compiled blocks), else torch's count.
+        limit_blas(1 if kernels is None or compile_mode == "on" else torch.get_num_threads())
         self.compile_seconds = 0.0  # time spent compiling graphs so far
         self._block = self._eager_block
         self.packing = packing_available()
@@ -382,11 +383,11 @@ class CpuStep:
 
     def threads(self, slots: int) -> contextlib.AbstractContextManager:
         """Return the thread setting a frame of ``slots`` slots runs under (``moss_npu.cpu.threads``): for one slot,
-        torch and numpy's BLAS on one thread and the kernels' products shared over the process setting; for more,
-        the process setting in torch and BLAS and the kernels on one thread (their pools would fight)."""
+        torch on one thread in this thread and the kernels' products shared over the process setting; for more,
+        the process setting in torch and the kernels on one thread (their pools would fight)."""
         if self._kernels_used is not None:
             self._kernels_used.threads.use(torch.get_num_threads() if slots == 1 else 1)
-        return self.pools.limited(1) if slots == 1 else contextlib.nullcontext()
+        return this_thread_limited(1) if slots == 1 else contextlib.nullcontext()
 
     def kernel_target(self) -> str:
         """Return the instruction set of the one-row kernels (``native.choose_target``), or ``none`` without them."""

@@ -5,10 +5,11 @@ step's matrix-vector products, ``cpu.matvec``) use. One process-wide setting, ma
 Default (``--num-threads 0``): 1 thread on machines with at most 2 usable physical cores, else one per usable
 physical core. On 2 cores the batch-1 frame is memory-bound, so a second thread adds little bandwidth, and
 whenever another process takes the other core every parallel region of a 2-thread pool waits for the
-descheduled thread. Whatever the setting, a one-slot CPU frame runs torch and numpy's BLAS on one thread
-(``ThreadPools``): torch's spinning OpenMP workers and OpenBLAS's threads would otherwise fight over the cores,
-while prefill and the codec, which are compute-bound, keep the setting. numpy's BLAS follows torch's count: left
-at 2 threads, its still-spinning workers slow a stream's codec calls. The frame's products instead share their
+descheduled thread. Whatever the setting, a one-slot CPU frame runs torch on one thread in the frame's
+own thread (``this_thread_limited``): torch's spinning OpenMP workers would otherwise fight the kernels' threads
+over the cores, while prefill and the codec, which are compute-bound, keep the setting. numpy's BLAS has one count
+per process, set once when the CPU step is built: one thread where one-slot frames multiply through it (no
+kernels), else torch's count (its still-spinning workers would slow a stream's codec calls). The frame's products instead share their
 tiles over the setting's threads in the kernels' own pool (``matvec.c``): each thread claims the next tile, so a
 thread that another process has descheduled delays a product by one tile, not to the end; batches of several
 slots keep those products on one thread (torch's pool is busy then). The default stays 1 thread on 2-core
@@ -23,7 +24,7 @@ import os
 from typing import Iterator
 
 import torch
-from threadpoolctl import ThreadpoolController, threadpool_limits
+from threadpoolctl import threadpool_limits
 
 
 def usable_physical_cores() -> int:
@@ -64,27 +65,17 @@ def limit_blas(count: int) -> None:
     threadpool_limits(limits=count, user_api="blas")
 
 
-class ThreadPools:
-    """This process's torch intra-op pool and numpy's BLAS pools, switched for a while and back (each switch
-    costs about a microsecond)."""
-
-    def __init__(self) -> None:
-        self._blas = [lib for lib in ThreadpoolController().lib_controllers if lib.user_api == "blas"]
-
-    @contextlib.contextmanager
-    def limited(self, count: int) -> Iterator[None]:
-        """Run the block with at most ``count`` threads in torch and in numpy's BLAS."""
-        torch_before, blas_before = torch.get_num_threads(), [lib.num_threads for lib in self._blas]
-        if torch_before > count:
-            torch.set_num_threads(count)
-        for lib, before in zip(self._blas, blas_before):
-            if before > count:
-                lib.set_num_threads(count)
-        try:
-            yield
-        finally:
-            if torch.get_num_threads() != torch_before:
-                torch.set_num_threads(torch_before)
-            for lib, before in zip(self._blas, blas_before):
-                if before > count:
-                    lib.set_num_threads(before)
+@contextlib.contextmanager
+def this_thread_limited(count: int) -> Iterator[None]:
+    """Run the block with at most ``count`` torch intra-op threads in the calling thread only (an OpenMP thread's
+    own count, ``use_threads``); numpy's BLAS has one count for the whole process, which other threads may be
+    using, so it is set when the decoder is built (``cpu.step``), never around a frame."""
+    before = torch.get_num_threads()
+    if before <= count:
+        yield
+        return
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
