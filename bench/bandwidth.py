@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from moss_npu.cpu.matvec import Fp32Tiles, MatVecKernels
-from moss_npu.cpu.native import KernelUnavailable
+from moss_npu.native.library import KernelUnavailable
 
 IN, OUT = 8192, 8192  # 256 MiB of float32 weights
 REPEATS = 5

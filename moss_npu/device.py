@@ -248,7 +248,7 @@ class CpuBackend(Backend):
         return torch.frombuffer(pages.buffer, dtype=dtype, count=count).view(shape)  # holds the map alive
 
     def kernel_report(self) -> Optional[str]:
-        from moss_npu.cpu.native import kernels_in_use
+        from moss_npu.cpu.targets import kernels_in_use
 
         return kernels_in_use()
 

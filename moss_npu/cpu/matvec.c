@@ -50,7 +50,7 @@ static const long VALUE_BYTES[FORMATS] = {4, 2, 1};
 #define MOSS_SOURCES "unknown"
 #endif
 
-/* The digest of the sources this library was built from (moss_npu/cpu/native_build.py). */
+/* The digest of the sources this library was built from (moss_npu/native/build.py). */
 const char *moss_sources(void) { return MOSS_SOURCES; }
 
 /* Bit t set: target t is in this library and this CPU runs it (AVX-512F, AVX2 with FMA; NEON is part of every

@@ -12,9 +12,9 @@ Measured, real-size model, 1 thread, a frame's products: float32 23 ms (numpy's 
 (its widening costs arithmetic where bf16's is two instructions).
 
 The kernels are compiled when the package is built, once per instruction set (AVX-512, AVX2 with FMA, NEON, portable
-C), into the package's one C library (``moss_npu.cpu.native``), which picks the set this CPU runs; a product's tiles
+C), into the package's one C library (``moss_npu.native``), which picks the set this CPU runs; a product's tiles
 are shared out over a small pool of threads inside the library (``KernelThreads``). Every entry checks the arrays
-it hands over (``native.require``). Where the library is missing ``MatVecKernels.load`` raises
+it hands over (``native.library.require``). Where the library is missing ``MatVecKernels.load`` raises
 ``KernelUnavailable`` saying why; the CPU step then keeps numpy's GEMV (``BlasGemv``).
 """
 
@@ -28,7 +28,8 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from moss_npu.cpu.native import choose_target, load_library, require, TARGETS
+from moss_npu.cpu.targets import TARGETS, choose_target
+from moss_npu.native.library import load_library, require
 from moss_npu.cpu.prepared import PageArena
 from moss_npu.cpu.quantize import int8_rows
 
@@ -80,7 +81,7 @@ class KernelThreads:
 
 class MatVecKernels:
     """The kernels of the package's C library (``load``), called by ``Fp32Tiles``, ``Bf16Tiles`` and ``Int8Tiles``:
-    ``target`` names the instruction set they run (``native.choose_target``), ``threads`` the pool they share
+    ``target`` names the instruction set they run (``targets.choose_target``), ``threads`` the pool they share
     products over."""
 
     def __init__(self, library: ctypes.CDLL, built: Optional[str] = None, threads: int = 1) -> None:
@@ -104,7 +105,7 @@ class MatVecKernels:
 
     @classmethod
     def load(cls, cache: Optional[Path] = None, threads: int = 1) -> "MatVecKernels":
-        """Return the kernels with a pool of ``threads`` threads (``native.load_library``: the installed library, or
+        """Return the kernels with a pool of ``threads`` threads (``native.library.load_library``: the installed library, or
         the one built for this CPU into ``cache/kernels`` where asked). Raises KernelUnavailable where there is
         none."""
         library, built = load_library(cache)

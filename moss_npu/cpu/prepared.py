@@ -36,7 +36,7 @@ import numpy as np
 
 from moss_npu import __version__
 from moss_npu.cache_dir import CACHE_ENV, default_cache_dir, open_trusted_folder, trusted
-from moss_npu.cpu import native_build
+from moss_npu.native import build as native_build
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ the kernels' threads), its products through ``cpu.matvec``'s kernels, which stre
 laid out for them (one more copy of the LM's linear weights in the format the model stores: float32, bf16 for
 ``--dtype bfloat16``, int8 for ``--quantize int8``; one arena in reading order, on huge pages where built, mapped
 from the prepared-weights cache on later starts: ``cpu.prepared``). Where
-the package's C library is missing (``native``), one slot's products are numpy's OpenBLAS GEMV on a transposed float32 copy
+the package's C library is missing (``moss_npu.native``), one slot's products are numpy's OpenBLAS GEMV on a transposed float32 copy
 (``WeightArena``; torch's one-row ``F.linear`` goes to MKL's GEMM, which on AMD and other non-Intel CPUs
 streams at about half that rate). Several rows (a batch of slots, or a prompt's prefill: ``block_rows``)
 multiply through oneDNN with the weights packed (``moss_npu.cpu.packed``); an int8 model's batches through its
@@ -43,7 +43,7 @@ from moss_npu.cpu.fused_block import FusedRowBlock
 from moss_npu.cpu.matvec import BlasGemv, Bf16Tiles, Fp32Tiles, Int8Tiles, MatVecKernels, tile_bytes
 from moss_npu.nano.model import Block
 from moss_npu.cpu.quantize import block_linears
-from moss_npu.cpu.native import KernelUnavailable, report_build
+from moss_npu.native.library import KernelUnavailable, report_build
 from moss_npu.cpu.packed import pack_linear, packed_matmul, packing_available
 from moss_npu.cpu.prepared import PreparedArena, fresh_arena
 from moss_npu.cpu.threads import limit_blas, this_thread_limited
@@ -390,7 +390,7 @@ class CpuStep:
         return this_thread_limited(1) if slots == 1 else contextlib.nullcontext()
 
     def kernel_target(self) -> str:
-        """Return the instruction set of the one-row kernels (``native.choose_target``), or ``none`` without them."""
+        """Return the instruction set of the one-row kernels (``targets.choose_target``), or ``none`` without them."""
         return "none" if self._kernels_used is None else self._kernels_used.target
 
     def head(self, channel: int, x: torch.Tensor) -> torch.Tensor:

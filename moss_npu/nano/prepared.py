@@ -21,7 +21,8 @@ import numpy as np
 import torch
 
 from moss_npu.cpu.matvec import GROUP, TILE
-from moss_npu.cpu.native import cpu_identity, kernels_in_use
+from moss_npu.cpu.targets import kernels_in_use
+from moss_npu.native.library import cpu_identity
 from moss_npu.cpu.prepared import PreparedArena, StaleEntry, WeightCache, entry_key, fresh_arena
 from moss_npu.cpu.step import CpuStep
 from moss_npu.device import backend, is_host

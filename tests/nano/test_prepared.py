@@ -111,7 +111,7 @@ def test_a_changed_checkpoint_is_never_served_stale(folders, caplog):
 def test_changed_code_is_never_served_stale(folders, caplog, monkeypatch, tmp_path, source):
     """Another C source (the kernels that read the tiles) or Python module of the CPU package (which fills them),
     same package version and layout: the entries are built again, not mapped."""
-    from moss_npu.cpu import native_build
+    from moss_npu.native import build as native_build
 
     caplog.set_level(logging.WARNING)
     assert load(folders).weights.source == "built"
