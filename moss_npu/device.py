@@ -148,9 +148,9 @@ class Backend:
         return {}
 
     def frame_step(self, model, compile_mode: str = "auto", **options):
-        """Return the step a ``FrameDecoder`` runs the model's blocks through on this device, or None for the
-        model's own modules (graph capture aside). Only the CPU has one (``moss_npu.cpu.step``; ``options`` go
-        to its ``build``)."""
+        """Return the step a ``FrameDecoder`` runs the blocks of ``model`` (its parts: ``cpu.contract``) through on
+        this device, or None for the model's own modules (graph capture aside). Only the CPU has one
+        (``moss_npu.cpu.step``; ``options`` go to its ``build``)."""
         if compile_mode == "on":
             raise InputError(f"--compile on compiles the float32 CPU step; this model is on {self.kind}: "
                               f"use --compile auto or off")

@@ -41,8 +41,7 @@ import torch.nn.functional as F
 from moss_npu.errors import InputError
 from moss_npu.cpu.fused_block import FusedRowBlock
 from moss_npu.cpu.matvec import BlasGemv, Bf16Tiles, Fp32Tiles, Int8Tiles, MatVecKernels, tile_bytes
-from moss_npu.nano.model import Block
-from moss_npu.cpu.quantize import block_linears
+from moss_npu.cpu.contract import BlockParts, DecoderParts
 from moss_npu.native.library import KernelUnavailable, report_build
 from moss_npu.cpu.packed import pack_linear, packed_matmul, packing_available
 from moss_npu.cpu.prepared import PreparedArena, fresh_arena
@@ -82,22 +81,21 @@ class CpuStep:
     blocks run as compiled graphs.
     """
 
-    def __init__(self, model: nn.Module, compile_mode: str,
+    def __init__(self, model: DecoderParts, compile_mode: str,
                  arena: Callable[[int], PreparedArena] = fresh_arena) -> None:
         """``arena(nbytes)`` gives the arena the tiles are prepared in (``prepared.WeightCache.arena``, which may
         hold them already); it is ``tile_arena``, None without the kernels."""
-        cfg = model.config.gpt2_config
-        self.int8 = getattr(model, "quantization", "none") == "int8"
-        self.weight_dtype = "int8" if self.int8 else getattr(model, "weight_dtype", "float32")
+        self.weight_dtype = model.weight_dtype
+        self.int8 = self.weight_dtype == "int8"
         self.compiled = False
         if compile_mode == "on" and self.weight_dtype != "float32":
             flag = "--quantize int8" if self.int8 else "--dtype bfloat16"
             raise InputError(f"--compile on compiles the float32 products; with {flag} use --compile auto or off")
         kernels = self._kernels_used = self._kernels()
-        linears = block_linears(model)
+        linears = model.block_linears()
         # numpy's GEMV (no kernels) and the compiled blocks read a transposed float32 copy; with the kernels' tiles
         # the torch blocks (several rows: packed copies or GEMM) read the model's own weights as well.
-        copied = (linears if not self.int8 else []) + list(model.audio_lm_heads)
+        copied = (linears if not self.int8 else []) + list(model.heads)
         self.arena = WeightArena(copied) if kernels is None or compile_mode == "on" else ModelWeights()
         # One row runs each block as one library call (fused_block) over one-row products in the tiled formats of
         # ``matvec`` (float32, bf16 or int8 as the model stores its weights; the heads are never quantized), all in
@@ -107,9 +105,9 @@ class CpuStep:
         # too (``Int8TileWeights``).
         rows = (not self.int8 or kernels is not None) and compile_mode != "on"
         self._tiles, self._int8_tiles = None, {}
-        prefill_linears = block_linears(model, local=False) if self.int8 and kernels is not None else []
+        prefill_linears = model.block_linears(local=False) if self.int8 and kernels is not None else []
         if kernels is not None:
-            heads = list(model.audio_lm_heads)
+            heads = list(model.heads)
             tiled = (linears if rows else []) + heads
             self._tiles = arena(sum(tile_bytes(layer.weight, self._tile_format(layer in heads)) for layer in tiled)
                                 + Int8Weights.arena_bytes(prefill_linears))
@@ -121,8 +119,8 @@ class CpuStep:
         else:
             weights = self.arena
         self._int8_matmul = int8_tile_matmul if self._int8_tiles else int8_matmul
-        self.global_blocks = [block_weights(b, weights) for b in model.transformer.h]
-        self.local_blocks = [block_weights(b, weights) for b in model.local_transformer.h]
+        self.global_blocks = [block_weights(b, weights) for b in model.global_blocks]
+        self.local_blocks = [block_weights(b, weights) for b in model.local_blocks]
         self._int8_bytes = weights.nbytes() if self.int8 else 0
         # A prompt's prefill (one request's rows, whether it decodes alone or in a batch) multiplies an int8
         # model's global blocks through torch's int8 kernel: bf16 activations, but faster on 20–100 rows than
@@ -130,13 +128,13 @@ class CpuStep:
         self._prefill_blocks = self.global_blocks
         if self._int8_tiles:
             torch_int8 = Int8Weights(prefill_linears, self._tiles.array)
-            self._prefill_blocks = [block_weights(b, torch_int8) for b in model.transformer.h]
+            self._prefill_blocks = [block_weights(b, torch_int8) for b in model.global_blocks]
             self._int8_bytes = 0  # counted with the tile arena
-        self.global_final = (model.transformer.ln_f.weight.detach(), model.transformer.ln_f.bias.detach())
-        self.local_final = (model.local_transformer.ln_f.weight.detach(), model.local_transformer.ln_f.bias.detach())
-        self.heads = [self.arena.linear(h) for h in model.audio_lm_heads]
-        self.eps, self.n_head = cfg.layer_norm_epsilon, cfg.n_head
-        self.scales = ([b.attn.scale for b in model.transformer.h], [b.attn.scale for b in model.local_transformer.h])
+        self.global_final = (model.global_norm.weight.detach(), model.global_norm.bias.detach())
+        self.local_final = (model.local_norm.weight.detach(), model.local_norm.bias.detach())
+        self.heads = [self.arena.linear(h) for h in model.heads]
+        self.eps, self.n_head = model.eps, model.n_head
+        self.scales = ([b.scale for b in model.global_blocks], [b.scale for b in model.local_blocks])
         # numpy's BLAS count is the process's, so it is set here once: one thread where one-slot frames multiply
         # through it (numpy's GEMV, the compiled blocks), else torch's count.
         limit_blas(1 if kernels is None or compile_mode == "on" else torch.get_num_threads())
@@ -151,15 +149,15 @@ class CpuStep:
         self._row_blocks = None
         if rows:
             self._row_blocks = tuple([self._row_block(b, kernels) for b in blocks]
-                                     for blocks in (model.transformer.h, model.local_transformer.h))
+                                     for blocks in (model.global_blocks, model.local_blocks))
         self._row_finals = tuple(tuple(w.numpy() for w in final) for final in (self.global_final, self.local_final))
         # With the kernels each block's one row is one call of the library (``fused_block``): its small ops in C,
         # its attention shared over the pool with its products.
         self._fused = None
         if self._row_blocks is not None and kernels is not None:
-            self._fused = tuple(self._fused_blocks(kernels, *parts)
-                                for parts in zip(self._row_blocks, self.scales, self._row_finals))
-        self._row_heads = [self._row_product(h, kernels, head=True) for h in model.audio_lm_heads]
+            self._fused = tuple(self._fused_blocks(kernels, *decoder)
+                                for decoder in zip(self._row_blocks, self.scales, self._row_finals))
+        self._row_heads = [self._row_product(h, kernels, head=True) for h in model.heads]
         if compile_mode == "on":  # auto = eager: compiled measured slower (module docstring)
             self._compile(compile_mode)
 
@@ -199,14 +197,14 @@ class CpuStep:
         tiles = Bf16Tiles if self.weight_dtype == "bfloat16" else Fp32Tiles
         return tiles(kernels, layer.weight, layer.bias, self._tiles.array)
 
-    def _row_block(self, block: Block, kernels: Optional[MatVecKernels]) -> RowBlock:
+    def _row_block(self, block: BlockParts, kernels: Optional[MatVecKernels]) -> RowBlock:
         def product(layer: nn.Linear):
             return self._row_product(layer, kernels)
 
         return RowBlock(*(w.detach().numpy() for w in (block.ln_1.weight, block.ln_1.bias)),
-                        product(block.attn.c_attn), product(block.attn.c_proj),
+                        product(block.c_attn), product(block.c_proj),
                         *(w.detach().numpy() for w in (block.ln_2.weight, block.ln_2.bias)),
-                        product(block.mlp.fc_in), product(block.mlp.fc_out))
+                        product(block.fc_in), product(block.fc_out))
 
     def _fused_blocks(self, kernels: MatVecKernels, blocks: list[RowBlock], scales: list[float],
                       final: tuple[np.ndarray, np.ndarray]) -> list[FusedRowBlock]:
@@ -217,16 +215,15 @@ class CpuStep:
                 for i, (block, scale) in enumerate(zip(blocks, scales))]
 
     @classmethod
-    def build(cls, model: nn.Module, compile_mode: str = "auto",
+    def build(cls, model: DecoderParts, compile_mode: str = "auto",
               arena: Callable[[int], PreparedArena] = fresh_arena) -> Optional["CpuStep"]:
         """Return a ``CpuStep`` for an fp32 model on the CPU (its tiles in ``arena``), None for any other (its
         own kernels are fine)."""
         if compile_mode not in COMPILE_MODES:
             raise InputError(f"--compile {compile_mode}: unknown; use one of {', '.join(COMPILE_MODES)}")
-        weight = model.local_transformer.ln_f.weight
+        weight = model.local_norm.weight
         # block_step writes out the tanh GELU of the official config; other activations keep the torch path.
-        tanh_gelu = model.config.gpt2_config.activation_function == "gelu_new"
-        if weight.device.type != "cpu" or weight.dtype != torch.float32 or not tanh_gelu:
+        if weight.device.type != "cpu" or weight.dtype != torch.float32 or not model.tanh_gelu:
             if compile_mode == "on":
                 raise InputError(f"--compile on compiles the float32 CPU step; this model is {weight.dtype} on "
                                  f"{weight.device}: use --compile auto or off")

@@ -115,11 +115,11 @@ def test_cpu_step_decodes_like_the_torch_step(model, prompts, count):
 
 def test_cpu_step_only_for_float32_on_the_cpu(model):
     bf16 = load_model_copy(model, torch.bfloat16)
-    assert CpuStep.build(bf16, "auto") is None and CpuStep.build(bf16, "off") is None
+    assert CpuStep.build(bf16.parts(), "auto") is None and CpuStep.build(bf16.parts(), "off") is None
     with pytest.raises(InputError, match="--compile on"):
-        CpuStep.build(bf16, "on")
+        CpuStep.build(bf16.parts(), "on")
     with pytest.raises(InputError, match="--compile fast"):
-        CpuStep.build(model, "fast")
+        CpuStep.build(model.parts(), "fast")
 
 
 def load_model_copy(model, dtype):
@@ -148,7 +148,7 @@ def test_blas_threads_follow_torch(model):
     previous = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        CpuStep.build(model, "off")
+        CpuStep.build(model.parts(), "off")
         assert _blas_threads() == {1}
     finally:
         torch.set_num_threads(previous)
@@ -163,7 +163,7 @@ def test_a_one_slot_frame_leaves_the_process_blas_count_alone(model):
     try:
         torch.set_num_threads(2)
         limit_blas(2)
-        step = CpuStep.build(model, "off")
+        step = CpuStep.build(model.parts(), "off")
         if step.kernel_target() == "none":
             missing("the C library is not built: one-slot frames multiply through numpy's BLAS on one thread")
         assert _blas_threads() == {2}
@@ -202,7 +202,7 @@ def test_prefill_fills_the_cache_like_the_model_forward(model, prompts, split):
     rows = prompts[0]
     length, g = rows.shape[0], model.config.gpt2_config
     start = split % length
-    step = CpuStep.build(model)
+    step = CpuStep.build(model.parts())
     rotation = blocks.rotations(*model.transformer.rope_table(length))
     kv = torch.zeros(g.n_layer, 2, 2, g.n_head, length, g.head_dim)
     reference = model.transformer.init_cache(1, length)
@@ -224,7 +224,7 @@ def test_prompts_prefilled_together_fill_each_slot_as_alone(model, prompts):
     the slot between them untouched."""
     g = model.config.gpt2_config
     longest = max(p.shape[0] for p in prompts[:3])
-    step = CpuStep.build(model)
+    step = CpuStep.build(model.parts())
     rotation = blocks.rotations(*model.transformer.rope_table(longest))
     slots, starts = [0, 2, 3], [0, 3, 0]
 

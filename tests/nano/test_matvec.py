@@ -248,7 +248,7 @@ def test_compile_on_is_refused_for_bf16_weights(model):
     rounded = copy.deepcopy(model)
     store_bf16(rounded)
     with pytest.raises(InputError, match="--dtype bfloat16 use --compile auto or off"):
-        CpuStep.build(rounded, "on")
+        CpuStep.build(rounded.parts(), "on")
 
 
 def test_int8_rows_are_each_row_alone_bit_for_bit(kernels):

@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 
 from moss_npu.cpu import prepared
 from moss_npu.cpu.prepared import StaleEntry, WeightCache
-from moss_npu.nano.checkpoint import origin_identity
+from moss_npu.origin import origin_identity
 from moss_npu.nano.prepared import DecoderWeights
 from moss_npu.tts import MossTTSNano, RunConfig
 from tests.optional import missing
