@@ -80,6 +80,7 @@ class Backend:
     onnx_provider: Optional[str] = None  # onnxruntime execution provider for this kind of device
     onnx_wheel: Optional[str] = None  # the pip package that brings that provider
     ray_resource: Optional[str] = None  # the Ray resource one device of this kind is scheduled as (not CPUs)
+    host = False  # this machine's CPU: memory numpy shares and files map into, cores every process shares
     builtin: dict[str, type["Backend"]] = {}  # kind -> class, filled as subclasses are defined
 
     def __init_subclass__(cls, **kwargs) -> None:
@@ -178,6 +179,7 @@ class CpuBackend(Backend):
     """The host CPU: always available; memory from psutil."""
 
     kind = "cpu"
+    host = True
     auto_rank = 3
     onnx_provider = "CPUExecutionProvider"
     onnx_wheel = "onnxruntime"
@@ -522,8 +524,7 @@ def parse_device(spec: Optional[str] = "auto") -> tuple[str, Optional[int]]:
 def is_host(device) -> bool:
     """Whether ``device`` (a ``torch.device``, or a spec such as ``cpu`` / ``cuda:1``) is the host CPU, whose
     cores every process on the machine shares (thread counts, llama.cpp layers kept off accelerators)."""
-    kind = device.type if hasattr(device, "type") else parse_device(device)[0]
-    return kind == CpuBackend.kind
+    return get_backend(device.type if hasattr(device, "type") else parse_device(device)[0]).host
 
 
 def replica_device(kind: str, cpus: float) -> tuple[str, dict]:

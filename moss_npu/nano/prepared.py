@@ -25,7 +25,7 @@ from moss_npu.cpu.targets import kernels_in_use
 from moss_npu.native.library import cpu_identity
 from moss_npu.cpu.prepared import PreparedArena, StaleEntry, WeightCache, entry_key, fresh_arena
 from moss_npu.cpu.step import CpuStep
-from moss_npu.device import backend, is_host
+from moss_npu.device import backend
 from moss_npu.origin import origin_identity, weights_state
 from moss_npu.nano.model import NanoTTSModel
 from moss_npu.nano.reuse import audio_qkv_bytes, audio_qkv_tables
@@ -55,7 +55,7 @@ class DecoderWeights:
         """Prepare the parts from ``model``'s current weights; with ``cache``, read and write the CPU arrays in the
         prepared-weights cache where the model still holds a checkpoint's weights (``label`` names it in the one
         line that says the cache is being built)."""
-        cpu = is_host(model.device) and model.dtype == torch.float32
+        cpu = backend(model.device).host and model.dtype == torch.float32
         key = cache_key(model, compile_mode) if cache and cpu else None
         if key is None:
             return cls._build(model, compile_mode, lambda name, nbytes: fresh_arena(nbytes),
@@ -73,7 +73,7 @@ class DecoderWeights:
                store: WeightCache | str) -> "DecoderWeights":
         """Build the parts with arrays from ``arenas``; ``store``: the cache to save built arenas in (and to ask
         where they came from), or the source to report."""
-        cpu = is_host(model.device) and model.dtype == torch.float32
+        cpu = backend(model.device).host and model.dtype == torch.float32
         tables = arenas("tables", audio_qkv_bytes(model)) if cpu else None
         audio_qkv = audio_qkv_tables(model, None if tables is None else tables.array)
         step = backend(model.device).frame_step(model.parts(), compile_mode,
