@@ -164,9 +164,9 @@ static inline void relax(void) {
 #endif
 }
 
-/* A worker's wait for the next task before it sleeps: longer than the Python between two products of a frame
- * (up to ~1 ms between two local steps on a slow core), so that a frame never waits for a worker to wake
- * (200 us here left a third of a frame's products on one thread); yielding meanwhile. */
+/* A worker's wait for the next task before it sleeps: longer than the Python between two products of a frame,
+ * so that a frame never waits for a worker to wake (a shorter wait left products on one thread:
+ * docs/native.md#threads); yielding meanwhile. */
 #define SPIN_SECONDS 2000e-6
 
 static void *worker(void *argument) {

@@ -3,13 +3,11 @@
 A one-slot frame is bound by the bytes its ~116 matrix-vector products read, so its speed is how fast one core
 streams them and how few there are. ``matvec.c`` stores each weight in tiles of 64 output columns, row after
 row, and keeps a tile's sums in registers: the weights are read once, front to back, in one stream, at about
-this core's read bandwidth (≈30 GB/s on a 2-vCPU EPYC, against ≈21 for numpy's OpenBLAS GEMV on a transposed
-copy and ≈13 for torch's ``linear``, which goes to MKL's GEMM). bf16 (half the bytes) and int8 (a quarter, with
-per-column scales) are widened to float32 in registers, so their sums and activations keep float32 precision;
-neither torch nor oneDNN has a one-row kernel for them that beats the float32 GEMV on twice the bytes here,
-and torch's int8 weight-only kernel rounds the activations to bf16.
-Measured, real-size model, 1 thread, a frame's products: float32 23 ms (numpy's GEMV 27–31), bf16 10, int8 10
-(its widening costs arithmetic where bf16's is two instructions).
+this core's read bandwidth, faster than numpy's OpenBLAS GEMV on a transposed copy or torch's ``linear`` (MKL's
+GEMM). bf16 (half the bytes) and int8 (a quarter, with per-column scales) are widened to float32 in registers,
+so their sums and activations keep float32 precision; neither torch nor oneDNN has a one-row kernel for them
+that beats the float32 GEMV on twice the bytes, and torch's int8 weight-only kernel rounds the activations to
+bf16. The measurements: docs/performance.md#measurements-behind-the-cpu-steps-choices.
 
 The kernels are compiled when the package is built, once per instruction set (AVX-512, AVX2 with FMA, NEON, portable
 C), into the package's one C library (``moss_npu.native``), which picks the set this CPU runs; a product's tiles
@@ -188,7 +186,7 @@ class Tiles:
             rows = order(weight.view(tiled[0], TILE, self.in_features).transpose(1, 2))  # (tiles, in, TILE)
             bits = rows.dtype == torch.bfloat16
             target = torch.from_numpy(out.view(np.int16) if bits else out)
-            target.copy_(rows.view(torch.int16) if bits else rows)  # torch's blocked transpose: ~10x numpy's here
+            target.copy_(rows.view(torch.int16) if bits else rows)  # torch's blocked transpose: numpy's strided copy is far slower
 
         self.values = prepare(tiled, STORED[format], fill)
         require(self.values, STORED[format], tiled, "tiles")
@@ -216,8 +214,7 @@ class Tiles:
 
 class Fp32Tiles(Tiles):
     """``x @ weightᵀ + bias (+ residual)`` for one float32 row, the (out, in) weight in float32 tiles: one stream
-    through the weights, at this core's read bandwidth (≈30 GB/s measured, against ≈21 for numpy's GEMV on the
-    transposed weight)."""
+    through the weights, at this core's read bandwidth."""
 
     def __init__(self, kernels: MatVecKernels, weight: torch.Tensor, bias: Optional[torch.Tensor],
                  prepare: Prepare = filled) -> None:

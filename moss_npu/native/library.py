@@ -8,7 +8,7 @@ kernels once per instruction set of the architecture, one of which ``cpu.targets
 
 ``$MOSS_NPU_NATIVE_BUILD=1`` asks for a build for this very CPU instead (``-march=native``: the last percent,
 where a compiler is installed): compiled at first use into the user cache (``cache_dir``, ``kernels/``), named
-by the sources, the compiler and this CPU, ~2 s once, then milliseconds. That folder and the file are used only
+by the sources, the compiler and this CPU, once. That folder and the file are used only
 when this user owns them and nobody else can write them (a shared or group-writable cache could hand this
 process someone else's code); otherwise the build goes to a private temporary folder, for this process. A
 build that fails falls back to the installed library with one warning.
