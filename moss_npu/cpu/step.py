@@ -2,26 +2,18 @@
 
 A frame at batch 1 is ~116 matrix-vector products over ~750 MB of fp32 weights, so its speed is the bandwidth
 of those products plus the cost of the ~700 small ops around them. One slot's row runs each block in one call
-of the C library (``cpu.fused_block``: the small operations between the products in C, the attention shared over
-the kernels' threads), its products through ``cpu.matvec``'s kernels, which stream each weight once from tiles
-laid out for them (one more copy of the LM's linear weights in the format the model stores: float32, bf16 for
-``--dtype bfloat16``, int8 for ``--quantize int8``; one arena in reading order, on huge pages where built, mapped
-from the prepared-weights cache on later starts: ``cpu.prepared``). Where
-the package's C library is missing (``moss_npu.native``), one slot's products are numpy's OpenBLAS GEMV on a transposed float32 copy
-(``WeightArena``; torch's one-row ``F.linear`` goes to MKL's GEMM, which on AMD and other non-Intel CPUs
-streams at about half that rate). Several rows (a batch of slots, or a prompt's prefill: ``block_rows``)
-multiply through oneDNN with the weights packed (``moss_npu.cpu.packed``); an int8 model's batches through its
-int8 tiles (row for row what one slot computes), its prefill through torch's int8 weight-only kernel
-(``int8_matmul``).
-The block math for torch is written once, functionally (``cpu.blocks.block_step``: the same as ``model.Block`` on one new
-row per slot, with the tanh GELU the decode steps use), so that with ``compile`` torch.compile (inductor) turns
-each block's small ops into a few fused kernels: one graph serves every block of both decoders (the weights are
-inputs), the products stay BLAS calls through a custom op and RoPE is real arithmetic. Compiling needs
-``torch.library.custom_op`` (torch >= 2.4); without it, or when compiling fails, the blocks run eagerly (one log
-line). Compiled frames measured slower than eager ones (the custom op's dispatch and the guards cost more
-than the fused small ops save), so ``--compile auto`` runs eagerly and ``on`` is there to measure it again on
-other machines and torch versions (float32 only: it compiles the BLAS products). The measurements behind
-these choices: docs/performance.md#measurements-behind-the-cpu-steps-choices.
+of the C library (``cpu.fused_block``: the small operations in C, the attention shared over the kernels'
+threads), its products through ``cpu.matvec``'s tiles (one more copy of the LM's linear weights in the format
+the model stores: float32, bf16 or int8; one arena in reading order, mapped from ``cpu.prepared``'s cache on
+later starts). Without the C library (``moss_npu.native``), one slot's products are numpy's OpenBLAS GEMV on a
+transposed float32 copy (``WeightArena``; torch's one-row ``F.linear`` goes to MKL's GEMM, slow on non-Intel
+CPUs). Several rows (a batch of slots, or a prompt's prefill: ``block_rows``) multiply through oneDNN with the
+weights packed (``cpu.packed``); an int8 model's batches through its int8 tiles (row for row what one slot
+computes), its prefill through torch's int8 weight-only kernel (``int8_matmul``).
+The block math for torch is written once, functionally (``cpu.blocks.block_step``), so that ``--compile on``
+(torch.compile, torch >= 2.4 for its custom op; float32 only) can fuse each block's small ops, the products
+staying BLAS calls; compiled frames measured slower than eager ones, so ``auto`` runs eagerly and ``on`` is there
+to measure again elsewhere (docs/performance.md#measurements-behind-the-cpu-steps-choices).
 Results agree with the torch path to float rounding (another summation order), not bit for bit.
 Shapes: n slots, E hidden, H heads, D head dim, M cache rows, T keys attended.
 """

@@ -1,20 +1,12 @@
-"""CPU threads: how many threads torch's intra-op pool, numpy's BLAS and the one-row kernels' pool (the CPU frame
-step's matrix-vector products, ``cpu.matvec``) use. One process-wide setting, made by the command lines
-(``--num-threads``).
+"""CPU threads: how many threads torch's intra-op pool, numpy's BLAS and the one-row kernels' pool (``cpu.matvec``)
+use. One process-wide setting, made by the command lines (``--num-threads``).
 
-Default (``--num-threads 0``): 1 thread on machines with at most 2 usable physical cores, else one per usable
-physical core. On 2 cores the batch-1 frame is memory-bound, so a second thread adds little bandwidth, and
-whenever another process takes the other core every parallel region of a 2-thread pool waits for the
-descheduled thread. Whatever the setting, a one-slot CPU frame runs torch on one thread in the frame's
-own thread (``this_thread_limited``): torch's spinning OpenMP workers would otherwise fight the kernels' threads
-over the cores, while prefill and the codec, which are compute-bound, keep the setting. numpy's BLAS has one count
-per process, set once when the CPU step is built: one thread where one-slot frames multiply through it (no
-kernels), else torch's count (its still-spinning workers would slow a stream's codec calls). The frame's products instead share their
-tiles over the setting's threads in the kernels' own pool (``matvec.c``): each thread claims the next tile, so a
-thread that another process has descheduled delays a product by one tile, not to the end; batches of several
-slots keep those products on one thread (torch's pool is busy then). The default stays 1 thread on 2-core
-machines because prefill and the codec still meet the stall above; ``--num-threads 2`` there buys the frames
-what two cores read beyond one. The measurements behind each choice: docs/performance.md#threads.
+Default (``--num-threads 0``): 1 thread on machines with at most 2 usable physical cores (the batch-1 frame is
+memory-bound, and a 2-thread pool waits at every parallel region for a thread another process took), else one
+per usable physical core. A one-slot frame runs torch on one thread in its own thread (``this_thread_limited``),
+so torch's spinning workers leave the cores to the kernels' pool, which shares the frame's products tile by tile
+over the setting's threads; prefill and the codec (compute-bound) keep the setting. numpy's BLAS has one count
+per process, set once when the CPU step is built. The measurements behind each choice: docs/performance.md#threads.
 """
 
 from __future__ import annotations

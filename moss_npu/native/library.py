@@ -117,8 +117,7 @@ def _build_key(command: list[str]) -> str:
         version = subprocess.run([*command, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError) as exc:
         raise KernelUnavailable(f"the C compiler {command[0]} does not run ({exc})") from exc
-    sources = "\0".join(p.read_text() for p in native_build.SOURCES)
-    return hashlib.sha256("\0".join([sources, " ".join(NATIVE_FLAGS), " ".join(command),
+    return hashlib.sha256("\0".join([native_build.sources_digest(), " ".join(NATIVE_FLAGS), " ".join(command),
                                      (version.splitlines() or [""])[0], cpu_identity()]).encode()).hexdigest()[:16]
 
 
