@@ -135,13 +135,14 @@ def test_no_host_question_outside_the_device_layer():
 LAYERS = (
     ("moss_npu", "errors"),
     ("extras", "cache_dir", "checkpoint_layers", "limits", "origin", "output", "presets", "progress", "sampling",
-     "wavfile", "accuracy", "cli", "hub", "tempo", "audio"),
+     "wavfile", "accuracy", "tempo", "audio"),
     ("native",),  # the C library: its build and loader
     ("cpu", "text"),  # the CPU kernels and step, the text normalization: both call the C library
     ("device",),  # hands the CPU step to the decoder (Backend.frame_step)
+    ("cli", "hub"),  # the commands' shared policy: its one error line names a device extension's failure
     ("nano", "codec", "delay", "upstream"),  # the models
     ("tts",),  # pipeline and engine
-    ("serve", "evaluation"),  # the server, the accuracy report
+    ("serve", "evaluation", "doctor"),  # the server, the accuracy report, the self-check
 )
 LAYER_OF = {part: rank for rank, parts in enumerate(LAYERS) for part in parts}
 
