@@ -64,6 +64,8 @@ class SettingError(InputError):
     command line spells it (``--max-new-frames 0: ...``), ``named`` as another front end does (an API's field), so
     no front end edits another's text."""
 
+    exit_code = BAD_INPUT
+
     def __init__(self, setting: str, value: object, reason: str) -> None:
         self.setting, self.detail = setting, f"{value}: {reason}"
         super().__init__(self.named("--" + setting.replace("_", "-")))
