@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 from moss_npu.cli import (ArgumentParser, check_utf8_text, configure_logging, device_problem, device_spec,
                           finite_float, int_in, process_seconds, read_utf8, run_cli, warn)
-from moss_npu.errors import DeviceError, GenerationError, InputError
+from moss_npu.errors import DeviceError, GenerationError, InputError, SettingError
 from moss_npu.extras import LLAMA_INSTALL as DELAY_INSTALL
 from moss_npu.extras import NANO_INSTALL
 from moss_npu.hub import DEFAULT_CODEC, DEFAULT_MODEL
@@ -43,13 +43,13 @@ DECODERS = ("optimized", "reference")
 
 
 def speaking_rate(text: str) -> float:
-    """argparse type of ``--speed``: a rate in 0.25 .. 4.0; the decoder names it once took point to ``--decoder``."""
-    value = text if text in DECODERS else finite_float(text)
+    """argparse type of ``--speed``: a rate in 0.25 .. 4.0."""
+    value = finite_float(text)
     try:
         check_speed(value)
-    except InputError as exc:
-        raise argparse.ArgumentTypeError(str(exc).removeprefix("--speed ")) from None
-    return float(value)
+    except SettingError as exc:
+        raise argparse.ArgumentTypeError(exc.detail) from None
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:

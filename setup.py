@@ -23,15 +23,15 @@ HERE = Path(__file__).resolve().parent
 
 
 def _native_build():
-    """moss_npu/cpu/native_build.py, loaded by path: the package's dependencies are not installed yet."""
-    spec = importlib.util.spec_from_file_location("moss_npu_native_build", HERE / "moss_npu" / "cpu" / "native_build.py")
+    """moss_npu/native/build.py, loaded by path: the package's dependencies are not installed yet."""
+    spec = importlib.util.spec_from_file_location("moss_npu_native_build", HERE / "moss_npu" / "native" / "build.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
 class BuildKernels(build_ext):
-    """Compile the package's C library (moss_npu.cpu.native_build: every instruction set of the architecture in one
+    """Compile the package's C library (moss_npu.native.build: every instruction set of the architecture in one
     plain shared library, chosen at run time) into the package, beside the modules (in the source tree for an
     editable install)."""
 
@@ -41,7 +41,7 @@ class BuildKernels(build_ext):
         root = HERE if inplace else Path(self.build_lib)
         try:
             compiler = recipe.compiler_command(os.environ.get("CC") or "cc")
-            self._built = recipe.build(root / "moss_npu" / "cpu" / recipe.LIBRARY, compiler, platform.machine())
+            self._built = recipe.build(root / "moss_npu" / "native" / recipe.LIBRARY, compiler, platform.machine())
         except recipe.BuildError as exc:
             # Installed without it, the package still runs: numpy's GEMV and kaldifst's search, slower, each saying
             # so once. The tests fail in CI without it.

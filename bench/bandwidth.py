@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from moss_npu.cpu.matvec import Fp32Tiles, MatVecKernels
-from moss_npu.cpu.native import KernelUnavailable
+from moss_npu.native.library import KernelUnavailable
 
 IN = 8192  # the weight's input width; its rows follow from the size asked for
 DEFAULT_MIB = 256

@@ -140,6 +140,7 @@ class Backend:
     onnx_provider: Optional[str] = None  # onnxruntime execution provider for this kind of device
     onnx_wheel: Optional[str] = None  # the pip package that brings that provider
     ray_resource: Optional[str] = None  # the Ray resource one device of this kind is scheduled as (not CPUs)
+    host = False  # this machine's CPU: memory numpy shares and files map into, cores every process shares
     builtin: dict[str, type["Backend"]] = {}  # kind -> class, filled as subclasses are defined
 
     def __init_subclass__(cls, **kwargs) -> None:
@@ -222,9 +223,9 @@ class Backend:
         return {}
 
     def frame_step(self, model, compile_mode: str = "auto", **options):
-        """Return the step a ``FrameDecoder`` runs the model's blocks through on this device, or None for the
-        model's own modules (graph capture aside). Only the CPU has one (``moss_npu.cpu.step``; ``options`` go
-        to its ``build``)."""
+        """Return the step a ``FrameDecoder`` runs the blocks of ``model`` (its parts: ``cpu.contract``) through on
+        this device, or None for the model's own modules (graph capture aside). Only the CPU has one
+        (``moss_npu.cpu.step``; ``options`` go to its ``build``)."""
         if compile_mode == "on":
             raise InputError(f"--compile on compiles the float32 CPU step; this model is on {self.kind}: "
                               f"use --compile auto or off")
@@ -252,6 +253,7 @@ class CpuBackend(Backend):
     """The host CPU: always available; memory from psutil."""
 
     kind = "cpu"
+    host = True
     auto_rank = 3
     onnx_provider = "CPUExecutionProvider"
     onnx_wheel = "onnxruntime"
@@ -322,7 +324,7 @@ class CpuBackend(Backend):
         return torch.frombuffer(pages.buffer, dtype=dtype, count=count).view(shape)  # holds the map alive
 
     def kernel_report(self) -> Optional[str]:
-        from moss_npu.cpu.native import kernels_in_use
+        from moss_npu.cpu.targets import kernels_in_use
 
         return kernels_in_use()
 
@@ -687,8 +689,7 @@ def parse_device(spec: Optional[str] = "auto") -> tuple[str, Optional[int]]:
 def is_host(device) -> bool:
     """Whether ``device`` (a ``torch.device``, or a spec such as ``cpu`` / ``cuda:1``) is the host CPU, whose
     cores every process on the machine shares (thread counts, llama.cpp layers kept off accelerators)."""
-    kind = device.type if hasattr(device, "type") else parse_device(device)[0]
-    return kind == CpuBackend.kind
+    return get_backend(device.type if hasattr(device, "type") else parse_device(device)[0]).host
 
 
 def replica_device(kind: str, cpus: float) -> tuple[str, dict]:

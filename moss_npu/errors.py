@@ -59,6 +59,22 @@ class InputError(MossNpuError):
     exit_code = BAD_INPUT
 
 
+class SettingError(InputError):
+    """A setting's value is refused. ``setting`` is its field name (``max_new_frames``): the message names it as the
+    command line spells it (``--max-new-frames 0: ...``), ``named`` as another front end does (an API's field), so
+    no front end edits another's text."""
+
+    exit_code = BAD_INPUT
+
+    def __init__(self, setting: str, value: object, reason: str) -> None:
+        self.setting, self.detail = setting, f"{value}: {reason}"
+        super().__init__(self.named("--" + setting.replace("_", "-")))
+
+    def named(self, name: str) -> str:
+        """Return the message with the setting called ``name``."""
+        return f"{name} {self.detail}"
+
+
 class DownloadError(CheckpointError):
     """A hub download failed on the way (network, mirror, disk) for an id that may well be right."""
 

@@ -19,23 +19,19 @@ from typing import Any
 
 import numpy as np
 
-from moss_npu.errors import InputError, MissingDependency
+from moss_npu.errors import MissingDependency, SettingError
 from moss_npu.extras import TEMPO_INSTALL
 
 MIN_SPEED, MAX_SPEED = 0.25, 4.0  # OpenAI's range for speech
 _BLOCK = 4096  # samples handed to the stretcher at a time (its real-time mode takes bounded blocks)
-_DECODERS = ("optimized", "reference")  # what --speed used to name (the decoder algorithm, now --decoder)
 
 
 def check_speed(speed: Any) -> None:
-    """Refuse a speaking rate outside 0.25..4.0 (or a decoder name, which ``--speed`` used to take)."""
-    if isinstance(speed, str) and speed in _DECODERS:
-        raise InputError(f"--speed {speed}: the decoder algorithm is now --decoder {speed}; --speed is the "
-                         f"speaking rate ({MIN_SPEED} .. {MAX_SPEED})")
+    """Refuse a speaking rate outside 0.25..4.0 (``SettingError`` naming ``speed``)."""
     if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not math.isfinite(speed):
-        raise InputError(f"--speed {speed!r}: not a number; use a speaking rate {MIN_SPEED} .. {MAX_SPEED}")
+        raise SettingError("speed", repr(speed), f"not a number; use a speaking rate {MIN_SPEED} .. {MAX_SPEED}")
     if not MIN_SPEED <= speed <= MAX_SPEED:
-        raise InputError(f"--speed {speed}: out of range; use {MIN_SPEED} .. {MAX_SPEED} (1.0: as the model speaks)")
+        raise SettingError("speed", speed, f"out of range; use {MIN_SPEED} .. {MAX_SPEED} (1.0: as the model speaks)")
 
 
 def rubberband():

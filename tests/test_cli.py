@@ -15,7 +15,7 @@ from moss_npu.errors import MossNpuError
 
 EXPECTED = {
     "MossNpuError": 2, "DeviceError": 2, "MissingDependency": 2, "CheckpointError": 2, "ConfigError": 2,
-    "AudioError": 2, "AudioTooLong": 2, "InputError": 2, "DownloadError": 1, "NumericalError": 1, "GenerationError": 1, "OutputError": 1,
+    "AudioError": 2, "AudioTooLong": 2, "InputError": 2, "SettingError": 2, "DownloadError": 1, "NumericalError": 1, "GenerationError": 1, "OutputError": 1,
     "Interrupted": 130,
 }
 CLASSES = [c for _, c in inspect.getmembers(errors, inspect.isclass) if issubclass(c, MossNpuError)]
@@ -34,15 +34,17 @@ def test_error_class_declares_its_exit_code(cls):
 @pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
 def test_every_cli_maps_the_class_to_its_exit_code(cls, capsys, monkeypatch):
     """Raised from deep inside a run, the class gives its code and one line in inference and eval_accuracy."""
+    error = cls("max_new_frames", 0, "the fix") if cls is errors.SettingError else cls("what failed; the fix")
+
     def boom(*args, **kwargs):
-        raise cls("what failed; the fix")
+        raise error
 
     monkeypatch.setattr(inference, "synthesize_nano", boom)
     assert inference.main(["--text", "hi", "--output", "never.wav"]) == cls.exit_code
     monkeypatch.setattr(eval_accuracy, "build_request", boom)
     assert eval_accuracy.main([]) == cls.exit_code
     lines = capsys.readouterr().err.strip().splitlines()
-    assert lines == ["error: what failed; the fix"] * 2
+    assert lines == [f"error: {error}"] * 2
 
 
 def test_keyboard_interrupt_is_130_with_one_line(capsys):

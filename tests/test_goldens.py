@@ -8,7 +8,8 @@ import re
 
 import pytest
 
-from moss_npu.cpu import native
+from moss_npu.cpu import targets
+from moss_npu.native import library as native
 from moss_npu_verify import goldens
 from moss_npu.errors import InputError
 from tests import fixture_sets
@@ -27,7 +28,7 @@ _FIXTURES: dict = {}
 def _other_targets() -> list:
     """The kernels' instruction sets this CPU runs besides the default (which ``test_golden_case`` meets)."""
     try:
-        return native.runnable_targets(native.load_library()[0])[1:]
+        return targets.runnable_targets(native.load_library()[0])[1:]
     except native.KernelUnavailable:
         return []
 
@@ -79,7 +80,7 @@ def test_golden_case(fixture_dir, case_id):
 def test_golden_case_on_every_kernel_target(fixture_dir, case_id, target, monkeypatch):
     """The decoding cases again with the one-row kernels forced to each other instruction set this CPU runs
     ($MOSS_NPU_KERNEL_TARGET): every one of them gives the official codes."""
-    monkeypatch.setenv(native.TARGET_ENV, target)
+    monkeypatch.setenv(targets.TARGET_ENV, target)
     test_golden_case(fixture_dir, case_id)
 
 

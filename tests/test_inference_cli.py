@@ -122,9 +122,6 @@ BAD_INPUTS = [
                  id="wav-subtype-on-flac"),
     pytest.param(["--text", "hi", "--impl", "upstream", "--stream", "--host-rng", "--decoder", "reference"],
                  "--stream, --host-rng, --decoder: not used by --impl upstream", id="upstream-unused-flags"),
-    pytest.param(["--text", "hi", "--speed", "reference"], "--speed reference: the decoder algorithm is now "
-                 "--decoder reference; --speed is the speaking rate (0.25 .. 4.0)", id="old-speed-spelling"),
-    pytest.param(["--text", "hi", "--speed", "optimized"], "--decoder optimized", id="old-speed-optimized"),
     pytest.param(["--text", "hi", "--speed", "5"], "--speed 5.0: out of range; use 0.25 .. 4.0", id="speed-range"),
     pytest.param(["--text", "hi", "--speed", "fast"], "--speed fast is not a number", id="speed-not-a-number"),
     pytest.param(["--text", "hi", "--greedy", "--temperature", "-1", "--audio-top-k", "3"],

@@ -1,5 +1,6 @@
-"""House rules that keep the package honest: only device.py names devices; no unsafe unpickling; the runtime
-imports nothing from the verification package."""
+"""House rules that keep the package honest: only device.py names devices and answers for the host; no unsafe
+unpickling; the runtime imports nothing from the verification package; its import graph (imports inside
+functions included) runs one way, from the server down to the errors, with no circle."""
 
 import io
 import re
@@ -116,3 +117,103 @@ def test_no_cpu_branches_outside_the_device_layer(path):
     ``kernel_report``, ``is_host``)."""
     found = list(_cpu_comparisons(path))
     assert not found, f"{path.name} branches on the CPU: {found}"
+
+
+def test_no_host_question_outside_the_device_layer():
+    """Whether a device is the host is the device layer's answer (``Backend.host``, asked through ``backend``), and
+    the CPU package's own business: no other module calls ``is_host``. ``tts/pipeline.py`` keeps one call until
+    the engine's restructuring (issue 37, items 1-3) takes its CPU branch away."""
+    pending = {PACKAGE / "tts" / "pipeline.py"}
+    found = [f"{p.relative_to(PACKAGE)}:{tok.start[0]}" for p in SOURCES
+             if CPU_PACKAGE not in p.parents and p not in pending
+             for tok in _tokens(p) if tok.type == tokenize.NAME and tok.string == "is_host"]
+    assert not found, f"host checks outside the device layer: {found}"
+
+
+# The runtime's parts from the bottom up: a module imports its own layer or those below, never one above. A part is
+# a top-level module or package of moss_npu; every part is in exactly one layer.
+LAYERS = (
+    ("moss_npu", "errors"),
+    ("extras", "cache_dir", "checkpoint_layers", "limits", "origin", "output", "presets", "progress", "sampling",
+     "wavfile", "accuracy", "tempo", "audio"),
+    ("native",),  # the C library: its build and loader
+    ("cpu", "text"),  # the CPU kernels and step, the text normalization: both call the C library
+    ("device",),  # hands the CPU step to the decoder (Backend.frame_step)
+    ("cli", "hub"),  # the commands' shared policy: its one error line names a device extension's failure
+    ("nano", "codec", "delay", "upstream"),  # the models
+    ("tts",),  # pipeline and engine
+    ("serve", "evaluation", "doctor"),  # the server, the accuracy report, the self-check
+)
+LAYER_OF = {part: rank for rank, parts in enumerate(LAYERS) for part in parts}
+
+
+def _module_name(path: Path) -> str:
+    name = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return name.removesuffix(".__init__")
+
+
+MODULES = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def _imports(name: str) -> set[str]:
+    """The runtime modules ``name`` imports anywhere in it (module level, in functions, under TYPE_CHECKING)."""
+    import ast
+
+    path = MODULES[name]
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+
+    def known(module: str) -> str:
+        while module and module not in MODULES:
+            module = module.rpartition(".")[0]
+        return module
+
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(known(alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            found.update(f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else known(base)
+                         for alias in node.names)
+    return {module for module in found if module and module != name}
+
+
+IMPORTS = {name: _imports(name) for name in MODULES}
+
+
+def _part(name: str) -> str:
+    return name.split(".")[1] if "." in name else name
+
+
+def test_every_part_of_the_runtime_has_a_layer():
+    parts = {_part(name) for name in MODULES}
+    assert parts - set(LAYER_OF) == set(), "place each new part in LAYERS"
+    assert sum(len(layer) for layer in LAYERS) == len(LAYER_OF), "a part is in two layers"
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    above = sorted(f"{name} imports {target}" for name, targets in IMPORTS.items() for target in targets
+                   if LAYER_OF[_part(target)] > LAYER_OF[_part(name)])
+    assert not above, "\n".join(above)
+
+
+def test_the_import_graph_has_no_cycle():
+    """Modules import each other one way only, counting the imports inside functions (which hide a circle from
+    Python's own import, not from the reader)."""
+    state: dict[str, str] = {}  # visiting / done
+
+    def visit(name: str, trail: list[str]) -> None:
+        state[name] = "visiting"
+        for target in sorted(IMPORTS[name]):
+            if state.get(target) == "visiting":
+                circle = trail[trail.index(target):] + [target]
+                pytest.fail("import circle: " + " -> ".join(circle))
+            if target not in state:
+                visit(target, trail + [target])
+        state[name] = "done"
+
+    for name in sorted(MODULES):
+        if name not in state:
+            visit(name, [name])

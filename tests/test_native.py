@@ -1,4 +1,4 @@
-"""The package's C library (``moss_npu.cpu.native``, ``native_build``): loaded as installed without any compiler, its
+"""The package's C library (``moss_npu.native``: ``library`` and ``build``): loaded as installed without any compiler, its
 kernels right on every instruction set this CPU runs and, cross-built, on aarch64 under qemu-user; the opt-in
 build for this CPU kept only in a cache folder nobody else can write, built again when damaged, and falling
 back to the installed library when it cannot be built."""
@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from moss_npu.cpu import native, native_build
+from moss_npu.cpu import targets
+from moss_npu.native import build as native_build, library as native
 from moss_npu.errors import ConfigError
 from moss_npu.cpu.matvec import Bf16Tiles, Fp32Tiles, MatVecKernels
 from tests.optional import missing
@@ -46,7 +47,7 @@ def test_the_kernels_agree_on_every_target_this_cpu_runs(installed, tmp_path):
     done = subprocess.run([str(_check_program(tmp_path, [compiler], platform.machine()))], capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
-    expected = [name for name in native.TARGETS if name in native.runnable_targets(native.load_library()[0])]
+    expected = [name for name in targets.TARGETS if name in targets.runnable_targets(native.load_library()[0])]
     assert [line.split(":")[0] for line in done.stdout.splitlines()] == expected
 
 
@@ -75,6 +76,33 @@ def test_the_installed_library_loads_with_no_compiler_anywhere(installed, tmp_pa
     assert done.stdout == "None 8.0\n" and "compiled" not in done.stderr
 
 
+FORK_AFTER_PRODUCTS = """
+import os, numpy, torch
+from moss_npu.cpu.matvec import Fp32Tiles, MatVecKernels
+kernels = MatVecKernels.load(threads=2)
+kernels.threads.use(2)
+tiles = Fp32Tiles(kernels, torch.ones(1024, 64), None)
+x = numpy.ones(64, numpy.float32)
+assert tiles(x)[0] == 64.0
+pid = os.fork()
+if pid == 0:
+    right = tiles(x)[0] == 64.0  # the pool's workers did not come along: started again
+    kernels.threads.use(3)  # a larger pool: the parent's is freed (no thread of it to join here)
+    os._exit(0 if right and tiles(x)[0] == 64.0 else 3)
+_, status = os.waitpid(pid, 0)
+print(os.waitstatus_to_exitcode(status), tiles(x)[0])
+"""
+
+
+def test_a_process_forked_after_shared_products_can_use_and_free_the_pool(installed):
+    """A library user who forks after a decode: the child's products still share out (over workers started again)
+    and its pool is freed without waiting for the parent's threads (on 96bcbaf the child hung in that join)."""
+    done = subprocess.run([sys.executable, "-c", FORK_AFTER_PRODUCTS], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "0 64.0\n"
+
+
 def test_a_missing_library_says_how_to_get_it(monkeypatch, tmp_path):
     monkeypatch.setattr(native, "installed_library", lambda: tmp_path / native_build.LIBRARY)
     with pytest.raises(native.KernelUnavailable, match=r"not installed beside it.*pip install \."):
@@ -90,18 +118,18 @@ def test_an_unknown_build_setting_is_refused(monkeypatch, value):
 
 def test_a_target_this_cpu_cannot_run_is_refused(installed, monkeypatch):
     library = native.load_library()[0]
-    absent = [name for name in native.TARGETS if name not in native.runnable_targets(library)]
+    absent = [name for name in targets.TARGETS if name not in targets.runnable_targets(library)]
     for name in [*absent, "sse9"]:
-        monkeypatch.setenv(native.TARGET_ENV, name)
+        monkeypatch.setenv(targets.TARGET_ENV, name)
         with pytest.raises(ConfigError, match=f"MOSS_NPU_KERNEL_TARGET='{name}': this CPU runs"):
             MatVecKernels.load()
 
 
 def test_the_fastest_target_is_the_default(installed, monkeypatch):
-    monkeypatch.delenv(native.TARGET_ENV, raising=False)
+    monkeypatch.delenv(targets.TARGET_ENV, raising=False)
     library = native.load_library()[0]
-    assert MatVecKernels.load().target == native.runnable_targets(library)[0]
-    assert native.runnable_targets(library)[-1] == "portable"
+    assert MatVecKernels.load().target == targets.runnable_targets(library)[0]
+    assert targets.runnable_targets(library)[-1] == "portable"
 
 
 # --- the opt-in build for this CPU ($MOSS_NPU_NATIVE_BUILD=1) ---------------------------------------------------
@@ -134,7 +162,7 @@ def test_a_cache_folder_others_can_write_is_not_used(native_build_on, tmp_path, 
     folder = tmp_path / "kernels"
     folder.mkdir()
     folder.chmod(0o777)
-    with caplog.at_level(logging.WARNING, logger="moss_npu.cpu.native"):
+    with caplog.at_level(logging.WARNING, logger="moss_npu.native.library"):
         kernels = MatVecKernels.load(tmp_path)
     assert kernels.built == native.PRIVATE and _product(kernels) == 8.0
     assert list(folder.iterdir()) == []
@@ -147,7 +175,7 @@ def test_a_cache_file_of_another_user_is_not_loaded(native_build_on, tmp_path, c
     MatVecKernels.load(tmp_path)
     (built,) = (tmp_path / "kernels").iterdir()
     os.chown(built, 12345, 12345)
-    with caplog.at_level(logging.WARNING, logger="moss_npu.cpu.native"):
+    with caplog.at_level(logging.WARNING, logger="moss_npu.native.library"):
         kernels = MatVecKernels.load(tmp_path)
     assert kernels.built == str(tmp_path / "kernels")  # built again, over it, as this user's own
     assert built.stat().st_uid == os.getuid()
@@ -158,7 +186,7 @@ def test_a_group_writable_cache_file_is_not_loaded(native_build_on, tmp_path, ca
     MatVecKernels.load(tmp_path)
     (built,) = (tmp_path / "kernels").iterdir()
     built.chmod(0o775)
-    with caplog.at_level(logging.WARNING, logger="moss_npu.cpu.native"):
+    with caplog.at_level(logging.WARNING, logger="moss_npu.native.library"):
         assert MatVecKernels.load(tmp_path).built == str(tmp_path / "kernels")
     assert built.stat().st_mode & 0o022 == 0
 
@@ -186,7 +214,7 @@ def test_a_damaged_cache_file_is_built_again(native_build_on, tmp_path):
 def test_without_a_compiler_it_says_why_and_takes_the_installed_one(native_build_on, installed, monkeypatch,
                                                                     tmp_path, caplog):
     monkeypatch.setenv("CC", "no-such-compiler-here")
-    with caplog.at_level(logging.WARNING, logger="moss_npu.cpu.native"):
+    with caplog.at_level(logging.WARNING, logger="moss_npu.native.library"):
         kernels = MatVecKernels.load(tmp_path)
     assert kernels.built is None and _product(kernels) == 8.0
     (line,) = [r.getMessage() for r in caplog.records]
@@ -245,7 +273,7 @@ def test_a_library_older_than_its_sources_says_so(installed, monkeypatch, caplog
     """An editable install after the C sources changed (a pull): one warning naming the command that rebuilds."""
     native._installed.cache_clear()
     monkeypatch.setattr(native_build, "sources_digest", lambda: "0123456789abcdef")
-    with caplog.at_level(logging.WARNING, logger="moss_npu.cpu.native"):
+    with caplog.at_level(logging.WARNING, logger="moss_npu.native.library"):
         native.load_library()
         native.load_library()
     monkeypatch.undo()
@@ -253,6 +281,6 @@ def test_a_library_older_than_its_sources_says_so(installed, monkeypatch, caplog
     stale = [r.getMessage() for r in caplog.records if "built from other C sources" in r.getMessage()]
     assert len(stale) == 1 and "pip install -e ." in stale[0]
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="moss_npu.cpu.native"):
+    with caplog.at_level(logging.WARNING, logger="moss_npu.native.library"):
         native.load_library()
     assert not caplog.records  # the library as built by this checkout's sources

@@ -68,14 +68,14 @@ def test_bad_timestamps_path_exits_2_before_running(tmp_path, capsys, flags, fra
     assert code == 2 and fragment in err and not out.exists()
 
 
-def test_a_preset_with_the_old_speed_names_the_decoder(tmp_path):
+def test_a_preset_names_its_speed_as_the_file_does(tmp_path):
     from moss_npu.errors import ConfigError, InputError
     from moss_npu.tts import RunConfig
     from moss_npu.tts.settings import load_preset
 
-    preset = tmp_path / "old.yaml"
-    preset.write_text("speed: reference\n", encoding="utf-8")
-    with pytest.raises(ConfigError, match="decoder algorithm is now --decoder reference"):
+    preset = tmp_path / "fast.yaml"
+    preset.write_text("speed: 9.0\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"fast.yaml: speed 9.0: out of range"):
         load_preset(preset)
     preset.write_text("decoder: reference\nspeed: 1.5\n", encoding="utf-8")
     assert load_preset(preset) == {"decoder": "reference", "speed": 1.5}

@@ -118,9 +118,3 @@ def test_streamed_equals_whole_and_joins_do_not_click(speed):
 def test_out_of_range_speeds_are_refused(bad):
     with pytest.raises(InputError, match="--speed"):
         check_speed(bad)
-
-
-@pytest.mark.parametrize("old", ["reference", "optimized"])
-def test_the_old_decoder_names_point_to_decoder(old):
-    with pytest.raises(InputError, match=f"--decoder {old}"):
-        check_speed(old)

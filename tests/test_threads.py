@@ -1,5 +1,5 @@
 """The CPU thread policy (moss_npu.cpu.threads): the default count, both pools set together, and a frame's
-temporary limit that gives the setting back."""
+temporary limit of its own thread that gives the setting back."""
 
 import torch
 from threadpoolctl import threadpool_info
@@ -27,13 +27,14 @@ def test_set_threads_sets_torch_and_blas():
         threads.set_threads(before)
 
 
-def test_limited_gives_the_setting_back():
+def test_a_limit_is_this_threads_and_given_back():
+    """torch's count is lowered in the calling thread for the block and given back; numpy's BLAS (one count per
+    process, which other threads may be using) is not touched."""
     before = torch.get_num_threads()
     try:
         threads.set_threads(2)
-        pools = threads.ThreadPools()
-        with pools.limited(1):
-            assert torch.get_num_threads() == 1 and set(blas_threads()) == {1}
+        with threads.this_thread_limited(1):
+            assert torch.get_num_threads() == 1 and set(blas_threads()) == {2}
         assert torch.get_num_threads() == 2 and set(blas_threads()) == {2}
     finally:
         threads.set_threads(before)

@@ -18,7 +18,7 @@ import numpy as np
 
 from moss_npu.cpu.blocks import RowBlock
 from moss_npu.cpu.matvec import FORMATS, MatVecKernels, Tiles
-from moss_npu.cpu.native import require
+from moss_npu.native.library import require
 
 _POINTER, _LONG, _INT, _FLOAT = ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_float
 

@@ -50,7 +50,7 @@ static const long VALUE_BYTES[FORMATS] = {4, 2, 1};
 #define MOSS_SOURCES "unknown"
 #endif
 
-/* The digest of the sources this library was built from (moss_npu/cpu/native_build.py). */
+/* The digest of the sources this library was built from (moss_npu/native/build.py). */
 const char *moss_sources(void) { return MOSS_SOURCES; }
 
 /* Bit t set: target t is in this library and this CPU runs it (AVX-512F, AVX2 with FMA; NEON is part of every
@@ -102,11 +102,12 @@ static void run_tile(const void *task, long j) {
     }
 }
 
-/* The ticket says which product is on (its number, 24 bits), how many tiles it has and how many are claimed
- * (20 bits each): a claim is one compare-and-swap, and a worker still busy with an earlier product can never
- * claim a tile of the next one. */
+/* The ticket says which product is on (its number, 24 bits, counted modulo 2^24), how many tiles it has and how
+ * many are claimed (20 bits each): a claim is one compare-and-swap, and a worker still busy with an earlier
+ * product can never claim a tile of the next one. */
 #define FIELD 20
 #define FIELD_MASK ((1ull << FIELD) - 1)
+#define NUMBER_MASK ((1ull << (64 - 2 * FIELD)) - 1)
 #define MAX_TILES ((long)FIELD_MASK)
 
 typedef struct Pool Pool;
@@ -130,6 +131,7 @@ struct Pool {
     atomic_int sleepers, stop;
     UnitFunction unit;  /* the current task: unit(task, j) for each of its units */
     const void *task;  /* the sharing caller's, alive until every unit is done */
+    Pool *next;  /* in the list of live pools (after_fork_in_child) */
 };
 
 static unsigned long long product_of(unsigned long long ticket) { return ticket >> (2 * FIELD); }
@@ -162,9 +164,9 @@ static inline void relax(void) {
 #endif
 }
 
-/* A worker's wait for the next task before it sleeps: longer than the Python between two products of a frame
- * (up to ~1 ms between two local steps on a slow core), so that a frame never waits for a worker to wake
- * (200 us here left a third of a frame's products on one thread); yielding meanwhile. */
+/* A worker's wait for the next task before it sleeps: longer than the Python between two products of a frame,
+ * so that a frame never waits for a worker to wake (a shorter wait left products on one thread:
+ * docs/native.md#threads); yielding meanwhile. */
 #define SPIN_SECONDS 2000e-6
 
 static void *worker(void *argument) {
@@ -194,10 +196,47 @@ static void *worker(void *argument) {
     return NULL;
 }
 
+/* Start the workers a pool lacks (all of them when new, again in a child process after fork); 0 where one
+ * cannot be started (the pool then has the ones started so far). */
+static int start_workers(Pool *pool) {
+    for (; pool->started < pool->threads - 1; pool->started++) {
+        pool->workers[pool->started] = (Worker){pool, pool->started + 1};
+        if (pthread_create(&pool->threads_started[pool->started], NULL, worker, &pool->workers[pool->started]) != 0)
+            return 0;
+    }
+    return 1;
+}
+
+/* The pools alive in this process. fork copies a pool's memory into the child but none of its threads, and
+ * leaves its locks as they were at that instant: the child handler makes every pool a pool with no workers and
+ * fresh locks, which starts its workers again at its next task (moss_share), and frees without joining threads
+ * that the child never had. pthread_atfork keeps process-wide state, so the list of pools is such state too. */
+static pthread_mutex_t pools_lock = PTHREAD_MUTEX_INITIALIZER;
+static Pool *pools;
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+
+static void before_fork(void) { pthread_mutex_lock(&pools_lock); }
+
+static void after_fork_in_parent(void) { pthread_mutex_unlock(&pools_lock); }
+
+static void after_fork_in_child(void) {
+    for (Pool *pool = pools; pool != NULL; pool = pool->next) {
+        pthread_mutex_init(&pool->caller, NULL);
+        pthread_mutex_init(&pool->lock, NULL);
+        pthread_cond_init(&pool->wake, NULL);
+        pool->started = 0;
+        atomic_store(&pool->sleepers, 0);
+    }
+    pthread_mutex_init(&pools_lock, NULL);
+}
+
+static void register_atfork(void) { pthread_atfork(before_fork, after_fork_in_parent, after_fork_in_child); }
+
 void moss_pool_free(void *handle);
 
 /* A pool for `threads` threads in all (the caller included): NULL where the threads cannot be started. */
 void *moss_pool_new(int threads) {
+    pthread_once(&atfork_once, register_atfork);
     Pool *pool = calloc(1, sizeof(Pool));
     if (pool == NULL) return NULL;
     pool->threads = threads < 1 ? 1 : threads;
@@ -207,16 +246,12 @@ void *moss_pool_new(int threads) {
     pthread_cond_init(&pool->wake, NULL);
     pool->threads_started = calloc((size_t)pool->threads, sizeof(pthread_t));
     pool->workers = calloc((size_t)pool->threads, sizeof(Worker));
-    if (pool->threads_started == NULL || pool->workers == NULL) {
+    pthread_mutex_lock(&pools_lock);
+    pool->next = pools, pools = pool;
+    pthread_mutex_unlock(&pools_lock);
+    if (pool->threads_started == NULL || pool->workers == NULL || !start_workers(pool)) {
         moss_pool_free(pool);
         return NULL;
-    }
-    for (; pool->started < pool->threads - 1; pool->started++) {
-        pool->workers[pool->started] = (Worker){pool, pool->started + 1};
-        if (pthread_create(&pool->threads_started[pool->started], NULL, worker, &pool->workers[pool->started]) != 0) {
-            moss_pool_free(pool);
-            return NULL;
-        }
     }
     return pool;
 }
@@ -224,6 +259,13 @@ void *moss_pool_new(int threads) {
 void moss_pool_free(void *handle) {
     Pool *pool = handle;
     if (pool == NULL) return;
+    pthread_mutex_lock(&pools_lock);
+    for (Pool **at = &pools; *at != NULL; at = &(*at)->next)
+        if (*at == pool) {
+            *at = pool->next;
+            break;
+        }
+    pthread_mutex_unlock(&pools_lock);
     pthread_mutex_lock(&pool->lock);
     atomic_store(&pool->stop, 1);
     pthread_cond_broadcast(&pool->wake);
@@ -239,6 +281,11 @@ void moss_pool_free(void *handle) {
 
 int moss_pool_threads(void *handle) { return ((Pool *)handle)->threads; }
 
+/* For the tests (tests/native/check_kernels.c): make `number` the last product shared, no task on. */
+void moss_pool_set_product(void *handle, unsigned long long number) {
+    atomic_store(&((Pool *)handle)->ticket, (number & NUMBER_MASK) << (2 * FIELD));
+}
+
 /* Use `threads` of the pool's threads (1 .. its size) for the products that follow. */
 void moss_pool_use(void *handle, int threads) {
     Pool *pool = handle;
@@ -246,7 +293,7 @@ void moss_pool_use(void *handle, int threads) {
 }
 
 static void share(Pool *pool, UnitFunction unit, const void *task, long units) {
-    unsigned long long number = product_of(atomic_load(&pool->ticket)) + 1;
+    unsigned long long number = (product_of(atomic_load(&pool->ticket)) + 1) & NUMBER_MASK;
     pool->unit = unit;
     pool->task = task;
     atomic_store(&pool->finished, 0);
@@ -271,6 +318,7 @@ void moss_share(void *handle, UnitFunction unit, const void *task, long units) {
         for (long j = 0; j < units; j++) unit(task, j);
         return;
     }
+    if (pool->started < pool->threads - 1) start_workers(pool);  /* in a child after fork */
     share(pool, unit, task, units);
     pthread_mutex_unlock(&pool->caller);
 }

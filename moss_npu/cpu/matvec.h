@@ -3,8 +3,8 @@
 #define MOSS_MATVEC_H
 
 /* Output columns per tile: matrices are padded to a multiple. 64 keeps a tile's sums in registers on every
- * target, one stream per tile, and cuts a 768-column product into 12 tiles, which two or more threads share
- * evenly (256-column tiles gave 3, and two threads then read at 1.4x one's rate against 1.75x). */
+ * target, one stream per tile, and cuts even a 768-column product into enough tiles for two or more threads to
+ * share evenly (docs/native.md#threads). */
 #define TILE 64
 
 enum { PORTABLE, AVX2, AVX512, NEON, TARGETS };

@@ -3,18 +3,16 @@
 A one-slot frame is bound by the bytes its ~116 matrix-vector products read, so its speed is how fast one core
 streams them and how few there are. ``matvec.c`` stores each weight in tiles of 64 output columns, row after
 row, and keeps a tile's sums in registers: the weights are read once, front to back, in one stream, at about
-this core's read bandwidth (≈30 GB/s on a 2-vCPU EPYC, against ≈21 for numpy's OpenBLAS GEMV on a transposed
-copy and ≈13 for torch's ``linear``, which goes to MKL's GEMM). bf16 (half the bytes) and int8 (a quarter, with
-per-column scales) are widened to float32 in registers, so their sums and activations keep float32 precision;
-neither torch nor oneDNN has a one-row kernel for them that beats the float32 GEMV on twice the bytes here,
-and torch's int8 weight-only kernel rounds the activations to bf16.
-Measured, real-size model, 1 thread, a frame's products: float32 23 ms (numpy's GEMV 27–31), bf16 10, int8 10
-(its widening costs arithmetic where bf16's is two instructions).
+this core's read bandwidth, faster than numpy's OpenBLAS GEMV on a transposed copy or torch's ``linear`` (MKL's
+GEMM). bf16 (half the bytes) and int8 (a quarter, with per-column scales) are widened to float32 in registers,
+so their sums and activations keep float32 precision; neither torch nor oneDNN has a one-row kernel for them
+that beats the float32 GEMV on twice the bytes, and torch's int8 weight-only kernel rounds the activations to
+bf16. The measurements: docs/performance.md#measurements-behind-the-cpu-steps-choices.
 
 The kernels are compiled when the package is built, once per instruction set (AVX-512, AVX2 with FMA, NEON, portable
-C), into the package's one C library (``moss_npu.cpu.native``), which picks the set this CPU runs; a product's tiles
+C), into the package's one C library (``moss_npu.native``), which picks the set this CPU runs; a product's tiles
 are shared out over a small pool of threads inside the library (``KernelThreads``). Every entry checks the arrays
-it hands over (``native.require``). Where the library is missing ``MatVecKernels.load`` raises
+it hands over (``native.library.require``). Where the library is missing ``MatVecKernels.load`` raises
 ``KernelUnavailable`` saying why; the CPU step then keeps numpy's GEMV (``BlasGemv``).
 """
 
@@ -28,7 +26,8 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from moss_npu.cpu.native import choose_target, load_library, require, TARGETS
+from moss_npu.cpu.targets import TARGETS, choose_target
+from moss_npu.native.library import load_library, require
 from moss_npu.cpu.prepared import PageArena
 from moss_npu.cpu.quantize import int8_rows
 
@@ -80,7 +79,7 @@ class KernelThreads:
 
 class MatVecKernels:
     """The kernels of the package's C library (``load``), called by ``Fp32Tiles``, ``Bf16Tiles`` and ``Int8Tiles``:
-    ``target`` names the instruction set they run (``native.choose_target``), ``threads`` the pool they share
+    ``target`` names the instruction set they run (``targets.choose_target``), ``threads`` the pool they share
     products over."""
 
     def __init__(self, library: ctypes.CDLL, built: Optional[str] = None, threads: int = 1) -> None:
@@ -104,7 +103,7 @@ class MatVecKernels:
 
     @classmethod
     def load(cls, cache: Optional[Path] = None, threads: int = 1) -> "MatVecKernels":
-        """Return the kernels with a pool of ``threads`` threads (``native.load_library``: the installed library, or
+        """Return the kernels with a pool of ``threads`` threads (``native.library.load_library``: the installed library, or
         the one built for this CPU into ``cache/kernels`` where asked). Raises KernelUnavailable where there is
         none."""
         library, built = load_library(cache)
@@ -187,7 +186,7 @@ class Tiles:
             rows = order(weight.view(tiled[0], TILE, self.in_features).transpose(1, 2))  # (tiles, in, TILE)
             bits = rows.dtype == torch.bfloat16
             target = torch.from_numpy(out.view(np.int16) if bits else out)
-            target.copy_(rows.view(torch.int16) if bits else rows)  # torch's blocked transpose: ~10x numpy's here
+            target.copy_(rows.view(torch.int16) if bits else rows)  # torch's blocked transpose: numpy's strided copy is far slower
 
         self.values = prepare(tiled, STORED[format], fill)
         require(self.values, STORED[format], tiled, "tiles")
@@ -215,8 +214,7 @@ class Tiles:
 
 class Fp32Tiles(Tiles):
     """``x @ weightᵀ + bias (+ residual)`` for one float32 row, the (out, in) weight in float32 tiles: one stream
-    through the weights, at this core's read bandwidth (≈30 GB/s measured, against ≈21 for numpy's GEMV on the
-    transposed weight)."""
+    through the weights, at this core's read bandwidth."""
 
     def __init__(self, kernels: MatVecKernels, weight: torch.Tensor, bias: Optional[torch.Tensor],
                  prepare: Prepare = filled) -> None:

@@ -1,6 +1,6 @@
 /* One tile of a one-row product: y[0..TILE) = x · tile (+ bias, + residual), for one instruction set.
  *
- * Compiled once per target by moss_npu/cpu/native_build.py, with MOSS_TARGET naming it (avx512, avx2, neon,
+ * Compiled once per target by moss_npu/native/build.py, with MOSS_TARGET naming it (avx512, avx2, neon,
  * portable) and that target's compiler flags; matvec.c picks the set the CPU runs. Every target sums each
  * column in the same order (row 0 to in - 1, one fused multiply-add per row where the target has FMA), so the
  * SIMD targets give the same bits; the portable C on a CPU without FMA rounds each product first.

@@ -1,17 +1,18 @@
 """Prepared CPU weights: the arrays a CPU decoder derives from a checkpoint's weights (the one-row kernels' tiles,
 the local decoder's first-layer tables), built once per checkpoint and CPU into the user cache and mapped into
-memory by every later start instead of being computed again (~1 s of the real model's first synthesis).
+memory by every later start instead of being computed again (docs/performance.md#start-up).
 
 An arena (``PreparedArena``) hands out its arrays one after another, in the order a frame reads them, each
 filled by its maker only when the arena is built here (a ``PageArena`` on huge pages). ``WeightCache.save``
 writes a built arena to ``root/prepared/<key>-<name>.bin`` (``root``: ``cache_dir.default_cache_dir()``) through
 a temporary file and ``os.replace``: a reader sees the whole file or none. The key names everything the bytes
-depend on (the checkpoint's identity, the weight format, ``FORMAT_VERSION``, the kernels' instruction set, torch,
-numpy and this CPU: ``entry_key``), so a changed checkpoint or build never meets an old entry. A later start maps
+depend on (the checkpoint's identity, the weight format, ``FORMAT_VERSION``, the package's version and a digest
+of the code that lays the arrays out and reads them, the kernels' instruction set, torch, numpy and this CPU:
+``entry_key``), so a changed checkpoint, build or source never meets an old entry. A later start maps
 the file (copy-on-write, shared with the page cache and with every other process mapping it: one copy in memory
-for several workers), checks its header (the key, the name, the sizes) and a CRC-32 of the whole payload (~0.15 s
-per GB), and then hands out views of it; each request must match the layout stored (dtype, shape, offset) or the
-entry is refused as stale. A missing, damaged, truncated or stale entry is built again with one warning line;
+for several workers), checks its header (the key, the name, the sizes) and a CRC-32 of the whole payload, and
+then hands out views of it; each request must match the layout stored (dtype, shape, offset) or the entry is
+refused as stale. A missing, damaged, truncated or stale entry is built again with one warning line;
 a folder or file that another user owns or others can write is not read, nor written (one warning line,
 ``cache_dir.open_trusted_folder``). The ``KEEP`` most recently used entries of each name are kept.
 """
@@ -33,7 +34,9 @@ from typing import Callable, Mapping, Optional
 
 import numpy as np
 
+from moss_npu import __version__
 from moss_npu.cache_dir import CACHE_ENV, default_cache_dir, open_trusted_folder, trusted
+from moss_npu.native import build as native_build
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +58,7 @@ class PageArena:
     (``madvise``), handing out arrays one after another (``array``) in the order a frame reads them: a frame
     streams hundreds of MB of weights, and 2 MB pages spare the page walks of 4 KB ones. ``huge_pages=False``
     asks for 4 KB pages instead (``MADV_NOHUGEPAGE``), for memory first touched a little at a time in many
-    places (a KV cache: a slot's first rows touch every layer and head, which on 2 MB pages zeroed ~100 MB, ~0.1 s
-    per slot here, against ~6 MB on 4 KB pages)."""
+    places (a KV cache: a slot's first rows touch every layer and head, and each touch zeroes a whole page)."""
 
     ALIGN = 64  # a cache line: every array starts on one
 
@@ -168,10 +170,21 @@ def fresh_arena(nbytes: int) -> PreparedArena:
     return PreparedArena(nbytes)
 
 
+def code_digest() -> str:
+    """Return a digest of the code that decides what the prepared bytes are: the C library's sources (which read
+    the tiles) and the CPU package's Python modules (which lay them out and fill them). An edited checkout keeps
+    its version, so the version alone would serve tiles computed the old way."""
+    digest = hashlib.sha256()
+    for path in [*native_build.SOURCES, *sorted(Path(__file__).parent.glob("*.py"))]:
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
 def entry_key(parts: Mapping[str, str]) -> str:
     """Return the name of the entries prepared from ``parts`` (what their bytes depend on; see the module
     docstring)."""
-    text = json.dumps({**parts, "format": FORMAT_VERSION}, sort_keys=True)
+    text = json.dumps({**parts, "format": FORMAT_VERSION, "package": __version__, "code": code_digest()},
+                      sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 

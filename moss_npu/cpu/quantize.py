@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 
 from moss_npu.errors import InputError
-from moss_npu.nano.checkpoint import origin_identity, stamp_origin
+from moss_npu.origin import origin_identity, stamp_origin
 
 QUANTIZE_MODES = ("none", "int8")
 
@@ -33,13 +33,6 @@ QUANTIZE_MODES = ("none", "int8")
 def int8_kernel_available() -> bool:
     """Return whether this torch has the CPU int8 weight-only matmul the frame step uses."""
     return hasattr(torch.ops.aten, "_weight_int8pack_mm")
-
-
-def block_linears(model: nn.Module, local: bool = True) -> list[nn.Linear]:
-    """Return the linear layers that int8 quantization rounds: every block's of both decoders (or, ``local``
-    False, of the global one), in reading order."""
-    blocks = [*model.transformer.h, *(model.local_transformer.h if local else [])]
-    return [layer for b in blocks for layer in (b.attn.c_attn, b.attn.c_proj, b.mlp.fc_in, b.mlp.fc_out)]
 
 
 def int8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -60,15 +53,16 @@ def check_int8(device: torch.device, dtype: torch.dtype) -> None:
 
 
 def quantize_int8(model: nn.Module) -> None:
-    """Round ``model``'s block weights to int8 in place (see the module docstring); mark it ``int8``.
+    """Round the block weights of ``model`` (a module that hands over its ``parts()``: ``cpu.contract``) to int8 in
+    place (see the module docstring); mark it ``int8``.
 
     Raises InputError unless the model is float32 on the CPU and this torch has the int8 kernel.
     """
-    weight = model.local_transformer.ln_f.weight
-    check_int8(weight.device, weight.dtype)
+    parts = model.parts()
+    check_int8(parts.local_norm.weight.device, parts.local_norm.weight.dtype)
     origin = origin_identity(model)
     with torch.no_grad():
-        for layer in block_linears(model):
+        for layer in parts.block_linears():
             values, scale = int8_rows(layer.weight)
             layer.weight.copy_(values.float() * scale[:, None])
     model.quantization = "int8"
@@ -79,7 +73,7 @@ def quantize_int8(model: nn.Module) -> None:
 def store_bf16(model: nn.Module) -> None:
     """Round every parameter of a float32 CPU ``model`` to its nearest bf16 value in place; mark it
     ``weight_dtype = "bfloat16"`` (see the module docstring)."""
-    weight = model.local_transformer.ln_f.weight
+    weight = next(model.parameters())
     if weight.device.type != "cpu" or weight.dtype != torch.float32:
         raise InputError(f"bf16 weights with float32 arithmetic are a CPU float32 model's; this one is "
                          f"{weight.dtype} on {weight.device}")

@@ -2,26 +2,18 @@
 
 A frame at batch 1 is ~116 matrix-vector products over ~750 MB of fp32 weights, so its speed is the bandwidth
 of those products plus the cost of the ~700 small ops around them. One slot's row runs each block in one call
-of the C library (``cpu.fused_block``: the small operations between the products in C, the attention shared over
-the kernels' threads), its products through ``cpu.matvec``'s kernels, which stream each weight once from tiles
-laid out for them (one more copy of the LM's linear weights in the format the model stores: float32, bf16 for
-``--dtype bfloat16``, int8 for ``--quantize int8``; one arena in reading order, on huge pages where built, mapped
-from the prepared-weights cache on later starts: ``cpu.prepared``). Where
-the package's C library is missing (``native``), one slot's products are numpy's OpenBLAS GEMV on a transposed float32 copy
-(``WeightArena``; torch's one-row ``F.linear`` goes to MKL's GEMM, which on AMD and other non-Intel CPUs
-streams at about half that rate). Several rows (a batch of slots, or a prompt's prefill: ``block_rows``)
-multiply through oneDNN with the weights packed (``moss_npu.cpu.packed``); an int8 model's batches through its
-int8 tiles (row for row what one slot computes), its prefill through torch's int8 weight-only kernel
-(``int8_matmul``).
-The block math for torch is written once, functionally (``cpu.blocks.block_step``: the same as ``model.Block`` on one new
-row per slot, with the tanh GELU the decode steps use), so that with ``compile`` torch.compile (inductor) turns
-each block's small ops into a few fused kernels: one graph serves every block of both decoders (the weights are
-inputs), the products stay BLAS calls through a custom op and RoPE is real arithmetic. Compiling needs
-``torch.library.custom_op`` (torch >= 2.4); without it, or when compiling fails, the blocks run eagerly (one log
-line). Compiled frames measured slower than eager ones (the custom op's dispatch and the guards cost more
-than the fused small ops save), so ``--compile auto`` runs eagerly and ``on`` is there to measure it again on
-other machines and torch versions (float32 only: it compiles the BLAS products). The measurements behind
-these choices: docs/performance.md#measurements-behind-the-cpu-steps-choices.
+of the C library (``cpu.fused_block``: the small operations in C, the attention shared over the kernels'
+threads), its products through ``cpu.matvec``'s tiles (one more copy of the LM's linear weights in the format
+the model stores: float32, bf16 or int8; one arena in reading order, mapped from ``cpu.prepared``'s cache on
+later starts). Without the C library (``moss_npu.native``), one slot's products are numpy's OpenBLAS GEMV on a
+transposed float32 copy (``WeightArena``; torch's one-row ``F.linear`` goes to MKL's GEMM, slow on non-Intel
+CPUs). Several rows (a batch of slots, or a prompt's prefill: ``block_rows``) multiply through oneDNN with the
+weights packed (``cpu.packed``); an int8 model's batches through its int8 tiles (row for row what one slot
+computes), its prefill through torch's int8 weight-only kernel (``int8_matmul``).
+The block math for torch is written once, functionally (``cpu.blocks.block_step``), so that ``--compile on``
+(torch.compile, torch >= 2.4 for its custom op; float32 only) can fuse each block's small ops, the products
+staying BLAS calls; compiled frames measured slower than eager ones, so ``auto`` runs eagerly and ``on`` is there
+to measure again elsewhere (docs/performance.md#measurements-behind-the-cpu-steps-choices).
 Results agree with the torch path to float rounding (another summation order), not bit for bit.
 Shapes: n slots, E hidden, H heads, D head dim, M cache rows, T keys attended.
 """
@@ -41,12 +33,11 @@ import torch.nn.functional as F
 from moss_npu.errors import InputError
 from moss_npu.cpu.fused_block import FusedRowBlock
 from moss_npu.cpu.matvec import BlasGemv, Bf16Tiles, Fp32Tiles, Int8Tiles, MatVecKernels, tile_bytes
-from moss_npu.nano.model import Block
-from moss_npu.cpu.quantize import block_linears
-from moss_npu.cpu.native import KernelUnavailable, report_build
+from moss_npu.cpu.contract import BlockParts, DecoderParts
+from moss_npu.native.library import KernelUnavailable, report_build
 from moss_npu.cpu.packed import pack_linear, packed_matmul, packing_available
 from moss_npu.cpu.prepared import PreparedArena, fresh_arena
-from moss_npu.cpu.threads import ThreadPools, limit_blas
+from moss_npu.cpu.threads import limit_blas, this_thread_limited
 from moss_npu.cpu.blocks import (Matmul, RowBlock, Segment, blas_matmul, block_rows, block_step, gemv, rotate_real,
                              row_block, row_norm)
 from moss_npu.cpu.weights import (Int8TileWeights, Int8Weights, ModelWeights, WeightArena, block_weights,
@@ -82,22 +73,21 @@ class CpuStep:
     blocks run as compiled graphs.
     """
 
-    def __init__(self, model: nn.Module, compile_mode: str,
+    def __init__(self, model: DecoderParts, compile_mode: str,
                  arena: Callable[[int], PreparedArena] = fresh_arena) -> None:
         """``arena(nbytes)`` gives the arena the tiles are prepared in (``prepared.WeightCache.arena``, which may
         hold them already); it is ``tile_arena``, None without the kernels."""
-        cfg = model.config.gpt2_config
-        self.int8 = getattr(model, "quantization", "none") == "int8"
-        self.weight_dtype = "int8" if self.int8 else getattr(model, "weight_dtype", "float32")
+        self.weight_dtype = model.weight_dtype
+        self.int8 = self.weight_dtype == "int8"
         self.compiled = False
         if compile_mode == "on" and self.weight_dtype != "float32":
             flag = "--quantize int8" if self.int8 else "--dtype bfloat16"
             raise InputError(f"--compile on compiles the float32 products; with {flag} use --compile auto or off")
         kernels = self._kernels_used = self._kernels()
-        linears = block_linears(model)
+        linears = model.block_linears()
         # numpy's GEMV (no kernels) and the compiled blocks read a transposed float32 copy; with the kernels' tiles
         # the torch blocks (several rows: packed copies or GEMM) read the model's own weights as well.
-        copied = (linears if not self.int8 else []) + list(model.audio_lm_heads)
+        copied = (linears if not self.int8 else []) + list(model.heads)
         self.arena = WeightArena(copied) if kernels is None or compile_mode == "on" else ModelWeights()
         # One row runs each block as one library call (fused_block) over one-row products in the tiled formats of
         # ``matvec`` (float32, bf16 or int8 as the model stores its weights; the heads are never quantized), all in
@@ -107,9 +97,9 @@ class CpuStep:
         # too (``Int8TileWeights``).
         rows = (not self.int8 or kernels is not None) and compile_mode != "on"
         self._tiles, self._int8_tiles = None, {}
-        prefill_linears = block_linears(model, local=False) if self.int8 and kernels is not None else []
+        prefill_linears = model.block_linears(local=False) if self.int8 and kernels is not None else []
         if kernels is not None:
-            heads = list(model.audio_lm_heads)
+            heads = list(model.heads)
             tiled = (linears if rows else []) + heads
             self._tiles = arena(sum(tile_bytes(layer.weight, self._tile_format(layer in heads)) for layer in tiled)
                                 + Int8Weights.arena_bytes(prefill_linears))
@@ -121,8 +111,8 @@ class CpuStep:
         else:
             weights = self.arena
         self._int8_matmul = int8_tile_matmul if self._int8_tiles else int8_matmul
-        self.global_blocks = [block_weights(b, weights) for b in model.transformer.h]
-        self.local_blocks = [block_weights(b, weights) for b in model.local_transformer.h]
+        self.global_blocks = [block_weights(b, weights) for b in model.global_blocks]
+        self.local_blocks = [block_weights(b, weights) for b in model.local_blocks]
         self._int8_bytes = weights.nbytes() if self.int8 else 0
         # A prompt's prefill (one request's rows, whether it decodes alone or in a batch) multiplies an int8
         # model's global blocks through torch's int8 kernel: bf16 activations, but faster on 20–100 rows than
@@ -130,15 +120,16 @@ class CpuStep:
         self._prefill_blocks = self.global_blocks
         if self._int8_tiles:
             torch_int8 = Int8Weights(prefill_linears, self._tiles.array)
-            self._prefill_blocks = [block_weights(b, torch_int8) for b in model.transformer.h]
+            self._prefill_blocks = [block_weights(b, torch_int8) for b in model.global_blocks]
             self._int8_bytes = 0  # counted with the tile arena
-        self.global_final = (model.transformer.ln_f.weight.detach(), model.transformer.ln_f.bias.detach())
-        self.local_final = (model.local_transformer.ln_f.weight.detach(), model.local_transformer.ln_f.bias.detach())
-        self.heads = [self.arena.linear(h) for h in model.audio_lm_heads]
-        self.eps, self.n_head = cfg.layer_norm_epsilon, cfg.n_head
-        self.scales = ([b.attn.scale for b in model.transformer.h], [b.attn.scale for b in model.local_transformer.h])
-        limit_blas(torch.get_num_threads())  # the products use as many threads as torch's own kernels
-        self.pools = ThreadPools()
+        self.global_final = (model.global_norm.weight.detach(), model.global_norm.bias.detach())
+        self.local_final = (model.local_norm.weight.detach(), model.local_norm.bias.detach())
+        self.heads = [self.arena.linear(h) for h in model.heads]
+        self.eps, self.n_head = model.eps, model.n_head
+        self.scales = ([b.scale for b in model.global_blocks], [b.scale for b in model.local_blocks])
+        # numpy's BLAS count is the process's, so it is set here once: one thread where one-slot frames multiply
+        # through it (numpy's GEMV, the compiled blocks), else torch's count.
+        limit_blas(1 if kernels is None or compile_mode == "on" else torch.get_num_threads())
         self.compile_seconds = 0.0  # time spent compiling graphs so far
         self._block = self._eager_block
         self.packing = packing_available()
@@ -150,15 +141,15 @@ class CpuStep:
         self._row_blocks = None
         if rows:
             self._row_blocks = tuple([self._row_block(b, kernels) for b in blocks]
-                                     for blocks in (model.transformer.h, model.local_transformer.h))
+                                     for blocks in (model.global_blocks, model.local_blocks))
         self._row_finals = tuple(tuple(w.numpy() for w in final) for final in (self.global_final, self.local_final))
         # With the kernels each block's one row is one call of the library (``fused_block``): its small ops in C,
         # its attention shared over the pool with its products.
         self._fused = None
         if self._row_blocks is not None and kernels is not None:
-            self._fused = tuple(self._fused_blocks(kernels, *parts)
-                                for parts in zip(self._row_blocks, self.scales, self._row_finals))
-        self._row_heads = [self._row_product(h, kernels, head=True) for h in model.audio_lm_heads]
+            self._fused = tuple(self._fused_blocks(kernels, *decoder)
+                                for decoder in zip(self._row_blocks, self.scales, self._row_finals))
+        self._row_heads = [self._row_product(h, kernels, head=True) for h in model.heads]
         if compile_mode == "on":  # auto = eager: compiled measured slower (module docstring)
             self._compile(compile_mode)
 
@@ -198,14 +189,14 @@ class CpuStep:
         tiles = Bf16Tiles if self.weight_dtype == "bfloat16" else Fp32Tiles
         return tiles(kernels, layer.weight, layer.bias, self._tiles.array)
 
-    def _row_block(self, block: Block, kernels: Optional[MatVecKernels]) -> RowBlock:
+    def _row_block(self, block: BlockParts, kernels: Optional[MatVecKernels]) -> RowBlock:
         def product(layer: nn.Linear):
             return self._row_product(layer, kernels)
 
         return RowBlock(*(w.detach().numpy() for w in (block.ln_1.weight, block.ln_1.bias)),
-                        product(block.attn.c_attn), product(block.attn.c_proj),
+                        product(block.c_attn), product(block.c_proj),
                         *(w.detach().numpy() for w in (block.ln_2.weight, block.ln_2.bias)),
-                        product(block.mlp.fc_in), product(block.mlp.fc_out))
+                        product(block.fc_in), product(block.fc_out))
 
     def _fused_blocks(self, kernels: MatVecKernels, blocks: list[RowBlock], scales: list[float],
                       final: tuple[np.ndarray, np.ndarray]) -> list[FusedRowBlock]:
@@ -216,16 +207,15 @@ class CpuStep:
                 for i, (block, scale) in enumerate(zip(blocks, scales))]
 
     @classmethod
-    def build(cls, model: nn.Module, compile_mode: str = "auto",
+    def build(cls, model: DecoderParts, compile_mode: str = "auto",
               arena: Callable[[int], PreparedArena] = fresh_arena) -> Optional["CpuStep"]:
         """Return a ``CpuStep`` for an fp32 model on the CPU (its tiles in ``arena``), None for any other (its
         own kernels are fine)."""
         if compile_mode not in COMPILE_MODES:
             raise InputError(f"--compile {compile_mode}: unknown; use one of {', '.join(COMPILE_MODES)}")
-        weight = model.local_transformer.ln_f.weight
+        weight = model.local_norm.weight
         # block_step writes out the tanh GELU of the official config; other activations keep the torch path.
-        tanh_gelu = model.config.gpt2_config.activation_function == "gelu_new"
-        if weight.device.type != "cpu" or weight.dtype != torch.float32 or not tanh_gelu:
+        if weight.device.type != "cpu" or weight.dtype != torch.float32 or not model.tanh_gelu:
             if compile_mode == "on":
                 raise InputError(f"--compile on compiles the float32 CPU step; this model is {weight.dtype} on "
                                  f"{weight.device}: use --compile auto or off")
@@ -382,14 +372,14 @@ class CpuStep:
 
     def threads(self, slots: int) -> contextlib.AbstractContextManager:
         """Return the thread setting a frame of ``slots`` slots runs under (``moss_npu.cpu.threads``): for one slot,
-        torch and numpy's BLAS on one thread and the kernels' products shared over the process setting; for more,
-        the process setting in torch and BLAS and the kernels on one thread (their pools would fight)."""
+        torch on one thread in this thread and the kernels' products shared over the process setting; for more,
+        the process setting in torch and the kernels on one thread (their pools would fight)."""
         if self._kernels_used is not None:
             self._kernels_used.threads.use(torch.get_num_threads() if slots == 1 else 1)
-        return self.pools.limited(1) if slots == 1 else contextlib.nullcontext()
+        return this_thread_limited(1) if slots == 1 else contextlib.nullcontext()
 
     def kernel_target(self) -> str:
-        """Return the instruction set of the one-row kernels (``native.choose_target``), or ``none`` without them."""
+        """Return the instruction set of the one-row kernels (``targets.choose_target``), or ``none`` without them."""
         return "none" if self._kernels_used is None else self._kernels_used.target
 
     def head(self, channel: int, x: torch.Tensor) -> torch.Tensor:

@@ -1,19 +1,12 @@
-"""CPU threads: how many threads torch's intra-op pool, numpy's BLAS and the one-row kernels' pool (the CPU frame
-step's matrix-vector products, ``cpu.matvec``) use. One process-wide setting, made by the command lines
-(``--num-threads``).
+"""CPU threads: how many threads torch's intra-op pool, numpy's BLAS and the one-row kernels' pool (``cpu.matvec``)
+use. One process-wide setting, made by the command lines (``--num-threads``).
 
-Default (``--num-threads 0``): 1 thread on machines with at most 2 usable physical cores, else one per usable
-physical core. On 2 cores the batch-1 frame is memory-bound, so a second thread adds little bandwidth, and
-whenever another process takes the other core every parallel region of a 2-thread pool waits for the
-descheduled thread. Whatever the setting, a one-slot CPU frame runs torch and numpy's BLAS on one thread
-(``ThreadPools``): torch's spinning OpenMP workers and OpenBLAS's threads would otherwise fight over the cores,
-while prefill and the codec, which are compute-bound, keep the setting. numpy's BLAS follows torch's count: left
-at 2 threads, its still-spinning workers slow a stream's codec calls. The frame's products instead share their
-tiles over the setting's threads in the kernels' own pool (``matvec.c``): each thread claims the next tile, so a
-thread that another process has descheduled delays a product by one tile, not to the end; batches of several
-slots keep those products on one thread (torch's pool is busy then). The default stays 1 thread on 2-core
-machines because prefill and the codec still meet the stall above; ``--num-threads 2`` there buys the frames
-what two cores read beyond one. The measurements behind each choice: docs/performance.md#threads.
+Default (``--num-threads 0``): 1 thread on machines with at most 2 usable physical cores (the batch-1 frame is
+memory-bound, and a 2-thread pool waits at every parallel region for a thread another process took), else one
+per usable physical core. A one-slot frame runs torch on one thread in its own thread (``this_thread_limited``),
+so torch's spinning workers leave the cores to the kernels' pool, which shares the frame's products tile by tile
+over the setting's threads; prefill and the codec (compute-bound) keep the setting. numpy's BLAS has one count
+per process, set once when the CPU step is built. The measurements behind each choice: docs/performance.md#threads.
 """
 
 from __future__ import annotations
@@ -23,7 +16,7 @@ import os
 from typing import Iterator
 
 import torch
-from threadpoolctl import ThreadpoolController, threadpool_limits
+from threadpoolctl import threadpool_limits
 
 
 def usable_physical_cores() -> int:
@@ -64,27 +57,17 @@ def limit_blas(count: int) -> None:
     threadpool_limits(limits=count, user_api="blas")
 
 
-class ThreadPools:
-    """This process's torch intra-op pool and numpy's BLAS pools, switched for a while and back (each switch
-    costs about a microsecond)."""
-
-    def __init__(self) -> None:
-        self._blas = [lib for lib in ThreadpoolController().lib_controllers if lib.user_api == "blas"]
-
-    @contextlib.contextmanager
-    def limited(self, count: int) -> Iterator[None]:
-        """Run the block with at most ``count`` threads in torch and in numpy's BLAS."""
-        torch_before, blas_before = torch.get_num_threads(), [lib.num_threads for lib in self._blas]
-        if torch_before > count:
-            torch.set_num_threads(count)
-        for lib, before in zip(self._blas, blas_before):
-            if before > count:
-                lib.set_num_threads(count)
-        try:
-            yield
-        finally:
-            if torch.get_num_threads() != torch_before:
-                torch.set_num_threads(torch_before)
-            for lib, before in zip(self._blas, blas_before):
-                if before > count:
-                    lib.set_num_threads(before)
+@contextlib.contextmanager
+def this_thread_limited(count: int) -> Iterator[None]:
+    """Run the block with at most ``count`` torch intra-op threads in the calling thread only (an OpenMP thread's
+    own count, ``use_threads``); numpy's BLAS has one count for the whole process, which other threads may be
+    using, so it is set when the decoder is built (``cpu.step``), never around a frame."""
+    before = torch.get_num_threads()
+    if before <= count:
+        yield
+        return
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

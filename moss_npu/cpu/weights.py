@@ -16,7 +16,7 @@ import torch.nn as nn
 from moss_npu.cpu.matvec import Int8Tiles, Prepare, filled
 from moss_npu.cpu.prepared import PageArena
 from moss_npu.cpu.quantize import int8_rows
-from moss_npu.nano.model import Block
+from moss_npu.cpu.contract import BlockParts
 
 
 def layer_bias(layer: nn.Linear) -> torch.Tensor:
@@ -120,7 +120,7 @@ def int8_tile_matmul(x: torch.Tensor, tiles: Int8Tiles, bias: torch.Tensor,
     return torch.from_numpy(tiles.rows(rows, None if residual is None else np.ascontiguousarray(residual.numpy())))
 
 
-def block_weights(block: Block, weights) -> tuple:
-    return (block.ln_1.weight.detach(), block.ln_1.bias.detach(), *weights.linear(block.attn.c_attn),
-            *weights.linear(block.attn.c_proj), block.ln_2.weight.detach(), block.ln_2.bias.detach(),
-            *weights.linear(block.mlp.fc_in), *weights.linear(block.mlp.fc_out))
+def block_weights(block: BlockParts, weights) -> tuple:
+    return (block.ln_1.weight.detach(), block.ln_1.bias.detach(), *weights.linear(block.c_attn),
+            *weights.linear(block.c_proj), block.ln_2.weight.detach(), block.ln_2.bias.detach(),
+            *weights.linear(block.fc_in), *weights.linear(block.fc_out))

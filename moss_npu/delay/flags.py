@@ -108,12 +108,12 @@ def place_on_device(run: DelayRunConfig, spec: Optional[str]) -> DelayRunConfig:
     Raises:
         DeviceError: the device string is unknown, or llama-cpp-python was built without GPU offload.
     """
-    from moss_npu.device import is_host, parse_device
+    from moss_npu.device import get_backend, parse_device
 
     kind, index = parse_device(spec)
     if kind == "auto":
         return run
-    if is_host(kind):
+    if get_backend(kind).host:
         return dataclasses.replace(run, n_gpu_layers=0, audio_provider=kind, heads_device=kind, device_index=None)
     from moss_npu.delay.backbone import import_llama_cpp
 

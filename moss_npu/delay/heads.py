@@ -83,9 +83,9 @@ def _torch_device(device_spec: str, required: bool) -> Optional[object]:
             raise ConfigError("heads_backend=torch but torch is not importable; install torch or use "
                               "heads_backend: numpy") from exc
         return None
-    from moss_npu.device import is_host, resolve_device
+    from moss_npu.device import backend, resolve_device
 
     device = resolve_device(device_spec)
-    if not required and is_host(device):
+    if not required and backend(device).host:
         return None  # on the CPU the NumPy heads are as fast and match upstream's rounding
     return device

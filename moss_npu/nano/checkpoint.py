@@ -12,7 +12,6 @@ import hashlib
 import json
 import os
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
@@ -21,6 +20,7 @@ import torch
 from moss_npu.errors import CheckpointError
 from moss_npu.nano.config import NanoConfig, load_config, official_config_dict
 from moss_npu.nano.model import NanoTTSModel
+from moss_npu.origin import stamp_origin
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
@@ -138,32 +138,6 @@ def checkpoint_identity(model_dir: Path) -> str:
         raise CheckpointError(f"{path}: cannot read weights ({type(exc).__name__}: {exc}); re-download it") from exc
     stamp = (info.st_size, info.st_ino, info.st_dev, info.st_mtime_ns, info.st_ctime_ns)
     return f"{':'.join(map(str, stamp))}:{digest.hexdigest()}"
-
-
-@dataclass(frozen=True)
-class WeightsOrigin:
-    """Where a model's weights came from (``identity``) and the parameters' ``weights_state`` then: the weights
-    still are that checkpoint's while the state is unchanged."""
-
-    identity: str
-    state: tuple
-
-
-def weights_state(model: torch.nn.Module) -> tuple:
-    """Return each parameter's address and version counter: every in-place edit or replacement changes it."""
-    return tuple((p.data_ptr(), p._version) for p in model.parameters())
-
-
-def stamp_origin(model: torch.nn.Module, identity: str) -> None:
-    """Record that ``model``'s weights, as they are now, are what ``identity`` names (a checkpoint as loaded, or
-    such weights rounded by a named step: ``cpu.quantize``)."""
-    model.weights_origin = WeightsOrigin(identity, weights_state(model))
-
-
-def origin_identity(model: torch.nn.Module) -> Optional[str]:
-    """Return the identity stamped on ``model`` if its weights were not changed since, else None."""
-    origin = getattr(model, "weights_origin", None)
-    return origin.identity if origin is not None and origin.state == weights_state(model) else None
 
 
 def _names(keys: list[str], limit: int = 8) -> str:

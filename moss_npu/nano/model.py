@@ -19,6 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from moss_npu.checkpoint_layers import CheckpointLinear
+from moss_npu.cpu.contract import BlockParts, DecoderParts
 from moss_npu.errors import InputError
 from moss_npu.nano.config import GPT2Config, NanoConfig
 
@@ -285,6 +286,19 @@ class NanoTTSModel(nn.Module):
         self.text_lm_head.weight = self.transformer.wte.weight
         for head, table in zip(self.audio_lm_heads, self.audio_embeddings):
             head.weight = table.weight
+
+    def parts(self) -> DecoderParts:
+        """Return the decoders and audio heads as the CPU path reads them (``cpu.contract``)."""
+        g = self.config.gpt2_config
+
+        def blocks(decoder: Decoder) -> tuple[BlockParts, ...]:
+            return tuple(BlockParts(b.ln_1, b.attn.c_attn, b.attn.c_proj, b.ln_2, b.mlp.fc_in, b.mlp.fc_out,
+                                    b.attn.scale) for b in decoder.h)
+
+        return DecoderParts(blocks(self.transformer), blocks(self.local_transformer), self.transformer.ln_f,
+                            self.local_transformer.ln_f, tuple(self.audio_lm_heads), g.n_head, g.layer_norm_epsilon,
+                            g.activation_function == "gelu_new",
+                            "int8" if self.quantization == "int8" else self.weight_dtype)
 
     @property
     def dtype(self) -> torch.dtype:

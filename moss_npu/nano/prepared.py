@@ -5,7 +5,7 @@ kernels' tiles, int8 copies, packed prefill weights).
 A pipeline prepares them when it loads (``DecoderWeights.build`` with ``cache``), so that the first synthesis of
 a process costs what the second costs, and hands them to every decoder it makes; a decoder made without them,
 or after the weights changed (``current``), builds its own. For a model loaded from a checkpoint
-(``checkpoint.origin_identity``) the CPU arrays come from the prepared-weights cache (``cpu.prepared``), keyed by
+(``origin.origin_identity``) the CPU arrays come from the prepared-weights cache (``cpu.prepared``), keyed by
 everything they depend on (``cache_parts``); oneDNN's packed copies are opaque tensors that cannot be written
 out, so they are packed again at every start (~0.2 s for the real model's global blocks here).
 """
@@ -21,11 +21,12 @@ import numpy as np
 import torch
 
 from moss_npu.cpu.matvec import GROUP, TILE
-from moss_npu.cpu.native import cpu_identity, kernels_in_use
+from moss_npu.cpu.targets import kernels_in_use
+from moss_npu.native.library import cpu_identity
 from moss_npu.cpu.prepared import PreparedArena, StaleEntry, WeightCache, entry_key, fresh_arena
 from moss_npu.cpu.step import CpuStep
-from moss_npu.device import backend, is_host
-from moss_npu.nano.checkpoint import origin_identity, weights_state
+from moss_npu.device import backend
+from moss_npu.origin import origin_identity, weights_state
 from moss_npu.nano.model import NanoTTSModel
 from moss_npu.nano.reuse import audio_qkv_bytes, audio_qkv_tables
 
@@ -44,7 +45,7 @@ class DecoderWeights:
     audio_qkv: tuple[torch.Tensor, ...]
     cpu_step: Optional[CpuStep]
     compiled: bool  # built for --compile on
-    state: tuple  # ``checkpoint.weights_state`` of the model they were built from
+    state: tuple  # ``origin.weights_state`` of the model they were built from
     source: str
 
     @classmethod
@@ -54,7 +55,7 @@ class DecoderWeights:
         """Prepare the parts from ``model``'s current weights; with ``cache``, read and write the CPU arrays in the
         prepared-weights cache where the model still holds a checkpoint's weights (``label`` names it in the one
         line that says the cache is being built)."""
-        cpu = is_host(model.device) and model.dtype == torch.float32
+        cpu = backend(model.device).host and model.dtype == torch.float32
         key = cache_key(model, compile_mode) if cache and cpu else None
         if key is None:
             return cls._build(model, compile_mode, lambda name, nbytes: fresh_arena(nbytes),
@@ -72,10 +73,11 @@ class DecoderWeights:
                store: WeightCache | str) -> "DecoderWeights":
         """Build the parts with arrays from ``arenas``; ``store``: the cache to save built arenas in (and to ask
         where they came from), or the source to report."""
-        cpu = is_host(model.device) and model.dtype == torch.float32
+        cpu = backend(model.device).host and model.dtype == torch.float32
         tables = arenas("tables", audio_qkv_bytes(model)) if cpu else None
         audio_qkv = audio_qkv_tables(model, None if tables is None else tables.array)
-        step = backend(model.device).frame_step(model, compile_mode, arena=lambda nbytes: arenas("tiles", nbytes))
+        step = backend(model.device).frame_step(model.parts(), compile_mode,
+                                                arena=lambda nbytes: arenas("tiles", nbytes))
         built = [("tables", tables), ("tiles", None if step is None else step.tile_arena)]
         for name, arena in built:
             if arena is not None:

@@ -173,6 +173,9 @@ def create_app(config: ServerConfig, pool: WorkerPool, metrics: Metrics,
             watcher.cancel()
             ticket.abandon()
             raise
+        if body.streams():  # Starlette's streaming response reads the channel from here: ASGI allows one reader
+            watcher.cancel()
+            await asyncio.wait({watcher})
         reply = _Reply(body, ticket, rate, channels, arrived, deadline, metrics, watcher)
         headers = {"X-Sample-Rate": str(reply.out_rate), "X-Channels": str(reply.out_channels)}
         if body.stream_format == "sse":

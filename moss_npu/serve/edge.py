@@ -105,14 +105,6 @@ def route_of(path: str) -> str:
     return next((r for r in ROUTES if path == r or path.startswith(r + "/")), "other")
 
 
-class _BodyRefused(Exception):
-    """The body broke a limit while it was read."""
-
-    def __init__(self, error: ApiError) -> None:
-        super().__init__(error.message)
-        self.error = error
-
-
 class Edge:
     """ASGI middleware applying an ``EdgePolicy`` (see the module docstring) and counting answers."""
 

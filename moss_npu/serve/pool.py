@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional
 
-from moss_npu.device import is_host
+from moss_npu.device import get_backend, parse_device
 from moss_npu.serve.errors import INTERNAL, WORKER_LOST, ApiError, from_engine
 from moss_npu.serve.metrics import Metrics
 from moss_npu.serve.spec import WorkerSpec
@@ -357,6 +357,6 @@ def usable_cores() -> int:
 
 def specs_for(devices: list[str], base: WorkerSpec) -> list[WorkerSpec]:
     """One spec per device; CPU workers share the cores but one (``cpu_threads``) unless a thread count was given."""
-    cpu = [d for d in devices if is_host(d)]
-    threads = base.num_threads or (cpu_threads(len(cpu), usable_cores()) if cpu else 0)
-    return [replace(base, device=d, num_threads=threads if is_host(d) else base.num_threads) for d in devices]
+    host = [d for d in devices if get_backend(parse_device(d)[0]).host]
+    threads = base.num_threads or (cpu_threads(len(host), usable_cores()) if host else 0)
+    return [replace(base, device=d, num_threads=threads if d in host else base.num_threads) for d in devices]

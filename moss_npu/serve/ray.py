@@ -24,6 +24,7 @@ from moss_npu.cli import run_cli
 from moss_npu.device import parse_device, replica_device
 from moss_npu.errors import DeviceError, InputError, MissingDependency
 from moss_npu.serve import cli as server_cli
+from moss_npu.serve.ray_app import APP_NAME, ReplicaSettings, Scaling, application
 
 RAY_INSTALL = "pip install -e '.[ray]'"
 PROXY_OWNED = {"header_timeout": 10.0, "keep_alive": 5, "max_connections": 1000}  # flag -> the server's default
@@ -53,8 +54,6 @@ def build_parser() -> argparse.ArgumentParser:
 def settings_from_args(args: Union[argparse.Namespace, dict]):
     """Check the flags (a namespace, or a config file's ``args`` by flag name) and return
     ``(ReplicaSettings, Scaling)``; raise ``InputError`` naming the bad one."""
-    from moss_npu.serve.ray_app import ReplicaSettings, Scaling
-
     args = _parse_config_args(args) if isinstance(args, dict) else argparse.Namespace(**vars(args))  # _check edits it
     for name, default in PROXY_OWNED.items():
         if getattr(args, name) != default:
@@ -113,6 +112,12 @@ def _parse_config_args(values: dict) -> argparse.Namespace:
     return args
 
 
+def build(args: dict):
+    """Application builder for ``serve run`` / a Serve config file (``ray.yaml``): ``args`` are the CLI's flags by
+    name."""
+    return application(*settings_from_args(args))
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     """Check the flags, start (or join) the cluster, deploy, and serve until Ctrl-C."""
     return run_cli(lambda: serve(build_parser().parse_args(argv)))
@@ -126,8 +131,6 @@ def serve(args: argparse.Namespace) -> int:
         from ray import serve as ray_serve
     except ImportError as exc:
         raise MissingDependency(f"Ray Serve is not installed ({exc.name} is missing); run {RAY_INSTALL}") from None
-    from moss_npu.serve.ray_app import APP_NAME, application
-
     ray.init(address=args.address, num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=True)
     try:
         ray_serve.start(http_options={"host": args.host, "port": args.port})

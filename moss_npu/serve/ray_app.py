@@ -203,11 +203,3 @@ def application(settings: ReplicaSettings, scaling: Scaling):
     speech = serve.deployment(name=DEPLOYMENT, **scaling.deployment_options(settings.max_ongoing))(SpeechReplica)
     gateway = serve.deployment(name=GATEWAY, **scaling.gateway_options(settings.max_ongoing))(serve.ingress()(Gateway))
     return gateway.bind(speech.bind(settings), settings.config)
-
-
-def build(args: dict):
-    """Application builder for ``serve run`` / a Serve config file: ``args`` are the CLI's flags by name."""
-    from moss_npu.serve.ray import settings_from_args
-
-    settings, scaling = settings_from_args(args)
-    return application(settings, scaling)

@@ -17,7 +17,7 @@ from typing import Any, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from moss_npu.errors import MissingDependency, MossNpuError
+from moss_npu.errors import MissingDependency, MossNpuError, SettingError
 from moss_npu.limits import MAX_SEED
 from moss_npu.sampling import MAX_PENALTY, MAX_TEMPERATURE, MAX_TOP_K
 from moss_npu.serve.errors import ApiError, shown
@@ -144,8 +144,8 @@ def check_body(body: SpeechBody, *, model_names: tuple[str, ...], max_chars: int
             rubberband()
     except MissingDependency as exc:  # the server's install, not the request, is at fault
         raise ApiError(501, str(exc), param="speed", code="unsupported_value") from None
-    except MossNpuError as exc:
-        raise ApiError(400, str(exc).replace("--", ""), param="speed", code="invalid_value") from None
+    except SettingError as exc:
+        raise ApiError(400, exc.named(exc.setting), param=exc.setting, code="invalid_value") from None
     if body.instructions is not None:
         raise ApiError(400, "instructions: not supported by MOSS-TTS-Nano; pass a voice or ref_audio instead",
                        param="instructions", code="unsupported_value")
@@ -224,5 +224,7 @@ def run_config(body: SpeechBody, *, mode: str, max_new_frames: int) -> RunConfig
     try:
         return RunConfig(mode=mode, max_new_frames=frames, do_sample=not body.greedy, seed=body.seed, speed=body.speed,
                          **values)
+    except SettingError as exc:
+        raise ApiError(400, exc.named(exc.setting), param=exc.setting, code="invalid_value") from None
     except (MossNpuError, ValueError, TypeError) as exc:
-        raise ApiError(400, str(exc).replace("--", ""), code="invalid_value") from None
+        raise ApiError(400, str(exc), code="invalid_value") from None

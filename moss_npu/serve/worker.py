@@ -78,8 +78,10 @@ class WorkerLoop:
                 break
             if kind == "submit":
                 self._submit(message[1], message[2])
-            elif kind == "cancel" and message[1] in self.streams:
-                self.streams[message[1]].cancel()
+            elif kind == "cancel":
+                stream = self.streams.get(message[1])  # one look-up: its pump thread may remove it at any time
+                if stream is not None:
+                    stream.cancel()
             elif kind == "encode":
                 self._encode(*message[1:])
         self._stop.set()

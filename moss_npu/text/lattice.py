@@ -26,7 +26,7 @@ Why it is the very same answer, arc for arc (OpenFst 1.8, as pynini and kaldifst
 
 The grammar's arrays (``prepare``: read from the FST file as pynini's ``optimize()`` gives it, epsilons and arcs
 by label, first sets) are kept in the user cache (``grammar_cache``). The search is part of the package's C library
-(``moss_npu.cpu.native``, built with the package); where it is missing ``LatticeKernels.load`` raises
+(``moss_npu.native``, built with the package); where it is missing ``LatticeKernels.load`` raises
 ``KernelUnavailable`` and the grammar is searched with kaldifst (OpenFst itself), the same answers at ~2 s per
 2,000 English characters.
 """
@@ -39,7 +39,7 @@ from typing import Optional
 
 import numpy as np
 
-from moss_npu.cpu.native import load_library, require
+from moss_npu.native.library import load_library, require
 from moss_npu.text.fst_file import FstArrays
 
 FORMAT_VERSION = 4  # of the prepared arrays (grammar_cache names its files by it)
@@ -65,7 +65,7 @@ class LatticeKernels:
     """The compiled functions of ``lattice.c`` (``load``)."""
 
     def __init__(self, library: ctypes.CDLL, built: Optional[str] = None) -> None:
-        self.built = built  # where this load compiled them (native.PRIVATE: a temporary folder), None if cached
+        self.built = built  # where this load compiled them (library.PRIVATE: a temporary folder), None if cached
         self.lookahead_sets = library.fst_lookahead_sets
         self.lookahead_sets.argtypes, self.lookahead_sets.restype = [_L] + [_P] * 5, ctypes.c_int
         self.best_path = library.fst_best_path
@@ -80,7 +80,7 @@ class LatticeKernels:
 
     @classmethod
     def load(cls, cache: Optional[Path] = None) -> "LatticeKernels":
-        """Return the search (``native.load_library``: the installed library, or the one built for this CPU into
+        """Return the search (``native.library.load_library``: the installed library, or the one built for this CPU into
         ``cache/kernels`` where asked); raises ``KernelUnavailable`` where there is none."""
         library, built = load_library(cache)
         return cls(library, built)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from moss_npu.cpu.native import KernelUnavailable, report_build
+from moss_npu.native.library import KernelUnavailable, report_build
 from moss_npu.text.grammar_cache import GrammarCache
 from moss_npu.text.language import LANGUAGES, choose_language, guard_chinese_hyphens
 from moss_npu.text.lattice import LatticeKernels, NoReading

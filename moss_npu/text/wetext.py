@@ -8,7 +8,7 @@ the WeTextProcessing wheel ships, and the custom verbalizer only concatenates th
 no grammar compiler: it reads the wheel's tagger FSTs and its English verbalizer, and pynini (no aarch64 wheel)
 is never imported. Each FST's lightest path over a text is found by the compiled search (``lattice``: OpenFst's
 very answer, in milliseconds), its arrays prepared once per grammar file and kept in the user cache
-(``grammar_cache``); without the package's C library (``moss_npu.cpu.native``), by kaldifst (OpenFst itself, wheels for x86-64 and aarch64), slower.
+(``grammar_cache``); without the package's C library (``moss_npu.native``), by kaldifst (OpenFst itself, wheels for x86-64 and aarch64), slower.
 The official runtime loads the files with pynini's ``optimize()``, which renumbers their states and so reorders
 the arcs of a few; the search here reads them so too (``optimize_order``), or in rare ties it would break them
 otherwise (``foo@example.org, CO2`` would be tagged ``example.or`` + ``g, Colorado`` instead of

@@ -153,15 +153,14 @@ class Engine:
             raise InputError("speed: the engine streams at the model's pace; stretch its chunks with "
                              "moss_npu.tts.timeline.at_speed, as the server's workers do")
         stream = RequestStream(self)
-        with self._cond:
+        with self._cond:  # held until the request is handed over: close() then ends it or comes after
             if self._closed:
                 raise MossNpuError("the engine is closed; create a new one to submit requests")
-        if isinstance(request, PreparedRequest):
-            self._enqueue(stream, request)
-        else:
-            with self._cond:
+            if not isinstance(request, PreparedRequest):
                 self._unprepared.add(stream)
-            self._preparing.submit(self._prepare, stream, request)
+                self._preparing.submit(self._prepare, stream, request)
+                return stream
+        self._enqueue(stream, request)
         return stream
 
     def encode(self, source: PromptAudio) -> "Future[torch.Tensor]":

@@ -26,7 +26,8 @@ from moss_npu.codec.model import NanoCodec
 from moss_npu.codec.rows import CodecRows
 from moss_npu.errors import InputError, NumericalError
 from moss_npu.hub import DEFAULT_CODEC, DEFAULT_MODEL, resolve_model_dir
-from moss_npu.nano.checkpoint import load_model, weights_state
+from moss_npu.nano.checkpoint import load_model
+from moss_npu.origin import weights_state
 from moss_npu.nano.decoder import FrameDecoder, RequestParams
 from moss_npu.nano.frames import PhaseTimer, left_pad, trim_codes
 from moss_npu.nano.model import NanoTTSModel

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Mapping, NamedTuple, Optional
 
 from moss_npu.codec.streaming import OFFICIAL_SCHEDULE, DecodeSchedule
-from moss_npu.errors import ConfigError, InputError, MossNpuError
+from moss_npu.errors import ConfigError, InputError, MossNpuError, SettingError
 from moss_npu.limits import MAX_NEW_FRAMES, MAX_SEED
 from moss_npu.cpu.step import COMPILE_MODES
 from moss_npu.nano.graphs import GRAPH_MODES
@@ -43,9 +43,9 @@ class LoadConfig:
 
     def __post_init__(self) -> None:
         if self.num_threads < 0:
-            raise InputError(f"--num-threads {self.num_threads}: use 0 (the default policy) or a thread count")
+            raise SettingError("num_threads", self.num_threads, "use 0 (the default policy) or a thread count")
         if self.quantize not in QUANTIZE_MODES:
-            raise InputError(f"--quantize {self.quantize}: unknown; use one of {', '.join(QUANTIZE_MODES)}")
+            raise SettingError("quantize", self.quantize, f"unknown; use one of {', '.join(QUANTIZE_MODES)}")
 
 
 @dataclass(frozen=True)
@@ -91,23 +91,23 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
-            raise InputError(f"--mode {self.mode}: unknown; use {', '.join(MODES)}")
+            raise SettingError("mode", self.mode, f"unknown; use {', '.join(MODES)}")
         if not 1 <= self.max_new_frames <= MAX_NEW_FRAMES:
-            raise InputError(f"--max-new-frames {self.max_new_frames}: use 1 .. {MAX_NEW_FRAMES} "
-                             "(12.5 frames per second)")
+            raise SettingError("max_new_frames", self.max_new_frames,
+                               f"use 1 .. {MAX_NEW_FRAMES} (12.5 frames per second)")
         if self.seed is not None and not 0 <= self.seed <= MAX_SEED:
-            raise InputError(f"--seed {self.seed}: use 0 .. 2**63-1")
+            raise SettingError("seed", self.seed, "use 0 .. 2**63-1")
         if self.voice_clone_max_text_tokens < 0 or self.tts_max_batch_size < 0:
             raise InputError("voice_clone_max_text_tokens and tts_max_batch_size must be >= 0 (0 = no limit)")
         if not isinstance(self.text_normalization, bool) or not isinstance(self.wetext, bool):
             raise InputError("text_normalization and wetext must be true or false")
         if self.decoder not in DECODERS:
-            raise InputError(f"--decoder {self.decoder}: unknown; use one of {', '.join(DECODERS)}")
+            raise SettingError("decoder", self.decoder, f"unknown; use one of {', '.join(DECODERS)}")
         check_speed(self.speed)
         if self.graph not in GRAPH_MODES:
-            raise InputError(f"--graph {self.graph}: unknown; use one of {', '.join(GRAPH_MODES)}")
+            raise SettingError("graph", self.graph, f"unknown; use one of {', '.join(GRAPH_MODES)}")
         if self.compile not in COMPILE_MODES:
-            raise InputError(f"--compile {self.compile}: unknown; use one of {', '.join(COMPILE_MODES)}")
+            raise SettingError("compile", self.compile, f"unknown; use one of {', '.join(COMPILE_MODES)}")
         self.sampling()  # validates the sampling values
         self.schedule()
 
@@ -149,8 +149,8 @@ def load_preset(path: Path | str) -> dict[str, Any]:
     if "speed" in data:
         try:
             check_speed(data["speed"])
-        except InputError as exc:
-            raise ConfigError(f"--config {path}: {str(exc).replace('--speed ', 'speed ', 1)}") from None
+        except SettingError as exc:
+            raise ConfigError(f"--config {path}: {exc.named(exc.setting)}") from None
     check_types(data, RunConfig, f"--config {path}")
     try:
         merge(data)  # the preset alone must be valid, even where a command-line flag replaces a value

@@ -17,13 +17,13 @@ from typing import Any, Callable, Iterator, Optional
 
 import torch
 
-from moss_npu.device import attention_impl, chunk_batch_size
+from moss_npu.device import Backend, attention_impl, chunk_batch_size
 from moss_npu.errors import CheckpointError
 from moss_npu.upstream.manifest import PatchEntry, PatchSet
 
 _MARK = "__moss_npu_patch__"
 # Device kinds the autocast guard must cover, added to as patches are installed; the host is always there.
-_AUTOCAST_KINDS: set[str] = {"cpu"}
+_AUTOCAST_KINDS: set[str] = {kind for kind, kind_backend in Backend.builtin.items() if kind_backend.host}
 
 
 def fallback_attention(device: torch.device) -> str:

@@ -17,7 +17,7 @@ from moss_npu.cpu.step import CpuStep
 from moss_npu.cpu.weights import WeightArena
 from moss_npu.nano.decoder import FrameDecoder, RequestParams, generate
 from moss_npu.cpu.matvec import BlasGemv
-from tests.optional import needs
+from tests.optional import missing, needs
 
 from .test_decoder import model, prompts, steer  # noqa: F401 - the tiny steered model and its prompts (fixtures)
 
@@ -115,11 +115,11 @@ def test_cpu_step_decodes_like_the_torch_step(model, prompts, count):
 
 def test_cpu_step_only_for_float32_on_the_cpu(model):
     bf16 = load_model_copy(model, torch.bfloat16)
-    assert CpuStep.build(bf16, "auto") is None and CpuStep.build(bf16, "off") is None
+    assert CpuStep.build(bf16.parts(), "auto") is None and CpuStep.build(bf16.parts(), "off") is None
     with pytest.raises(InputError, match="--compile on"):
-        CpuStep.build(bf16, "on")
+        CpuStep.build(bf16.parts(), "on")
     with pytest.raises(InputError, match="--compile fast"):
-        CpuStep.build(model, "fast")
+        CpuStep.build(model.parts(), "fast")
 
 
 def load_model_copy(model, dtype):
@@ -138,17 +138,41 @@ def test_refresh_rebuilds_the_transposed_weights(tiny_ckpt, prompts):
     torch.testing.assert_close(decoder.cpu_step.global_blocks[0][2], before * 2.0)
 
 
-def test_blas_threads_follow_torch(model):
+def _blas_threads() -> set:
     from threadpoolctl import threadpool_info
 
+    return {pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"}
+
+
+def test_blas_threads_follow_torch(model):
     previous = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        CpuStep.build(model, "off")
-        blas = [pool for pool in threadpool_info() if pool["user_api"] == "blas"]
-        assert blas and all(pool["num_threads"] == 1 for pool in blas)
+        CpuStep.build(model.parts(), "off")
+        assert _blas_threads() == {1}
     finally:
         torch.set_num_threads(previous)
+
+
+def test_a_one_slot_frame_leaves_the_process_blas_count_alone(model):
+    """numpy's BLAS count is the whole process's (the codec and other threads run beside the frame thread): it
+    is set once when the step is built, never switched around a frame; torch's count drops in this thread only."""
+    from moss_npu.cpu.threads import limit_blas
+
+    previous = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        limit_blas(2)
+        step = CpuStep.build(model.parts(), "off")
+        if step.kernel_target() == "none":
+            missing("the C library is not built: one-slot frames multiply through numpy's BLAS on one thread")
+        assert _blas_threads() == {2}
+        with step.threads(1):
+            assert _blas_threads() == {2} and torch.get_num_threads() == 1
+        assert _blas_threads() == {2} and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(previous)
+        limit_blas(previous)
 
 
 @pytest.mark.slow
@@ -178,7 +202,7 @@ def test_prefill_fills_the_cache_like_the_model_forward(model, prompts, split):
     rows = prompts[0]
     length, g = rows.shape[0], model.config.gpt2_config
     start = split % length
-    step = CpuStep.build(model)
+    step = CpuStep.build(model.parts())
     rotation = blocks.rotations(*model.transformer.rope_table(length))
     kv = torch.zeros(g.n_layer, 2, 2, g.n_head, length, g.head_dim)
     reference = model.transformer.init_cache(1, length)
@@ -200,7 +224,7 @@ def test_prompts_prefilled_together_fill_each_slot_as_alone(model, prompts):
     the slot between them untouched."""
     g = model.config.gpt2_config
     longest = max(p.shape[0] for p in prompts[:3])
-    step = CpuStep.build(model)
+    step = CpuStep.build(model.parts())
     rotation = blocks.rotations(*model.transformer.rope_table(longest))
     slots, starts = [0, 2, 3], [0, 3, 0]
 

@@ -17,8 +17,9 @@ from moss_npu.errors import InputError
 from moss_npu.cpu.step import CpuStep
 from moss_npu.nano.decoder import FrameDecoder, RequestParams
 from moss_npu.cpu.matvec import Bf16Tiles, Fp32Tiles, Int8Tiles, MatVecKernels
-from moss_npu.cpu.native_build import TILES
-from moss_npu.cpu.native import TARGET_ENV, KernelUnavailable, load_library, runnable_targets
+from moss_npu.native.build import TILES
+from moss_npu.cpu.targets import TARGET_ENV, runnable_targets
+from moss_npu.native.library import KernelUnavailable, load_library
 from moss_npu.cpu.quantize import dtype_name, int8_rows, quantize_int8, store_bf16
 
 from tests.optional import missing
@@ -247,7 +248,7 @@ def test_compile_on_is_refused_for_bf16_weights(model):
     rounded = copy.deepcopy(model)
     store_bf16(rounded)
     with pytest.raises(InputError, match="--dtype bfloat16 use --compile auto or off"):
-        CpuStep.build(rounded, "on")
+        CpuStep.build(rounded.parts(), "on")
 
 
 def test_int8_rows_are_each_row_alone_bit_for_bit(kernels):

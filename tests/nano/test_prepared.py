@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 
 from moss_npu.cpu import prepared
 from moss_npu.cpu.prepared import StaleEntry, WeightCache
-from moss_npu.nano.checkpoint import origin_identity
+from moss_npu.origin import origin_identity
 from moss_npu.nano.prepared import DecoderWeights
 from moss_npu.tts import MossTTSNano, RunConfig
 from tests.optional import missing
@@ -105,6 +105,27 @@ def test_a_changed_checkpoint_is_never_served_stale(folders, caplog):
     assert changed.weights.source == "built" and len(preparing_lines(caplog)) == 1
     computed = DecoderWeights.build(changed.model)
     assert bytes(changed.weights.cpu_step.tile_arena.payload()) == bytes(computed.cpu_step.tile_arena.payload())
+
+
+@pytest.mark.parametrize("source", ["matvec.c", "matvec.py"])
+def test_changed_code_is_never_served_stale(folders, caplog, monkeypatch, tmp_path, source):
+    """Another C source (the kernels that read the tiles) or Python module of the CPU package (which fills them),
+    same package version and layout: the entries are built again, not mapped."""
+    from moss_npu.native import build as native_build
+
+    caplog.set_level(logging.WARNING)
+    assert load(folders).weights.source == "built"
+    if source.endswith(".c"):
+        changed = tmp_path / source
+        changed.write_bytes(native_build.MATVEC.read_bytes() + b"/* tiles computed another way */\n")
+        monkeypatch.setattr(native_build, "SOURCES", tuple(changed if p == native_build.MATVEC else p
+                                                           for p in native_build.SOURCES))
+    else:
+        real = Path.read_bytes
+        monkeypatch.setattr(Path, "read_bytes", lambda p: real(p) + (b"# changed" if p.name == source else b""))
+    caplog.clear()
+    again = load(folders)
+    assert again.weights.source == "built" and len(preparing_lines(caplog)) == 1
 
 
 def test_edited_weights_are_prepared_in_memory_and_not_cached(folders):

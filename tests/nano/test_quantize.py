@@ -9,7 +9,7 @@ import torch
 
 from moss_npu.errors import InputError
 from moss_npu.nano.decoder import FrameDecoder, RequestParams
-from moss_npu.cpu.quantize import block_linears, int8_kernel_available, int8_rows, quantize_int8
+from moss_npu.cpu.quantize import int8_kernel_available, int8_rows, quantize_int8
 
 from tests.optional import needs
 
@@ -31,7 +31,7 @@ def test_quantize_rounds_the_block_weights_only(model):
     quantized = copy.deepcopy(model)
     quantize_int8(quantized)
     assert quantized.quantization == "int8" and model.quantization == "none"
-    rounded = {id(layer.weight) for layer in block_linears(quantized)}
+    rounded = {id(layer.weight) for layer in quantized.parts().block_linears()}
     for (name, before), after in zip(model.state_dict().items(), quantized.state_dict().values()):
         if id(dict(quantized.named_parameters()).get(name)) in rounded:
             values, scale = int8_rows(after)

@@ -2,9 +2,12 @@
  * run (an aarch64 build under qemu-user): every target this CPU runs, the three formats, odd shapes, with and
  * without bias and residual, on one thread and shared over a pool of two; each column against a float64 sum of
  * the same stored values, and the pool's result bit for bit the one thread's; then the fused block (check_fused)
- * against the same block in float64. Built with the library's objects (moss_npu/cpu/native_build.py); prints one
- * line per target and exits 1 on any failure. */
+ * against the same block in float64; then the pool's product number across its 2^24 wrap (check_ticket_wrap).
+ * Built with the library's objects (moss_npu/cpu/native_build.py); prints one line per target and exits 1 on any
+ * failure. */
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +22,9 @@ int moss_targets(void);
 void *moss_pool_new(int threads);
 void moss_pool_free(void *pool);
 void moss_pool_use(void *pool, int threads);
+void moss_pool_set_product(void *pool, unsigned long long number);
+typedef void (*UnitFunction)(const void *task, long unit);
+void moss_share(void *pool, UnitFunction unit, const void *task, long units);
 int moss_matvec(void *pool, int target, int format, const float *x, const void *w, const float *scale,
                 const float *bias, const float *residual, float *y, long rows, long in, long out);
 
@@ -275,6 +281,44 @@ static int check_fused(int target, void *pool) {
     return bad;
 }
 
+/* The pool's product number wraps at 2^24: the product that wraps is shared like any other, the calling thread
+ * taking its part. Each unit a worker runs waits (a bounded while) until the caller has run one, so the check
+ * does not depend on who is scheduled first. */
+typedef struct {
+    pthread_t caller;
+    atomic_int caller_units, waits_over;
+} WrapTask;
+
+static void wrap_unit(const void *task, long unit) {
+    WrapTask *t = (WrapTask *)task;
+    (void)unit;
+    if (pthread_equal(pthread_self(), t->caller)) {
+        atomic_fetch_add(&t->caller_units, 1);
+        return;
+    }
+    for (long spins = 0; !atomic_load(&t->caller_units) && !atomic_load(&t->waits_over); spins++)
+        if (spins > 200000000L) atomic_store(&t->waits_over, 1);  /* the caller never came: the check fails */
+}
+
+static int check_ticket_wrap(void *pool) {
+    static const unsigned long long LAST[] = {(1ull << 24) - 2, (1ull << 24) - 1};
+    int bad = 0;
+    moss_pool_use(pool, 2);
+    for (size_t k = 0; k < sizeof LAST / sizeof LAST[0]; k++) {
+        moss_pool_set_product(pool, LAST[k]);
+        for (int product = 0; product < 3; product++) {  /* the product before the wrap, the wrap, the one after */
+            WrapTask task = {.caller = pthread_self()};
+            moss_share(pool, wrap_unit, &task, 8);
+            if (atomic_load(&task.caller_units) == 0) {
+                printf("  product %llu after %llu: the calling thread ran none of its units\n",
+                       (LAST[k] + 1 + product) % (1ull << 24), LAST[k]);
+                bad = 1;
+            }
+        }
+    }
+    return bad;
+}
+
 int main(void) {
     static const long SHAPES[][3] = {{1, 16, 64}, {1, 24, 40}, {1, 33, 17}, {1, 200, 300}, {3, 7, 513}, {2, 768, 1024}};
     void *pool = moss_pool_new(2);
@@ -293,6 +337,10 @@ int main(void) {
         bad += check_fused(t, pool), cases++;
         printf("%s: %d of %d cases agree\n", TARGET_NAMES[t], cases - bad, cases);
         failed += bad;
+    }
+    if (check_ticket_wrap(pool)) {
+        printf("the pool's product number does not wrap cleanly\n");
+        failed++;
     }
     if (moss_matvec(pool, TARGETS, 0, NULL, NULL, NULL, NULL, NULL, NULL, 1, 1, TILE) == 0) {
         printf("an unknown target was not refused\n");

@@ -34,12 +34,12 @@ def test_kubernetes_example_flags_parse_and_its_query_names_an_exported_gauge():
 
 def test_ray_config_file_args_build_the_application(tmp_path):
     require("ray", "pip install -e '.[ray]'")
-    from moss_npu.serve.ray_app import build
+    from moss_npu.serve.ray import build
 
     config = yaml.safe_load((REPO / "moss_npu" / "serve" / "ray.yaml").read_text(encoding="utf-8"))
     (app,) = config["applications"]
     module, _, name = app["import_path"].partition(":")
-    assert (module, name) == ("moss_npu.serve.ray_app", "build")
+    assert (module, name) == ("moss_npu.serve.ray", "build")
     model, codec = tiny_dirs()
     args = {**app["args"], "model": str(model), "codec": str(codec), "voices_dir": str(tmp_path / "voices")}
     gateway = build(args)._bound_deployment
@@ -54,7 +54,7 @@ def test_ray_config_file_args_build_the_application(tmp_path):
 def test_ray_config_refuses_an_unknown_setting(tmp_path):
     require("ray", "pip install -e '.[ray]'")
     from moss_npu.errors import InputError
-    from moss_npu.serve.ray_app import build
+    from moss_npu.serve.ray import build
 
     model, codec = tiny_dirs()
     with pytest.raises(InputError, match="unknown settings: --replicas"):

@@ -6,7 +6,7 @@ Tests that need them skip (saying so) in a clone without them, and fail in CI, w
 
 import pytest
 
-from moss_npu.cpu.native import KernelUnavailable
+from moss_npu.native.library import KernelUnavailable
 from moss_npu.text.lattice import LatticeKernels
 from moss_npu.text.wetext import Grammars, WeTextUnavailable
 from tests.optional import missing

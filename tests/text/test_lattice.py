@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from moss_npu.cpu.native import KernelUnavailable
+from moss_npu.native.library import KernelUnavailable
 from moss_npu.text import TextNormalizer
 from moss_npu.text.fst_file import FstArrays, FstFileError
 from moss_npu.text.lattice import CompiledGrammar, LatticeKernels, NoReading, PreparationError, check, prepare

@@ -1,8 +1,8 @@
 """How the package's C library (``LIBRARY``: the one-row products and the text search) is compiled.
 
 One recipe for the three places that build it: the package's build (``setup.py``, so a wheel carries the
-library), the opt-in build for this very CPU (``moss_npu.cpu.native``, ``$MOSS_NPU_NATIVE_BUILD``) and the aarch64
-cross build of the tests. The tile kernels are compiled once per instruction set of the target architecture,
+library), the opt-in build for this very CPU (``moss_npu.native.library``, ``$MOSS_NPU_NATIVE_BUILD``) and the
+aarch64 cross build of the tests. The tile kernels are compiled once per instruction set of the target architecture,
 each with its own flags, and linked with the rest into one shared library; the library picks the set the CPU
 runs at run time (``matvec.c``). Standard library only: ``setup.py`` runs it before anything is installed.
 """
@@ -18,13 +18,14 @@ import tempfile
 from pathlib import Path
 from typing import Sequence
 
-PACKAGE = Path(__file__).resolve().parent  # moss_npu/cpu: the library is built into it
+PACKAGE = Path(__file__).resolve().parent  # moss_npu/native: the library is built into it, beside its loader
 LIBRARY = "libmoss_npu_kernels.so"  # inside the package; loaded with ctypes (no Python C API: one wheel per architecture)
-MATVEC = PACKAGE / "matvec.c"
-TILES = PACKAGE / "matvec_tiles.c"
-FUSED_BLOCK = PACKAGE / "fused_block.c"
+CPU = PACKAGE.parent / "cpu"
+MATVEC = CPU / "matvec.c"
+TILES = CPU / "matvec_tiles.c"
+FUSED_BLOCK = CPU / "fused_block.c"
 LATTICE = PACKAGE.parent / "text" / "lattice.c"
-SOURCES = (MATVEC, PACKAGE / "matvec.h", TILES, FUSED_BLOCK, LATTICE)  # what the library is made of
+SOURCES = (MATVEC, CPU / "matvec.h", TILES, FUSED_BLOCK, LATTICE)  # what the library is made of
 BASE_FLAGS = ("-O3", "-fPIC", "-std=gnu11")
 # The tile kernels' instruction sets by architecture: (name, flags). The names are matvec.c's targets.
 TARGETS = {

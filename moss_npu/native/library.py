@@ -1,14 +1,14 @@
 """The package's C library (the one-row products of ``cpu.matvec``, the text search of ``text.lattice``), loaded
 with ctypes.
 
-The library is compiled when the package is built (``setup.py`` through ``native_build``: a wheel carries it,
+The library is compiled when the package is built (``setup.py`` through ``native.build``: a wheel carries it,
 an editable install builds it into the source tree) and loaded from the package folder, the folder the
 package's Python modules come from: whoever can replace it there can replace those too. It holds the tile
-kernels once per instruction set of the architecture and picks one at run time (``choose_target``).
+kernels once per instruction set of the architecture, one of which ``cpu.targets`` picks at run time.
 
 ``$MOSS_NPU_NATIVE_BUILD=1`` asks for a build for this very CPU instead (``-march=native``: the last percent,
 where a compiler is installed): compiled at first use into the user cache (``cache_dir``, ``kernels/``), named
-by the sources, the compiler and this CPU, ~2 s once, then milliseconds. That folder and the file are used only
+by the sources, the compiler and this CPU, once. That folder and the file are used only
 when this user owns them and nobody else can write them (a shared or group-writable cache could hand this
 process someone else's code); otherwise the build goes to a private temporary folder, for this process. A
 build that fails falls back to the installed library with one warning.
@@ -33,18 +33,15 @@ from typing import Optional
 
 import numpy as np
 
-from moss_npu.cpu import native_build
+from moss_npu.native import build as native_build
 from moss_npu.cache_dir import CACHE_ENV, default_cache_dir, open_trusted_folder, trusted
 from moss_npu.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 BUILD_ENV = "MOSS_NPU_NATIVE_BUILD"  # "1": compile for this CPU at first use (module docstring)
-TARGET_ENV = "MOSS_NPU_KERNEL_TARGET"  # force one of the library's instruction sets (tests, measurements)
 NATIVE_FLAGS = ("-march=native",)
 PRIVATE = "a temporary folder"  # where a library was built when the cache was unusable: compiled at every start
-TARGETS = ("portable", "avx2", "avx512", "neon")  # matvec.c's numbering
-PREFERENCE = ("avx512", "avx2", "neon", "portable")  # the fastest first
 
 
 class KernelUnavailable(RuntimeError):
@@ -120,8 +117,7 @@ def _build_key(command: list[str]) -> str:
         version = subprocess.run([*command, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError) as exc:
         raise KernelUnavailable(f"the C compiler {command[0]} does not run ({exc})") from exc
-    sources = "\0".join(p.read_text() for p in native_build.SOURCES)
-    return hashlib.sha256("\0".join([sources, " ".join(NATIVE_FLAGS), " ".join(command),
+    return hashlib.sha256("\0".join([native_build.sources_digest(), " ".join(NATIVE_FLAGS), " ".join(command),
                                      (version.splitlines() or [""])[0], cpu_identity()]).encode()).hexdigest()[:16]
 
 
@@ -204,32 +200,6 @@ def _installed(path: str) -> ctypes.CDLL:
         log.warning("%s was built from other C sources than those beside it in %s: run pip install -e . to build "
                     "it again", Path(path).name, Path(path).parent)
     return library
-
-
-def runnable_targets(library: ctypes.CDLL) -> list[str]:
-    """Return the instruction sets of ``library``'s kernels that this CPU runs, the fastest first."""
-    library.moss_targets.restype, library.moss_targets.argtypes = ctypes.c_int, []
-    mask = library.moss_targets()
-    return [name for name in PREFERENCE if mask >> TARGETS.index(name) & 1]
-
-
-def choose_target(library: ctypes.CDLL) -> str:
-    """Return the instruction set the kernels run: ``$MOSS_NPU_KERNEL_TARGET`` where set (ConfigError if this CPU or
-    library has no such set), else the fastest this CPU runs."""
-    runnable = runnable_targets(library)
-    forced = os.environ.get(TARGET_ENV, "")
-    if forced and forced not in runnable:
-        raise ConfigError(f"${TARGET_ENV}={forced!r}: this CPU runs {', '.join(runnable)} (of {', '.join(TARGETS)})")
-    return forced or runnable[0]
-
-
-def kernels_in_use() -> str:
-    """Return the instruction set the CPU kernels run in this process (``choose_target``), or ``none`` where the
-    library does not load: for reports (eval_accuracy, bench)."""
-    try:
-        return choose_target(load_library()[0])
-    except KernelUnavailable:
-        return "none"
 
 
 def require(array: np.ndarray, dtype, shape: tuple, name: str) -> None:
