@@ -72,8 +72,10 @@ def test_npu1_through_the_visible_devices(standin, tmp_path):
     assert done.returncode == 2 and "only 1 NPUs visible (ASCEND_RT_VISIBLE_DEVICES=1); use npu:0" in done.stderr
 
 
-@pytest.mark.parametrize("extra", [(), ("--prompt-audio-path", str(NANO / "goldens" / "reference.wav"), "--greedy")],
-                         ids=["sampled", "clone-greedy"])
+@pytest.mark.parametrize("extra", [
+    (), ("--prompt-audio-path", str(NANO / "goldens" / "reference.wav"), "--greedy"),
+    ("--dtype", "bfloat16", "--max-mse", "1e-3", "--max-rel", "5e-2", "--min-token-agreement", "0"),  # its --help's
+], ids=["sampled", "clone-greedy", "bf16"])
 def test_eval_accuracy_passes_every_tier_on_npu0(standin, tmp_path, extra):
     report = tmp_path / "eval.json"
     done = standin.run("eval_accuracy.py", "--model", str(NANO / "tts"), "--codec", str(NANO / "codec"),
