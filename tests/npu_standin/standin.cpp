@@ -95,13 +95,13 @@ void break_at(const char* kind, int64_t n) {
 // ---- graphs (state) ------------------------------------------------------------------------------------------
 
 struct Graph;
-Graph* capturing = nullptr;                // the graph being captured (one at a time per process, as on a device)
-std::thread::id capturing_thread;
+std::atomic<Graph*> capturing{nullptr};  // the graph being captured (one at a time per process, as on a device)
+std::atomic<std::thread::id> capturing_thread;
 thread_local bool replaying = false;
 std::mutex capture_lock;
 std::unordered_map<void*, size_t> capture_blocks;  // memory allocated while capturing (a graph's pool) -> bytes
 
-bool capture_global = true;  // capture_error_mode "global": a sync from any thread breaks the capture
+std::atomic<bool> capture_global{true};  // capture_error_mode "global": a sync from any thread breaks the capture
 
 bool is_capturing() { return capturing != nullptr && std::this_thread::get_id() == capturing_thread; }
 
@@ -397,7 +397,7 @@ void keep_before_write(const at::Tensor& t) {
     std::lock_guard<std::mutex> guard(capture_lock);
     if (capture_blocks.count(t.storage().mutable_data())) return;
   }
-  capturing->saved.emplace_back(t, host_view(t).clone());
+  capturing.load()->saved.emplace_back(t, host_view(t).clone());
 }
 
 void end_capture(Graph& g) {
@@ -493,7 +493,7 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   std::vector<c10::IValue> args(stack->end() - n_args, stack->end());
   run(op, stack, true);
   std::vector<c10::IValue> outputs(stack->end() - op.schema().returns().size(), stack->end());
-  capturing->calls.push_back({op, std::move(args), std::move(outputs)});
+  capturing.load()->calls.push_back({op, std::move(args), std::move(outputs)});
 }
 
 void replay(Graph& graph) {
@@ -581,7 +581,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     if (!replaying) count_op(op.schema().operator_name());
     if (is_capturing()) {
       keep_before_write(dst);
-      capturing->calls.push_back({op, {dst, self, false}, {dst}});
+      capturing.load()->calls.push_back({op, {dst, self, false}, {dst}});
     }
     host_view(dst).copy_(host_view(self));
     return dst;
@@ -676,8 +676,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         capture_global = mode == "global";
         g.calls.clear();
         g.captured = false;
+        capturing_thread = std::this_thread::get_id();  // before the graph: another thread reads them in that order
         capturing = &g;
-        capturing_thread = std::this_thread::get_id();
       })
       .def("capture_end", [](Graph& g) {
         TORCH_CHECK(capturing == &g, "capture_end without capture_begin");
