@@ -688,8 +688,10 @@ def parse_device(spec: Optional[str] = "auto") -> tuple[str, Optional[int]]:
 
 def is_host(device) -> bool:
     """Whether ``device`` (a ``torch.device``, or a spec such as ``cpu`` / ``cuda:1``) is the host CPU, whose
-    cores every process on the machine shares (thread counts, llama.cpp layers kept off accelerators)."""
-    return get_backend(device.type if hasattr(device, "type") else parse_device(device)[0]).host
+    cores every process on the machine shares (thread counts, llama.cpp layers kept off accelerators). ``auto`` is
+    not known to be the host until a worker resolves it (that would import torch here): False."""
+    kind = device.type if hasattr(device, "type") else parse_device(device)[0]
+    return kind != "auto" and get_backend(kind).host
 
 
 def replica_device(kind: str, cpus: float) -> tuple[str, dict]:

@@ -357,6 +357,7 @@ def usable_cores() -> int:
 
 def specs_for(devices: list[str], base: WorkerSpec) -> list[WorkerSpec]:
     """One spec per device; CPU workers share the cores but one (``cpu_threads``) unless a thread count was given."""
-    host = [d for d in devices if get_backend(parse_device(d)[0]).host]
+    kinds = {d: parse_device(d)[0] for d in devices}  # "auto" is resolved in the worker: not counted as the host
+    host = [d for d in devices if kinds[d] != "auto" and get_backend(kinds[d]).host]
     threads = base.num_threads or (cpu_threads(len(host), usable_cores()) if host else 0)
     return [replace(base, device=d, num_threads=threads if d in host else base.num_threads) for d in devices]
