@@ -28,8 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from moss_npu.errors import InputError
-from moss_npu.nano.frames import (FrameBatch, GenerationResult, LogitsHook, PhaseTimer, check_budget,
-                                  non_finite_error, phase, trim_codes, unpad)
+from moss_npu.nano.frames import FrameBatch, LogitsHook, PhaseTimer, check_budget, non_finite_error, phase
 from moss_npu.nano.graphs import FrameGraphs, resolve_graph
 from moss_npu.cpu.blocks import Segment, rotations
 from moss_npu.nano.model import KVCache, NanoTTSModel
@@ -173,9 +172,10 @@ class FrameDecoder:
         return self.admit_many([(prompt_rows, params)])[0]
 
     @torch.inference_mode()
-    def admit_many(self, requests: list[tuple[torch.Tensor, RequestParams]]) -> list[int]:
-        """Prefill several requests' prompt rows (L, Q + 1) together into the lowest free slots; return their
-        slots, in order. On the CPU their prompts share each pass over the weights (``cpu.step``), so requests
+    def admit_many(self, requests: list[tuple[torch.Tensor, RequestParams]],
+                   into: Optional[list[int]] = None) -> list[int]:
+        """Prefill several requests' prompt rows (L, Q + 1) together into the lowest free slots (or the free
+        slots ``into``, one per request); return their slots, in order. On the CPU their prompts share each pass over the weights (``cpu.step``), so requests
         arriving together reach their first frame about as soon as one alone; each request's state is what
         ``admit`` alone gives it, to float rounding.
 
@@ -188,6 +188,10 @@ class FrameDecoder:
         if len(free) < len(requests):
             raise InputError(f"{len(requests)} requests but {len(free)} free decoder slots; admit fewer at once")
         slots = free[:len(requests)]
+        if into is not None:
+            if len(into) != len(requests) or not set(into) <= set(free) or len(set(into)) != len(into):
+                raise InputError(f"slots {into}: name one free slot per request (free: {free})")
+            slots = list(into)
         self._run_pending(hold=True)
         st = self.state
         for slot in slots:
@@ -490,46 +494,4 @@ class FrameDecoder:
     def _hook(self, kind: str, index: int, logits: torch.Tensor) -> None:
         if self.logits_hook is not None:
             self.logits_hook(kind, index, logits)
-
-
-def generate(
-    model: NanoTTSModel,
-    input_ids: torch.Tensor,
-    attention_mask: Optional[torch.Tensor] = None,
-    *,
-    sampling: SamplingParams = SamplingParams(),
-    nq: Optional[int] = None,
-    max_new_frames: int = 300,
-    generator: Optional[torch.Generator] = None,
-    host_rng: bool = False,
-    graph: str = "off",
-    logits_hook: Optional[LogitsHook] = None,
-    timer: Optional[PhaseTimer] = None,
-) -> GenerationResult:
-    """Generate every prompt of (B, L, Q + 1) / (L, Q + 1) rows (left-padded where ``attention_mask`` is False)
-    in one batch of a fresh ``FrameDecoder``; return the trimmed codes.
-
-    ``host_rng`` selects the noise-fed sampler with uniforms from ``generator`` (a CPU generator); otherwise the
-    official sampler draws from ``generator`` (a device generator). Non-finite logits raise NumericalError.
-    """
-    prompts = unpad(input_ids, attention_mask)
-    cfg = model.config
-    nq = check_budget(nq, max_new_frames, cfg)
-    decoder = FrameDecoder(model, slots=len(prompts), max_len=max(int(p.shape[0]) for p in prompts) + max_new_frames
-                           + 1, sampler="noise" if host_rng else "official", graph=graph,
-                           generator=None if host_rng else generator, logits_hook=logits_hook, timer=timer)
-    params = RequestParams(sampling, nq, max_new_frames, generator if host_rng else None)
-    for rows in prompts:
-        decoder.admit(rows, params)
-    frames = []
-    while decoder.active_slots:
-        batch = decoder.step()
-        for slot in batch.non_finite.nonzero().flatten().tolist():
-            raise decoder.non_finite_error(slot, batch.step_index)
-        if bool(batch.active.any()):
-            frames.append(batch.codes)
-    stacked = (torch.stack(frames, dim=1) if frames else torch.empty(len(prompts), 0, cfg.n_vq, dtype=torch.long))
-    stacked = stacked.to(model.device)
-    stopped = decoder.state.stopped.clone()
-    return GenerationResult([trim_codes(stacked[b], nq, cfg) for b in range(len(prompts))], stacked, stopped)
 

@@ -64,7 +64,8 @@ class RunConfig:
     audio_repetition_penalty: float = 1.2
     nq: Optional[int] = None
     seed: Optional[int] = None
-    host_rng: bool = False
+    host_rng: Optional[bool] = None  # sampling noise from a host generator; None: the runner's own way (official
+    # device draws in MossTTSNano, host draws per request in the Engine, which refuses False)
     voice_clone_max_text_tokens: int = 75
     voice_clone_max_memory_per_sample_gb: float = 1.0
     tts_max_batch_size: int = 0

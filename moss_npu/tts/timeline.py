@@ -27,10 +27,12 @@ class Timestamp:
     text: str
     start_s: float
     end_s: float
+    no_audio: bool = False  # the model spoke nothing of it (``tts.loop``): its span is its pause
 
     def public(self) -> dict:
         """The JSON form used by the server's events and ``--timestamps``."""
-        return {"index": self.index, "text": self.text, "start": round(self.start_s, 6), "end": round(self.end_s, 6)}
+        out = {"index": self.index, "text": self.text, "start": round(self.start_s, 6), "end": round(self.end_s, 6)}
+        return {**out, "no_audio": True} if self.no_audio else out
 
 
 class Timeline:

@@ -15,7 +15,8 @@ from moss_npu.nano.checkpoint import load_model
 from moss_npu.cpu.blocks import blas_matmul
 from moss_npu.cpu.step import CpuStep
 from moss_npu.cpu.weights import WeightArena
-from moss_npu.nano.decoder import FrameDecoder, RequestParams, generate
+from moss_npu.nano.decoder import FrameDecoder, RequestParams
+from moss_npu.tts.loop import generate
 from moss_npu.cpu.matvec import BlasGemv
 from tests.optional import needs
 
