@@ -152,15 +152,15 @@ def run_once(tts: MossTTSNano, case: str, config: BenchConfig, frames: int, stre
     n_chunks = len(result.text_chunks)
     sec = dict(timer.seconds)
     per_frame = {k: sec.get(k, 0.0) * 1e3 / max(n_frames, 1) for k in ("frame", "codec", "local", "global")}
-    cpu_step = getattr(tts._decoder, "cpu_step", None) if config.decoder != "reference" else None
-    step = "reference" if config.decoder == "reference" else "torch" if cpu_step is None else cpu_step.dispatch()
+    frame_step = tts._decoder.frame_step if config.decoder != "reference" else None
+    step = "reference" if frame_step is None else frame_step.dispatch()
     return RunRecord(
         case=case, config=config.label, threads=torch.get_num_threads(), chunks=n_chunks, frames=n_frames,
         wall_s=wall, rtf=wall / max(n_frames / tts.codec.frame_rate_hz, 1e-9), ttfa_ms=ttfa,
         frame_ms=per_frame["frame"], codec_ms=per_frame["codec"],
         prefill_ms=sec.get("prefill", 0.0) * 1e3 / max(timer.calls.get("prefill", 0), 1),
         peak_memory_bytes=back.max_memory_allocated(), load_avg=load, dtype=dtype_name(tts.model),
-        step=step, compile_s=cpu_step.compile_seconds if cpu_step is not None else 0.0,
+        step=step, compile_s=frame_step.compile_seconds if frame_step is not None else 0.0,
         local_ms=per_frame["local"] if "local" in sec else None,
         global_ms=per_frame["global"] if "global" in sec else None, phases_s=sec)
 

@@ -148,13 +148,15 @@ class Backend:
         return {}
 
     def frame_step(self, model, compile_mode: str = "auto", **options):
-        """Return the step a ``FrameDecoder`` runs the model's blocks through on this device, or None for the
-        model's own modules (graph capture aside). Only the CPU has one (``moss_npu.cpu.step``; ``options`` go
-        to its ``build``)."""
+        """Return the step a ``FrameDecoder`` runs the model's blocks through on this device: the model's own
+        modules (``nano.step.TorchStep``) unless the device has its own (the CPU: ``moss_npu.cpu.step``;
+        ``options`` go to its ``build``)."""
+        from moss_npu.nano.step import TorchStep
+
         if compile_mode == "on":
             raise InputError(f"--compile on compiles the float32 CPU step; this model is on {self.kind}: "
                               f"use --compile auto or off")
-        return None
+        return TorchStep(model)
 
     def packs_linears(self, dtype) -> bool:
         """Whether the codec's linear layers in ``dtype`` run faster from packed copies here (``cpu.packed``)."""
@@ -224,8 +226,9 @@ class CpuBackend(Backend):
 
     def frame_step(self, model, compile_mode: str = "auto", **options):
         from moss_npu.cpu.step import CpuStep
+        from moss_npu.nano.step import TorchStep
 
-        return CpuStep.build(model, compile_mode, **options)
+        return CpuStep.build(model, compile_mode, **options) or TorchStep(model)
 
     def packs_linears(self, dtype) -> bool:
         from moss_npu.cpu.packed import packing_available

@@ -142,8 +142,7 @@ class MossTTSNano:
         """What this pipeline runs, for reports beside their numbers: the LM's dtype, the frame step
         (``cpu.step``'s dispatch: label and instruction set; ``torch`` elsewhere), torch's intra-op threads, and
         where the prepared weights came from (``nano.prepared``: ``cache``, ``built``, ...)."""
-        step = self.weights.cpu_step
-        return {"dtype": dtype_name(self.model), "step": "torch" if step is None else step.dispatch(),
+        return {"dtype": dtype_name(self.model), "step": self.weights.frame_step.dispatch(),
                 "threads": torch.get_num_threads(), "prepared_weights": self.weights.source}
 
     @property

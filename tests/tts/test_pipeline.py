@@ -181,7 +181,7 @@ def test_int8_pipeline_quantizes_and_decodes_with_the_int8_step():
         missing("torch has no _weight_int8pack_mm")
     tts = MossTTSNano.from_pretrained(str(NANO / "tts"), str(NANO / "codec"), device="cpu", quantize="int8")
     result = tts.synthesize("Hello.", settings=RunConfig(do_sample=False, max_new_frames=4))
-    assert tts.model.quantization == "int8" and tts._decoder.cpu_step.int8
+    assert tts.model.quantization == "int8" and tts._decoder.frame_step.int8
     assert result.codes.shape[0] > 0 and bool(torch.isfinite(result.waveform).all())
     with pytest.raises(InputError, match="--quantize int8 runs on the CPU in float32"):
         MossTTSNano.from_pretrained("/nonexistent/model", "/nonexistent/codec", device="cpu", dtype="bfloat16",
