@@ -115,7 +115,7 @@ class WorkerLoop:
                 return
             spoken = stream.prepared.plan.chunks
             self.channel.send("done", rid, {"frames": int(codes.shape[0]), "codes_sha256": codes_digest(codes),
-                                            "first_audio_s": stream.first_audio_s,
+                                            "first_audio_s": stream.first_audio_s, "warnings": stream.warnings,
                                             "input_tokens": sum(self.tts.tokenizer.count(c) for c in spoken)})
         except Exception as exc:  # noqa: BLE001 - every failure goes back to the waiting client
             if kind_of(exc) == "Internal":

@@ -108,3 +108,22 @@ def test_the_engine_decodes_in_float32_after_non_finite_logits(tts, monkeypatch)
         wave = torch.cat([c.waveform for c in stream], dim=1)
     assert wave.shape[-1] == 6 * tts.codec.frame_size and bool(torch.isfinite(wave).all())
     assert engine.loop.fallback is None and bf16.model.dtype == torch.bfloat16
+
+
+@needs_fixtures
+def test_the_server_worker_hands_on_the_warning(tts, monkeypatch):
+    """The worker's summary of a request carries its warnings (the server sends them as SSE events)."""
+    from moss_npu.serve.worker import WorkerLoop
+
+    class Channel(list):
+        def send(self, *message):
+            self.append(message)
+
+    silence_first_chunk(monkeypatch, tries=2)
+    channel = Channel()
+    settings = RunConfig(do_sample=False, max_new_frames=4, voice_clone_max_text_tokens=6)
+    with Engine(tts, max_batch=1) as engine:
+        WorkerLoop(tts, engine, channel)._pump(1, engine.submit(SpeechRequest(TWO_CHUNKS, prompt_audio=REFERENCE,
+                                                                              settings=settings)))
+    done = [message for message in channel if message[0] == "done"]
+    assert len(done) == 1 and len(done[0][2]["warnings"]) == 1 and "text chunk 1" in done[0][2]["warnings"][0]
