@@ -49,9 +49,9 @@ def run_batch(tts: MossTTSNano, case: str, batch: int, graph: str, frames: int, 
     settings = RunConfig(do_sample=False, max_new_frames=frames, host_rng=True, graph=graph)
     prompts, plans = [], []
     for i in range(batch):
-        plan = tts.plan(f"{serial + i}. {text}", settings, audio)
+        plan = tts.preparer.plan(f"{serial + i}. {text}", settings, audio)
         plans.append(plan)
-        prompts.append(tts.prompt_rows(plan, plan.chunks[0]))
+        prompts.append(tts.preparer.prompt_rows(plan, plan.chunks[0]))
     sync = devices.backend(tts.device).synchronize
     decoder = tts.decoder(batch, max(int(p.shape[0]) for p in prompts) + frames, "noise", graph)
     load = os.getloadavg()[0]

@@ -143,24 +143,20 @@ class Engine:
         return len(self.loop.waiting) + len(self._unprepared)
 
     def check(self, settings: RunConfig) -> None:
-        """Refuse the settings this engine cannot act on (every other one it honours)."""
-        decoder = self.decoder
+        """Refuse the settings this engine would not act on (it honours every other one)."""
+        built = f"this engine's decoder was built with graph={self.decoder.graph_mode}, compile={self.decoder.compile_mode}"
+        one_by_one = "the engine streams a request's chunks one after another (its slots batch requests)"
         refusals = {
             "speed": (settings.speed != 1.0, "the engine streams at the model's pace; stretch its chunks with "
                       "moss_npu.tts.timeline.at_speed, as the server's workers do"),
-            "host_rng": (settings.host_rng is False, "the engine draws each request's sampling noise from its own "
-                         "host generator, so that requests in a batch do not change each other; leave it unset"),
-            "decoder": (settings.decoder != "optimized", "the engine runs the frame decoder; the reference "
-                        "decoder is MossTTSNano.synthesize's"),
-            "graph": (settings.graph not in ("auto", decoder.graph_mode), f"this engine's decoder was built "
-                      f"with graph={decoder.graph_mode}; build an Engine with another graph"),
-            "compile": (settings.compile not in ("auto", decoder.compile_mode), f"this engine's decoder was "
-                        f"built with compile={decoder.compile_mode}; build an Engine with another compile"),
-            "tts_max_batch_size": (settings.tts_max_batch_size > 1, "the engine streams a request's chunks one "
-                                   "after another; its slots batch requests instead"),
-            "voice_clone_max_memory_per_sample_gb": (
-                settings.voice_clone_max_memory_per_sample_gb != RunConfig.voice_clone_max_memory_per_sample_gb,
-                "it sizes chunk batches, and the engine runs a request's chunks one at a time"),
+            "host_rng": (settings.host_rng is False, "the engine draws each request's noise from its own host "
+                         "generator, so that requests in a batch do not change each other; leave it unset"),
+            "decoder": (settings.decoder != "optimized", "the reference decoder is MossTTSNano.synthesize's"),
+            "graph": (settings.graph not in ("auto", self.decoder.graph_mode), built),
+            "compile": (settings.compile not in ("auto", self.decoder.compile_mode), built),
+            "tts_max_batch_size": (settings.tts_max_batch_size > 1, one_by_one),
+            "voice_clone_max_memory_per_sample_gb": (settings.voice_clone_max_memory_per_sample_gb != RunConfig(
+                ).voice_clone_max_memory_per_sample_gb, one_by_one),
         }
         for name, (refused, why) in refusals.items():
             if refused:

@@ -158,15 +158,6 @@ class MossTTSNano:
         """Encode a reference recording into codes (F, Q) on the CPU; cached by content (``Preparer``)."""
         return self.preparer.reference_codes(source)
 
-    def plan(self, text: str, settings: RunConfig, prompt_audio: Optional[PromptAudio] = None,
-             prompt_text: Optional[str] = None, prompt_codes: Optional[torch.Tensor] = None) -> Plan:
-        """Normalize a request's texts and decide its mode, chunks and prompt codes (``Preparer.plan``)."""
-        return self.preparer.plan(text, settings, prompt_audio, prompt_text, prompt_codes)
-
-    def prompt_rows(self, plan: Plan, chunk: str) -> torch.Tensor:
-        """Return the prompt rows (L, Q + 1) of one text chunk of ``plan``."""
-        return self.preparer.prompt_rows(plan, chunk)
-
     def decoder(self, slots: int, max_len: int, sampler: str = "official", graph: str = "auto",
                 compile: str = "auto") -> FrameDecoder:
         """Return this pipeline's frame decoder, rebuilt when it is too small or computes another way.

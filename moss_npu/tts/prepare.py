@@ -65,11 +65,6 @@ class PreparedRequest:
     rows: list[torch.Tensor]
     settings: RunConfig
 
-    @property
-    def spoken_text(self) -> str:
-        """The text the model is given (after normalization), chunk by chunk joined."""
-        return "".join(self.plan.chunks)
-
 
 class Preparer:
     """Turns requests into ``PreparedRequest``s; owns the text normalizer and the reference-code cache.
