@@ -23,7 +23,7 @@ import queue
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Optional, Union
+from typing import Iterator, Optional, Union
 
 import torch
 
@@ -37,6 +37,7 @@ from moss_npu.tts.pipeline import MossTTSNano
 from moss_npu.tts.prepare import PreparedRequest, PromptAudio, SpeechRequest
 from moss_npu.tts.settings import RunConfig
 from moss_npu.tts.streamer import AudioChunk, AudioStreamer
+from moss_npu.tts.timeline import at_speed
 
 __all__ = ["Cancelled", "Engine", "PreparedRequest", "RequestStream", "SpeechRequest"]
 
@@ -45,16 +46,19 @@ _END = object()
 
 
 class RequestStream:
-    """The audio of one request as it is produced: iterate for ``AudioChunk``s (blocking).
+    """The audio of one request as it is produced, at its speed (``timeline.at_speed``): iterate for
+    ``AudioChunk``s (blocking).
 
     Iteration raises the request's ``MossNpuError`` if it failed. ``cancel()`` frees its slot within one frame;
     the iteration then raises ``Cancelled``. After a normal end, ``codes`` holds the generated (ΣF, Q) codes
     (None after a failure or a cancel).
     """
 
-    def __init__(self, engine: "Engine") -> None:
+    def __init__(self, engine: "Engine", speed: float = 1.0) -> None:
         self._engine = engine
         self._items: "queue.Queue[object]" = queue.Queue()
+        self._chunks = at_speed(self._produced(), speed, engine.tts.sample_rate, engine.tts.codec.channels)
+        self._failure: Optional[BaseException] = None
         self._cancelled = threading.Event()
         self._submitted = time.perf_counter()
         self.codes: Optional[torch.Tensor] = None
@@ -67,13 +71,22 @@ class RequestStream:
         return self
 
     def __next__(self) -> AudioChunk:
-        item = self._items.get()
-        if item is _END or isinstance(item, BaseException):
-            self._items.put(item)  # later calls end (or fail) the same way
-            if item is _END:
-                raise StopIteration
-            raise item
-        return item
+        if self._failure is not None:  # later calls fail the same way
+            raise self._failure
+        try:
+            return next(self._chunks)
+        except StopIteration:
+            raise
+        except BaseException as exc:
+            self._failure = exc
+            raise
+
+    def _produced(self) -> Iterator[AudioChunk]:
+        """The chunks at the model's pace, as the audio thread hands them over."""
+        while (item := self._items.get()) is not _END:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
 
     def cancel(self) -> None:
         """Stop generating this request; its slot is freed at the next frame boundary."""
@@ -147,8 +160,6 @@ class Engine:
         built = f"this engine's decoder was built with graph={self.decoder.graph_mode}, compile={self.decoder.compile_mode}"
         one_by_one = "the engine streams a request's chunks one after another (its slots batch requests)"
         refusals = {
-            "speed": (settings.speed != 1.0, "the engine streams at the model's pace; stretch its chunks with "
-                      "moss_npu.tts.timeline.at_speed, as the server's workers do"),
             "host_rng": (settings.host_rng is False, "the engine draws each request's noise from its own host "
                          "generator, so that requests in a batch do not change each other; leave it unset"),
             "decoder": (settings.decoder != "optimized", "the reference decoder is MossTTSNano.synthesize's"),
@@ -165,7 +176,7 @@ class Engine:
     def submit(self, request: Union[SpeechRequest, PreparedRequest]) -> RequestStream:
         """Queue ``request`` (prepared first on the preparation thread); return its stream at once (thread-safe)."""
         self.check(request.settings)
-        stream = RequestStream(self)
+        stream = RequestStream(self, request.settings.speed)
         with self._cond:
             if self._closed:
                 raise MossNpuError("the engine is closed; create a new one to submit requests")

@@ -35,7 +35,6 @@ from moss_npu.nano.prepared import DecoderWeights
 from moss_npu.cpu.quantize import check_int8, dtype_name, quantize_int8, store_bf16
 from moss_npu.nano.reference import reference_generate
 from moss_npu.nano.reuse import PrefixCache
-from moss_npu.nano.text import pause_samples
 from moss_npu.nano.tokenizer import TextTokenizer
 from moss_npu.output import save_audio
 from moss_npu.cpu.threads import set_threads
@@ -44,7 +43,7 @@ from moss_npu.tts.prepare import Plan, PreparedRequest, Preparer, PromptAudio, S
 from moss_npu.tts.settings import LoadConfig, RunConfig
 from moss_npu.tempo import stretch
 from moss_npu.tts.streamer import AudioChunk, AudioStreamer
-from moss_npu.tts.timeline import Timestamp, at_speed, whole_timestamps
+from moss_npu.tts.timeline import Timestamp, at_speed, pause, whole_timestamps
 
 __all__ = ["AudioChunk", "AudioStreamer", "MossTTSNano", "Plan", "PromptAudio", "SynthesisResult"]
 
@@ -97,23 +96,23 @@ class MossTTSNano:
     @classmethod
     def from_pretrained(cls, model: str = DEFAULT_MODEL, codec: str = DEFAULT_CODEC, *, device: str = "auto",
                         dtype: Optional[str] = None, attn_implementation: Optional[str] = None,
-                        num_threads: int = 0, quantize: str = "none") -> "MossTTSNano":
+                        num_threads: Optional[int] = None, quantize: str = "none") -> "MossTTSNano":
         """Load the LM and codec from local folders or hub ids onto ``device`` (``auto``, ``cpu``, ``npu:0``, …).
 
         These are the load-time settings (``LoadConfig``'s fields: ``from_pretrained(m, c, **asdict(load))``);
         every call's own settings are a ``RunConfig``. The LM computes in ``dtype`` (default fp32); the codec
-        stays fp32 as in the official code. ``num_threads`` > 0 sets torch's intra-op threads and numpy's
-        BLAS threads (``moss_npu.cpu.threads``), which are process-wide. ``quantize="int8"`` rounds the LM's block
+        stays fp32 as in the official code. ``num_threads`` sets torch's intra-op threads and numpy's BLAS
+        threads (``moss_npu.cpu.threads``; 0: its default policy; None: leave them), which are process-wide. ``quantize="int8"`` rounds the LM's block
         weights to int8 (CPU, float32; ``moss_npu.cpu.quantize``). On the CPU ``dtype="bfloat16"`` means bf16
         weights with float32 arithmetic (``cpu.quantize.store_bf16``).
         """
         load = LoadConfig(device=device or "auto", dtype=dtype or "auto",
-                          attn_implementation=attn_implementation or "sdpa", num_threads=num_threads,
+                          attn_implementation=attn_implementation or "sdpa", num_threads=num_threads or 0,
                           quantize=quantize or "none")
         dev = devices.resolve_device(load.device)
         dt = devices.resolve_dtype(dev, load.dtype)
         attn = devices.attention_impl(dev, dt, load.attn_implementation)
-        if load.num_threads > 0:
+        if num_threads is not None:
             set_threads(load.num_threads)
         if load.quantize == "int8":
             check_int8(dev, dt)  # before minutes of loading
@@ -286,7 +285,7 @@ class MossTTSNano:
             for i, (chunk, codes) in enumerate(zip(plan.chunks, chunk_codes)):
                 pieces.append(self._decode(codes, plan.nq, timer=timer))
                 if i < len(plan.chunks) - 1:
-                    pieces.append(torch.zeros(self.codec.channels, pause_samples(chunk, self.sample_rate)))
+                    pieces.append(torch.zeros(self.codec.channels, pause(chunk, self.sample_rate)))
                 lengths.append(sum(p.shape[-1] for p in pieces) - sum(lengths))
             waveform = torch.cat(pieces, dim=1)
         if settings.speed != 1.0:

@@ -87,7 +87,7 @@ def test_a_text_too_long_for_the_engine_is_spoken_in_pieces(tts):
 
 @pytest.mark.parametrize("setting,value", [("host_rng", False), ("decoder", "reference"), ("graph", "on"),
                                            ("compile", "on"), ("tts_max_batch_size", 2),
-                                           ("voice_clone_max_memory_per_sample_gb", 2.0), ("speed", 1.5)])
+                                           ("voice_clone_max_memory_per_sample_gb", 2.0)])
 @needs_fixtures
 def test_the_engine_refuses_what_it_would_not_act_on(tts, setting, value):
     with Engine(tts, max_batch=1) as engine:

@@ -198,10 +198,17 @@ def test_synthesize_refuses_settings_that_are_not_a_run_config(tts):
 
 @needs_fixtures
 def test_from_pretrained_applies_its_thread_count():
+    """A count is the load's (the server's workers hand theirs here); 0 is the default policy; None leaves it."""
+    from moss_npu.cpu.threads import default_threads
+
     before = torch.get_num_threads()
     try:
         MossTTSNano.from_pretrained(str(NANO / "tts"), str(NANO / "codec"), device="cpu", num_threads=1)
         assert torch.get_num_threads() == 1
+        MossTTSNano.from_pretrained(str(NANO / "tts"), str(NANO / "codec"), device="cpu")
+        assert torch.get_num_threads() == 1
+        MossTTSNano.from_pretrained(str(NANO / "tts"), str(NANO / "codec"), device="cpu", num_threads=0)
+        assert torch.get_num_threads() == default_threads()
     finally:
         torch.set_num_threads(before)
 
