@@ -29,37 +29,17 @@ import torch
 from fastapi import WebSocket, WebSocketDisconnect
 from pydantic import ValidationError
 
-from moss_npu.nano.text import CLOSING, SENTENCE_END, pause_samples
 from moss_npu.serve.errors import ApiError, from_engine
 from moss_npu.serve.formats import STREAMABLE, StreamConverter, encode_file, pcm16, wav_stream_header
 from moss_npu.serve.pool import Ticket, WorkerPool
 from moss_npu.serve.schema import SpeechBody, check_body
+from moss_npu.tts.prepare import split_sentences
+from moss_npu.tts.timeline import pause
 
 log = logging.getLogger("moss_npu.serve")
 PATH = "/v1/audio/speech/stream"
 LOOKAHEAD = 2  # sentences of one session generating at once (the one playing and the next)
-FULL_WIDTH_END = frozenset("。！？；")
 HTTP_ONLY = ("input", "stream", "stream_format")  # SpeechBody fields a session does not take
-
-
-def split_sentences(buffer: str, final: bool = False) -> tuple[list[str], str]:
-    """Return the complete sentences at the start of ``buffer`` and the rest (``final``: the rest is one more)."""
-    sentences, start, i = [], 0, 0
-    while i < len(buffer):
-        if buffer[i] in SENTENCE_END:
-            j = i + 1
-            while j < len(buffer) and buffer[j] in CLOSING:
-                j += 1
-            if buffer[i] in FULL_WIDTH_END or (j < len(buffer) and buffer[j].isspace()):
-                sentences.append(buffer[start:j].strip())
-                start, i = j, j
-                continue
-        i += 1
-    rest = buffer[start:]
-    if final:
-        sentences.append(rest.strip())
-        rest = ""
-    return [s for s in sentences if s], rest
 
 
 class Session:
@@ -239,7 +219,7 @@ class Session:
                 whole.append(converted)
 
         if previous is not None:
-            await audio(torch.zeros(channels, round(pause_samples(previous, rate) / body.speed)))
+            await audio(torch.zeros(channels, pause(previous, rate, body.speed)))
         offset, stamps = self.samples / rate, []
         deadline = asyncio.get_running_loop().time() + self.config.request_timeout_s
         while True:

@@ -55,7 +55,7 @@ class RequestStream:
     """
 
     def __init__(self, engine: "Engine", speed: float = 1.0) -> None:
-        self._engine = engine
+        self._engine, self.speed = engine, speed
         self._items: "queue.Queue[object]" = queue.Queue()
         self._chunks = at_speed(self._produced(), speed, engine.tts.sample_rate, engine.tts.codec.channels)
         self._failure: Optional[BaseException] = None

@@ -22,7 +22,7 @@ from moss_npu.codec.model import NanoCodec
 from moss_npu.errors import ConfigError, InputError
 from moss_npu.nano.config import NanoConfig
 from moss_npu.nano.prompt import build_prompt_rows, mask_unused_channels, resolve_mode
-from moss_npu.nano.text import split_text, voice_clone_chunks
+from moss_npu.nano.text import CLOSING, SENTENCE_END, split_text, voice_clone_chunks
 from moss_npu.nano.tokenizer import TextTokenizer
 from moss_npu.text import TextNormalizer
 from moss_npu.tts.settings import RunConfig
@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 # A voice prompt: a file path, the bytes of a wav/flac/mp3 file, or (waveform (C, S) or (S,), sample_rate).
 PromptAudio = AudioSource
 REFERENCE_CACHE_ENTRIES = 128  # encoded references kept (a 30 s one is ~50 KB of codes)
+FULL_WIDTH_END = frozenset("。！？；")  # ends a sentence with no space after it
 PROMPT_ROWS = 1024  # a chunk's prompt rows beyond which its text is split (serve.spec sizes slots for it)
 
 
@@ -182,6 +183,26 @@ class Preparer:
             raise InputError(f"the voice prompt leaves too little room for the text in a prompt of {room} rows; "
                              "use a shorter reference recording, a shorter transcript, or fewer max_new_frames")
         return pieces
+
+def split_sentences(buffer: str, final: bool = False) -> tuple[list[str], str]:
+    """Return the complete sentences at the start of ``buffer`` and the rest (``final``: the rest is one more)."""
+    sentences, start, i = [], 0, 0
+    while i < len(buffer):
+        if buffer[i] in SENTENCE_END:
+            j = i + 1
+            while j < len(buffer) and buffer[j] in CLOSING:
+                j += 1
+            if buffer[i] in FULL_WIDTH_END or (j < len(buffer) and buffer[j].isspace()):
+                sentences.append(buffer[start:j].strip())
+                start, i = j, j
+                continue
+        i += 1
+    rest = buffer[start:]
+    if final:
+        sentences.append(rest.strip())
+        rest = ""
+    return [s for s in sentences if s], rest
+
 
 def check_codes(codes: torch.Tensor, config: NanoConfig) -> torch.Tensor:
     """Return stored voice codes (F, Q) as int64 on the CPU, or raise InputError naming what is wrong."""

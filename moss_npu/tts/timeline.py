@@ -96,15 +96,10 @@ def pause(chunk: str, sample_rate: int, speed: float = 1.0) -> int:
     return samples if speed == 1.0 else round(samples / speed)
 
 
-def timed(chunks: Iterable["AudioChunk"], speed: float, sample_rate: int, channels: int,
-          offset_s: float = 0.0) -> Iterator[Union[AudioChunk, Timestamp]]:
-    """The chunks at ``speed``, with each text chunk's ``Timestamp`` once its audio is complete."""
-    return timestamped(at_speed(chunks, speed, sample_rate, channels), speed, sample_rate, offset_s)
-
-
 def timestamped(chunks: Iterable["AudioChunk"], speed: float, sample_rate: int,
                 offset_s: float = 0.0) -> Iterator[Union[AudioChunk, Timestamp]]:
-    """Chunks already at ``speed`` (``at_speed``), with each text chunk's ``Timestamp`` once its audio is complete."""
+    """Chunks already at ``speed`` (``at_speed``: the engine's streams), with each text chunk's ``Timestamp`` once
+    its audio is complete."""
     timeline, samples = Timeline(sample_rate, speed, offset_s), 0
     for chunk in chunks:
         yield from timeline.add(chunk.chunk_index, chunk.text, chunk.source_length)
