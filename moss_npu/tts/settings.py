@@ -23,7 +23,7 @@ from moss_npu.cpu.step import COMPILE_MODES
 from moss_npu.nano.graphs import GRAPH_MODES
 from moss_npu.cpu.quantize import QUANTIZE_MODES
 from moss_npu.presets import check_types, read_yaml_mapping
-from moss_npu.sampling import SamplingParams
+from moss_npu.sampling_params import RUNTIME, VALUES, SamplingParams
 from moss_npu.tempo import check_speed
 
 MODES = ("auto", "continuation", "voice_clone")
@@ -54,14 +54,14 @@ class RunConfig:
 
     mode: str = "auto"  # auto: voice_clone with a reference and no prompt text, else continuation
     max_new_frames: int = 375
-    do_sample: bool = True
-    text_temperature: float = 1.0
-    text_top_p: float = 1.0
-    text_top_k: int = 50
-    audio_temperature: float = 0.8
-    audio_top_p: float = 0.95
-    audio_top_k: int = 25
-    audio_repetition_penalty: float = 1.2
+    do_sample: bool = RUNTIME.do_sample  # the sampling values: moss_npu.sampling_params (official runtime defaults)
+    text_temperature: float = RUNTIME.text_temperature
+    text_top_p: float = RUNTIME.text_top_p
+    text_top_k: int = RUNTIME.text_top_k
+    audio_temperature: float = RUNTIME.audio_temperature
+    audio_top_p: float = RUNTIME.audio_top_p
+    audio_top_k: int = RUNTIME.audio_top_k
+    audio_repetition_penalty: float = RUNTIME.audio_repetition_penalty
     nq: Optional[int] = None
     seed: Optional[int] = None
     host_rng: Optional[bool] = None  # sampling noise from a host generator; None: the runner's own way (official
@@ -114,12 +114,7 @@ class RunConfig:
 
     def sampling(self) -> SamplingParams:
         """Return the sampling parameters of this run."""
-        return SamplingParams(
-            do_sample=self.do_sample,
-            text_temperature=self.text_temperature, text_top_p=self.text_top_p, text_top_k=self.text_top_k,
-            audio_temperature=self.audio_temperature, audio_top_p=self.audio_top_p, audio_top_k=self.audio_top_k,
-            audio_repetition_penalty=self.audio_repetition_penalty,
-        )
+        return SamplingParams(self.do_sample, **{name: getattr(self, name) for name in VALUES})
 
     def schedule(self) -> DecodeSchedule:
         """Return the streaming decode schedule (how many frames to decode per codec call)."""
