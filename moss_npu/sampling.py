@@ -21,10 +21,9 @@ from typing import Optional
 import torch
 
 from moss_npu.errors import InputError
-from moss_npu.sampling_params import MAX_PENALTY, MAX_TEMPERATURE, MAX_TOP_K, SamplingParams, TokenParams
+from moss_npu.sampling_params import SamplingParams, TokenParams
 
-__all__ = ["MAX_PENALTY", "MAX_TEMPERATURE", "MAX_TOP_K", "SamplingParams", "TokenParams", "apply_repetition_penalty",
-           "filter_scores", "sample_token"]
+__all__ = ["SamplingParams", "TokenParams", "apply_repetition_penalty", "filter_scores", "sample_token"]
 
 
 def apply_repetition_penalty(scores: torch.Tensor, history: Optional[torch.Tensor], penalty: float,

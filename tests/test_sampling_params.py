@@ -24,3 +24,8 @@ def test_a_bad_value_names_its_key(runner, error):
         runner(audio_top_p=0.0)
     with pytest.raises(error, match="^text_top_k=-1 is outside"):
         runner(text_top_k=-1)
+
+
+def test_the_server_takes_every_sampling_value():
+    schema = pytest.importorskip("moss_npu.serve.schema")
+    assert set(VALUES) <= set(schema.BODY_RUN_FIELDS) and set(VALUES) <= set(schema.SpeechBody.model_fields)

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict
 
 from moss_npu.errors import MissingDependency, MossNpuError
 from moss_npu.limits import MAX_SEED
-from moss_npu.sampling import MAX_PENALTY, MAX_TEMPERATURE, MAX_TOP_K
+from moss_npu.sampling_params import MAX_PENALTY, MAX_TEMPERATURE, MAX_TOP_K, VALUES
 from moss_npu.serve.errors import ApiError
 from moss_npu.serve.formats import FORMATS, STREAMABLE, check_output
 from moss_npu.tempo import check_speed, rubberband
@@ -26,8 +26,7 @@ from moss_npu.tts.settings import RunConfig
 
 DEFAULT_VOICE = "default"  # speaks without a reference (continuation mode)
 # Body fields handed to RunConfig under the same name when given.
-BODY_RUN_FIELDS = ("text_temperature", "text_top_p", "text_top_k", "audio_temperature", "audio_top_p", "audio_top_k",
-              "audio_repetition_penalty", "text_normalization", "wetext")
+BODY_RUN_FIELDS = (*VALUES, "text_normalization", "wetext")
 _DATA_URI = re.compile(r"^data:[\w.+/-]*(;[\w=.+-]+)*;base64,", re.IGNORECASE)
 
 
