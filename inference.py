@@ -309,7 +309,8 @@ def synthesize_nano(args: argparse.Namespace, text: str, target: AudioTarget) ->
         args.prompt_text = None if args.prompt_text is None else prepared.prompt_text
         return _synthesize_upstream(args, load, settings, dev, prepared.text, target, model, codec)
     tts = MossTTSNano.from_pretrained(model, codec, device=str(dev), dtype=load.dtype,
-                                      attn_implementation=load.attn_implementation, quantize=load.quantize)
+                                      attn_implementation=load.attn_implementation, quantize=load.quantize,
+                                      decoder=load.decoder, graph=load.graph, compile=load.compile)
     target.check_rate(tts.sample_rate)
     request = dict(prompt_audio=args.prompt_audio_path, prompt_text=args.prompt_text, settings=settings)
     if args.print_normalized:

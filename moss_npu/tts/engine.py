@@ -123,19 +123,20 @@ class Engine:
     """Drive one ``FrameDecoder`` of ``max_batch`` slots over ``tts`` from a background thread.
 
     ``prepare_threads`` threads prepare requests (and encode voices, ``encode``) beside the frame thread.
-    The decoder's settings (``graph``, ``compile``) are fixed here; a request asking for others is refused.
+    The decoder computes as ``tts`` was loaded to (``LoadConfig``: graph, compile).
     """
 
-    def __init__(self, tts: MossTTSNano, max_batch: int = 8, *, max_len: int = 1024, graph: str = "auto",
-                 compile: str = "auto", prepare_threads: int = 1) -> None:
+    def __init__(self, tts: MossTTSNano, max_batch: int = 8, *, max_len: int = 1024, prepare_threads: int = 1) -> None:
+        if tts.algorithm != "optimized":
+            raise InputError(f"the engine runs the frame decoder; this pipeline was loaded with decoder={tts.algorithm}")
         self.tts = tts
         self._threads = torch.get_num_threads()
         self._preparing = ThreadPoolExecutor(max_workers=max(1, prepare_threads), thread_name_prefix="moss-npu-prepare",
                                              initializer=use_threads, initargs=(self._threads,))
         self._unprepared: set[RequestStream] = set()  # submitted, preparation not finished
         self._cond = threading.Condition()
-        self.decoder = FrameDecoder(tts.model, slots=max_batch, max_len=max_len, sampler="noise", graph=graph,
-                                    prefix_cache=PrefixCache(), weights=tts.weights, compile=compile)
+        self.decoder = FrameDecoder(tts.model, slots=max_batch, max_len=max_len, sampler="noise", graph=tts.graph,
+                                    prefix_cache=PrefixCache(), weights=tts.weights, compile=tts.compile)
         self.loop = FrameLoop(self.decoder, self._cond)
         self.audio = CodecRows(tts.codec, max_batch, max(RunConfig().schedule().budgets))
         self._closed = False
@@ -157,14 +158,10 @@ class Engine:
 
     def check(self, settings: RunConfig) -> None:
         """Refuse the settings this engine would not act on (it honours every other one)."""
-        built = f"this engine's decoder was built with graph={self.decoder.graph_mode}, compile={self.decoder.compile_mode}"
         one_by_one = "the engine streams a request's chunks one after another (its slots batch requests)"
         refusals = {
             "host_rng": (settings.host_rng is False, "the engine draws each request's noise from its own host "
                          "generator, so that requests in a batch do not change each other; leave it unset"),
-            "decoder": (settings.decoder != "optimized", "the reference decoder is MossTTSNano.synthesize's"),
-            "graph": (settings.graph not in ("auto", self.decoder.graph_mode), built),
-            "compile": (settings.compile not in ("auto", self.decoder.compile_mode), built),
             "tts_max_batch_size": (settings.tts_max_batch_size > 1, one_by_one),
             "voice_clone_max_memory_per_sample_gb": (settings.voice_clone_max_memory_per_sample_gb != RunConfig(
                 ).voice_clone_max_memory_per_sample_gb, one_by_one),

@@ -354,7 +354,7 @@ def generate(model: NanoTTSModel, input_ids: torch.Tensor, attention_mask: Optio
     cfg = model.config
     nq = check_budget(nq, max_new_frames, cfg)
     settings = RunConfig(**dataclasses.asdict(sampling), nq=nq, max_new_frames=max_new_frames, host_rng=host_rng,
-                         graph=graph, stability_fallback=False)
+                         stability_fallback=False)
     decoder = FrameDecoder(model, slots=len(prompts), max_len=max(int(p.shape[0]) for p in prompts) + max_new_frames
                            + 1, sampler="noise" if host_rng else "official", graph=graph, logits_hook=logits_hook,
                            timer=timer)

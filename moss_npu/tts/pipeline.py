@@ -80,23 +80,28 @@ class MossTTSNano:
     """The native MOSS-TTS-Nano pipeline on one device."""
 
     def __init__(self, model: NanoTTSModel, tokenizer: TextTokenizer, codec: NanoCodec, *,
-                 name: str = "the model", weights: Optional[DecoderWeights] = None) -> None:
+                 name: str = "the model", weights: Optional[DecoderWeights] = None, decoder: str = "optimized",
+                 graph: str = "auto", compile: str = "auto") -> None:
         """Prepare what the frame decoder derives from the weights now, unless ``weights`` holds them already
         (``nano.prepared``; on the CPU from the prepared-weights cache, built there once per checkpoint, which a
-        line naming ``name`` says), so that the first synthesis costs what the second does."""
+        line naming ``name`` says), so that the first synthesis costs what the second does. ``decoder``,
+        ``graph`` and ``compile`` say how the decoder computes (``LoadConfig``); another way is another pipeline
+        (cheap over the same model and ``weights``)."""
+        LoadConfig(decoder=decoder, graph=graph, compile=compile)  # validates
         self.model, self.tokenizer, self.codec = model, tokenizer, codec
         self.config = model.config
         self.preparer = Preparer(tokenizer, self.config, codec)  # text preparation and the reference cache
-        self._name = name
-        self.weights = (weights if weights is not None and weights.current(model, "auto")
-                        else DecoderWeights.build(model, cache=True, label=name))
+        self._name, self.algorithm, self.graph, self.compile = name, decoder, graph, compile
+        self.weights = (weights if weights is not None and weights.current(model, compile)
+                        else DecoderWeights.build(model, compile, cache=True, label=name))
         self._decoder: Optional[FrameDecoder] = None
         self._idle_stream_codec: Optional[CodecRows] = None  # the last stream's codec state, for the next one
 
     @classmethod
     def from_pretrained(cls, model: str = DEFAULT_MODEL, codec: str = DEFAULT_CODEC, *, device: str = "auto",
                         dtype: Optional[str] = None, attn_implementation: Optional[str] = None,
-                        num_threads: Optional[int] = None, quantize: str = "none") -> "MossTTSNano":
+                        num_threads: Optional[int] = None, quantize: str = "none", decoder: str = "optimized",
+                        graph: str = "auto", compile: str = "auto") -> "MossTTSNano":
         """Load the LM and codec from local folders or hub ids onto ``device`` (``auto``, ``cpu``, ``npu:0``, …).
 
         These are the load-time settings (``LoadConfig``'s fields: ``from_pretrained(m, c, **asdict(load))``);
@@ -108,7 +113,7 @@ class MossTTSNano:
         """
         load = LoadConfig(device=device or "auto", dtype=dtype or "auto",
                           attn_implementation=attn_implementation or "sdpa", num_threads=num_threads or 0,
-                          quantize=quantize or "none")
+                          quantize=quantize or "none", decoder=decoder, graph=graph, compile=compile)
         dev = devices.resolve_device(load.device)
         dt = devices.resolve_dtype(dev, load.dtype)
         attn = devices.attention_impl(dev, dt, load.attn_implementation)
@@ -129,9 +134,10 @@ class MossTTSNano:
                 store_bf16(lm)
             if load.quantize == "int8":
                 quantize_int8(lm)
-            weights = DecoderWeights.build(lm, cache=True, label=str(model_dir))
+            weights = DecoderWeights.build(lm, compile, cache=True, label=str(model_dir))
             codec_model = codec_loader() if codec_future is None else codec_future.result()
-        return cls(lm, TextTokenizer.from_dir(model_dir), codec_model, name=str(model_dir), weights=weights)
+        return cls(lm, TextTokenizer.from_dir(model_dir), codec_model, name=str(model_dir), weights=weights,
+                   decoder=decoder, graph=graph, compile=compile)
 
     @property
     def device(self) -> torch.device:
@@ -157,15 +163,27 @@ class MossTTSNano:
         """Encode a reference recording into codes (F, Q) on the CPU; cached by content (``Preparer``)."""
         return self.preparer.reference_codes(source)
 
-    def decoder(self, slots: int, max_len: int, sampler: str = "official", graph: str = "auto",
-                compile: str = "auto") -> FrameDecoder:
+    def computing(self, decoder: Optional[str] = None, graph: Optional[str] = None,
+                  compile: Optional[str] = None) -> "MossTTSNano":
+        """This pipeline, or one over the same model, codec, weights and text preparation whose decoder computes
+        another way (``LoadConfig``: decoder, graph, compile), for comparing ways in one process."""
+        way = (decoder or self.algorithm, graph or self.graph, compile or self.compile)
+        if way == (self.algorithm, self.graph, self.compile):
+            return self
+        LoadConfig(decoder=way[0], graph=way[1], compile=way[2])  # validates
+        other = copy.copy(self)
+        other.algorithm, other.graph, other.compile = way
+        other._decoder, other._idle_stream_codec = None, None
+        return other
+
+    def decoder(self, slots: int, max_len: int, sampler: str = "official") -> FrameDecoder:
         """Return this pipeline's frame decoder, rebuilt when it is too small or computes another way.
 
         The decoder keeps its prompt-prefix cache across calls (the template; a voice reference across the
         chunks of a text), handed on to a rebuilt one. Sizes grow in steps so that few rebuilds happen.
         """
-        current = self._decoder
-        if not self.weights.current(self.model, compile):  # edited weights, or another --compile
+        current, graph, compile = self._decoder, self.graph, self.compile
+        if not self.weights.current(self.model, compile):  # edited weights
             if current is not None and current.prefix_cache is not None and self.weights.state != weights_state(
                     self.model):
                 current.prefix_cache.clear()  # keys and values of the old weights
@@ -207,8 +225,7 @@ class MossTTSNano:
                              "a call from another thread): finish or close that stream first, or use one "
                              "MossTTSNano per thread (moss_npu.serve batches concurrent requests)")
         length = max(int(rows.shape[0]) for rows in job.prepared.rows) + settings.max_new_frames
-        decoder = self.decoder(job.batch, length, "noise" if settings.host_rng else "official", settings.graph,
-                               settings.compile)
+        decoder = self.decoder(job.batch, length, "noise" if settings.host_rng else "official")
         decoder.timer, loop = timer, FrameLoop(decoder)
         loop.add(job)
         try:
@@ -222,10 +239,10 @@ class MossTTSNano:
             decoder.timer = None
 
     def _oracle(self, prepared: PreparedRequest, settings: RunConfig, generator: Optional[torch.Generator],
-                batch: int, timer: Optional[PhaseTimer]) -> list[torch.Tensor]:
+                batch: int, timer: Optional[PhaseTimer]) -> Iterator[torch.Tensor]:
         """Every chunk's codes from the official algorithm (``nano.reference``), ``batch`` left-padded chunks at
         a time; non-finite logits generate the batch again with a float32 copy (and the later ones too)."""
-        lm, out = self.model, []
+        lm = self.model
         for start in range(0, len(prepared.rows), batch):
             prompts = prepared.rows[start:start + batch]
             rows, mask = (prompts[0], None) if len(prompts) == 1 else left_pad(prompts, self.config)
@@ -240,8 +257,7 @@ class MossTTSNano:
                         raise
                     log.warning("%s: generating again with a float32 copy of the language model", exc)
                     lm = copy.deepcopy(lm).float()
-            out += [c.cpu() for c in result.codes]
-        return out
+            yield from (c.cpu() for c in result.codes)
 
     def _decode(self, codes: torch.Tensor, nq: int, skip_frames: int = 0,
                 timer: Optional[PhaseTimer] = None) -> torch.Tensor:
@@ -265,8 +281,8 @@ class MossTTSNano:
             batch = devices.chunk_batch_size(self.device, len(plan.chunks),
                                              settings.voice_clone_max_memory_per_sample_gb, settings.tts_max_batch_size)
         job = Job(prepared, generator, batch=batch)
-        if settings.decoder == "reference":
-            chunk_codes = self._oracle(prepared, settings, generator, batch, timer)
+        if self.algorithm == "reference":
+            chunk_codes = list(self._oracle(prepared, settings, generator, batch, timer))
         else:
             for event in self._run(job, settings, timer):
                 for _, chunk, codes, _ in (event[1] if event[0] == "frame" and on_frame is not None else ()):
@@ -325,6 +341,13 @@ class MossTTSNano:
         rows = self._stream_codec(max(settings.schedule().budgets), timer)
         audio, job = AudioStreamer(prepared.plan, settings, rows, clock), Job(prepared, generator, resume=True)
         try:
+            if self.algorithm == "reference":  # the oracle: each chunk's codes at once
+                for index, codes in enumerate(self._oracle(prepared, settings, generator, 1, timer)):
+                    audio.start_chunk(index)
+                    for frame in codes:
+                        yield from audio.push(frame)
+                    yield from audio.end_chunk(prepared.plan.chunks[index])
+                return
             for event in self._run(job, settings, timer):
                 if event[0] == "start":
                     audio.start_chunk(event[2])

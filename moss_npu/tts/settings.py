@@ -1,6 +1,7 @@
 """Settings of the TTS pipeline: load-time and per-call frozen dataclasses, YAML presets, and their merge with flags.
 
-``LoadConfig`` (device, dtype, attention, threads) is fixed when a pipeline loads (``MossTTSNano.from_pretrained``);
+``LoadConfig`` (device, dtype, attention, threads, quantization, and how the decoder computes: decoder, graph,
+compile) is fixed when a pipeline loads (``MossTTSNano.from_pretrained``);
 ``RunConfig`` is what each call may change. A load-time name given to ``RunConfig`` is refused, so a per-call
 setting can never claim a device or dtype the loaded pipeline does not run on.
 
@@ -40,12 +41,18 @@ class LoadConfig:
     attn_implementation: str = "sdpa"  # sdpa or eager
     num_threads: int = 0  # intra-op CPU threads (0: moss_npu.cpu.threads' default); process-wide, as torch has one pool
     quantize: str = "none"  # none, or int8: the LM's block weights rounded to int8 (CPU, float32; cpu.quantize)
+    # How the pipeline's decoder computes (the same codes every way):
+    decoder: str = "optimized"  # "optimized" (the frame decoder) or "reference" (the official algorithm, the oracle)
+    graph: str = "auto"  # device graphs of the frame step: auto (on for CUDA/NPU with host_rng), on, off
+    compile: str = "auto"  # torch.compile of the float32 CPU frame step: auto (eager: measured faster), on, off
 
     def __post_init__(self) -> None:
         if self.num_threads < 0:
             raise InputError(f"--num-threads {self.num_threads}: use 0 (the default policy) or a thread count")
-        if self.quantize not in QUANTIZE_MODES:
-            raise InputError(f"--quantize {self.quantize}: unknown; use one of {', '.join(QUANTIZE_MODES)}")
+        for name, allowed in (("quantize", QUANTIZE_MODES), ("decoder", DECODERS), ("graph", GRAPH_MODES),
+                              ("compile", COMPILE_MODES)):
+            if getattr(self, name) not in allowed:
+                raise InputError(f"--{name} {getattr(self, name)}: unknown; use one of {', '.join(allowed)}")
 
 
 @dataclass(frozen=True)
@@ -69,10 +76,7 @@ class RunConfig:
     voice_clone_max_text_tokens: int = 75
     voice_clone_max_memory_per_sample_gb: float = 1.0
     tts_max_batch_size: int = 0
-    decoder: str = "optimized"  # "optimized" (the frame decoder) or "reference" (the official algorithm, the oracle)
     speed: float = 1.0  # speaking rate, pitch kept (moss_npu.tempo); 1.0 leaves the audio untouched
-    graph: str = "auto"  # device graphs of the frame step: auto (on for CUDA/NPU with host_rng), on, off
-    compile: str = "auto"  # torch.compile of the float32 CPU frame step: auto (eager: measured faster), on, off
     stability_fallback: bool = True  # non-finite bf16/fp16 logits: retry with a float32 copy (official behaviour)
     # Official infer.py text preparation (moss_npu.text): the robust cleanup, and WeTextProcessing's reading of
     # numbers and symbols; the model API (model.inference) runs neither.
@@ -102,13 +106,7 @@ class RunConfig:
             raise InputError("voice_clone_max_text_tokens and tts_max_batch_size must be >= 0 (0 = no limit)")
         if not isinstance(self.text_normalization, bool) or not isinstance(self.wetext, bool):
             raise InputError("text_normalization and wetext must be true or false")
-        if self.decoder not in DECODERS:
-            raise InputError(f"--decoder {self.decoder}: unknown; use one of {', '.join(DECODERS)}")
         check_speed(self.speed)
-        if self.graph not in GRAPH_MODES:
-            raise InputError(f"--graph {self.graph}: unknown; use one of {', '.join(GRAPH_MODES)}")
-        if self.compile not in COMPILE_MODES:
-            raise InputError(f"--compile {self.compile}: unknown; use one of {', '.join(COMPILE_MODES)}")
         self.sampling()  # validates the sampling values
         self.schedule()
 

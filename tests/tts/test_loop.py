@@ -85,8 +85,7 @@ def test_a_text_too_long_for_the_engine_is_spoken_in_pieces(tts):
     assert " ".join(pieces).count("This is sentence number") == 40  # every word of the text, once
 
 
-@pytest.mark.parametrize("setting,value", [("host_rng", False), ("decoder", "reference"), ("graph", "on"),
-                                           ("compile", "on"), ("tts_max_batch_size", 2),
+@pytest.mark.parametrize("setting,value", [("host_rng", False), ("tts_max_batch_size", 2),
                                            ("voice_clone_max_memory_per_sample_gb", 2.0)])
 @needs_fixtures
 def test_the_engine_refuses_what_it_would_not_act_on(tts, setting, value):

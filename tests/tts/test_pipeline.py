@@ -152,13 +152,32 @@ def test_shipped_presets_load(preset):
 def test_load_time_settings_are_refused_per_call():
     """A per-call device/dtype/attention/threads would be silently ignored by a loaded pipeline: refused, with the fix."""
     for name, value in (("device", "npu"), ("dtype", "bfloat16"), ("attn_implementation", "eager"),
-                        ("num_threads", 2)):
+                        ("num_threads", 2), ("decoder", "reference"), ("graph", "on"), ("compile", "off")):
         with pytest.raises(ConfigError, match=f"^{name}: set when the pipeline loads.*from_pretrained"):
             RunConfig(**{name: value})
     with pytest.raises(ConfigError, match="device: set when the pipeline loads"):
         dataclasses.replace(RunConfig(), device="cpu")
     with pytest.raises(TypeError):
         RunConfig(temprature=0.5)  # any other unknown name stays a plain TypeError
+
+
+@needs_fixtures
+def test_how_the_decoder_computes_is_the_pipelines(tts):
+    """decoder, graph and compile are fixed at load; another way is another pipeline over the same model, and
+    the reference decoder (the oracle) gives the frame decoder's codes, whole and streamed."""
+    settings = RunConfig(**GREEDY, max_new_frames=4)
+    oracle = tts.computing(decoder="reference")
+    assert oracle is not tts and oracle.model is tts.model and tts.computing() is tts
+    assert torch.equal(oracle.synthesize("Same codes.", settings=settings).codes,
+                       tts.synthesize("Same codes.", settings=settings).codes)
+    streamed = [c.waveform for c in oracle.synthesize_stream("Same codes.", settings=settings)]
+    assert sum(w.shape[-1] for w in streamed) == 4 * tts.codec.frame_size
+    with pytest.raises(InputError, match="--graph sideways: unknown"):
+        tts.computing(graph="sideways")
+    from moss_npu.tts.engine import Engine
+
+    with pytest.raises(InputError, match="decoder=reference"):
+        Engine(oracle)
 
 
 def test_merge_splits_load_and_run_settings(tmp_path):
