@@ -28,7 +28,7 @@ import logging
 import threading
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 
@@ -114,6 +114,18 @@ class FrameLoop:
             if decoder is not None and any(d is decoder for _, d in self.running.values()):
                 self._step(decoder, events)
         return events
+
+    def run(self, job: Job) -> Iterator[tuple]:
+        """Run ``job`` alone on this thread; yield its events; raise its error. Leaving early frees its slots."""
+        self.add(job)
+        try:
+            while not job.done:
+                for event in self.frame():
+                    if event[0] == "end" and event[2] is not None:
+                        raise event[2]
+                    yield event
+        finally:
+            self.abandon(job)
 
     def abandon(self, job: Job) -> None:
         """Stop ``job`` without an event (its caller left): free its slots, forget it."""
@@ -360,12 +372,8 @@ def generate(model: NanoTTSModel, input_ids: torch.Tensor, attention_mask: Optio
                            timer=timer)
     job = Job(PreparedRequest(Plan("continuation", [""] * len(prompts), None, None, nq), prompts, settings),
               generator, batch=len(prompts), retry=False)
-    loop = FrameLoop(decoder)
-    loop.add(job)
-    while not job.done:
-        for event in loop.frame():
-            if event[0] == "end" and event[2] is not None:
-                raise event[2]
+    for _ in FrameLoop(decoder).run(job):
+        pass
     codes = job.chunk_codes(cfg.n_vq)
     frames = torch.full((len(codes), max(len(c) for c in codes), cfg.n_vq), cfg.audio_pad_token_id, dtype=torch.long)
     for b, c in enumerate(codes):

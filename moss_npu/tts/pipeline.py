@@ -226,16 +226,10 @@ class MossTTSNano:
                              "MossTTSNano per thread (moss_npu.serve batches concurrent requests)")
         length = max(int(rows.shape[0]) for rows in job.prepared.rows) + settings.max_new_frames
         decoder = self.decoder(job.batch, length, "noise" if settings.host_rng else "official")
-        decoder.timer, loop = timer, FrameLoop(decoder)
-        loop.add(job)
+        decoder.timer = timer
         try:
-            while not job.done:
-                for event in loop.frame():
-                    if event[0] == "end" and event[2] is not None:
-                        raise event[2]
-                    yield event
+            yield from FrameLoop(decoder).run(job)
         finally:
-            loop.abandon(job)
             decoder.timer = None
 
     def _oracle(self, prepared: PreparedRequest, settings: RunConfig, generator: Optional[torch.Generator],
