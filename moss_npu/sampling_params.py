@@ -9,7 +9,7 @@ official Nano runtime's (infer.py, the CLI, the server).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, make_dataclass
 
 from moss_npu.errors import InputError
 
@@ -94,3 +94,11 @@ class SamplingParams:
 RUNTIME = SamplingParams.runtime_defaults()
 # The value keys (every field but the Nano switch): CLI flags, preset keys, server fields, Delay flags.
 VALUES = tuple(f.name for f in fields(SamplingParams) if f.name != "do_sample")
+
+
+def sampling_fields(defaults: SamplingParams, switch: bool = False) -> type:
+    """A frozen dataclass of the sampling values (and ``do_sample`` with ``switch``) defaulting to ``defaults``:
+    the base of a runner's settings, so every runner has the same keys."""
+    names = ("do_sample",) * switch + VALUES
+    return make_dataclass("SamplingValues", [(n, type(getattr(defaults, n)), getattr(defaults, n)) for n in names],
+                          frozen=True)

@@ -16,9 +16,7 @@ from typing import Any, Mapping, Optional
 from moss_npu.errors import CheckpointError, ConfigError, InputError, MossNpuError
 from moss_npu.hub import download_command
 from moss_npu.presets import check_types, read_yaml_mapping
-from moss_npu.sampling_params import VALUES, SamplingParams
-
-_DEFAULTS = SamplingParams()
+from moss_npu.sampling_params import VALUES, SamplingParams, sampling_fields
 
 SPECIAL_ID_KEYS = (
     "pad_token_id",
@@ -118,8 +116,9 @@ def _read_json(path: Path) -> dict:
 
 
 @dataclass(frozen=True)
-class DelayRunConfig:
-    """Run values of the llama.cpp backend; a YAML preset may set any of these keys."""
+class DelayRunConfig(sampling_fields(SamplingParams())):
+    """Run values of the llama.cpp backend; a YAML preset may set any of these keys. The sampling values
+    (``moss_npu.sampling_params``, at upstream's defaults; a temperature of 0 is greedy) come first."""
 
     backbone_gguf: Optional[str] = None  # file name inside the weights folder; None = its only .gguf
     n_gpu_layers: int = -1
@@ -136,14 +135,6 @@ class DelayRunConfig:
     audio_provider: str = "auto"  # auto or a device kind; checked against onnxruntime by the codec
     max_new_tokens: int = 3072
     verbose: bool = False
-    # The sampling values (moss_npu.sampling_params; upstream's defaults; a temperature of 0 is greedy).
-    text_temperature: float = _DEFAULTS.text_temperature
-    text_top_p: float = _DEFAULTS.text_top_p
-    text_top_k: int = _DEFAULTS.text_top_k
-    audio_temperature: float = _DEFAULTS.audio_temperature
-    audio_top_p: float = _DEFAULTS.audio_top_p
-    audio_top_k: int = _DEFAULTS.audio_top_k
-    audio_repetition_penalty: float = _DEFAULTS.audio_repetition_penalty
 
     def __post_init__(self) -> None:
         choices = {

@@ -24,7 +24,7 @@ from moss_npu.cpu.step import COMPILE_MODES
 from moss_npu.nano.graphs import GRAPH_MODES
 from moss_npu.cpu.quantize import QUANTIZE_MODES
 from moss_npu.presets import check_types, read_yaml_mapping
-from moss_npu.sampling_params import RUNTIME, VALUES, SamplingParams
+from moss_npu.sampling_params import RUNTIME, VALUES, SamplingParams, sampling_fields
 from moss_npu.tempo import check_speed
 
 MODES = ("auto", "continuation", "voice_clone")
@@ -56,19 +56,13 @@ class LoadConfig:
 
 
 @dataclass(frozen=True)
-class RunConfig:
-    """Everything one synthesis call can set besides the text and the voice prompt (per call, never the device)."""
+class RunConfig(sampling_fields(RUNTIME, switch=True)):
+    """Everything one synthesis call can set besides the text and the voice prompt (per call, never the device);
+    the sampling values (``do_sample``, ``text_temperature``, ...) at the official runtime's defaults come from
+    ``moss_npu.sampling_params``."""
 
     mode: str = "auto"  # auto: voice_clone with a reference and no prompt text, else continuation
     max_new_frames: int = 375
-    do_sample: bool = RUNTIME.do_sample  # the sampling values: moss_npu.sampling_params (official runtime defaults)
-    text_temperature: float = RUNTIME.text_temperature
-    text_top_p: float = RUNTIME.text_top_p
-    text_top_k: int = RUNTIME.text_top_k
-    audio_temperature: float = RUNTIME.audio_temperature
-    audio_top_p: float = RUNTIME.audio_top_p
-    audio_top_k: int = RUNTIME.audio_top_k
-    audio_repetition_penalty: float = RUNTIME.audio_repetition_penalty
     nq: Optional[int] = None
     seed: Optional[int] = None
     host_rng: Optional[bool] = None  # sampling noise from a host generator; None: the runner's own way (official
