@@ -1,18 +1,16 @@
 """The engine: many speech requests at once on one pipeline, for the server.
 
 ``Engine.submit`` takes a ``SpeechRequest`` and returns its ``RequestStream`` at once. The request is first
-prepared (text normalization, reference decoding and encoding, chunking, prompt rows: ``tts.prepare``) on the
-engine's preparation thread, so a slow reference never delays a frame; a ``PreparedRequest`` skips that step.
-One background thread owns the ``FrameDecoder``: at every frame boundary it admits prepared text chunks into
-free slots, steps all active
-slots together (continuous batching). A second thread, the audio thread, owns the codec: it turns the new codes
-of every request whose playback schedule asks for audio into audio with one streaming codec call per frame
-(``CodecRows``: codec row = decoder slot) while the frame thread computes the next frame, so the two run on
-two cores. The frame thread hands it events in order (a chunk starts, a frame's codes, a request ends) and the
-audio thread alone writes to the requests' streams, so each stream's audio, pauses and end come in order. The
-chunks of one request run one after another (its audio comes in order); different requests share the batch. Every
-request samples with the noise-fed sampler from its own host generator (seeded by ``settings.seed``), so its
-audio does not depend on what else is in the batch.
+prepared (``tts.prepare``: text, chunks, reference codes, prompt rows) on the engine's preparation thread, so a
+slow reference never delays a frame; a ``PreparedRequest`` skips that step. The frame thread runs the frame loop
+(``tts.loop``: admission at frame boundaries, continuous batching, the float32 fallback, the silent-chunk
+retry). The audio thread owns the codec: it turns the new codes of every request whose playback schedule asks
+for audio into audio with one streaming codec call per frame (``CodecRows``: codec row = decoder slot) while the
+frame thread computes the next frame, so the two run on two cores. It takes the loop's events in order and alone
+writes to the streams, so each stream's audio, pauses and end come in order; a stream yields them at its
+request's speed. A request's chunks run one after another; different requests share the batch. Every request
+samples with the noise-fed sampler from its own host generator (seeded by ``settings.seed``), so its audio does
+not depend on what else is in the batch.
 """
 
 from __future__ import annotations
