@@ -20,7 +20,6 @@ See docs/architecture.md#frame-decoder.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from typing import Optional
 
@@ -282,16 +281,13 @@ class FrameDecoder:
             else:
                 nq = [self._nq[s] for s in range(n) if self._held[s]]
                 self._run_pending()
-                with self._threads(n):
+                with self.frame_step.threads(n):
                     self._pending = self._frame(n, max(self._lengths[:n]) + 1, max(nq), exact=n == 1,
                                                 masked=min(nq) < max(nq), defer=True)
             st = self.state
             flags = torch.cat([st.produced[:n, None], st.active[:n, None], st.finite[:n]], dim=1)
             packed = torch.cat([st.codes[:n], flags.long()], dim=1).cpu()  # the one host sync of the frame
         return self._bookkeep(packed, n)
-
-    def _threads(self, n: int) -> contextlib.AbstractContextManager:
-        return self.frame_step.threads(n)
 
     def _run_pending(self, hold: bool = False, leaving: Optional[int] = None) -> None:
         """Run the last frame's deferred global step, unless every slot it covers is done or ``leaving`` (being
@@ -308,7 +304,7 @@ class FrameDecoder:
         if not waiting:
             return
         try:
-            with self._threads(n), phase(self.timer, "global"):
+            with self.frame_step.threads(n), phase(self.timer, "global"):
                 self._global_step(embed, n, keys, exact)
         except Exception as exc:  # noqa: BLE001 - whatever failed the frame, its step reports it
             if not hold:

@@ -157,7 +157,7 @@ class FrameLoop:
     def _admit(self, events: list) -> None:
         """Admit waiting jobs' next chunks, first come first served, each decoder's in one prefill."""
         free = [s for s in range(self.decoder.slots) if s not in self.running]
-        chosen: dict[bool, list] = {False: [], True: []}  # float32 -> [(job, chunk, slot, rows, params)]
+        chosen: dict[bool, list] = {False: [], True: []}  # float32 -> [(job, chunk, slot)]
         with self.lock:
             while self.waiting:
                 job = self.waiting[0]
@@ -172,6 +172,7 @@ class FrameLoop:
                 self._start(self._decoder(float32), entries, events)
 
     def _start(self, decoder: FrameDecoder, entries: list, events: list) -> None:
+        """Prefill (job, chunk, slot) ``entries`` into ``decoder`` together; a bad one fails its job alone."""
         checked = []  # (job, chunk, slot, (rows, params))
         for job, chunk, slot in entries:
             if job.done:  # a bad chunk failed its job: its other chunks go with it
