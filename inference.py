@@ -29,6 +29,7 @@ from moss_npu.extras import LLAMA_INSTALL as DELAY_INSTALL
 from moss_npu.extras import NANO_INSTALL
 from moss_npu.hub import DEFAULT_CODEC, DEFAULT_MODEL
 from moss_npu.limits import MAX_NEW_FRAMES, MAX_SEED
+from moss_npu.sampling_params import VALUES as SAMPLING_VALUES
 from moss_npu.output import (WAV_SUBTYPES, AtomicAudioWriter, AudioTarget, audio_target, refuse_own_inputs,
                              writable_file, write_json)
 from moss_npu.tempo import MAX_SPEED, MIN_SPEED, check_speed
@@ -113,11 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="device graphs of the frame step (auto: on for CUDA/NPU with --host-rng, off on CPU)")
     gen.add_argument("--compile", choices=("auto", "on", "off"),
                      help="torch.compile the float32 CPU frame step (auto: eager, measured faster; see README)")
-    for kind in ("text", "audio"):
-        gen.add_argument(f"--{kind}-temperature", type=finite_float)
-        gen.add_argument(f"--{kind}-top-p", type=finite_float)
-        gen.add_argument(f"--{kind}-top-k", type=int)
-    gen.add_argument("--audio-repetition-penalty", type=finite_float)
+    for name in SAMPLING_VALUES:  # moss_npu.sampling_params: the same keys for Nano, Delay and the server
+        gen.add_argument(f"--{name.replace('_', '-')}", type=int if name.endswith("top_k") else finite_float)
     for name in SAMPLING_FLAGS:  # official infer.py's legacy flags: fill text and audio values left unset
         gen.add_argument(f"--{name.replace('_', '-')}", type=int if name == "top_k" else finite_float)
 
@@ -234,11 +232,8 @@ def run_overrides(args: argparse.Namespace) -> dict:
         "graph": args.graph, "compile": args.compile, "decoder": args.decoder, "speed": args.speed, "num_threads": args.num_threads,
         "text_normalization": False if args.no_text_normalization else None,
         "wetext": False if args.no_text_normalization or args.no_wetext else None,
-        "audio_repetition_penalty": args.audio_repetition_penalty,
+        **{name: getattr(args, name) for name in SAMPLING_VALUES},
     }
-    for kind in ("text", "audio"):
-        for name in ("temperature", "top_p", "top_k"):
-            values[f"{kind}_{name}"] = getattr(args, f"{kind}_{name}")
     for name in SAMPLING_FLAGS:
         legacy = getattr(args, name)
         targets = ["audio_repetition_penalty"] if name == "repetition_penalty" else [f"text_{name}", f"audio_{name}"]
@@ -328,7 +323,8 @@ def synthesize_nano(args: argparse.Namespace, text: str, target: AudioTarget) ->
         args.prompt_text = None if args.prompt_text is None else prepared.prompt_text
         return _synthesize_upstream(args, load, settings, dev, prepared.text, target, model, codec)
     tts = MossTTSNano.from_pretrained(model, codec, device=str(dev), dtype=load.dtype,
-                                      attn_implementation=load.attn_implementation, quantize=load.quantize)
+                                      attn_implementation=load.attn_implementation, quantize=load.quantize,
+                                      decoder=load.decoder, graph=load.graph, compile=load.compile)
     target.check_rate(tts.sample_rate)
     request = dict(prompt_audio=args.prompt_audio_path, prompt_text=args.prompt_text, settings=settings)
     if args.print_normalized:

@@ -42,18 +42,18 @@ class BatchRecord:
     load_avg: float
 
 
-def run_batch(tts: MossTTSNano, case: str, batch: int, graph: str, frames: int, serial: int,
+def run_batch(tts: MossTTSNano, case: str, batch: int, frames: int, serial: int,
               request: tuple[str, object]) -> BatchRecord:
     """Decode ``batch`` requests of ``case`` together once; return the measures."""
     text, audio = request
-    settings = RunConfig(do_sample=False, max_new_frames=frames, host_rng=True, graph=graph)
+    settings, graph = RunConfig(do_sample=False, max_new_frames=frames, host_rng=True), tts.graph
     prompts, plans = [], []
     for i in range(batch):
-        plan = tts.plan(f"{serial + i}. {text}", settings, audio)
+        plan = tts.preparer.plan(f"{serial + i}. {text}", settings, audio)
         plans.append(plan)
-        prompts.append(tts.prompt_rows(plan, plan.chunks[0]))
+        prompts.append(tts.preparer.prompt_rows(plan, plan.chunks[0]))
     sync = devices.backend(tts.device).synchronize
-    decoder = tts.decoder(batch, max(int(p.shape[0]) for p in prompts) + frames, "noise", graph)
+    decoder = tts.decoder(batch, max(int(p.shape[0]) for p in prompts) + frames, "noise")
     load = os.getloadavg()[0]
     start = time.perf_counter()
     slots = [decoder.admit(p, RequestParams(settings.sampling(), plans[0].nq, frames)) for p in prompts]

@@ -114,8 +114,7 @@ def case_request(case: str) -> tuple[str, Optional[Path]]:
     return text, audio
 
 
-def run_once(tts: MossTTSNano, case: str, config: BenchConfig, frames: int, stream: bool, serial: int,
-             compile_mode: str = "auto") -> RunRecord:
+def run_once(tts: MossTTSNano, case: str, config: BenchConfig, frames: int, stream: bool, serial: int) -> RunRecord:
     """Synthesize ``case`` once under ``config``; optionally time a streamed start too.
 
     The text gets the number ``serial`` (and ``serial + 1`` for the stream) in front, so no run meets a prompt
@@ -132,8 +131,7 @@ def run_once(tts: MossTTSNano, case: str, config: BenchConfig, frames: int, stre
     if config.threads:
         set_threads(config.threads)
     text, audio = case_request(case)
-    settings = RunConfig(do_sample=False, max_new_frames=frames, decoder=config.decoder, compile=compile_mode,
-                         text_normalization=False, wetext=False)  # the model's speed; bench.text_norm times that
+    settings = RunConfig(do_sample=False, max_new_frames=frames, text_normalization=False, wetext=False)  # the model's speed; bench.text_norm times that
     back = devices.backend(tts.device)
     back.reset_peak_memory_stats()
     timer = PhaseTimer(sync=back.synchronize)
@@ -152,15 +150,15 @@ def run_once(tts: MossTTSNano, case: str, config: BenchConfig, frames: int, stre
     n_chunks = len(result.text_chunks)
     sec = dict(timer.seconds)
     per_frame = {k: sec.get(k, 0.0) * 1e3 / max(n_frames, 1) for k in ("frame", "codec", "local", "global")}
-    cpu_step = getattr(tts._decoder, "cpu_step", None) if config.decoder != "reference" else None
-    step = "reference" if config.decoder == "reference" else "torch" if cpu_step is None else cpu_step.dispatch()
+    frame_step = tts._decoder.frame_step if tts.algorithm != "reference" else None
+    step = "reference" if frame_step is None else frame_step.dispatch()
     return RunRecord(
         case=case, config=config.label, threads=torch.get_num_threads(), chunks=n_chunks, frames=n_frames,
         wall_s=wall, rtf=wall / max(n_frames / tts.codec.frame_rate_hz, 1e-9), ttfa_ms=ttfa,
         frame_ms=per_frame["frame"], codec_ms=per_frame["codec"],
         prefill_ms=sec.get("prefill", 0.0) * 1e3 / max(timer.calls.get("prefill", 0), 1),
         peak_memory_bytes=back.max_memory_allocated(), load_avg=load, dtype=dtype_name(tts.model),
-        step=step, compile_s=cpu_step.compile_seconds if cpu_step is not None else 0.0,
+        step=step, compile_s=frame_step.compile_seconds if frame_step is not None else 0.0,
         local_ms=per_frame["local"] if "local" in sec else None,
         global_ms=per_frame["global"] if "global" in sec else None, phases_s=sec)
 
@@ -292,7 +290,7 @@ def measure(tts: MossTTSNano, args, cases: list[str], configs: list[BenchConfig]
     from moss_npu.cpu.threads import set_threads
 
     records: list = []
-    serial = 0
+    serial, ways = 0, {}  # a pipeline per way of computing (LoadConfig's decoder, graph, compile)
     set_threads(args.threads)  # 0: the default policy (moss_npu.cpu.threads)
     for round_index in range(args.warmup + args.runs):
         measured = round_index >= args.warmup
@@ -301,7 +299,8 @@ def measure(tts: MossTTSNano, args, cases: list[str], configs: list[BenchConfig]
                 for size in sizes:
                     for graph in graphs:
                         serial += size
-                        record = run_batch(tts, case, size, graph, args.frames, serial, case_request(case))
+                        ways[graph] = ways.get(graph) or tts.computing(graph=graph)
+                        record = run_batch(ways[graph], case, size, args.frames, serial, case_request(case))
                         log(f"bench: {'run' if measured else 'warm-up'} {case} batch {size} graph {graph}: "
                             f"{record.slot_ms_per_frame:.1f} ms/frame, {record.aggregate_fps:.1f} frames/s")
                         if measured:
@@ -309,7 +308,9 @@ def measure(tts: MossTTSNano, args, cases: list[str], configs: list[BenchConfig]
                 continue
             for config in configs:
                 serial += 2
-                record = run_once(tts, case, config, args.frames, not args.no_stream, serial, args.compile)
+                way = (config.decoder, args.compile)
+                ways[way] = ways.get(way) or tts.computing(decoder=config.decoder, compile=args.compile)
+                record = run_once(ways[way], case, config, args.frames, not args.no_stream, serial)
                 log(f"bench: {'run' if measured else 'warm-up'} {case} {config.label}: "
                     f"{record.frame_ms:.1f} ms/frame, RTF {record.rtf:.2f}, load {record.load_avg:.2f}")
                 if measured:

@@ -223,8 +223,9 @@ class Backend:
         return {}
 
     def frame_step(self, model, compile_mode: str = "auto", **options):
-        """Return the step a ``FrameDecoder`` runs the blocks of ``model`` (its parts: ``cpu.contract``) through on
-        this device, or None for the model's own modules (graph capture aside). Only the CPU has one
+        """Return the step a ``FrameDecoder`` runs the blocks of a model (its parts: ``cpu.contract``) through on
+        this device, or None where the device has none of its own: the decoder then runs the model's own modules
+        (``nano.step.TorchStep``, chosen where the model is known: ``nano.prepared``). Only the CPU has one
         (``moss_npu.cpu.step``; ``options`` go to its ``build``)."""
         if compile_mode == "on":
             raise InputError(f"--compile on compiles the float32 CPU step; this model is on {self.kind}: "

@@ -146,8 +146,8 @@ def _frames(dev, model: str, codec: str, graph: str, codes: dict) -> Check:
     from moss_npu.tts import MossTTSNano, RunConfig
 
     name = "frames, eager" if graph == "off" else "frames, device graphs"
-    tts = MossTTSNano.from_pretrained(model, codec, device=str(dev))
-    settings = RunConfig(do_sample=False, seed=0, max_new_frames=FRAMES, graph=graph, host_rng=graph == "on")
+    tts = MossTTSNano.from_pretrained(model, codec, device=str(dev), graph=graph)
+    settings = RunConfig(do_sample=False, seed=0, max_new_frames=FRAMES, host_rng=graph == "on")
     tts.synthesize(TEXTS[0], settings=settings)  # warm-up: first-call allocations and captures
     backend = devices.backend(dev)
     with backend.counting_host_syncs() as waits:

@@ -15,87 +15,15 @@ Two ways to draw:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
 from moss_npu.errors import InputError
+from moss_npu.sampling_params import SamplingParams, TokenParams
 
-
-# Above these a distribution is already flat (temperature) or crushed (penalty); far above, float32 overflows.
-MAX_TEMPERATURE = 100.0
-MAX_PENALTY = 100.0
-MAX_TOP_K = 2**31 - 1
-
-
-@dataclass(frozen=True)
-class TokenParams:
-    """Sampling parameters of one decision (the 2-way text decision or one audio channel)."""
-
-    do_sample: bool
-    temperature: float
-    top_k: int
-    top_p: float
-    repetition_penalty: float = 1.0
-
-    def __post_init__(self) -> None:
-        # The official API takes None for "no top-k / top-p filter"; 0 and 1.0 say the same here.
-        if self.top_k is None:
-            object.__setattr__(self, "top_k", 0)
-        if self.top_p is None:
-            object.__setattr__(self, "top_p", 1.0)
-        if self.do_sample and not 0 < self.temperature <= MAX_TEMPERATURE:
-            raise InputError(f"temperature={self.temperature} with sampling on; use a value in (0, {MAX_TEMPERATURE:g}] "
-                             "(or turn sampling off for greedy decoding)")
-        if not math.isfinite(self.temperature):
-            raise InputError(f"temperature={self.temperature} is not a finite number; use e.g. 1.0")
-        if not 0.0 < self.top_p <= 1.0:
-            raise InputError(f"top_p={self.top_p} is outside (0, 1]; use e.g. 0.95, or 1.0 to disable it")
-        if not 0 <= self.top_k <= MAX_TOP_K:
-            raise InputError(f"top_k={self.top_k} is outside 0..{MAX_TOP_K}; use 0 to disable it or a positive count")
-        if not 0 < self.repetition_penalty <= MAX_PENALTY:
-            raise InputError(f"repetition_penalty={self.repetition_penalty} is outside (0, {MAX_PENALTY:g}]; use 1.0 "
-                             "to disable it")
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """All sampling parameters of a generation; defaults are the official model-API ones (greedy).
-
-    ``SamplingParams.runtime_defaults()`` gives the official runtime's (infer.py, CLI, service) values.
-    """
-
-    do_sample: bool = False
-    text_temperature: float = 1.5
-    text_top_p: float = 1.0
-    text_top_k: int = 50
-    audio_temperature: float = 1.7
-    audio_top_p: float = 0.8
-    audio_top_k: int = 25
-    audio_repetition_penalty: float = 1.0
-
-    def __post_init__(self) -> None:
-        self.text()  # validates
-        self.audio()
-
-    @classmethod
-    def runtime_defaults(cls, **overrides) -> "SamplingParams":
-        """Return the official runtime defaults (sampled, 1.0/1.0/50 text, 0.8/0.95/25/1.2 audio), then overrides."""
-        values = dict(do_sample=True, text_temperature=1.0, text_top_p=1.0, text_top_k=50,
-                      audio_temperature=0.8, audio_top_p=0.95, audio_top_k=25, audio_repetition_penalty=1.2)
-        values.update(overrides)
-        return cls(**values)
-
-    def text(self) -> TokenParams:
-        """Parameters of the 2-way continue/stop decision (no repetition penalty, as upstream)."""
-        return TokenParams(self.do_sample, self.text_temperature, self.text_top_k, self.text_top_p)
-
-    def audio(self) -> TokenParams:
-        """Parameters shared by every audio channel."""
-        return TokenParams(self.do_sample, self.audio_temperature, self.audio_top_k, self.audio_top_p,
-                           self.audio_repetition_penalty)
+__all__ = ["SamplingParams", "TokenParams", "apply_repetition_penalty", "filter_scores", "sample_token"]
 
 
 def apply_repetition_penalty(scores: torch.Tensor, history: Optional[torch.Tensor], penalty: float,

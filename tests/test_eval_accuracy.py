@@ -17,7 +17,7 @@ from moss_npu.evaluation import EvalInput, EvalRequest, SideSpec, Thresholds, ev
 from moss_npu.evaluation.sides import NativeSide, UpstreamSide
 from moss_npu.evaluation.sides import Capture, InputCapture
 from moss_npu.evaluation.tiers import comparable_decisions, tier_c
-from moss_npu.nano.decoder import generate
+from moss_npu.tts.loop import generate
 from moss_npu.nano.prompt import build_prompt_rows
 from moss_npu.sampling import SamplingParams
 from moss_npu.upstream import UpstreamGeneration

@@ -305,13 +305,25 @@ def test_output_that_is_a_folder_or_fifo_or_an_input(tmp_path, capsys):
     assert text.read_text() == "hi"
 
 
+def stop_at_once(decoder):
+    """A frame step in which every running request stops before its first frame."""
+    import torch
+
+    from moss_npu.nano.frames import FrameBatch
+
+    held = torch.tensor([h and not d for h, d in zip(decoder._held, decoder._done)])
+    decoder._done = list(decoder._held)
+    none = torch.zeros(decoder.slots, dtype=torch.bool)
+    return FrameBatch(0, torch.full((decoder.slots, decoder.model.config.n_vq), decoder.pad), none, held, none)
+
+
 @needs_fixtures
 @pytest.mark.parametrize("stream", [False, True], ids=["offline", "stream"])
 def test_zero_frames_is_a_failure_without_file(tmp_path, capsys, monkeypatch, stream):
     """The model stopping before the first frame is exit 1 with one line, not an empty "success"."""
-    from moss_npu.tts.pipeline import MossTTSNano
+    from moss_npu.nano.decoder import FrameDecoder
 
-    monkeypatch.setattr(MossTTSNano, "_decode_frames", lambda self, *a, **k: iter(()))
+    monkeypatch.setattr(FrameDecoder, "step", stop_at_once)
     out = tmp_path / "z.wav"
     code, stdout, err = run(model_args(tmp_path, "--text", "hi", "--output", out, *(["--stream"] * stream)), capsys)
     assert code == 1 and _one_error_line(err) == f"error: {inference.NO_AUDIO}" and stdout == ""

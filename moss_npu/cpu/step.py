@@ -39,7 +39,7 @@ from moss_npu.cpu.packed import pack_linear, packed_matmul, packing_available
 from moss_npu.cpu.prepared import PreparedArena, fresh_arena
 from moss_npu.cpu.threads import limit_blas, this_thread_limited
 from moss_npu.cpu.blocks import (Matmul, RowBlock, Segment, blas_matmul, block_rows, block_step, gemv, rotate_real,
-                             row_block, row_norm)
+                             rotations, row_block, row_norm)
 from moss_npu.cpu.weights import (Int8TileWeights, Int8Weights, ModelWeights, WeightArena, block_weights,
                                   int8_matmul, int8_tile_matmul)
 
@@ -381,6 +381,10 @@ class CpuStep:
     def kernel_target(self) -> str:
         """Return the instruction set of the one-row kernels (``targets.choose_target``), or ``none`` without them."""
         return "none" if self._kernels_used is None else self._kernels_used.target
+
+    def rotation_table(self, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """RoPE rows (P, D) as ``run`` takes them: complex rotations (``blocks.rotations``)."""
+        return rotations(cos, sin)
 
     def head(self, channel: int, x: torch.Tensor) -> torch.Tensor:
         """Return audio head ``channel``'s logits (n, V) of (n, E) local hidden states."""

@@ -13,9 +13,10 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from moss_npu.errors import CheckpointError, ConfigError, MossNpuError
+from moss_npu.errors import CheckpointError, ConfigError, InputError, MossNpuError
 from moss_npu.hub import download_command
 from moss_npu.presets import check_types, read_yaml_mapping
+from moss_npu.sampling_params import VALUES, SamplingParams, sampling_fields
 
 SPECIAL_ID_KEYS = (
     "pad_token_id",
@@ -115,21 +116,9 @@ def _read_json(path: Path) -> dict:
 
 
 @dataclass(frozen=True)
-class DelaySampling:
-    """Sampling parameters of one generation (upstream defaults, docs/delay.md#sampling)."""
-
-    text_temperature: float = 1.5
-    text_top_p: float = 1.0
-    text_top_k: int = 50
-    audio_temperature: float = 1.7
-    audio_top_p: float = 0.8
-    audio_top_k: int = 25
-    audio_repetition_penalty: float = 1.0
-
-
-@dataclass(frozen=True)
-class DelayRunConfig:
-    """Run values of the llama.cpp backend; a YAML preset may set any of these keys."""
+class DelayRunConfig(sampling_fields(SamplingParams())):
+    """Run values of the llama.cpp backend; a YAML preset may set any of these keys. The sampling values
+    (``moss_npu.sampling_params``, at upstream's defaults; a temperature of 0 is greedy) come first."""
 
     backbone_gguf: Optional[str] = None  # file name inside the weights folder; None = its only .gguf
     n_gpu_layers: int = -1
@@ -146,13 +135,6 @@ class DelayRunConfig:
     audio_provider: str = "auto"  # auto or a device kind; checked against onnxruntime by the codec
     max_new_tokens: int = 3072
     verbose: bool = False
-    text_temperature: float = 1.5
-    text_top_p: float = 1.0
-    text_top_k: int = 50
-    audio_temperature: float = 1.7
-    audio_top_p: float = 0.8
-    audio_top_k: int = 25
-    audio_repetition_penalty: float = 1.0
 
     def __post_init__(self) -> None:
         choices = {
@@ -172,19 +154,15 @@ class DelayRunConfig:
             raise ConfigError(f"device_index={self.device_index!r}: use null (the runtimes' default) or a number >= 0")
         if not isinstance(self.n_gpu_layers, int) or self.n_gpu_layers < -1:
             raise ConfigError(f"n_gpu_layers={self.n_gpu_layers!r}: use -1 (all), 0 (CPU) or a layer count")
-        for key in ("text_top_k", "audio_top_k"):
-            if not isinstance(getattr(self, key), int) or getattr(self, key) < 0:
-                raise ConfigError(f"{key}={getattr(self, key)!r}: must be an integer >= 0 (0 = off)")
-        for key in ("text_top_p", "audio_top_p"):
-            if not 0.0 < float(getattr(self, key)) <= 1.0:
-                raise ConfigError(f"{key}={getattr(self, key)!r}: must be in (0, 1] (1 = off)")
-        if float(self.audio_repetition_penalty) <= 0.0:
-            raise ConfigError(f"audio_repetition_penalty={self.audio_repetition_penalty!r}: must be > 0 (1 = off)")
+        try:
+            self.sampling  # the ranges of moss_npu.sampling_params
+        except InputError as exc:
+            raise ConfigError(str(exc)) from None
 
     @property
-    def sampling(self) -> DelaySampling:
+    def sampling(self) -> SamplingParams:
         """Return the sampling parameters as their own value object."""
-        return DelaySampling(**{f.name: getattr(self, f.name) for f in fields(DelaySampling)})
+        return SamplingParams(**{name: getattr(self, name) for name in VALUES})
 
 
 def load_run_config(path: Optional[Path | str] = None, overrides: Optional[Mapping[str, Any]] = None) -> DelayRunConfig:

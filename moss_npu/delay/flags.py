@@ -17,6 +17,7 @@ from typing import Any, Mapping, Optional
 
 from moss_npu.delay.config import DelayRunConfig, load_run_config
 from moss_npu.errors import DeviceError, InputError
+from moss_npu.sampling_params import VALUES
 
 # Flag (argparse dest) -> why the Delay backend cannot honour it.
 REFUSED = {
@@ -47,8 +48,7 @@ REFUSED = {
     "timestamps": "the Delay model speaks the whole text in one pass, so it has no chunk times to write",
 }
 # Flags that set a DelayRunConfig key of the same meaning.
-SAMPLING_KEYS = ("text_temperature", "text_top_p", "text_top_k", "audio_temperature", "audio_top_p", "audio_top_k",
-                 "audio_repetition_penalty")
+SAMPLING_KEYS = VALUES
 # The official infer.py's legacy flags: they fill text and audio values left unset (as for Nano).
 LEGACY = {"temperature": ("text_temperature", "audio_temperature"), "top_p": ("text_top_p", "audio_top_p"),
           "top_k": ("text_top_k", "audio_top_k"), "repetition_penalty": ("audio_repetition_penalty",)}

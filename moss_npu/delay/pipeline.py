@@ -18,7 +18,8 @@ import numpy as np
 
 from moss_npu.delay.backbone import LlamaBackbone
 from moss_npu.delay.codec_onnx import OnnxCodec
-from moss_npu.delay.config import DelayRunConfig, DelaySampling, load_run_config
+from moss_npu.delay.config import DelayRunConfig, load_run_config
+from moss_npu.sampling_params import SamplingParams
 from moss_npu.delay.embeddings import DelayEmbeddings
 from moss_npu.delay.heads import build_audio_heads
 from moss_npu.delay.prompt import DelayTokenizer, build_prompt, parse_text
@@ -102,7 +103,7 @@ class DelayPipeline:
     def generate(self, text: str, reference_codes: Optional[np.ndarray] = None, *, instruction: Optional[str] = None,
                  tokens: Optional[int] = None, quality: Optional[str] = None, language: Optional[str] = None,
                  max_new_tokens: Optional[int] = None, seed: Optional[int] = None,
-                 rng: Optional[np.random.RandomState] = None, sampling: Optional[DelaySampling] = None,
+                 rng: Optional[np.random.RandomState] = None, sampling: Optional[SamplingParams] = None,
                  record: bool = False, on_step: Optional[Callable[[int], None]] = None) -> Generation:
         """Generate the codes of one utterance (no codec involved).
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 import numpy as np
 
-from moss_npu.delay.config import DelayModelConfig, DelaySampling
+from moss_npu.delay.config import DelayModelConfig
+from moss_npu.sampling_params import SamplingParams
 from moss_npu.delay.sampling import sample_token
 
 NOT_DRAINING = np.iinfo(np.int64).max  # delayed_length while no delay slot has been emitted
@@ -101,7 +102,7 @@ def init_state(prompt: np.ndarray, config: DelayModelConfig) -> DelayState:
     return state
 
 
-def _choose_text(state: DelayState, text_logits: np.ndarray, sampling: DelaySampling, cfg: DelayModelConfig,
+def _choose_text(state: DelayState, text_logits: np.ndarray, sampling: SamplingParams, cfg: DelayModelConfig,
                  rng: np.random.RandomState) -> int:
     n_vq = cfg.n_vq
     if state.delayed_length < n_vq:
@@ -126,7 +127,7 @@ def _choose_text(state: DelayState, text_logits: np.ndarray, sampling: DelaySamp
                             do_sample=sampling.text_temperature > 0)[0])
 
 
-def _choose_audio(state: DelayState, audio_logits: np.ndarray, sampling: DelaySampling, cfg: DelayModelConfig,
+def _choose_audio(state: DelayState, audio_logits: np.ndarray, sampling: SamplingParams, cfg: DelayModelConfig,
                   rng: np.random.RandomState) -> np.ndarray:
     n_vq = cfg.n_vq
     codes = np.full(n_vq, cfg.audio_pad_code, dtype=np.int64)
@@ -154,7 +155,7 @@ def _choose_audio(state: DelayState, audio_logits: np.ndarray, sampling: DelaySa
     return codes
 
 
-def step(state: DelayState, text_logits: np.ndarray, audio_logits: np.ndarray, sampling: DelaySampling,
+def step(state: DelayState, text_logits: np.ndarray, audio_logits: np.ndarray, sampling: SamplingParams,
          config: DelayModelConfig, rng: np.random.RandomState) -> np.ndarray:
     """Choose the next row from one step's logits and advance the state.
 

@@ -19,7 +19,7 @@ import torch
 
 from moss_npu import device as devices
 from moss_npu.errors import InputError
-from moss_npu.nano.decoder import generate
+from moss_npu.tts.loop import generate
 from moss_npu.nano.prompt import build_prompt_rows
 from moss_npu.cpu.quantize import dtype_name
 from moss_npu.sampling import SamplingParams

@@ -20,7 +20,6 @@ See docs/architecture.md#frame-decoder.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from typing import Optional
 
@@ -28,10 +27,9 @@ import torch
 import torch.nn.functional as F
 
 from moss_npu.errors import InputError
-from moss_npu.nano.frames import (FrameBatch, GenerationResult, LogitsHook, PhaseTimer, check_budget,
-                                  non_finite_error, phase, trim_codes, unpad)
+from moss_npu.nano.frames import FrameBatch, LogitsHook, PhaseTimer, check_budget, non_finite_error, phase
 from moss_npu.nano.graphs import FrameGraphs, resolve_graph
-from moss_npu.cpu.blocks import Segment, rotations
+from moss_npu.cpu.blocks import Segment
 from moss_npu.nano.model import KVCache, NanoTTSModel
 from moss_npu.nano.prepared import DecoderWeights
 from moss_npu.nano.reuse import LocalTables, PrefixCache
@@ -51,24 +49,6 @@ class RequestParams:
     # Noise-fed sampler: the CPU generator of this request's uniforms (None: torch's default CPU generator), so
     # a request draws the same numbers alone or in any batch.
     generator: Optional[torch.Generator] = None
-
-
-class StaticKV:
-    """The ``KVCache`` contract over ``DecodeState.kv`` for slots [0, n): each slot's new row goes to its own
-    position (``index_copy_`` into the flattened cache, HF ``StaticCache`` style); reads see the first ``keys`` rows.
-    ``index`` (n·H,) is the flat row of each slot/head's new key in ``kv[layer, j, :n].view(-1, D)``.
-    """
-
-    def __init__(self, kv: torch.Tensor, n: int, index: torch.Tensor, keys: int) -> None:
-        self.kv, self.n, self.index, self.keys = kv, n, index, keys
-
-    def update(self, layer: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        for j, new in enumerate((key, value)):
-            self.kv[layer, j, :self.n].view(-1, new.shape[-1]).index_copy_(0, self.index, new.reshape(-1, new.shape[-1]))
-        return self.kv[layer, 0, :self.n, :, :self.keys], self.kv[layer, 1, :self.n, :, :self.keys]
-
-    def advance(self, rows: int) -> None:
-        """Nothing to do: the decoder advances each slot's length on the device."""
 
 
 class FrameDecoder:
@@ -114,7 +94,7 @@ class FrameDecoder:
             heads = torch.arange(slots * cfg.gpt2_config.n_head, device=model.device)
             self._local_rows = heads * self.state.local_kv.shape[4]
             self._global_rows = (heads * max_len).view(slots, -1)
-        self._build_cpu_step()
+        self.frame_step = self.weights.frame_step
         self._params: list[Optional[tuple[TokenParams, TokenParams]]] = [None] * slots
         self._generators: list[Optional[torch.Generator]] = [None] * slots
         self._lengths, self._nq = [0] * slots, [cfg.n_vq] * slots
@@ -173,9 +153,10 @@ class FrameDecoder:
         return self.admit_many([(prompt_rows, params)])[0]
 
     @torch.inference_mode()
-    def admit_many(self, requests: list[tuple[torch.Tensor, RequestParams]]) -> list[int]:
-        """Prefill several requests' prompt rows (L, Q + 1) together into the lowest free slots; return their
-        slots, in order. On the CPU their prompts share each pass over the weights (``cpu.step``), so requests
+    def admit_many(self, requests: list[tuple[torch.Tensor, RequestParams]],
+                   into: Optional[list[int]] = None) -> list[int]:
+        """Prefill several requests' prompt rows (L, Q + 1) together into the lowest free slots (or the free
+        slots ``into``, one per request); return their slots, in order. On the CPU their prompts share each pass over the weights (``cpu.step``), so requests
         arriving together reach their first frame about as soon as one alone; each request's state is what
         ``admit`` alone gives it, to float rounding.
 
@@ -188,6 +169,10 @@ class FrameDecoder:
         if len(free) < len(requests):
             raise InputError(f"{len(requests)} requests but {len(free)} free decoder slots; admit fewer at once")
         slots = free[:len(requests)]
+        if into is not None:
+            if len(into) != len(requests) or not set(into) <= set(free) or len(set(into)) != len(into):
+                raise InputError(f"slots {into}: name one free slot per request (free: {free})")
+            slots = list(into)
         self._run_pending(hold=True)
         st = self.state
         for slot in slots:
@@ -240,32 +225,32 @@ class FrameDecoder:
             self._run_pending(hold=True)
             self.weights = DecoderWeights.build(self.model, self.compile_mode)
             self.tables = LocalTables.build(self.model, self.state.max_len, self.weights.audio_qkv)
-        self._build_cpu_step()
+        self.frame_step = self.weights.frame_step
         if self.prefix_cache is not None:
             self.prefix_cache.clear()
         if self.graphs is not None:
             self.graphs.reset()
 
-    def _build_cpu_step(self) -> None:
-        """Take the prepared CPU step (fp32 on the CPU; None elsewhere), its weights packed for a batch of slots
-        where this decoder has several, and its complex RoPE tables."""
-        self.cpu_step = self.weights.cpu_step
-        if self.cpu_step is not None:
-            self.cpu_step.pack(batched=self.slots > 1)
-        self._rotations = None if self.cpu_step is None else (
-            rotations(*self.tables.global_rope), rotations(*self.tables.local_rope))
+    @property
+    def frame_step(self):
+        """What the blocks run through (``Backend.frame_step``: ``cpu.step`` or ``nano.step``)."""
+        return self._frame_step
+
+    @frame_step.setter
+    def frame_step(self, step) -> None:
+        """Take ``step``, its weights packed for a batch of slots where this decoder has several, and its RoPE rows."""
+        self._frame_step = step
+        step.pack(batched=self.slots > 1)
+        self._rotations = (step.rotation_table(*self.tables.global_rope), step.rotation_table(*self.tables.local_rope))
 
     def _prefill(self, slots: list[int], prompts: list[torch.Tensor]) -> torch.Tensor:
         """Run each prompt through the global decoder into its slot's cache rows, after the prefix it shares with
         a cached prompt; return each one's last hidden state (n, E)."""
         shared = [self._reuse_prefix(slot, rows) for slot, rows in zip(slots, prompts)]
-        if self.cpu_step is not None:
-            embed = torch.cat([self.model.embed_rows(rows[None, n:])[0] for rows, n in zip(prompts, shared)])
-            rotation = torch.cat([self._rotations[0][n:rows.shape[0]] for rows, n in zip(prompts, shared)])
-            segments = [Segment(slot, n, rows.shape[0] - n) for slot, rows, n in zip(slots, prompts, shared)]
-            hidden = self.cpu_step.prefill(embed, rotation, self.state.kv, segments)
-        else:
-            hidden = torch.stack([self._model_prefill(slot, rows, n) for slot, rows, n in zip(slots, prompts, shared)])
+        embed = torch.cat([self.model.embed_rows(rows[None, n:])[0] for rows, n in zip(prompts, shared)])
+        rotation = torch.cat([self._rotations[0][n:rows.shape[0]] for rows, n in zip(prompts, shared)])
+        segments = [Segment(slot, n, rows.shape[0] - n) for slot, rows, n in zip(slots, prompts, shared)]
+        hidden = self.frame_step.prefill(embed, rotation, self.state.kv, segments)
         if self.prefix_cache is not None:
             for slot, rows in zip(slots, prompts):
                 self.prefix_cache.store(rows, self.state.kv[:, :, slot, :, :rows.shape[0]])
@@ -277,13 +262,6 @@ class FrameDecoder:
         if shared:
             self.state.kv[:, :, slot, :, :shared] = cached[:, :, :, :shared]
         return shared
-
-    def _model_prefill(self, slot: int, rows: torch.Tensor, shared: int) -> torch.Tensor:
-        """Prefill one prompt through the model's own modules (any device); return its last hidden state (E,)."""
-        kv = self.state.kv[:, :, slot]  # (N, 2, H, M, D), a view
-        cache = KVCache([k[None] for k in kv[:, 0]], [v[None] for v in kv[:, 1]], length=shared)
-        mask = torch.ones(1, rows.shape[0], dtype=torch.bool, device=self.device)
-        return self.model(rows[None, shared:], mask, cache).to(self.model.dtype)[0, -1]
 
     # ---- frames ---------------------------------------------------------------------------------------------
 
@@ -303,16 +281,13 @@ class FrameDecoder:
             else:
                 nq = [self._nq[s] for s in range(n) if self._held[s]]
                 self._run_pending()
-                with self._threads(n):
+                with self.frame_step.threads(n):
                     self._pending = self._frame(n, max(self._lengths[:n]) + 1, max(nq), exact=n == 1,
                                                 masked=min(nq) < max(nq), defer=True)
             st = self.state
             flags = torch.cat([st.produced[:n, None], st.active[:n, None], st.finite[:n]], dim=1)
             packed = torch.cat([st.codes[:n], flags.long()], dim=1).cpu()  # the one host sync of the frame
         return self._bookkeep(packed, n)
-
-    def _threads(self, n: int) -> contextlib.AbstractContextManager:
-        return self.cpu_step.threads(n) if self.cpu_step is not None else contextlib.nullcontext()
 
     def _run_pending(self, hold: bool = False, leaving: Optional[int] = None) -> None:
         """Run the last frame's deferred global step, unless every slot it covers is done or ``leaving`` (being
@@ -329,7 +304,7 @@ class FrameDecoder:
         if not waiting:
             return
         try:
-            with self._threads(n), phase(self.timer, "global"):
+            with self.frame_step.threads(n), phase(self.timer, "global"):
                 self._global_step(embed, n, keys, exact)
         except Exception as exc:  # noqa: BLE001 - whatever failed the frame, its step reports it
             if not hold:
@@ -408,7 +383,7 @@ class FrameDecoder:
         sums, codes = [], []  # per channel: each row's logits summed (non-finite iff a logit is), the codes
         for c in range(channels):
             u = self._local_step(local, prev, qkv)
-            logits = model.audio_lm_heads[c](u) if self.cpu_step is None else self.cpu_step.head(c, u)
+            logits = self.frame_step.head(c, u)
             sums.append(logits.sum(-1, dtype=torch.float32))
             self._hook("audio", c, logits)
             code = self._sample(logits, st.audio, n, c + 1, st.seen[:n, c, :logits.shape[-1]])
@@ -446,28 +421,18 @@ class FrameDecoder:
         positions = st.lengths[:n]
         key_mask = None if exact else self._key_range[None, :keys] <= positions[:, None]
         index = (self._global_rows[:n] + positions[:, None]).view(-1)
-        if self.cpu_step is None:
-            cos, sin = (table.index_select(0, positions) for table in self.tables.global_rope)
-            cache = StaticKV(st.kv, n, index, keys)
-            st.hidden[:n] = self.model.transformer.step(embed[:, None], cos, sin, cache, key_mask)[:, -1]
-        else:
-            mask = None if key_mask is None else key_mask[:, None, None, :]
-            rotation = self._rotations[0].index_select(0, positions)
-            st.hidden[:n] = self.cpu_step.run(False, embed, rotation, st.kv, index, keys, mask)
+        mask = None if key_mask is None else key_mask[:, None, None, :]
+        rotation = self._rotations[0].index_select(0, positions)
+        st.hidden[:n] = self.frame_step.run(False, embed, rotation, st.kv, index, keys, mask)
         st.lengths[:n] += st.produced[:n].long()
 
     def _local_step(self, local: KVCache, x: torch.Tensor, qkv: Optional[torch.Tensor]) -> torch.Tensor:
         """Append (n, E) ``x`` to the local sequence; return the local hidden state there (n, E)."""
-        p = local.length
-        if self.cpu_step is None:
-            cos, sin = self.tables.local_rope
-            return self.model.local_transformer.step(x[:, None], cos[p:p + 1], sin[p:p + 1], local,
-                                                     qkv=None if qkv is None else qkv[:, None])[:, -1]
-        n = x.shape[0]
+        p, n = local.length, x.shape[0]
         index = self._local_rows[:n * self.state.local_kv.shape[3]] + p
         local.advance(1)
-        return self.cpu_step.run(True, x, self._rotations[1][p:p + 1].expand(n, -1), self.state.local_kv, index,
-                                 p + 1, None, qkv)
+        return self.frame_step.run(True, x, self._rotations[1][p:p + 1].expand(n, -1), self.state.local_kv, index,
+                                   p + 1, None, qkv)
 
     def _sample(self, logits: torch.Tensor, params: SlotSampling, n: int, column: int,
                 seen: Optional[torch.Tensor]) -> torch.Tensor:
@@ -490,46 +455,4 @@ class FrameDecoder:
     def _hook(self, kind: str, index: int, logits: torch.Tensor) -> None:
         if self.logits_hook is not None:
             self.logits_hook(kind, index, logits)
-
-
-def generate(
-    model: NanoTTSModel,
-    input_ids: torch.Tensor,
-    attention_mask: Optional[torch.Tensor] = None,
-    *,
-    sampling: SamplingParams = SamplingParams(),
-    nq: Optional[int] = None,
-    max_new_frames: int = 300,
-    generator: Optional[torch.Generator] = None,
-    host_rng: bool = False,
-    graph: str = "off",
-    logits_hook: Optional[LogitsHook] = None,
-    timer: Optional[PhaseTimer] = None,
-) -> GenerationResult:
-    """Generate every prompt of (B, L, Q + 1) / (L, Q + 1) rows (left-padded where ``attention_mask`` is False)
-    in one batch of a fresh ``FrameDecoder``; return the trimmed codes.
-
-    ``host_rng`` selects the noise-fed sampler with uniforms from ``generator`` (a CPU generator); otherwise the
-    official sampler draws from ``generator`` (a device generator). Non-finite logits raise NumericalError.
-    """
-    prompts = unpad(input_ids, attention_mask)
-    cfg = model.config
-    nq = check_budget(nq, max_new_frames, cfg)
-    decoder = FrameDecoder(model, slots=len(prompts), max_len=max(int(p.shape[0]) for p in prompts) + max_new_frames
-                           + 1, sampler="noise" if host_rng else "official", graph=graph,
-                           generator=None if host_rng else generator, logits_hook=logits_hook, timer=timer)
-    params = RequestParams(sampling, nq, max_new_frames, generator if host_rng else None)
-    for rows in prompts:
-        decoder.admit(rows, params)
-    frames = []
-    while decoder.active_slots:
-        batch = decoder.step()
-        for slot in batch.non_finite.nonzero().flatten().tolist():
-            raise decoder.non_finite_error(slot, batch.step_index)
-        if bool(batch.active.any()):
-            frames.append(batch.codes)
-    stacked = (torch.stack(frames, dim=1) if frames else torch.empty(len(prompts), 0, cfg.n_vq, dtype=torch.long))
-    stacked = stacked.to(model.device)
-    stopped = decoder.state.stopped.clone()
-    return GenerationResult([trim_codes(stacked[b], nq, cfg) for b in range(len(prompts))], stacked, stopped)
 

@@ -29,6 +29,7 @@ from moss_npu.device import backend
 from moss_npu.origin import origin_identity, weights_state
 from moss_npu.nano.model import NanoTTSModel
 from moss_npu.nano.reuse import audio_qkv_bytes, audio_qkv_tables
+from moss_npu.nano.step import TorchStep
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ class DecoderWeights:
     model)."""
 
     audio_qkv: tuple[torch.Tensor, ...]
-    cpu_step: Optional[CpuStep]
+    frame_step: "CpuStep | TorchStep"  # what the decoder's blocks run through (``Backend.frame_step``)
     compiled: bool  # built for --compile on
     state: tuple  # ``origin.weights_state`` of the model they were built from
     source: str
@@ -77,15 +78,14 @@ class DecoderWeights:
         tables = arenas("tables", audio_qkv_bytes(model)) if cpu else None
         audio_qkv = audio_qkv_tables(model, None if tables is None else tables.array)
         step = backend(model.device).frame_step(model.parts(), compile_mode,
-                                                arena=lambda nbytes: arenas("tiles", nbytes))
-        built = [("tables", tables), ("tiles", None if step is None else step.tile_arena)]
+                                                arena=lambda nbytes: arenas("tiles", nbytes)) or TorchStep(model)
+        built = [("tables", tables), ("tiles", step.tile_arena)]
         for name, arena in built:
             if arena is not None:
                 arena.finish()
                 if isinstance(store, WeightCache):
                     store.save(name, arena)
-        if step is not None:
-            step.pack(batched=False)  # every prompt's prefill multiplies by the global blocks
+        step.pack(batched=False)  # every prompt's prefill multiplies by the global blocks
         source = store if isinstance(store, str) else _source(store, [name for name, arena in built if arena])
         return cls(audio_qkv, step, compile_mode == "on", weights_state(model), source)
 

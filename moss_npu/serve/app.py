@@ -368,6 +368,8 @@ class _Reply:
                     if tail:
                         yield _sse({"type": "speech.audio.delta", "audio": _b64(tail)})
                     self._finish()
+                    for message in event[1].get("warnings", ()):  # a text chunk the model spoke nothing of
+                        yield _sse({"type": "speech.audio.warning", "message": message})
                     tokens, frames = int(event[1]["input_tokens"]), int(event[1]["frames"])
                     yield _sse({"type": "speech.audio.done", "usage": {
                         "input_tokens": tokens, "output_tokens": frames, "total_tokens": tokens + frames}})

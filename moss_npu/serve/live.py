@@ -29,49 +29,25 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from typing import Any, Awaitable, Callable, Optional
 
 import torch
 from fastapi import WebSocket, WebSocketDisconnect
 
-from moss_npu.nano.text import CLOSING, SENTENCE_END, pause_samples
 from moss_npu.serve.drain import Drain, shutting_down
 from moss_npu.serve.errors import ApiError, from_engine, shown
 from moss_npu.serve.formats import STREAMABLE, StreamConverter, encode_file, pcm16, wav_stream_header
 from moss_npu.serve.pool import Ticket, WorkerPool
 from moss_npu.serve.schema import SpeechBody, check_body, parse_json, speech_body
+from moss_npu.tts.prepare import split_sentences
+from moss_npu.tts.timeline import pause
 
 log = logging.getLogger("moss_npu.serve")
 PATH = "/v1/audio/speech/stream"
 LOOKAHEAD = 2  # sentences of one session generating at once (the one playing and the next)
-FULL_WIDTH_END = frozenset("。！？；")
 HTTP_ONLY = ("input", "stream", "stream_format")  # SpeechBody fields a session does not take
 MAX_MESSAGE_CHARS = 2**20  # one client message; far above any piece an LLM streams
 GOING_AWAY = 1001  # the WebSocket close code of a server that stops
-
-
-def _chars(chars: frozenset) -> str:
-    return "".join(re.escape(c) for c in sorted(chars))
-
-
-# A sentence end: a full-width mark (with closing quotes or brackets) at once, any other mark once whitespace
-# follows. One regular expression, so a long buffer is split in time linear in its length.
-_SENTENCE_END = re.compile(f"[{_chars(FULL_WIDTH_END & SENTENCE_END)}][{_chars(CLOSING)}]*"
-                           f"|[{_chars(SENTENCE_END - FULL_WIDTH_END)}][{_chars(CLOSING)}]*(?=\\s)")
-
-
-def split_sentences(buffer: str, final: bool = False) -> tuple[list[str], str]:
-    """Return the complete sentences at the start of ``buffer`` and the rest (``final``: the rest is one more)."""
-    sentences, start = [], 0
-    for end in _SENTENCE_END.finditer(buffer):
-        sentences.append(buffer[start:end.end()].strip())
-        start = end.end()
-    rest = buffer[start:]
-    if final:
-        sentences.append(rest.strip())
-        rest = ""
-    return [s for s in sentences if s], rest
 
 
 class Session:
@@ -278,7 +254,7 @@ class Session:
                 whole.append(converted)
 
         if previous is not None:
-            await audio(torch.zeros(channels, round(pause_samples(previous, rate) / body.speed)))
+            await audio(torch.zeros(channels, pause(previous, rate, body.speed)))
         offset, stamps = self.samples / rate, []
         deadline = asyncio.get_running_loop().time() + self.config.request_timeout_s
         while True:

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from moss_npu.errors import MissingDependency, MossNpuError, SettingError
 from moss_npu.limits import MAX_SEED
-from moss_npu.sampling import MAX_PENALTY, MAX_TEMPERATURE, MAX_TOP_K
+from moss_npu.sampling_params import MAX_PENALTY, MAX_TEMPERATURE, MAX_TOP_K, VALUES
 from moss_npu.serve.errors import ApiError, shown
 from moss_npu.serve.formats import FORMATS, STREAMABLE, check_output
 from moss_npu.tempo import check_speed, rubberband
@@ -27,8 +27,7 @@ from moss_npu.tts.settings import RunConfig
 
 DEFAULT_VOICE = "default"  # speaks without a reference (continuation mode)
 # Body fields handed to RunConfig under the same name when given.
-BODY_RUN_FIELDS = ("text_temperature", "text_top_p", "text_top_k", "audio_temperature", "audio_top_p", "audio_top_k",
-              "audio_repetition_penalty", "text_normalization", "wetext")
+BODY_RUN_FIELDS = (*VALUES, "text_normalization", "wetext")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 MAX_NAME_CHARS = 256  # model, voice, formats: names, checked for length before they are looked up
 _NAMES = ("model", "voice", "response_format", "stream_format", "sample_format")

@@ -17,7 +17,6 @@ import os
 import signal
 import threading
 import time
-from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -27,12 +26,11 @@ from moss_npu.cli import process_seconds
 from moss_npu.device import settings_report
 from moss_npu.errors import MossNpuError
 from moss_npu.serve.errors import kind_of
-from moss_npu.cpu.threads import set_threads
 from moss_npu.serve.spec import WorkerSpec
 from moss_npu.tts.engine import Engine, RequestStream, SpeechRequest
 from moss_npu.tts.pipeline import MossTTSNano
 from moss_npu.tts.settings import RunConfig
-from moss_npu.tts.timeline import Timestamp, timed
+from moss_npu.tts.timeline import Timestamp, timestamped
 
 log = logging.getLogger("moss_npu.serve.worker")
 WARMUP_TEXT = "Hello."
@@ -91,22 +89,21 @@ class WorkerLoop:
 
     def _submit(self, rid: int, job: dict) -> None:
         codes = job.get("prompt_codes")
-        speed = job["settings"].speed  # applied here to the engine's chunks (``timed``)
         request = SpeechRequest(text=job["text"], prompt_audio=job.get("prompt_audio"),
                                 prompt_codes=None if codes is None else torch.from_numpy(codes),
-                                prompt_text=job.get("prompt_text"), settings=replace(job["settings"], speed=1.0))
+                                prompt_text=job.get("prompt_text"), settings=job["settings"])
         try:
             stream = self.engine.submit(request)
         except MossNpuError as exc:
             self.channel.send("error", rid, kind_of(exc), str(exc), {"frames": 0})
             return
         self.streams[rid] = stream
-        threading.Thread(target=self._pump, args=(rid, stream, speed), daemon=True).start()
+        threading.Thread(target=self._pump, args=(rid, stream), daemon=True).start()
 
-    def _pump(self, rid: int, stream: RequestStream, speed: float = 1.0) -> None:
+    def _pump(self, rid: int, stream: RequestStream) -> None:
         """Forward one request's chunks at its speed and each text chunk's timestamp, then its summary or failure."""
         try:
-            for item in timed(stream, speed, self.tts.sample_rate, self.tts.codec.channels):
+            for item in timestamped(stream, stream.speed, self.tts.sample_rate):
                 if isinstance(item, Timestamp):
                     self.channel.send("timestamp", rid, item.public())
                     continue
@@ -118,7 +115,7 @@ class WorkerLoop:
                 return
             spoken = stream.prepared.plan.chunks
             self.channel.send("done", rid, {"frames": int(codes.shape[0]), "codes_sha256": codes_digest(codes),
-                                            "first_audio_s": stream.first_audio_s,
+                                            "first_audio_s": stream.first_audio_s, "warnings": stream.warnings,
                                             "input_tokens": sum(self.tts.tokenizer.count(c) for c in spoken)})
         except Exception as exc:  # noqa: BLE001 - every failure goes back to the waiting client
             if kind_of(exc) == "Internal":
@@ -165,9 +162,9 @@ def main(conn: Connection, spec: WorkerSpec) -> None:
     logging.basicConfig(level=logging.INFO, format=f"worker {spec.device} (pid {os.getpid()}): %(message)s")
     channel = _Channel(conn)
     try:
-        set_threads(spec.num_threads)
         started = time.perf_counter()
-        tts = MossTTSNano.from_pretrained(spec.model, spec.codec, device=spec.device, dtype=spec.dtype)
+        tts = MossTTSNano.from_pretrained(spec.model, spec.codec, device=spec.device, dtype=spec.dtype,
+                                          num_threads=spec.num_threads)
         engine = Engine(tts, max_batch=spec.max_batch, max_len=spec.max_len)
         warm_up(engine, spec.warmup_frames)
     except Exception as exc:  # noqa: BLE001 - the server reports it and exits

@@ -1,18 +1,16 @@
 """The engine: many speech requests at once on one pipeline, for the server.
 
 ``Engine.submit`` takes a ``SpeechRequest`` and returns its ``RequestStream`` at once. The request is first
-prepared (text normalization, reference decoding and encoding, chunking, prompt rows: ``tts.prepare``) on the
-engine's preparation thread, so a slow reference never delays a frame; a ``PreparedRequest`` skips that step.
-One background thread owns the ``FrameDecoder``: at every frame boundary it admits prepared text chunks into
-free slots, steps all active
-slots together (continuous batching). A second thread, the audio thread, owns the codec: it turns the new codes
-of every request whose playback schedule asks for audio into audio with one streaming codec call per frame
-(``CodecRows``: codec row = decoder slot) while the frame thread computes the next frame, so the two run on
-two cores. The frame thread hands it events in order (a chunk starts, a frame's codes, a request ends) and the
-audio thread alone writes to the requests' streams, so each stream's audio, pauses and end come in order. The
-chunks of one request run one after another (its audio comes in order); different requests share the batch. Every
-request samples with the noise-fed sampler from its own host generator (seeded by ``settings.seed``), so its
-audio does not depend on what else is in the batch.
+prepared (``tts.prepare``: text, chunks, reference codes, prompt rows) on the engine's preparation thread, so a
+slow reference never delays a frame; a ``PreparedRequest`` skips that step. The frame thread runs the frame loop
+(``tts.loop``: admission at frame boundaries, continuous batching, the float32 fallback, the silent-chunk
+retry). The audio thread owns the codec: it turns the new codes of every request whose playback schedule asks
+for audio into audio with one streaming codec call per frame (``CodecRows``: codec row = decoder slot) while the
+frame thread computes the next frame, so the two run on two cores. It takes the loop's events in order and alone
+writes to the streams, so each stream's audio, pauses and end come in order; a stream yields them at its
+request's speed. A request's chunks run one after another; different requests share the batch. Every request
+samples with the noise-fed sampler from its own host generator (seeded by ``settings.seed``), so its audio does
+not depend on what else is in the batch.
 """
 
 from __future__ import annotations
@@ -22,22 +20,22 @@ import os
 import queue
 import threading
 import time
-from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Optional, Union
+from typing import Iterator, Optional, Union
 
 import torch
 
 from moss_npu.codec.rows import CodecRows
 from moss_npu.errors import InputError, MossNpuError
-from moss_npu.nano.decoder import FrameDecoder, RequestParams
+from moss_npu.nano.decoder import FrameDecoder
 from moss_npu.nano.reuse import PrefixCache
 from moss_npu.cpu.threads import use_threads
+from moss_npu.tts.loop import Cancelled, FrameLoop, Job
 from moss_npu.tts.pipeline import MossTTSNano
 from moss_npu.tts.prepare import PreparedRequest, PromptAudio, SpeechRequest
 from moss_npu.tts.settings import RunConfig
 from moss_npu.tts.streamer import AudioChunk, AudioStreamer
+from moss_npu.tts.timeline import at_speed
 
 __all__ = ["Cancelled", "Engine", "PreparedRequest", "RequestStream", "SpeechRequest"]
 
@@ -45,39 +43,48 @@ log = logging.getLogger(__name__)
 _END = object()
 
 
-class Cancelled(MossNpuError):
-    """The request was cancelled before it finished (what its stream raises after ``cancel()``)."""
-
-
 class RequestStream:
-    """The audio of one request as it is produced: iterate for ``AudioChunk``s (blocking).
+    """The audio of one request as it is produced, at its speed (``timeline.at_speed``): iterate for
+    ``AudioChunk``s (blocking).
 
     Iteration raises the request's ``MossNpuError`` if it failed. ``cancel()`` frees its slot within one frame;
     the iteration then raises ``Cancelled``. After a normal end, ``codes`` holds the generated (ΣF, Q) codes
     (None after a failure or a cancel).
     """
 
-    def __init__(self, engine: "Engine") -> None:
-        self._engine = engine
+    def __init__(self, engine: "Engine", speed: float = 1.0) -> None:
+        self._engine, self.speed = engine, speed
         self._items: "queue.Queue[object]" = queue.Queue()
+        self._chunks = at_speed(self._produced(), speed, engine.tts.sample_rate, engine.tts.codec.channels)
+        self._failure: Optional[BaseException] = None
         self._cancelled = threading.Event()
         self._submitted = time.perf_counter()
         self.codes: Optional[torch.Tensor] = None
         self.first_audio_s: Optional[float] = None  # seconds from submit to the first audio chunk
         self.prepared: Optional[PreparedRequest] = None  # once preparation is done
         self.frames = 0  # frames generated so far (also for a request cancelled or failed midway)
+        self.warnings: list[str] = []  # a text chunk that gave no audio (``tts.loop``), known by the stream's end
 
     def __iter__(self) -> "RequestStream":
         return self
 
     def __next__(self) -> AudioChunk:
-        item = self._items.get()
-        if item is _END or isinstance(item, BaseException):
-            self._items.put(item)  # later calls end (or fail) the same way
-            if item is _END:
-                raise StopIteration
-            raise item
-        return item
+        if self._failure is not None:  # later calls fail the same way
+            raise self._failure
+        try:
+            return next(self._chunks)
+        except StopIteration:
+            raise
+        except BaseException as exc:
+            self._failure = exc
+            raise
+
+    def _produced(self) -> Iterator[AudioChunk]:
+        """The chunks at the model's pace, as the audio thread hands them over."""
+        while (item := self._items.get()) is not _END:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
 
     def cancel(self) -> None:
         """Stop generating this request; its slot is freed at the next frame boundary."""
@@ -97,39 +104,39 @@ class RequestStream:
         self._items.put(_END if error is None else error)
 
 
-@dataclass
-class _Job:
-    """The engine's bookkeeping of one prepared request."""
+class _Job(Job):
+    """The engine's bookkeeping of one prepared request: its stream and its audio."""
 
-    prepared: PreparedRequest
-    stream: RequestStream
-    audio: AudioStreamer
-    generator: torch.Generator
-    chunk: int = 0
-    slot: Optional[int] = None
-    codes: list = field(default_factory=list)
-    failed: bool = False  # its audio failed (set by the audio thread): the frame thread frees its slot
+    def __init__(self, prepared: PreparedRequest, stream: RequestStream, audio: AudioStreamer,
+                 generator: torch.Generator) -> None:
+        super().__init__(prepared, generator, resume=True)
+        self.stream, self.audio = stream, audio
+        self.failed = False  # its audio failed (set by the audio thread): the frame thread frees its slot
+
+    def dropped(self) -> bool:
+        return self.stream.cancelled or self.failed
 
 
 class Engine:
     """Drive one ``FrameDecoder`` of ``max_batch`` slots over ``tts`` from a background thread.
 
     ``prepare_threads`` threads prepare requests (and encode voices, ``encode``) beside the frame thread.
+    The decoder computes as ``tts`` was loaded to (``LoadConfig``: graph, compile).
     """
 
-    def __init__(self, tts: MossTTSNano, max_batch: int = 8, *, max_len: int = 1024, graph: str = "auto",
-                 prepare_threads: int = 1) -> None:
+    def __init__(self, tts: MossTTSNano, max_batch: int = 8, *, max_len: int = 1024, prepare_threads: int = 1) -> None:
+        if tts.algorithm != "optimized":
+            raise InputError(f"the engine runs the frame decoder; this pipeline was loaded with decoder={tts.algorithm}")
         self.tts = tts
         self._threads = torch.get_num_threads()
         self._preparing = ThreadPoolExecutor(max_workers=max(1, prepare_threads), thread_name_prefix="moss-npu-prepare",
                                              initializer=use_threads, initargs=(self._threads,))
         self._unprepared: set[RequestStream] = set()  # submitted, preparation not finished
-        self.decoder = FrameDecoder(tts.model, slots=max_batch, max_len=max_len, sampler="noise", graph=graph,
-                                    prefix_cache=PrefixCache(), weights=tts.weights)
-        self.audio = CodecRows(tts.codec, max_batch, max(RunConfig().schedule().budgets))
-        self._waiting: deque[_Job] = deque()  # jobs whose next chunk waits for a slot
-        self._running: dict[int, _Job] = {}  # slot -> job
         self._cond = threading.Condition()
+        self.decoder = FrameDecoder(tts.model, slots=max_batch, max_len=max_len, sampler="noise", graph=tts.graph,
+                                    prefix_cache=PrefixCache(), weights=tts.weights, compile=tts.compile)
+        self.loop = FrameLoop(self.decoder, self._cond)
+        self.audio = CodecRows(tts.codec, max_batch, max(RunConfig().schedule().budgets))
         self._closed = False
         self._events: "queue.Queue[tuple]" = queue.Queue()  # frame thread -> audio thread, in order
         self._thread = threading.Thread(target=self._loop, name="moss-npu-engine", daemon=True)
@@ -140,19 +147,31 @@ class Engine:
     @property
     def active_slots(self) -> int:
         """Requests decoding right now."""
-        return len(self._running)
+        return len(self.loop.running)
 
     @property
     def queued(self) -> int:
         """Requests waiting for a slot, or for their preparation."""
-        return len(self._waiting) + len(self._unprepared)
+        return len(self.loop.waiting) + len(self._unprepared)
+
+    def check(self, settings: RunConfig) -> None:
+        """Refuse the settings this engine would not act on (it honours every other one)."""
+        one_by_one = "the engine streams a request's chunks one after another (its slots batch requests)"
+        refusals = {
+            "host_rng": (settings.host_rng is False, "the engine draws each request's noise from its own host "
+                         "generator, so that requests in a batch do not change each other; leave it unset"),
+            "tts_max_batch_size": (settings.tts_max_batch_size > 1, one_by_one),
+            "voice_clone_max_memory_per_sample_gb": (settings.voice_clone_max_memory_per_sample_gb != RunConfig(
+                ).voice_clone_max_memory_per_sample_gb, one_by_one),
+        }
+        for name, (refused, why) in refusals.items():
+            if refused:
+                raise InputError(f"{name}: {why}")
 
     def submit(self, request: Union[SpeechRequest, PreparedRequest]) -> RequestStream:
         """Queue ``request`` (prepared first on the preparation thread); return its stream at once (thread-safe)."""
-        if request.settings.speed != 1.0:  # a setting the engine would not act on
-            raise InputError("speed: the engine streams at the model's pace; stretch its chunks with "
-                             "moss_npu.tts.timeline.at_speed, as the server's workers do")
-        stream = RequestStream(self)
+        self.check(request.settings)
+        stream = RequestStream(self, request.settings.speed)
         with self._cond:  # held until the request is handed over: close() then ends it or comes after
             if self._closed:
                 raise MossNpuError("the engine is closed; create a new one to submit requests")
@@ -172,7 +191,7 @@ class Engine:
             if stream.cancelled:
                 stream._end(Cancelled("request cancelled"))
                 return
-            prepared = self.tts.preparer.prepare(request)
+            prepared = self.tts.preparer.prepare(request, max_rows=self.decoder.state.max_len)
         except Exception as exc:  # bad input (MossNpuError) or a bug: this request fails, the engine serves on
             if not isinstance(exc, MossNpuError):
                 log.exception("preparing a request failed")
@@ -194,7 +213,7 @@ class Engine:
             if self._closed:
                 stream._end(MossNpuError("the engine was closed before the request started"))
                 return
-            self._waiting.append(job)
+            self.loop.add(job)
             self._cond.notify()
 
     def close(self) -> None:
@@ -204,15 +223,13 @@ class Engine:
             self._cond.notify()
         self._preparing.shutdown(wait=True, cancel_futures=True)
         self._thread.join()
+        for event in self.loop.fail_all(MossNpuError("the engine was closed before the request finished")):
+            self._send(event)
         self._events.put(("stop",))
         self._audio_thread.join()
         for stream in list(self._unprepared):
             stream._end(MossNpuError("the engine was closed before the request started"))
         self._unprepared.clear()
-        for job in list(self._running.values()) + list(self._waiting):
-            job.stream._end(MossNpuError("the engine was closed before the request finished"))
-        self._running.clear()
-        self._waiting.clear()
 
     def __enter__(self) -> "Engine":
         return self
@@ -228,114 +245,23 @@ class Engine:
         use_threads(self._threads)
         while True:
             with self._cond:
-                while not self._closed and not self._running and not self._waiting:
+                while not self._closed and self.loop.idle:
                     self._cond.wait()
                 if self._closed:
                     return
-            self._drop_cancelled()
-            self._admit_waiting()
-            if self._running:
-                self._frame()
+            for event in self.loop.frame():
+                self._send(event)
 
-    def _drop_cancelled(self) -> None:
-        for slot, job in list(self._running.items()):
-            if job.stream.cancelled or job.failed:
-                self._finish(job, error=Cancelled("request cancelled"), release=True)
-        with self._cond:
-            kept = [job for job in self._waiting if not (job.stream.cancelled or job.failed)]
-            for job in self._waiting:
-                if job.stream.cancelled or job.failed:
-                    self._finish(job, error=Cancelled("request cancelled"))
-            self._waiting = deque(kept)
-
-    def _admit_waiting(self) -> None:
-        """Admit waiting chunks into free slots, all in one prefill (a frame boundary: no slot is mid-frame)."""
-        with self._cond:
-            jobs = [self._waiting.popleft() for _ in range(min(self.decoder.free_slots, len(self._waiting)))]
-        requests, admitted = [], []
-        for job in jobs:
-            try:
-                requests.append(self._request(job))
-                admitted.append(job)
-            except Exception as exc:  # bad input (MossNpuError) or a bug: this request fails, the engine serves on
-                self._fail_admission(job, exc)
-        if not admitted:
-            return
-        try:
-            slots = self.decoder.admit_many(requests)
-        except Exception as exc:  # checked above, so a device failure or a bug: these requests fail alone
-            for job in admitted:
-                self._fail_admission(job, exc)
-            return
-        for job, slot in zip(admitted, slots):
-            job.slot = slot
-            self._running[slot] = job
-            self._events.put(("start", job, job.chunk, slot))
-
-    def _request(self, job: _Job) -> tuple[torch.Tensor, RequestParams]:
-        """Return the prompt rows and decoding parameters of a job's next chunk, checked (``admit_many`` refuses
-        a whole call for one bad request)."""
-        prepared, settings = job.prepared, job.prepared.settings
-        params = RequestParams(settings.sampling(), prepared.plan.nq, settings.max_new_frames, job.generator)
-        rows = prepared.rows[job.chunk]
-        self.decoder.check_request(rows, params)
-        return rows, params
-
-    def _fail_admission(self, job: _Job, exc: Exception) -> None:
-        if not isinstance(exc, MossNpuError):
-            log.exception("admitting a request failed", exc_info=exc)
-        self._finish(job, error=exc, release=True)
-
-    def _frame(self) -> None:
-        """Step every slot once; hand the new codes to the audio thread; close the chunks that ended."""
-        try:
-            batch = self.decoder.step()
-        except Exception as exc:  # a bug or a device failure: fail every running request, keep serving
-            log.exception("frame step failed")
-            for job in list(self._running.values()):
-                self._finish(job, error=MossNpuError(f"generation failed: {type(exc).__name__}: {exc}"), release=True)
-            return
-        frame, ended = [], []
-        for slot, job in list(self._running.items()):
-            if bool(batch.non_finite[slot]):
-                self._finish(job, error=self.decoder.non_finite_error(slot, batch.step_index), release=True)
-                continue
-            codes = None
-            if bool(batch.active[slot]):
-                codes = batch.codes[slot]
-                job.codes.append(codes)
-                job.stream.frames += 1
-            final = bool(batch.finished[slot])
-            frame.append((job, codes, final))
-            if final:
-                ended.append(job)
-        self._events.put(("frame", frame))
-        for job in ended:
-            self._end_chunk(job)
-
-    def _end_chunk(self, job: _Job) -> None:
-        """Free a finished chunk's slot; queue the request's next chunk first in line, or finish it."""
-        self.decoder.release(job.slot)
-        del self._running[job.slot]
-        job.slot = None
-        job.chunk += 1
-        if job.chunk < len(job.prepared.plan.chunks):
-            with self._cond:
-                self._waiting.appendleft(job)
-        else:
-            self._finish(job)
-
-    def _finish(self, job: _Job, error: Optional[BaseException] = None, release: bool = False) -> None:
-        """End a request (on the frame thread): free its slot if asked; its stream ends after its audio."""
-        if release and job.slot is not None:
-            self.decoder.release(job.slot)
-            self._running.pop(job.slot, None)
-            job.slot = None
-        codes = None
-        if error is None:
-            q = self.tts.config.n_vq
-            codes = torch.stack(job.codes) if job.codes else torch.empty(0, q, dtype=torch.long)
-        self._events.put(("end", job, error, codes))
+    def _send(self, event: tuple) -> None:
+        """Hand a frame-loop event to the audio thread (a request's end with its codes)."""
+        if event[0] == "end":
+            job, error = event[1], event[2]
+            codes = None if error is not None else torch.cat(job.chunk_codes(self.tts.config.n_vq))
+            event = ("end", job, error, codes)
+        elif event[0] == "frame":
+            for job, _, codes, _ in event[1]:
+                job.stream.frames += codes is not None
+        self._events.put(event)
 
     # ---- the audio thread -----------------------------------------------------------------------------------
 
@@ -350,6 +276,8 @@ class Engine:
                 return
             if kind == "start":
                 self._audio_start(*event[1:])
+            elif kind == "warning":
+                event[1].stream.warnings.append(event[3])
             elif kind == "frame":
                 self._audio_frame(event[1])
             else:
@@ -362,7 +290,7 @@ class Engine:
         """Add one frame's codes to each request's audio, decode what is due in one codec call, hand each its
         audio, and the pause after a chunk that ended."""
         due, ended = {}, []
-        for job, codes, final in frame:
+        for job, _, codes, final in frame:
             if job.failed:
                 continue
             if codes is not None:

@@ -7,7 +7,9 @@ rows of every chunk. The result, a ``PreparedRequest``, is all a frame decoder n
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import re
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -21,7 +23,7 @@ from moss_npu.codec.model import NanoCodec
 from moss_npu.errors import ConfigError, InputError
 from moss_npu.nano.config import NanoConfig
 from moss_npu.nano.prompt import build_prompt_rows, mask_unused_channels, resolve_mode
-from moss_npu.nano.text import voice_clone_chunks
+from moss_npu.nano.text import CLOSING, SENTENCE_END, split_text, voice_clone_chunks
 from moss_npu.nano.tokenizer import TextTokenizer
 from moss_npu.text import TextNormalizer
 from moss_npu.tts.settings import RunConfig
@@ -31,6 +33,8 @@ log = logging.getLogger(__name__)
 # A voice prompt: a file path, the bytes of a wav/flac/mp3 file, or (waveform (C, S) or (S,), sample_rate).
 PromptAudio = AudioSource
 REFERENCE_CACHE_ENTRIES = 128  # encoded references kept (a 30 s one is ~50 KB of codes)
+FULL_WIDTH_END = frozenset("。！？；")  # ends a sentence with no space after it
+PROMPT_ROWS = 1024  # a chunk's prompt rows beyond which its text is split (serve.spec sizes slots for it)
 
 
 @dataclass
@@ -62,11 +66,6 @@ class PreparedRequest:
     plan: Plan
     rows: list[torch.Tensor]
     settings: RunConfig
-
-    @property
-    def spoken_text(self) -> str:
-        """The text the model is given (after normalization), chunk by chunk joined."""
-        return "".join(self.plan.chunks)
 
 
 class Preparer:
@@ -153,11 +152,60 @@ class Preparer:
         """Return the prompt rows (L, Q + 1) of one text chunk of ``plan``."""
         return build_prompt_rows(self.tokenizer, self.config, chunk, plan.mode, plan.prompt_text, plan.prompt_codes)
 
-    def prepare(self, request: SpeechRequest) -> PreparedRequest:
-        """Everything ``request`` needs before its first frame (see the module docstring)."""
-        plan = self.plan(request.text, request.settings, request.prompt_audio, request.prompt_text,
-                         request.prompt_codes)
-        return PreparedRequest(plan, [self.prompt_rows(plan, chunk) for chunk in plan.chunks], request.settings)
+    def prepare(self, request: SpeechRequest, max_rows: Optional[int] = None) -> PreparedRequest:
+        """Everything ``request`` needs before its first frame (see the module docstring).
+
+        A text chunk whose prompt plus frame budget exceeds ``max_rows`` (default: ``PROMPT_ROWS`` plus the
+        budget) is split further at sentence and clause boundaries, so a long text is spoken whole, in pieces.
+        """
+        settings = request.settings
+        plan = self.plan(request.text, settings, request.prompt_audio, request.prompt_text, request.prompt_codes)
+        room = (PROMPT_ROWS if max_rows is None else max_rows - settings.max_new_frames)
+        if room < 1:
+            raise InputError(f"max_new_frames {settings.max_new_frames} leaves no room for a prompt in the "
+                             f"decoder's max_len {max_rows}; use fewer max_new_frames")
+        chunks, rows = [], []
+        for chunk in plan.chunks:
+            pieces = self._fit(plan, chunk, room)
+            chunks += pieces
+            rows += [self.prompt_rows(plan, piece) for piece in pieces]
+        if len(chunks) != len(plan.chunks):
+            plan = dataclasses.replace(plan, chunks=chunks)
+        return PreparedRequest(plan, rows, settings)
+
+    def _fit(self, plan: Plan, chunk: str, room: int) -> list[str]:
+        """``chunk``, or its pieces when its prompt takes more than ``room`` rows."""
+        size = self.prompt_rows(plan, chunk).shape[0]
+        if size <= room:
+            return [chunk]
+        budget = room - (size - self.tokenizer.count(chunk))  # the rows of the text itself
+        pieces = split_text(self.tokenizer, chunk, budget) if budget > 0 else []
+        if not pieces or any(self.prompt_rows(plan, piece).shape[0] > room for piece in pieces):
+            raise InputError(f"the voice prompt leaves too little room for the text in a prompt of {room} rows; "
+                             "use a shorter reference recording, a shorter transcript, or fewer max_new_frames")
+        return pieces
+
+def _chars(chars: frozenset) -> str:
+    return "".join(re.escape(c) for c in sorted(chars))
+
+
+# A sentence end: a full-width mark (with closing quotes or brackets) at once, any other mark once whitespace
+# follows. One regular expression, so a long buffer is split in time linear in its length.
+_SENTENCE_END = re.compile(f"[{_chars(FULL_WIDTH_END & SENTENCE_END)}][{_chars(CLOSING)}]*"
+                           f"|[{_chars(SENTENCE_END - FULL_WIDTH_END)}][{_chars(CLOSING)}]*(?=\\s)")
+
+
+def split_sentences(buffer: str, final: bool = False) -> tuple[list[str], str]:
+    """Return the complete sentences at the start of ``buffer`` and the rest (``final``: the rest is one more)."""
+    sentences, start = [], 0
+    for end in _SENTENCE_END.finditer(buffer):
+        sentences.append(buffer[start:end.end()].strip())
+        start = end.end()
+    rest = buffer[start:]
+    if final:
+        sentences.append(rest.strip())
+        rest = ""
+    return [s for s in sentences if s], rest
 
 
 def check_codes(codes: torch.Tensor, config: NanoConfig) -> torch.Tensor:

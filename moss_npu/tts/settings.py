@@ -1,6 +1,7 @@
 """Settings of the TTS pipeline: load-time and per-call frozen dataclasses, YAML presets, and their merge with flags.
 
-``LoadConfig`` (device, dtype, attention, threads) is fixed when a pipeline loads (``MossTTSNano.from_pretrained``);
+``LoadConfig`` (device, dtype, attention, threads, quantization, and how the decoder computes: decoder, graph,
+compile) is fixed when a pipeline loads (``MossTTSNano.from_pretrained``);
 ``RunConfig`` is what each call may change. A load-time name given to ``RunConfig`` is refused, so a per-call
 setting can never claim a device or dtype the loaded pipeline does not run on.
 
@@ -23,7 +24,7 @@ from moss_npu.cpu.step import COMPILE_MODES
 from moss_npu.nano.graphs import GRAPH_MODES
 from moss_npu.cpu.quantize import QUANTIZE_MODES
 from moss_npu.presets import check_types, read_yaml_mapping
-from moss_npu.sampling import SamplingParams
+from moss_npu.sampling_params import RUNTIME, VALUES, SamplingParams, sampling_fields
 from moss_npu.tempo import check_speed
 
 MODES = ("auto", "continuation", "voice_clone")
@@ -40,38 +41,36 @@ class LoadConfig:
     attn_implementation: str = "sdpa"  # sdpa or eager
     num_threads: int = 0  # intra-op CPU threads (0: moss_npu.cpu.threads' default); process-wide, as torch has one pool
     quantize: str = "none"  # none, or int8: the LM's block weights rounded to int8 (CPU, float32; cpu.quantize)
+    # How the pipeline's decoder computes (the same codes every way):
+    decoder: str = "optimized"  # "optimized" (the frame decoder) or "reference" (the official algorithm, the oracle)
+    graph: str = "auto"  # device graphs of the frame step: auto (on for CUDA/NPU with host_rng), on, off
+    compile: str = "auto"  # torch.compile of the float32 CPU frame step: auto (eager: measured faster), on, off
 
     def __post_init__(self) -> None:
         if self.num_threads < 0:
             raise SettingError("num_threads", self.num_threads, "use 0 (the default policy) or a thread count")
-        if self.quantize not in QUANTIZE_MODES:
-            raise SettingError("quantize", self.quantize, f"unknown; use one of {', '.join(QUANTIZE_MODES)}")
+        for name, allowed in (("quantize", QUANTIZE_MODES), ("decoder", DECODERS), ("graph", GRAPH_MODES),
+                              ("compile", COMPILE_MODES)):
+            if getattr(self, name) not in allowed:
+                raise SettingError(name, getattr(self, name), f"unknown; use one of {', '.join(allowed)}")
 
 
 @dataclass(frozen=True)
-class RunConfig:
-    """Everything one synthesis call can set besides the text and the voice prompt (per call, never the device)."""
+class RunConfig(sampling_fields(RUNTIME, switch=True)):
+    """Everything one synthesis call can set besides the text and the voice prompt (per call, never the device);
+    the sampling values (``do_sample``, ``text_temperature``, ...) at the official runtime's defaults come from
+    ``moss_npu.sampling_params``."""
 
     mode: str = "auto"  # auto: voice_clone with a reference and no prompt text, else continuation
     max_new_frames: int = 375
-    do_sample: bool = True
-    text_temperature: float = 1.0
-    text_top_p: float = 1.0
-    text_top_k: int = 50
-    audio_temperature: float = 0.8
-    audio_top_p: float = 0.95
-    audio_top_k: int = 25
-    audio_repetition_penalty: float = 1.2
     nq: Optional[int] = None
     seed: Optional[int] = None
-    host_rng: bool = False
+    host_rng: Optional[bool] = None  # sampling noise from a host generator; None: the runner's own way (official
+    # device draws in MossTTSNano, host draws per request in the Engine, which refuses False)
     voice_clone_max_text_tokens: int = 75
     voice_clone_max_memory_per_sample_gb: float = 1.0
     tts_max_batch_size: int = 0
-    decoder: str = "optimized"  # "optimized" (the frame decoder) or "reference" (the official algorithm, the oracle)
     speed: float = 1.0  # speaking rate, pitch kept (moss_npu.tempo); 1.0 leaves the audio untouched
-    graph: str = "auto"  # device graphs of the frame step: auto (on for CUDA/NPU with host_rng), on, off
-    compile: str = "auto"  # torch.compile of the float32 CPU frame step: auto (eager: measured faster), on, off
     stability_fallback: bool = True  # non-finite bf16/fp16 logits: retry with a float32 copy (official behaviour)
     # Official infer.py text preparation (moss_npu.text): the robust cleanup, and WeTextProcessing's reading of
     # numbers and symbols; the model API (model.inference) runs neither.
@@ -101,24 +100,13 @@ class RunConfig:
             raise InputError("voice_clone_max_text_tokens and tts_max_batch_size must be >= 0 (0 = no limit)")
         if not isinstance(self.text_normalization, bool) or not isinstance(self.wetext, bool):
             raise InputError("text_normalization and wetext must be true or false")
-        if self.decoder not in DECODERS:
-            raise SettingError("decoder", self.decoder, f"unknown; use one of {', '.join(DECODERS)}")
         check_speed(self.speed)
-        if self.graph not in GRAPH_MODES:
-            raise SettingError("graph", self.graph, f"unknown; use one of {', '.join(GRAPH_MODES)}")
-        if self.compile not in COMPILE_MODES:
-            raise SettingError("compile", self.compile, f"unknown; use one of {', '.join(COMPILE_MODES)}")
         self.sampling()  # validates the sampling values
         self.schedule()
 
     def sampling(self) -> SamplingParams:
         """Return the sampling parameters of this run."""
-        return SamplingParams(
-            do_sample=self.do_sample,
-            text_temperature=self.text_temperature, text_top_p=self.text_top_p, text_top_k=self.text_top_k,
-            audio_temperature=self.audio_temperature, audio_top_p=self.audio_top_p, audio_top_k=self.audio_top_k,
-            audio_repetition_penalty=self.audio_repetition_penalty,
-        )
+        return SamplingParams(self.do_sample, **{name: getattr(self, name) for name in VALUES})
 
     def schedule(self) -> DecodeSchedule:
         """Return the streaming decode schedule (how many frames to decode per codec call)."""

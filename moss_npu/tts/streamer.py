@@ -9,9 +9,9 @@ from typing import Callable, Iterator, Optional
 import torch
 
 from moss_npu.codec.rows import CodecRows
-from moss_npu.nano.text import pause_samples
 from moss_npu.tts.prepare import Plan
 from moss_npu.tts.settings import RunConfig
+from moss_npu.tts.timeline import pause
 
 
 @dataclass(frozen=True)
@@ -101,9 +101,9 @@ class AudioStreamer:
         """The silence after text chunk ``chunk`` when more chunks follow, else None."""
         if self.index >= len(self.plan.chunks) - 1:
             return None
-        pause = torch.zeros(self.channels, pause_samples(chunk, self.sample_rate))
-        self.emitted_s += pause.shape[-1] / self.sample_rate
-        return AudioChunk(pause, self.sample_rate, self.index, True, self.plan.chunks[self.index])
+        silence = torch.zeros(self.channels, pause(chunk, self.sample_rate))
+        self.emitted_s += silence.shape[-1] / self.sample_rate
+        return AudioChunk(silence, self.sample_rate, self.index, True, self.plan.chunks[self.index])
 
     def _decode_due(self, final: bool) -> Iterator[AudioChunk]:
         codes = self.due(final)

@@ -1,4 +1,5 @@
-"""When each text chunk is spoken: timestamps, and the speaking rate applied to a stream of chunks.
+"""When each text chunk is spoken: timestamps, the pause after a chunk, and the speaking rate applied to a
+stream of chunks (the one place a request's speed and pauses are applied).
 
 A chunk's span runs from the end of the chunk before it to the end of its own audio plus the pause after it
 (the pause is the chunk's: its length follows the chunk's words), so the spans of an utterance tile its
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Optional, Union
 
 import torch
 
+from moss_npu.nano.text import pause_samples
 from moss_npu.tempo import Stretcher
 
 if TYPE_CHECKING:
@@ -27,10 +29,12 @@ class Timestamp:
     text: str
     start_s: float
     end_s: float
+    no_audio: bool = False  # the model spoke nothing of it (``tts.loop``): its span is its pause
 
     def public(self) -> dict:
         """The JSON form used by the server's events and ``--timestamps``."""
-        return {"index": self.index, "text": self.text, "start": round(self.start_s, 6), "end": round(self.end_s, 6)}
+        out = {"index": self.index, "text": self.text, "start": round(self.start_s, 6), "end": round(self.end_s, 6)}
+        return {**out, "no_audio": True} if self.no_audio else out
 
 
 class Timeline:
@@ -86,11 +90,18 @@ def at_speed(chunks: Iterable["AudioChunk"], speed: float, sample_rate: int,
         yield replace(last, waveform=torch.from_numpy(stretcher.flush()), source_samples=0)
 
 
-def timed(chunks: Iterable["AudioChunk"], speed: float, sample_rate: int, channels: int,
-          offset_s: float = 0.0) -> Iterator[Union[AudioChunk, Timestamp]]:
-    """The chunks at ``speed``, with each text chunk's ``Timestamp`` once its audio is complete."""
+def pause(chunk: str, sample_rate: int, speed: float = 1.0) -> int:
+    """Samples of silence after text chunk ``chunk`` (upstream's rule, ``nano.text.pause_samples``) at ``speed``."""
+    samples = pause_samples(chunk, sample_rate)
+    return samples if speed == 1.0 else round(samples / speed)
+
+
+def timestamped(chunks: Iterable["AudioChunk"], speed: float, sample_rate: int,
+                offset_s: float = 0.0) -> Iterator[Union[AudioChunk, Timestamp]]:
+    """Chunks already at ``speed`` (``at_speed``: the engine's streams), with each text chunk's ``Timestamp`` once
+    its audio is complete."""
     timeline, samples = Timeline(sample_rate, speed, offset_s), 0
-    for chunk in at_speed(chunks, speed, sample_rate, channels):
+    for chunk in chunks:
         yield from timeline.add(chunk.chunk_index, chunk.text, chunk.source_length)
         samples += chunk.waveform.shape[-1]
         yield chunk

@@ -11,7 +11,7 @@ import torch
 
 from moss_npu_verify.goldens import CaseResult, Fixture
 from moss_npu.nano.checkpoint import load_model
-from moss_npu.nano.decoder import generate
+from moss_npu.tts.loop import generate
 from moss_npu.nano.reference import reference_generate
 from moss_npu.nano.model import NanoTTSModel
 from moss_npu.nano.prompt import build_prompt_rows

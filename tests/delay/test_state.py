@@ -5,7 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from moss_npu.delay.config import DelayModelConfig, DelaySampling
+from moss_npu.delay.config import DelayModelConfig
+from moss_npu.sampling_params import SamplingParams
 from moss_npu.delay.state import (NOT_DRAINING, apply_delay_pattern, de_delay, extract_segments, frames_from_rows,
                                   init_state, step)
 
@@ -13,7 +14,7 @@ SPECIAL = dict(pad_token_id=0, im_start_token_id=1, im_end_token_id=2, audio_sta
                audio_user_slot_token_id=5, audio_assistant_gen_slot_token_id=6,
                audio_assistant_delay_slot_token_id=7)
 CFG = DelayModelConfig(**SPECIAL)
-GREEDY = DelaySampling(text_temperature=0.0, audio_temperature=0.0)
+GREEDY = SamplingParams(text_temperature=0.0, audio_temperature=0.0)
 
 
 @pytest.mark.parametrize("frames", [1, 5, 32, 40])
@@ -101,7 +102,7 @@ def test_replay_of_the_golden_traces_without_a_backbone(delay_fixture):
         hidden = np.load(delay_fixture / expected["hidden_states"])
         logits = np.load(delay_fixture / expected["text_logits"])
         state, rng = init_state(prompt, weights.config), np.random.RandomState(inputs["np_random_seed"])
-        sampling = DelaySampling(**inputs["sampling"])
+        sampling = SamplingParams(**inputs["sampling"])
         rows = np.stack([step(state, logits[i], heads(hidden[i]), sampling, weights.config, rng)
                          for i in range(len(hidden))])
         want = np.load(delay_fixture / expected["generated_rows"])

@@ -15,7 +15,10 @@ from moss_npu.nano.checkpoint import load_model
 from moss_npu.cpu.blocks import blas_matmul
 from moss_npu.cpu.step import CpuStep
 from moss_npu.cpu.weights import WeightArena
-from moss_npu.nano.decoder import FrameDecoder, RequestParams, generate
+from moss_npu.nano.decoder import FrameDecoder, RequestParams
+from moss_npu.nano.step import TorchStep
+from moss_npu.device import backend
+from moss_npu.tts.loop import generate
 from moss_npu.cpu.matvec import BlasGemv
 from tests.optional import missing, needs
 
@@ -92,9 +95,9 @@ def test_arena_holds_each_weight_transposed(model):
 def decode(model, prompts, frames, use_cpu_step):
     """Decode ``prompts`` together greedily; return codes (S, F, Q) and the global hidden states (F, S, E)."""
     decoder = FrameDecoder(model, slots=len(prompts), max_len=max(p.shape[0] for p in prompts) + frames + 1)
-    assert (decoder.cpu_step is not None) is True
+    assert isinstance(decoder.frame_step, CpuStep)
     if not use_cpu_step:
-        decoder.cpu_step = None
+        decoder.frame_step = TorchStep(decoder.model)
     for rows in prompts:
         decoder.admit(rows, RequestParams(max_new_frames=frames))
     codes, hidden = [], []
@@ -116,6 +119,8 @@ def test_cpu_step_decodes_like_the_torch_step(model, prompts, count):
 def test_cpu_step_only_for_float32_on_the_cpu(model):
     bf16 = load_model_copy(model, torch.bfloat16)
     assert CpuStep.build(bf16.parts(), "auto") is None and CpuStep.build(bf16.parts(), "off") is None
+    assert backend(bf16.device).frame_step(bf16.parts()) is None  # no step of its own for bf16 ...
+    assert isinstance(FrameDecoder(bf16, max_len=8).frame_step, TorchStep)  # ... so the decoder runs the modules
     with pytest.raises(InputError, match="--compile on"):
         CpuStep.build(bf16.parts(), "on")
     with pytest.raises(InputError, match="--compile fast"):
@@ -131,11 +136,11 @@ def load_model_copy(model, dtype):
 def test_refresh_rebuilds_the_transposed_weights(tiny_ckpt, prompts):
     model = steer(load_model(tiny_ckpt, device="cpu"))
     decoder = FrameDecoder(model, slots=1, max_len=128)
-    before = decoder.cpu_step.global_blocks[0][2].clone()
+    before = decoder.frame_step.global_blocks[0][2].clone()
     with torch.no_grad():
         model.transformer.h[0].attn.c_attn.weight.mul_(2.0)
     decoder.refresh()
-    torch.testing.assert_close(decoder.cpu_step.global_blocks[0][2], before * 2.0)
+    torch.testing.assert_close(decoder.frame_step.global_blocks[0][2], before * 2.0)
 
 
 def _blas_threads() -> set:
@@ -183,7 +188,7 @@ def test_compiled_step_decodes_like_the_eager_one(model, prompts):
     results = []
     for mode in ("off", "on"):
         decoder = FrameDecoder(model, slots=1, max_len=256, compile=mode)
-        assert decoder.cpu_step.compiled is (mode == "on")
+        assert decoder.frame_step.compiled is (mode == "on")
         for rows in prompts[:1]:
             decoder.admit(rows, RequestParams(max_new_frames=frames))
         codes = []
@@ -191,7 +196,7 @@ def test_compiled_step_decodes_like_the_eager_one(model, prompts):
             codes.append(decoder.step().codes)
         results.append(torch.stack(codes))
         if mode == "on":
-            assert decoder.cpu_step.compiled and decoder.cpu_step.compile_seconds > 0
+            assert decoder.frame_step.compiled and decoder.frame_step.compile_seconds > 0
     assert torch.equal(results[0], results[1])
 
 

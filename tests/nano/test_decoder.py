@@ -7,7 +7,8 @@ import torch
 from moss_npu.errors import InputError, NumericalError
 from moss_npu.nano import decoder as dec_mod
 from moss_npu.nano.checkpoint import load_model, read_state_dict, write_random_checkpoint
-from moss_npu.nano.decoder import FrameDecoder, RequestParams, generate
+from moss_npu.nano.decoder import FrameDecoder, RequestParams
+from moss_npu.tts.loop import generate
 from moss_npu.nano.frames import PhaseTimer, left_pad, trim_codes
 from moss_npu.nano.prompt import build_prompt_rows
 from moss_npu.nano.reference import reference_generate

@@ -16,6 +16,7 @@ import torch
 from moss_npu.errors import InputError
 from moss_npu.cpu.step import CpuStep
 from moss_npu.nano.decoder import FrameDecoder, RequestParams
+from moss_npu.nano.step import TorchStep
 from moss_npu.cpu.matvec import Bf16Tiles, Fp32Tiles, Int8Tiles, MatVecKernels
 from moss_npu.native.build import TILES
 from moss_npu.cpu.targets import TARGET_ENV, runnable_targets
@@ -190,9 +191,9 @@ def test_bf16_portable_c_on_a_big_endian_cpu(tmp_path):
 
 def _decode(model, rows, frames, use_cpu_step):
     decoder = FrameDecoder(model, slots=1, max_len=rows.shape[0] + frames + 1)
-    label = decoder.cpu_step.label()
+    label = decoder.frame_step.label()
     if not use_cpu_step:
-        decoder.cpu_step = None  # the torch modules: float32 math on the same weights
+        decoder.frame_step = TorchStep(decoder.model)  # the torch modules: float32 math on the same weights
     decoder.admit(rows, RequestParams(max_new_frames=frames))
     codes, hidden = [], []
     while decoder.active_slots:
@@ -219,10 +220,10 @@ def test_int8_one_row_products_are_float32_math(model, prompts):
     quantized = copy.deepcopy(model)
     quantize_int8(quantized)
     decoder = FrameDecoder(quantized, slots=1, max_len=256)
-    assert decoder.cpu_step.label() == "cpu-int8"
+    assert decoder.frame_step.label() == "cpu-int8"
     x = torch.randn(1, quantized.config.hidden_size)
     layer = quantized.local_transformer.h[0].mlp.fc_in
-    product = decoder.cpu_step._row_blocks[1][0].fc_in
+    product = decoder.frame_step._row_blocks[1][0].fc_in
     np.testing.assert_allclose(product(x.numpy()[0]), torch.nn.functional.linear(x, layer.weight, layer.bias)[0],
                                rtol=1e-5, atol=1e-5)
 

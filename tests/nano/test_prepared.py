@@ -66,12 +66,12 @@ def test_first_load_builds_the_cache_once_later_loads_map_it(folders, caplog):
     caplog.clear()
     second = load(folders)
     assert second.weights.source == "cache" and preparing_lines(caplog) == []
-    assert second.weights.cpu_step.tile_arena.cached
+    assert second.weights.frame_step.tile_arena.cached
     computed = DecoderWeights.build(second.model)  # no cache: what every start used to do
     assert computed.source == "computed"
     for cached, fresh in zip(second.weights.audio_qkv, computed.audio_qkv):
         assert torch.equal(cached, fresh)
-    assert bytes(second.weights.cpu_step.tile_arena.payload()) == bytes(computed.cpu_step.tile_arena.payload())
+    assert bytes(second.weights.frame_step.tile_arena.payload()) == bytes(computed.frame_step.tile_arena.payload())
     reference = codes(first)
     assert torch.equal(codes(second), reference)
     second.weights = computed
@@ -90,7 +90,7 @@ def test_reduced_precision_entries_are_their_own_and_exact(folders, load_setting
     second = load(folders, **load_settings)
     assert second.weights.source == "cache"
     computed = DecoderWeights.build(second.model)
-    assert bytes(second.weights.cpu_step.tile_arena.payload()) == bytes(computed.cpu_step.tile_arena.payload())
+    assert bytes(second.weights.frame_step.tile_arena.payload()) == bytes(computed.frame_step.tile_arena.payload())
     assert torch.equal(codes(second), codes(first))
     assert plain.weights.source == "built"
 
@@ -104,7 +104,7 @@ def test_a_changed_checkpoint_is_never_served_stale(folders, caplog):
     changed = load(folders)
     assert changed.weights.source == "built" and len(preparing_lines(caplog)) == 1
     computed = DecoderWeights.build(changed.model)
-    assert bytes(changed.weights.cpu_step.tile_arena.payload()) == bytes(computed.cpu_step.tile_arena.payload())
+    assert bytes(changed.weights.frame_step.tile_arena.payload()) == bytes(computed.frame_step.tile_arena.payload())
 
 
 @pytest.mark.parametrize("source", ["matvec.c", "matvec.py"])
@@ -158,7 +158,7 @@ def test_a_damaged_entry_is_rebuilt_with_one_line(folders, caplog, damage):
     again = load(folders)
     damaged = [r.getMessage() for r in caplog.records if "are damaged or stale" in r.getMessage()]
     assert len(damaged) == 1 and tiles.name in damaged[0]
-    assert again.weights.cpu_step.tile_arena.cached is False
+    assert again.weights.frame_step.tile_arena.cached is False
     assert torch.equal(codes(again), codes(first))
     assert load(folders).weights.source == "cache"  # written again, whole
 
@@ -170,7 +170,7 @@ def test_an_entry_others_can_write_is_refused_and_replaced(folders, caplog):
     caplog.set_level(logging.WARNING)
     again = load(folders)
     assert any("are not used: not a regular file of this user's" in r.getMessage() for r in caplog.records)
-    assert not again.weights.cpu_step.tile_arena.cached
+    assert not again.weights.frame_step.tile_arena.cached
     assert tiles.stat().st_mode & 0o777 == 0o600  # replaced by a file of this user's alone
 
 

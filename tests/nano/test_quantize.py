@@ -9,6 +9,7 @@ import torch
 
 from moss_npu.errors import InputError
 from moss_npu.nano.decoder import FrameDecoder, RequestParams
+from moss_npu.nano.step import TorchStep
 from moss_npu.cpu.quantize import int8_kernel_available, int8_rows, quantize_int8
 
 from tests.optional import needs
@@ -53,9 +54,9 @@ def test_int8_step_decodes_close_to_float32_math_on_the_rounded_weights(model, p
     hidden = []
     for use_int8 in (True, False):
         decoder = FrameDecoder(quantized, slots=1, max_len=256)
-        assert decoder.cpu_step.int8
+        assert decoder.frame_step.int8
         if not use_int8:
-            decoder.cpu_step = None  # the torch modules: float32 math on the same rounded weights
+            decoder.frame_step = TorchStep(decoder.model)  # the torch modules: float32 math on the same rounded weights
         decoder.admit(prompts[0], RequestParams(max_new_frames=2))
         decoder.step()
         decoder.step()  # runs the first frame's deferred global step: the hidden state is past the prefill

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from moss_npu.nano.text import pause_samples
-from moss_npu.serve.live import split_sentences
+from moss_npu.tts.prepare import split_sentences
 from tests.optional import require
 from tests.serve.conftest import API_KEY, FRAME, MODEL, serve_module
 

@@ -190,10 +190,10 @@ def test_a_slow_preparation_does_not_stall_other_streams(tts, monkeypatch):
     request itself, and every stream stopped for as long)."""
     real_prepare = tts.preparer.prepare
 
-    def slow(request):
+    def slow(request, **limits):
         if request.text.startswith("Slow"):
             time.sleep(1.5)
-        return real_prepare(request)
+        return real_prepare(request, **limits)
 
     monkeypatch.setattr(tts.preparer, "prepare", slow)
     with Engine(tts, max_batch=2) as engine:
@@ -216,7 +216,7 @@ def test_a_slow_preparation_does_not_stall_other_streams(tts, monkeypatch):
 def test_requests_in_preparation_count_as_queued_and_can_be_cancelled(tts, monkeypatch):
     gate = threading.Event()
     real_prepare = tts.preparer.prepare
-    monkeypatch.setattr(tts.preparer, "prepare", lambda request: (gate.wait(10), real_prepare(request))[1])
+    monkeypatch.setattr(tts.preparer, "prepare", lambda request, **limits: (gate.wait(10), real_prepare(request, **limits))[1])
     with Engine(tts, max_batch=1) as engine:
         first = engine.submit(SpeechRequest("One.", settings=RunConfig(do_sample=False, max_new_frames=2)))
         second = engine.submit(SpeechRequest("Two.", settings=RunConfig(do_sample=False, max_new_frames=2)))

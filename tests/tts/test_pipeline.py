@@ -152,13 +152,32 @@ def test_shipped_presets_load(preset):
 def test_load_time_settings_are_refused_per_call():
     """A per-call device/dtype/attention/threads would be silently ignored by a loaded pipeline: refused, with the fix."""
     for name, value in (("device", "npu"), ("dtype", "bfloat16"), ("attn_implementation", "eager"),
-                        ("num_threads", 2)):
+                        ("num_threads", 2), ("decoder", "reference"), ("graph", "on"), ("compile", "off")):
         with pytest.raises(ConfigError, match=f"^{name}: set when the pipeline loads.*from_pretrained"):
             RunConfig(**{name: value})
     with pytest.raises(ConfigError, match="device: set when the pipeline loads"):
         dataclasses.replace(RunConfig(), device="cpu")
     with pytest.raises(TypeError):
         RunConfig(temprature=0.5)  # any other unknown name stays a plain TypeError
+
+
+@needs_fixtures
+def test_how_the_decoder_computes_is_the_pipelines(tts):
+    """decoder, graph and compile are fixed at load; another way is another pipeline over the same model, and
+    the reference decoder (the oracle) gives the frame decoder's codes, whole and streamed."""
+    settings = RunConfig(**GREEDY, max_new_frames=4)
+    oracle = tts.computing(decoder="reference")
+    assert oracle is not tts and oracle.model is tts.model and tts.computing() is tts
+    assert torch.equal(oracle.synthesize("Same codes.", settings=settings).codes,
+                       tts.synthesize("Same codes.", settings=settings).codes)
+    streamed = [c.waveform for c in oracle.synthesize_stream("Same codes.", settings=settings)]
+    assert sum(w.shape[-1] for w in streamed) == 4 * tts.codec.frame_size
+    with pytest.raises(InputError, match="--graph sideways: unknown"):
+        tts.computing(graph="sideways")
+    from moss_npu.tts.engine import Engine
+
+    with pytest.raises(InputError, match="decoder=reference"):
+        Engine(oracle)
 
 
 def test_merge_splits_load_and_run_settings(tmp_path):
@@ -181,7 +200,7 @@ def test_int8_pipeline_quantizes_and_decodes_with_the_int8_step():
         missing("torch has no _weight_int8pack_mm")
     tts = MossTTSNano.from_pretrained(str(NANO / "tts"), str(NANO / "codec"), device="cpu", quantize="int8")
     result = tts.synthesize("Hello.", settings=RunConfig(do_sample=False, max_new_frames=4))
-    assert tts.model.quantization == "int8" and tts._decoder.cpu_step.int8
+    assert tts.model.quantization == "int8" and tts._decoder.frame_step.int8
     assert result.codes.shape[0] > 0 and bool(torch.isfinite(result.waveform).all())
     with pytest.raises(InputError, match="--quantize int8 runs on the CPU in float32"):
         MossTTSNano.from_pretrained("/nonexistent/model", "/nonexistent/codec", device="cpu", dtype="bfloat16",
@@ -198,10 +217,17 @@ def test_synthesize_refuses_settings_that_are_not_a_run_config(tts):
 
 @needs_fixtures
 def test_from_pretrained_applies_its_thread_count():
+    """A count is the load's (the server's workers hand theirs here); 0 is the default policy; None leaves it."""
+    from moss_npu.cpu.threads import default_threads
+
     before = torch.get_num_threads()
     try:
         MossTTSNano.from_pretrained(str(NANO / "tts"), str(NANO / "codec"), device="cpu", num_threads=1)
         assert torch.get_num_threads() == 1
+        MossTTSNano.from_pretrained(str(NANO / "tts"), str(NANO / "codec"), device="cpu")
+        assert torch.get_num_threads() == 1
+        MossTTSNano.from_pretrained(str(NANO / "tts"), str(NANO / "codec"), device="cpu", num_threads=0)
+        assert torch.get_num_threads() == default_threads()
     finally:
         torch.set_num_threads(before)
 

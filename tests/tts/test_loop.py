@@ -1,0 +1,128 @@
+"""The frame loop's own rules, through the pipeline and the engine: a chunk that gives no audio is retried and then
+named; a text too long for one prompt is spoken in pieces; the engine refuses what it would not act on."""
+
+import logging
+
+import pytest
+import torch
+
+from moss_npu.errors import InputError
+from moss_npu.tts import MossTTSNano, RunConfig
+from moss_npu.tts.engine import Engine, SpeechRequest
+from moss_npu.tts.loop import FrameLoop
+from tests.tts.test_pipeline import NANO, REFERENCE, needs_fixtures
+
+TWO_CHUNKS = "First part of it. Second part here."
+SAMPLED = RunConfig(seed=5, max_new_frames=4, voice_clone_max_text_tokens=6)
+
+
+@pytest.fixture(scope="module")
+def tts():
+    return MossTTSNano.from_pretrained(str(NANO / "tts"), str(NANO / "codec"), device="cpu")
+
+
+def silence_first_chunk(monkeypatch, tries: int):
+    """Make text chunk 0 stop before its first frame on its first ``tries`` runs (a budget of 0 frames)."""
+    real, runs = FrameLoop._request, []
+
+    def request(self, job, chunk, decoder):
+        rows, params = real(self, job, chunk, decoder)
+        if chunk == 0:
+            runs.append(params.generator)
+            if len(runs) <= tries:
+                params = type(params)(params.sampling, params.nq, 0, params.generator)
+        return rows, params
+
+    monkeypatch.setattr(FrameLoop, "_request", request)
+    return runs
+
+
+@needs_fixtures
+def test_a_silent_chunk_is_generated_again_with_the_next_seed(tts, monkeypatch):
+    runs = silence_first_chunk(monkeypatch, tries=1)
+    result = tts.synthesize(TWO_CHUNKS, prompt_audio=REFERENCE, settings=SAMPLED)
+    assert len(result.text_chunks) == 2 and len(runs) == 2 and not result.warnings
+    assert result.timestamps[0].end_s > result.timestamps[0].start_s
+    with_next = tts.synthesize(TWO_CHUNKS, prompt_audio=REFERENCE, settings=RunConfig(
+        seed=5, max_new_frames=4, voice_clone_max_text_tokens=6, host_rng=True))
+    assert with_next.codes.shape[0] > 0
+
+
+@needs_fixtures
+@pytest.mark.parametrize("sampled", [True, False], ids=["sampled", "greedy"])
+def test_a_chunk_that_stays_silent_is_named(tts, monkeypatch, caplog, sampled):
+    """No words vanish unsaid: a warning naming the chunk (logged: the CLI's ``warning:`` line), the result's
+    warnings and its timestamp; a greedy run is not retried (it would stop again)."""
+    runs = silence_first_chunk(monkeypatch, tries=2)
+    settings = SAMPLED if sampled else RunConfig(do_sample=False, max_new_frames=4, voice_clone_max_text_tokens=6)
+    with caplog.at_level(logging.WARNING, logger="moss_npu"):
+        result = tts.synthesize(TWO_CHUNKS, prompt_audio=REFERENCE, settings=settings)
+    assert len(runs) == (2 if sampled else 1)
+    assert len(result.warnings) == 1 and "text chunk 1" in result.warnings[0] and "no audio" in result.warnings[0]
+    assert [r.getMessage() for r in caplog.records if "no audio" in r.getMessage()] == list(result.warnings)
+    assert result.timestamps[0].no_audio and result.timestamps[0].public()["no_audio"] is True
+    assert not result.timestamps[1].no_audio and "no_audio" not in result.timestamps[1].public()
+    assert result.codes.shape[0] == 4  # the second chunk's frames only
+    monkeypatch.undo()
+    silence_first_chunk(monkeypatch, tries=2)
+    with Engine(tts, max_batch=1) as engine:
+        stream = engine.submit(SpeechRequest(TWO_CHUNKS, prompt_audio=REFERENCE, settings=settings))
+        list(stream)
+    assert len(stream.warnings) == 1 and "text chunk 1" in stream.warnings[0]
+
+
+@needs_fixtures
+def test_a_text_too_long_for_the_engine_is_spoken_in_pieces(tts):
+    """The server's decoder holds max_len rows: a longer prompt is split at sentence boundaries, not refused."""
+    text = " ".join(f"This is sentence number {i} of a long input." for i in range(40))
+    settings = RunConfig(do_sample=False, max_new_frames=3)
+    with Engine(tts, max_batch=1, max_len=256) as engine:
+        stream = engine.submit(SpeechRequest(text, settings=settings))
+        chunks = list(stream)
+    pieces = stream.prepared.plan.chunks
+    assert len(pieces) > 1 and all(rows.shape[0] + 3 <= 256 for rows in stream.prepared.rows)
+    assert {c.chunk_index for c in chunks} == set(range(len(pieces)))
+    assert " ".join(pieces).count("This is sentence number") == 40  # every word of the text, once
+
+
+@pytest.mark.parametrize("setting,value", [("host_rng", False), ("tts_max_batch_size", 2),
+                                           ("voice_clone_max_memory_per_sample_gb", 2.0)])
+@needs_fixtures
+def test_the_engine_refuses_what_it_would_not_act_on(tts, setting, value):
+    with Engine(tts, max_batch=1) as engine:
+        with pytest.raises(InputError, match=f"^{setting}: "):
+            engine.submit(SpeechRequest("Hello.", settings=RunConfig(**{setting: value})))
+
+
+@needs_fixtures
+def test_the_engine_decodes_in_float32_after_non_finite_logits(tts, monkeypatch):
+    """The engine has the pipeline's stability fallback: a bf16 engine whose first frame is non-finite speaks
+    on from a float32 copy (``tests/tts/test_pipeline.py`` has the pipeline's cases)."""
+    from moss_npu.nano.checkpoint import load_model
+    from tests.tts.test_pipeline import overflow_below_float32
+
+    bf16 = MossTTSNano(load_model(NANO / "tts", device="cpu", dtype=torch.bfloat16), tts.tokenizer, tts.codec)
+    with overflow_below_float32(bf16.model.audio_lm_heads[0]), Engine(bf16, max_batch=1) as engine:
+        stream = engine.submit(SpeechRequest("Streamed.", settings=RunConfig(do_sample=False, max_new_frames=6)))
+        wave = torch.cat([c.waveform for c in stream], dim=1)
+    assert wave.shape[-1] == 6 * tts.codec.frame_size and bool(torch.isfinite(wave).all())
+    assert engine.loop.fallback is None and bf16.model.dtype == torch.bfloat16
+
+
+@needs_fixtures
+def test_the_server_worker_hands_on_the_warning(tts, monkeypatch):
+    """The worker's summary of a request carries its warnings (the server sends them as SSE events)."""
+    from moss_npu.serve.worker import WorkerLoop
+
+    class Channel(list):
+        def send(self, *message):
+            self.append(message)
+
+    silence_first_chunk(monkeypatch, tries=2)
+    channel = Channel()
+    settings = RunConfig(do_sample=False, max_new_frames=4, voice_clone_max_text_tokens=6)
+    with Engine(tts, max_batch=1) as engine:
+        WorkerLoop(tts, engine, channel)._pump(1, engine.submit(SpeechRequest(TWO_CHUNKS, prompt_audio=REFERENCE,
+                                                                              settings=settings)))
+    done = [message for message in channel if message[0] == "done"]
+    assert len(done) == 1 and len(done[0][2]["warnings"]) == 1 and "text chunk 1" in done[0][2]["warnings"][0]
