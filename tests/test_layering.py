@@ -121,11 +121,9 @@ def test_no_cpu_branches_outside_the_device_layer(path):
 
 def test_no_host_question_outside_the_device_layer():
     """Whether a device is the host is the device layer's answer (``Backend.host``, asked through ``backend``), and
-    the CPU package's own business: no other module calls ``is_host``. ``tts/pipeline.py`` keeps one call until
-    the engine's restructuring (issue 37, items 1-3) takes its CPU branch away."""
-    pending = {PACKAGE / "tts" / "pipeline.py"}
+    the CPU package's own business: no other module calls ``is_host``."""
     found = [f"{p.relative_to(PACKAGE)}:{tok.start[0]}" for p in SOURCES
-             if CPU_PACKAGE not in p.parents and p not in pending
+             if CPU_PACKAGE not in p.parents
              for tok in _tokens(p) if tok.type == tokenize.NAME and tok.string == "is_host"]
     assert not found, f"host checks outside the device layer: {found}"
 
@@ -135,7 +133,7 @@ def test_no_host_question_outside_the_device_layer():
 LAYERS = (
     ("moss_npu", "errors"),
     ("extras", "cache_dir", "checkpoint_layers", "limits", "origin", "output", "presets", "progress", "sampling",
-     "wavfile", "accuracy", "tempo", "audio"),
+     "sampling_params", "wavfile", "accuracy", "tempo", "audio"),
     ("native",),  # the C library: its build and loader
     ("cpu", "text"),  # the CPU kernels and step, the text normalization: both call the C library
     ("device",),  # hands the CPU step to the decoder (Backend.frame_step)

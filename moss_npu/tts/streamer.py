@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Callable, Iterator, Optional
 
 import torch
@@ -11,28 +10,7 @@ import torch
 from moss_npu.codec.rows import CodecRows
 from moss_npu.tts.prepare import Plan
 from moss_npu.tts.settings import RunConfig
-from moss_npu.tts.timeline import pause
-
-
-@dataclass(frozen=True)
-class AudioChunk:
-    """One piece of a stream: ``waveform`` (C, n) float32 on the CPU; pauses between text chunks are zeros.
-
-    ``text`` is the text chunk it speaks; ``source_samples`` the samples it stands for before a speed other than
-    1.0 stretched it (None: its own length).
-    """
-
-    waveform: torch.Tensor
-    sample_rate: int
-    chunk_index: int
-    is_pause: bool
-    text: str = ""
-    source_samples: Optional[int] = None
-
-    @property
-    def source_length(self) -> int:
-        """Samples this piece stands for at the model's own pace."""
-        return self.waveform.shape[-1] if self.source_samples is None else self.source_samples
+from moss_npu.tts.timeline import AudioChunk, pause
 
 
 class AudioStreamer:

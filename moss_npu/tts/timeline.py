@@ -10,15 +10,32 @@ stretched audio: sample counts before stretching divided by the speed, the last 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Iterable, Iterator, Optional, Union
+from typing import Iterable, Iterator, Optional, Union
 
 import torch
 
 from moss_npu.nano.text import pause_samples
 from moss_npu.tempo import Stretcher
 
-if TYPE_CHECKING:
-    from moss_npu.tts.streamer import AudioChunk
+@dataclass(frozen=True)
+class AudioChunk:
+    """One piece of a stream: ``waveform`` (C, n) float32 on the CPU; pauses between text chunks are zeros.
+
+    ``text`` is the text chunk it speaks; ``source_samples`` the samples it stands for before a speed other than
+    1.0 stretched it (None: its own length).
+    """
+
+    waveform: torch.Tensor
+    sample_rate: int
+    chunk_index: int
+    is_pause: bool
+    text: str = ""
+    source_samples: Optional[int] = None
+
+    @property
+    def source_length(self) -> int:
+        """Samples this piece stands for at the model's own pace."""
+        return self.waveform.shape[-1] if self.source_samples is None else self.source_samples
 
 
 @dataclass(frozen=True)
