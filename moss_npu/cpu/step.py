@@ -31,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -40,6 +40,7 @@ import torch.nn.functional as F
 
 from moss_npu.errors import InputError
 from moss_npu.cpu.fused_block import FusedRowBlock
+from moss_npu.cpu.local_loop import LocalLoop
 from moss_npu.cpu.matvec import BlasGemv, Bf16Tiles, Fp32Tiles, Int8Tiles, MatVecKernels, tile_bytes
 from moss_npu.nano.model import Block
 from moss_npu.cpu.quantize import block_linears
@@ -159,6 +160,9 @@ class CpuStep:
             self._fused = tuple(self._fused_blocks(kernels, *parts)
                                 for parts in zip(self._row_blocks, self.scales, self._row_finals))
         self._row_heads = [self._row_product(h, kernels, head=True) for h in model.audio_lm_heads]
+        # With the fused local blocks a frame's audio channels are one library call (``local_audio``).
+        self.local_loop = None if self._fused is None else LocalLoop(
+            kernels, self._fused[1], self._row_heads, [e.weight.detach().numpy() for e in model.audio_embeddings])
         if compile_mode == "on":  # auto = eager: compiled measured slower (module docstring)
             self._compile(compile_mode)
 
@@ -391,6 +395,34 @@ class CpuStep:
     def kernel_target(self) -> str:
         """Return the instruction set of the one-row kernels (``native.choose_target``), or ``none`` without them."""
         return "none" if self._kernels_used is None else self._kernels_used.target
+
+    def local_audio(self, first: torch.Tensor, first_qkv: torch.Tensor, tables: Sequence[torch.Tensor],
+                    rotation: torch.Tensor, state, n: int, start: int, channels: int,
+                    pad: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Decide a frame's audio channels [0, ``channels``) for slots [0, n) in one call (``local_loop``): return
+        the frame (n, Q) (pad from each slot's nq on), the next global row's embedding (n, E) and whether every
+        logits row below nq was finite (n,), as ``FrameDecoder._audio`` computes them with the greedy or the
+        noise-fed sampler.
+
+        ``first`` (n, E) and ``first_qkv`` (n, 3E) are channel 0's input (the text decision's embedding, also
+        the start of the row's embedding) and its first-block qkv; ``tables`` the Q - 1 audio qkv tables
+        (``LocalTables.audio_qkv``); ``rotation`` (Q + 1, D/2) the local RoPE table; ``state`` the decoder's
+        ``DecodeState`` (local cache, written at local positions ``start`` onwards, audio sampling parameters,
+        uniforms, presence masks, nq).
+        """
+        rates = state.audio
+        sampling = {"do_sample": rates.do_sample[:n], "temperature": rates.temperature[:n], "top_p": rates.top_p[:n],
+                    "penalty": rates.repetition_penalty[:n], "top_k": rates.top_k[:n]}
+        embed = first.clone()
+        nq = state.nq[:n]
+        codes, finite = self.local_loop(first.numpy(), first_qkv.numpy(), [t.numpy() for t in tables],
+                                        state.local_kv.numpy(), rotation.numpy(), start, channels,
+                                        {k: v.numpy() for k, v in sampling.items()}, state.noise[:n].numpy(),
+                                        state.seen.numpy(), nq.numpy(), embed.numpy())
+        within = torch.arange(channels)[None] < nq[:, None]
+        frame = torch.full((n, self.local_loop.channels), pad, dtype=torch.long)
+        frame[:, :channels] = torch.where(within, torch.from_numpy(codes), pad)
+        return frame, embed, torch.from_numpy(finite)
 
     def head(self, channel: int, x: torch.Tensor) -> torch.Tensor:
         """Return audio head ``channel``'s logits (n, V) of (n, E) local hidden states."""
