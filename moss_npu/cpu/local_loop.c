@@ -141,21 +141,27 @@ static long sample(float *scores, long v, float temperature, int64_t top_k, floa
     return last;  /* rounding put the target on the total mass: the last id with probability */
 }
 
-/* One row's code from channel c's logits (V,): the repetition penalty on `seen` ids, then argmax or the sampler. */
-static long decide(const float *logits, long v, const uint8_t *seen, const Sampling *s, long r, long c,
-                   float *scores, Candidate *kept, float *weights) {
-    const float penalty = s->penalty[r];
+/* One row's code from logits (V,): the repetition penalty on the `seen` ids, then argmax (first on ties) or, where
+ * `do_sample`, the sampler with `uniform`; scratch of 4 V floats. */
+static long decide(const float *logits, long v, const uint8_t *seen, int do_sample, float temperature,
+                   int64_t top_k, float top_p, float penalty, float uniform, float *scratch) {
+    float *scores = scratch, *weights = scores + v;
     for (long i = 0; i < v; i++) {
         const float x = logits[i];
         scores[i] = seen[i] ? (x < 0 ? x * penalty : x / penalty) : x;
     }
-    if (s->do_sample[r])
-        return sample(scores, v, s->temperature[r], s->top_k[r], s->top_p[r], s->noise[r * s->noise_width + c + 1],
-                      kept, weights);
+    if (do_sample) return sample(scores, v, temperature, top_k, top_p, uniform, (Candidate *)(weights + v), weights);
     long best = 0;
     for (long i = 1; i < v; i++)
         if (scores[i] > scores[best]) best = i;
     return best;
+}
+
+/* decide, as the checks call it (tests/native/check_kernels.c, moss_npu/cpu/local_loop.py). */
+long moss_local_decide(const float *logits, long v, const uint8_t *seen, int do_sample, float temperature,
+                       int64_t top_k, float top_p, float penalty, float uniform, float *scratch) {
+    if (v < 1 || !(temperature > 0.0f)) return BAD_CALL;
+    return decide(logits, v, seen, do_sample, temperature, top_k, top_p, penalty, uniform, scratch);
 }
 
 /* Channels [0, channels) of a frame for rows [0, n) (see the file's comment). `cache` is the local decoder's
@@ -180,9 +186,7 @@ int moss_local_audio(void *pool, const LocalLoop *loop, long n, long start, long
         if (loop->heads[c].in != e || loop->heads[c].columns != padded(loop->vocab[c])) return BAD_CALL;
     const long slot_stride = heads * rows * dim, layer_stride = 2 * slots * slot_stride;
     float *x = scratch, *qkv = x + n * e, *logits = qkv + 3 * n * e, *block_scratch = logits + n * padded(v_max);
-    /* the sampler's: scores and weights (V floats each), candidates (V of two floats' size) */
-    float *scores = block_scratch + n * moss_row_block_scratch(head_block, start + channels), *weights = scores + v_max;
-    Candidate *kept = (Candidate *)(weights + v_max);
+    float *decisions = block_scratch + n * moss_row_block_scratch(head_block, start + channels);  /* decide's */
     memcpy(x, first, sizeof(float) * (size_t)(n * e));
     memcpy(qkv, first_qkv, sizeof(float) * (size_t)(3 * n * e));
     for (long r = 0; r < n; r++) finite[r] = 1;
@@ -204,8 +208,9 @@ int moss_local_audio(void *pool, const LocalLoop *loop, long n, long start, long
             float sum = 0.0f;
             for (long i = 0; i < v; i++) sum += row[i];
             if (within && !isfinite(sum)) finite[r] = 0;
-            long code = decide(row, v, seen + (r * loop->channels + c) * seen_width, sampling, r, c, scores, kept,
-                               weights);
+            long code = decide(row, v, seen + (r * loop->channels + c) * seen_width, sampling->do_sample[r],
+                               sampling->temperature[r], sampling->top_k[r], sampling->top_p[r], sampling->penalty[r],
+                               sampling->noise[r * sampling->noise_width + c + 1], decisions);
             code = code < 0 ? 0 : code >= v ? v - 1 : code;
             codes[r * channels + c] = code;
             const float *embedding = loop->embeddings[c] + code * e;

@@ -20,6 +20,7 @@ import numpy as np
 from moss_npu.cpu.fused_block import FusedRowBlock, _Block, _Product
 from moss_npu.cpu.matvec import FORMATS, MatVecKernels, Tiles
 from moss_npu.cpu.native import require
+from moss_npu.sampling import TokenParams
 
 _POINTER, _LONG, _INT = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
 
@@ -36,6 +37,24 @@ class _Sampling(ctypes.Structure):
 
     _fields_ = [("do_sample", _POINTER), ("temperature", _POINTER), ("top_p", _POINTER), ("penalty", _POINTER),
                 ("top_k", _POINTER), ("noise", _POINTER), ("noise_width", _LONG)]
+
+
+def decide(kernels: MatVecKernels, logits: np.ndarray, seen: np.ndarray, params: TokenParams, uniform: float) -> int:
+    """Return the library's code for one row of float32 ``logits`` (V,) whose ids ``seen`` (V,) bool the channel
+    has produced: what a frame's channel decides (``LocalLoop``), one row at a time, for the checks against
+    ``sampling``."""
+    library = kernels.library
+    library.moss_local_decide.argtypes = ([_POINTER, _LONG, _POINTER, _INT, ctypes.c_float, ctypes.c_int64]
+                                          + [ctypes.c_float] * 3 + [_POINTER])
+    library.moss_local_decide.restype = _LONG
+    vocab = logits.shape[0] if getattr(logits, "ndim", 0) == 1 else -1
+    require(logits, np.float32, (vocab,), "logits")
+    require(seen, np.bool_, (vocab,), "seen")
+    scratch = np.empty(4 * vocab, np.float32)
+    temperature = params.temperature if params.do_sample else 1.0
+    return library.moss_local_decide(logits.ctypes.data, vocab, seen.ctypes.data, params.do_sample, temperature,
+                                     params.top_k, params.top_p, params.repetition_penalty, uniform,
+                                     scratch.ctypes.data)
 
 
 def _pointers(arrays: Sequence[np.ndarray]) -> ctypes.Array:
