@@ -166,3 +166,23 @@ def test_the_block_over_rows_gives_each_row_its_bits(kernels, format):
     together = fused.rows(x, rows[0][1], keys, values, 3, 4)
     assert np.array_equal(together, np.stack(alone))
     assert np.array_equal(keys, alone_keys) and np.array_equal(values, alone_values)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sampling", [SamplingParams(), SAMPLED], ids=["greedy", "sampled"])
+def test_real_size_codes_are_kept(sampling):
+    """On the bench's real-size random checkpoint (16 × 1024 codebooks, 768 wide): one slot and two, the native
+    channels decode the Python channels' codes."""
+    from bench.checkpoints import ensure_checkpoints, steer_to_continue
+
+    model = steer_to_continue(load_model(ensure_checkpoints("real", None)[0], device="cpu"))
+    g = torch.Generator().manual_seed(0)
+    prompts = []
+    for length in (40, 23):
+        rows = torch.full((length, model.config.row_width), model.config.audio_pad_token_id)
+        rows[:, 0] = torch.randint(20, 1000, (length,), generator=g)
+        prompts.append(rows)
+    for count in (1, 2):
+        native, calls = decode(model, prompts[:count], sampling, native=True, frames=4)
+        assert calls == 4 and torch.equal(native, decode(model, prompts[:count], sampling, native=False,
+                                                         frames=4)[0])
