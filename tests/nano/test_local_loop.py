@@ -76,6 +76,14 @@ def test_official_sampler_drawing_keeps_the_python_channels(model, prompts):
                                                      sampler="official")[0])
 
 
+def _text_prompts(model, lengths, seed):
+    """Prompt rows of random text ids (20 .. 999) without audio, one per length."""
+    g = torch.Generator().manual_seed(seed)
+    pad, width = model.config.audio_pad_token_id, model.config.row_width
+    return [torch.cat([torch.randint(20, 1000, (n, 1), generator=g), torch.full((n, width - 1), pad)], dim=1)
+            for n in lengths]
+
+
 @pytest.fixture(scope="module")
 def golden_model(nano_fixture):
     """The nano-tiny fixture's checkpoint (the official format, 16 codebooks of 1024), steered to continue."""
@@ -85,12 +93,7 @@ def golden_model(nano_fixture):
 @pytest.mark.parametrize("sampling", [SamplingParams(), SAMPLED, SHARP], ids=["greedy", "sampled", "top-p-penalty"])
 def test_seeded_codes_are_kept_on_the_fixture_checkpoint(golden_model, sampling):
     """On 16 channels of 1024 codes, 30 frames, one slot and three: today's codes, greedy and seeded."""
-    g = torch.Generator().manual_seed(3)
-    rows = []
-    for length in (12, 19, 7):
-        prompt = torch.full((length, golden_model.config.row_width), golden_model.config.audio_pad_token_id)
-        prompt[:, 0] = torch.randint(20, 1000, (length,), generator=g)
-        rows.append(prompt)
+    rows = _text_prompts(golden_model, (12, 19, 7), seed=3)
     for count in (1, 3):
         native, calls = decode(golden_model, rows[:count], sampling, native=True, frames=30)
         assert calls == 30 and torch.equal(native, decode(golden_model, rows[:count], sampling, native=False,
@@ -176,12 +179,7 @@ def test_real_size_codes_are_kept(sampling):
     from bench.checkpoints import ensure_checkpoints, steer_to_continue
 
     model = steer_to_continue(load_model(ensure_checkpoints("real", None)[0], device="cpu"))
-    g = torch.Generator().manual_seed(0)
-    prompts = []
-    for length in (40, 23):
-        rows = torch.full((length, model.config.row_width), model.config.audio_pad_token_id)
-        rows[:, 0] = torch.randint(20, 1000, (length,), generator=g)
-        prompts.append(rows)
+    prompts = _text_prompts(model, (40, 23), seed=0)
     for count in (1, 2):
         native, calls = decode(model, prompts[:count], sampling, native=True, frames=4)
         assert calls == 4 and torch.equal(native, decode(model, prompts[:count], sampling, native=False,
