@@ -161,6 +161,7 @@ class CpuStep:
                                 for parts in zip(self._row_blocks, self.scales, self._row_finals))
         self._row_heads = [self._row_product(h, kernels, head=True) for h in model.audio_lm_heads]
         # With the fused local blocks a frame's audio channels are one library call (``local_audio``).
+        self._qkv_tables: tuple = (None, [])  # local_audio's last tables and their arrays
         self.local_loop = None if self._fused is None else LocalLoop(
             kernels, self._fused[1], self._row_heads, [e.weight.detach().numpy() for e in model.audio_embeddings])
         if compile_mode == "on":  # auto = eager: compiled measured slower (module docstring)
@@ -429,7 +430,9 @@ class CpuStep:
                     "penalty": rates.repetition_penalty[:n], "top_k": rates.top_k[:n]}
         embed = first.clone()
         nq = state.nq[:n]
-        codes, finite = self.local_loop(first.numpy(), first_qkv.numpy(), [t.numpy() for t in tables],
+        if self._qkv_tables[0] is not tables:  # the decoder's tables: the same tuple frame after frame
+            self._qkv_tables = (tables, [t.numpy() for t in tables])
+        codes, finite = self.local_loop(first.numpy(), first_qkv.numpy(), self._qkv_tables[1],
                                         state.local_kv.numpy(), rotation.numpy(), start, channels,
                                         {k: v.numpy() for k, v in sampling.items()}, state.noise[:n].numpy(),
                                         state.seen.numpy(), nq.numpy(), embed.numpy())

@@ -171,14 +171,20 @@ def test_the_block_over_rows_gives_each_row_its_bits(kernels, format):
     assert np.array_equal(keys, alone_keys) and np.array_equal(values, alone_values)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("sampling", [SamplingParams(), SAMPLED], ids=["greedy", "sampled"])
-def test_real_size_codes_are_kept(sampling):
-    """On the bench's real-size random checkpoint (16 × 1024 codebooks, 768 wide): one slot and two, the native
-    channels decode the Python channels' codes."""
+@pytest.fixture(scope="module")
+def real_size():
+    """The bench's real-size random checkpoint (16 × 1024 codebooks, 768 wide) in float32, bf16 and int8."""
     from bench.checkpoints import ensure_checkpoints, steer_to_continue
 
-    model = steer_to_continue(load_model(ensure_checkpoints("real", None)[0], device="cpu"))
+    return _models(steer_to_continue(load_model(ensure_checkpoints("real", None)[0], device="cpu")))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("format", ["float32", "bfloat16", "int8"])
+@pytest.mark.parametrize("sampling", [SamplingParams(), SAMPLED], ids=["greedy", "sampled"])
+def test_real_size_codes_are_kept(real_size, format, sampling):
+    """On the real-size checkpoint, one slot and two: the native channels decode the Python channels' codes."""
+    model = real_size[format]
     prompts = _text_prompts(model, (40, 23), seed=0)
     for count in (1, 2):
         native, calls = decode(model, prompts[:count], sampling, native=True, frames=4)
