@@ -130,7 +130,7 @@ static long sample(float *scores, long v, float temperature, int64_t top_k, floa
     double sum = 0.0;
     for (long j = 0; j < m; j++) sum += kept[j].score * inverse;
     const float target = uniform * (float)sum;
-    long last = kept[0].id;
+    long last = 0;  /* as sample_with_noise: id 0 where no probability is positive (NaN weights) */
     double cdf = 0.0;
     for (long j = 0; j < m; j++) {
         const float p = kept[j].score * inverse;

@@ -127,6 +127,19 @@ def test_each_decision_is_sample_with_noises(kernels, params):
     assert got == want.tolist()
 
 
+@pytest.mark.parametrize("logits", [[1.0, float("inf"), 2.0, float("nan"), 3.0], [-5.0, 2.0, 1e30, 3.0],
+                                    [-5.0, float("inf"), 1.0]], ids=["nan", "overflow", "inf"])
+def test_degenerate_scores_pick_what_sample_with_noise_picks(kernels, logits):
+    """NaN weights (an infinite score, or one that a small temperature overflows) pick id 0, as
+    ``sample_with_noise`` does (the decoder drops such frames; the code must still index the tables)."""
+    row = torch.tensor(logits)
+    for temperature, top_k in ((1.0, 0), (1e-10, 0), (1.0, 1), (1e-10, 2)):
+        params = TokenParams(True, temperature, top_k, 0.9, 1.0)
+        for u in (0.1, 0.9):
+            want = int(sample_with_noise(row[None], _rows(params, 1), torch.tensor([u]))[0])
+            assert local_loop.decide(kernels, row.numpy(), np.zeros(len(logits), bool), params, u) == want
+
+
 def _official_probabilities(logits, seen, params):
     scores = apply_repetition_penalty(logits[None], None, params.repetition_penalty, seen[None])
     return torch.softmax(filter_scores(scores, params.temperature, params.top_k, params.top_p), -1)[0].double()
