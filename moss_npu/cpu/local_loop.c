@@ -45,6 +45,10 @@ typedef struct {
     int32_t id;
 } Candidate;
 
+/* Up to this top-k the k largest scores are found by insertion (one pass, most scores below the smallest kept);
+ * above it by sorting every score. */
+#define INSERTED_K 64
+
 static long padded(long n) { return (n + TILE - 1) / TILE * TILE; }
 
 static long largest_vocab(const LocalLoop *loop) {
@@ -79,7 +83,7 @@ static float kth_score(const float *scores, long v, long k, Candidate *all) {
         for (long i = 1; i < v; i++) threshold = scores[i] < threshold ? scores[i] : threshold;
         return threshold;
     }
-    if (k <= TILE) {  /* the k largest by insertion: most scores fall below the smallest kept at once */
+    if (k <= INSERTED_K) {
         long count = 0;
         for (long i = 0; i < v; i++) {
             const float s = scores[i];

@@ -112,8 +112,9 @@ def _rows(params: TokenParams, count: int) -> SlotSampling:
     TokenParams(True, 0.8, 25, 0.95, 1.2),
     TokenParams(True, 1.3, 0, 0.5, 2.0),
     TokenParams(True, 0.7, 3, 1.0, 1.0),
+    TokenParams(True, 1.1, 100, 0.99, 1.1),
     TokenParams(False, 1.0, 0, 1.0, 1.4),
-], ids=["defaults", "top-p-only", "top-k-only", "greedy-penalty"])
+], ids=["defaults", "top-p-only", "top-k-only", "top-k-sorted", "greedy-penalty"])
 def test_each_decision_is_sample_with_noises(kernels, params):
     """Random logits (ties at the top included), a presence mask, 400 uniforms: the library picks the code
     ``sample_with_noise`` picks, every time (the uniforms are far from CDF boundaries at float rounding)."""
