@@ -29,14 +29,16 @@ class BlockParts:
 
 @dataclass(frozen=True)
 class DecoderParts:
-    """A model's global and local decoders (blocks and final norms), its audio heads, and how its weights are held:
-    ``weight_dtype`` float32, or ``bfloat16``/``int8`` values kept in float32 parameters (``cpu.quantize``)."""
+    """A model's global and local decoders (blocks and final norms), its audio heads and the audio channels' input
+    embeddings, and how its weights are held: ``weight_dtype`` float32, or ``bfloat16``/``int8`` values kept in
+    float32 parameters (``cpu.quantize``)."""
 
     global_blocks: tuple[BlockParts, ...]
     local_blocks: tuple[BlockParts, ...]
     global_norm: nn.LayerNorm
     local_norm: nn.LayerNorm
     heads: tuple[nn.Linear, ...]
+    embeddings: tuple[nn.Embedding, ...]
     n_head: int
     eps: float
     tanh_gelu: bool  # the blocks' activation is the tanh GELU, the one ``block_step`` writes out

@@ -1,5 +1,5 @@
-/* One pre-norm GPT-2 block on one slot's one new row, in one call: cpu/blocks.py's row_block, whose ~25 small
- * numpy operations between the four products cost as much time as a third of the products at batch 1 and ran on
+/* One pre-norm GPT-2 block on one new row of one slot (or of each of n slots), in one call: cpu/blocks.py's
+ * row_block, whose ~25 small numpy operations between the four products cost as much time as a third of the products at batch 1 and ran on
  * one thread whatever the pool's size. Here they are a few loops each, the products go through the pool
  * (moss_product, the GELU fused into fc_in's tiles) and the attention is shared out over it head by head.
  *
@@ -13,26 +13,12 @@
 #include <math.h>
 #include <string.h>
 
-#include "matvec.h"
-
-typedef struct {
-    const void *w;               /* the weight's tiles (matvec.c) */
-    const float *scale, *bias;  /* per padded column: scale (int8 only), bias */
-    long in, columns;           /* `columns`: the outputs padded to a multiple of TILE */
-} Product;
-
-typedef struct {
-    int target, format;         /* the tiles' instruction set and format (matvec.c) */
-    long embed, heads, inner;   /* E, H, F */
-    float eps, scale;           /* layer norm epsilon, attention scale */
-    const float *ln1_w, *ln1_b, *ln2_w, *ln2_b;
-    Product attn, proj, fc_in, fc_out;
-    const float *final_w, *final_b;  /* the decoder's final norm, on its last block's output; NULL otherwise */
-} Block;
+#include "fused_block.h"
 
 static long padded(long n) { return (n + TILE - 1) / TILE * TILE; }
 
-/* Floats of scratch a call attending `attended` rows needs (moss_row_block's `scratch`). */
+/* Floats of scratch a call of one row attending `attended` rows needs (moss_row_block's `scratch`; n rows: n times
+ * as many, moss_block_rows). */
 long moss_row_block_scratch(const Block *b, long attended) {
     return 4 * padded(b->embed) + b->embed + padded(3 * b->embed) + padded(b->inner) + b->heads * attended;
 }
@@ -72,18 +58,20 @@ static float dot(const float *a, const float *b, long n) {
 }
 
 typedef struct {
-    const float *queries, *keys, *values;  /* (H, D) rotated; the cache's (H, M, D) */
-    float *scores, *out;                  /* (H, attended) scratch; (H, D) */
-    long rows, attended, dim;
+    const float *queries, *keys, *values;  /* row r's (H, D) rotated at r · query_stride; its cache's (H, M, D) */
+    float *scores, *out;                  /* (n, H, attended) scratch; (n, H, D) */
+    long rows, attended, dim, heads, query_stride, cache_stride;
     float scale;
 } Attention;
 
-/* Head h's softmax attention of its query over the first `attended` cached rows. */
-static void attend(const void *task, long h) {
+/* Unit u = r · H + h: head h of row r, its softmax attention over the first `attended` rows of its cache. */
+static void attend(const void *task, long unit) {
     const Attention *a = task;
-    const float *q = a->queries + h * a->dim, *keys = a->keys + h * a->rows * a->dim;
-    const float *values = a->values + h * a->rows * a->dim;
-    float *scores = a->scores + h * a->attended, *out = a->out + h * a->dim;
+    const long r = unit / a->heads, h = unit % a->heads;
+    const float *q = a->queries + r * a->query_stride + h * a->dim;
+    const float *keys = a->keys + r * a->cache_stride + h * a->rows * a->dim;
+    const float *values = a->values + r * a->cache_stride + h * a->rows * a->dim;
+    float *scores = a->scores + unit * a->attended, *out = a->out + unit * a->dim;
     float top = -INFINITY;
     for (long t = 0; t < a->attended; t++) {
         scores[t] = dot(q, keys + t * a->dim, a->dim) * a->scale;
@@ -102,8 +90,8 @@ static void attend(const void *task, long h) {
 }
 
 static int product(void *pool, const Block *b, const Product *p, const float *x, const float *residual, float *y,
-                   int gelu) {
-    return moss_product(pool, b->target, b->format, x, p->w, p->scale, p->bias, residual, y, 1, p->in, p->columns,
+                   long n, int gelu) {
+    return moss_product(pool, b->target, b->format, x, p->w, p->scale, p->bias, residual, y, n, p->in, p->columns,
                         gelu);
 }
 
@@ -117,40 +105,59 @@ static int fits(const Block *b) {
            b->fc_in.in == e && b->fc_in.columns == padded(f) && b->fc_out.in == f && b->fc_out.columns == padded(e);
 }
 
-/* x (E) becomes the block's output for one new row at `position` of the slot's cache `keys`/`values` (H, M, D),
- * attending to its first `attended` rows; `rotation` (D / 2 pairs cos, sin) is RoPE at the row's position;
- * `qkv` (3E) a ready-made c_attn(ln_1(x)) or NULL; `scratch` moss_row_block_scratch floats. Returns 0, or
- * BAD_CALL for shapes that do not fit or a target or format the products refuse (x is then unchanged). */
+/* Rows (n, E) of x become the block's outputs for n new rows at `position` of their own caches: row r's keys and
+ * values (H, M, D) at `keys`/`values` + r · cache_stride floats, attending to their first `attended` rows; `rotation`
+ * (D / 2 pairs cos, sin) is RoPE at that position; `qkv` (n, 3E) ready-made c_attn(ln_1(x)) rows or NULL;
+ * `scratch` n · moss_row_block_scratch floats. Each row's products are the tiles' (moss_product over n rows), so
+ * row r gets the bits it gets alone. Returns 0, or BAD_CALL for shapes that do not fit or a target or format the
+ * products refuse (x is then unchanged). */
+int moss_block_rows(void *pool, const Block *b, long n, float *x, const float *rotation, float *keys, float *values,
+                    long cache_stride, long rows, long position, long attended, const float *qkv, float *scratch) {
+    if (!fits(b) || (b->final_w == NULL) != (b->final_b == NULL) || n < 1) return BAD_CALL;
+    if (position < 0 || position >= rows || attended <= position || attended > rows) return BAD_CALL;
+    const long e = b->embed, heads = b->heads, dim = e / heads, pe = padded(e), p3e = padded(3 * e);
+    const long pf = padded(b->inner), f_in = b->inner;
+    if (n > 1 && cache_stride < heads * rows * dim) return BAD_CALL;
+    /* per row: h, h2, out (padded E: the products' rows), attended_rows and normed (E: the products' inputs), q
+     * (padded 3E), f (padded F, packed to F before fc_out reads it), scores (H · attended) */
+    float *h = scratch, *h2 = h + n * pe, *out = h2 + n * pe, *attended_rows = out + n * pe;
+    float *normed = attended_rows + n * pe, *q = normed + n * e, *f = q + n * p3e, *scores = f + n * pf;
+    memset(h, 0, sizeof(float) * (size_t)(n * pe));  /* the padding is a residual's: zero */
+    for (long r = 0; r < n; r++) memcpy(h + r * pe, x + r * e, sizeof(float) * (size_t)e);
+    if (qkv != NULL) {
+        for (long r = 0; r < n; r++) memcpy(q + r * p3e, qkv + r * 3 * e, sizeof(float) * (size_t)(3 * e));
+    } else {
+        for (long r = 0; r < n; r++) layer_norm(h + r * pe, b->ln1_w, b->ln1_b, normed + r * e, e, b->eps);
+        if (product(pool, b, &b->attn, normed, NULL, q, n, 0)) return BAD_CALL;
+    }
+    for (long r = 0; r < n; r++) {
+        float *row_q = q + r * p3e, *row_keys = keys + r * cache_stride, *row_values = values + r * cache_stride;
+        rotate(row_q, rotation, 2 * heads, dim);
+        for (long head = 0; head < heads; head++) {
+            memcpy(row_keys + (head * rows + position) * dim, row_q + e + head * dim, sizeof(float) * (size_t)dim);
+            memcpy(row_values + (head * rows + position) * dim, row_q + 2 * e + head * dim,
+                   sizeof(float) * (size_t)dim);
+        }
+    }
+    const Attention attention = {q, keys, values, scores, attended_rows, rows, attended, dim, heads, p3e,
+                                 cache_stride, b->scale};
+    moss_share(pool, attend, &attention, n * heads);  /* attended_rows: (n, H, D) = (n, E) */
+    if (product(pool, b, &b->proj, attended_rows, h, h2, n, 0)) return BAD_CALL;
+    for (long r = 0; r < n; r++) layer_norm(h2 + r * pe, b->ln2_w, b->ln2_b, normed + r * e, e, b->eps);
+    if (product(pool, b, &b->fc_in, normed, NULL, f, n, 1)) return BAD_CALL;
+    for (long r = 1; r < n && pf != f_in; r++) memmove(f + r * f_in, f + r * pf, sizeof(float) * (size_t)f_in);
+    if (product(pool, b, &b->fc_out, f, h2, out, n, 0)) return BAD_CALL;
+    for (long r = 0; r < n; r++) {
+        if (b->final_w != NULL)
+            layer_norm(out + r * pe, b->final_w, b->final_b, x + r * e, e, b->eps);
+        else
+            memcpy(x + r * e, out + r * pe, sizeof(float) * (size_t)e);
+    }
+    return 0;
+}
+
+/* moss_block_rows for one row: x (E) at `position` of the cache `keys`/`values` (H, M, D). */
 int moss_row_block(void *pool, const Block *b, float *x, const float *rotation, float *keys, float *values,
                    long rows, long position, long attended, const float *qkv, float *scratch) {
-    if (!fits(b) || (b->final_w == NULL) != (b->final_b == NULL)) return BAD_CALL;
-    if (position < 0 || position >= rows || attended <= position || attended > rows) return BAD_CALL;
-    const long e = b->embed, heads = b->heads, dim = e / heads;
-    float *h = scratch, *h2 = h + padded(e), *out = h2 + padded(e), *attended_rows = out + padded(e);
-    float *normed = attended_rows + padded(e), *q = normed + e, *f = q + padded(3 * e);  /* normed: ln_1, ln_2 */
-    float *scores = f + padded(b->inner);
-    memset(h, 0, sizeof(float) * (size_t)padded(e));  /* the padding is a residual's: zero */
-    memcpy(h, x, sizeof(float) * (size_t)e);
-    if (qkv != NULL) {
-        memcpy(q, qkv, sizeof(float) * (size_t)(3 * e));
-    } else {
-        layer_norm(h, b->ln1_w, b->ln1_b, normed, e, b->eps);
-        if (product(pool, b, &b->attn, normed, NULL, q, 0)) return BAD_CALL;
-    }
-    rotate(q, rotation, 2 * heads, dim);
-    for (long head = 0; head < heads; head++) {
-        memcpy(keys + (head * rows + position) * dim, q + e + head * dim, sizeof(float) * (size_t)dim);
-        memcpy(values + (head * rows + position) * dim, q + 2 * e + head * dim, sizeof(float) * (size_t)dim);
-    }
-    const Attention attention = {q, keys, values, scores, attended_rows, rows, attended, dim, b->scale};
-    moss_share(pool, attend, &attention, heads);
-    if (product(pool, b, &b->proj, attended_rows, h, h2, 0)) return BAD_CALL;
-    layer_norm(h2, b->ln2_w, b->ln2_b, normed, e, b->eps);
-    if (product(pool, b, &b->fc_in, normed, NULL, f, 1)) return BAD_CALL;
-    if (product(pool, b, &b->fc_out, f, h2, out, 0)) return BAD_CALL;
-    if (b->final_w != NULL)
-        layer_norm(out, b->final_w, b->final_b, x, e, b->eps);
-    else
-        memcpy(x, out, sizeof(float) * (size_t)e);
-    return 0;
+    return moss_block_rows(pool, b, 1, x, rotation, keys, values, 0, rows, position, attended, qkv, scratch);
 }

@@ -69,7 +69,10 @@ class FusedRowBlock:
         self._spec = _Block(kernels.target_index, FORMATS[formats.pop()], e, heads, f, eps, scale,
                             *(a.ctypes.data for a in norms[:4]), *(_Product(*p.fields()) for p in products),
                             *((a.ctypes.data for a in final) if final else (None, None)))
-        self._library = kernels.library  # its fused-block entries typed by MatVecKernels
+        self._library = kernels.library  # its fused-block entries typed by MatVecKernels, but moss_block_rows:
+        self._library.moss_block_rows.argtypes = ([_POINTER, _POINTER, _LONG] + [_POINTER] * 4 + [_LONG] * 4
+                                                  + [_POINTER] * 2)
+        self._library.moss_block_rows.restype = _INT
 
     def __call__(self, x: np.ndarray, rotation: np.ndarray, keys: np.ndarray, values: np.ndarray, position: int,
                  attended: int, qkv: Optional[np.ndarray] = None) -> np.ndarray:
@@ -98,4 +101,33 @@ class FusedRowBlock:
                                               scratch.ctypes.data)
         if status != 0:
             raise ValueError(f"the fused block refused a row of {e} at {position} attending {attended}")
+        return out
+
+    def rows(self, x: np.ndarray, rotation: np.ndarray, keys: np.ndarray, values: np.ndarray, position: int,
+             attended: int, qkv: Optional[np.ndarray] = None) -> np.ndarray:
+        """``__call__`` for n rows ``x`` (n, E) at one ``position``, row r in slot r of ``keys``/``values``
+        (S >= n, H, M, D), in one call: the products read each tile once for all rows, and each row gets the bits
+        it gets alone. ``qkv`` (n, 3E) or None; return (n, E)."""
+        e, heads, dim = self.embed, self.heads, self.dim
+        n = x.shape[0] if getattr(x, "ndim", 0) == 2 else -1
+        require(x, np.float32, (n, e), "x")
+        require(rotation, np.complex64, (dim // 2,), "rotation")
+        if not isinstance(keys, np.ndarray) or keys.ndim != 4 or keys.shape[0] < n:
+            raise ValueError(f"keys: an (S >= {n}, H, M, D) cache expected, got {getattr(keys, 'shape', type(keys))}")
+        slots, rows = keys.shape[0], keys.shape[2]
+        require(keys, np.float32, (slots, heads, rows, dim), "keys")
+        require(values, np.float32, (slots, heads, rows, dim), "values")
+        if qkv is not None:
+            require(qkv, np.float32, (n, 3 * e), "qkv")
+        if not 0 <= position < attended <= rows:
+            raise ValueError(f"row {position} attending {attended} rows does not fit a cache of {rows}")
+        spec = ctypes.byref(self._spec)
+        scratch = np.empty(n * self._library.moss_row_block_scratch(spec, attended), np.float32)
+        out = x.copy()
+        status = self._library.moss_block_rows(self._kernels.threads.handle, spec, n, out.ctypes.data,
+                                               rotation.ctypes.data, keys.ctypes.data, values.ctypes.data,
+                                               heads * rows * dim, rows, position, attended,
+                                               None if qkv is None else qkv.ctypes.data, scratch.ctypes.data)
+        if status != 0:
+            raise ValueError(f"the fused block refused {n} rows of {e} at {position} attending {attended}")
         return out

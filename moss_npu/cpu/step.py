@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 from moss_npu.errors import InputError
 from moss_npu.cpu.fused_block import FusedRowBlock
+from moss_npu.cpu.local_loop import LocalLoop
 from moss_npu.cpu.matvec import BlasGemv, Bf16Tiles, Fp32Tiles, Int8Tiles, MatVecKernels, tile_bytes
 from moss_npu.cpu.contract import BlockParts, DecoderParts
 from moss_npu.native.library import KernelUnavailable, report_build
@@ -150,6 +151,10 @@ class CpuStep:
             self._fused = tuple(self._fused_blocks(kernels, *decoder)
                                 for decoder in zip(self._row_blocks, self.scales, self._row_finals))
         self._row_heads = [self._row_product(h, kernels, head=True) for h in model.heads]
+        # With the fused local blocks a frame's audio channels are one library call (``local_audio``).
+        self._qkv_tables: tuple = (None, [])  # local_audio's last tables and their arrays
+        self.local_loop = None if self._fused is None else LocalLoop(
+            kernels, self._fused[1], self._row_heads, [e.weight.detach().numpy() for e in model.embeddings])
         if compile_mode == "on":  # auto = eager: compiled measured slower (module docstring)
             self._compile(compile_mode)
 
@@ -263,12 +268,14 @@ class CpuStep:
     def pack(self, batched: bool) -> None:
         """Pack now what several rows will multiply by (``_packed_weight``), so that no request waits for it: a
         prompt's prefill reads the global blocks, and ``batched`` (a decoder of several slots) adds the local
-        blocks and the heads. Nothing where products are not packed (no packing here, int8, compiled blocks)."""
+        blocks and the heads unless the library runs them (``local_loop``; a logits hook's frames pack the heads
+        when they first need them). Nothing where products are not packed (no packing here, int8, compiled)."""
         if not self.packing or self.int8 or self.compiled:
             return
-        blocks = self.global_blocks + (self.local_blocks if batched else [])
+        local = batched and self.local_loop is None
+        blocks = self.global_blocks + (self.local_blocks if local else [])
         weights = [w for block in blocks for w in (block[2], block[4], block[8], block[10])]
-        for weight_t in weights + ([w for w, _ in self.heads] if batched else []):
+        for weight_t in weights + ([w for w, _ in self.heads] if local else []):
             self._packed_weight(weight_t)
 
     def _packed_weight(self, weight_t: torch.Tensor) -> torch.Tensor:
@@ -324,6 +331,8 @@ class CpuStep:
         """
         if x.shape[0] == 1 and mask is None and self._row_blocks is not None and not self.compiled:
             return self._run_row(local, x, rotation, kv, int(index[0]), keys, qkv)
+        if local and mask is None and self._fused is not None:  # n slots' local rows share a position
+            return self._run_rows(x, rotation, kv, keys - 1, qkv)
         blocks, (norm_w, norm_b) = ((self.local_blocks, self.local_final) if local
                                     else (self.global_blocks, self.global_final))
         scales = self.scales[0 if not local else 1]
@@ -351,6 +360,16 @@ class CpuStep:
                                 weights, heads=self.n_head, eps=self.eps, scale=scales[i])
             row = row_norm(row, norm_w, norm_b, self.eps)
         return torch.from_numpy(row)[None]
+
+    def _run_rows(self, x: torch.Tensor, rotation: torch.Tensor, kv: torch.Tensor, position: int,
+                  qkv: Optional[torch.Tensor]) -> torch.Tensor:
+        """``run`` of the local decoder for slots [0, n) at one ``position``, each block one call over the n rows
+        (``FusedRowBlock.rows``): each slot's row gets the bits it gets alone."""
+        rows, cache = x.numpy(), kv.numpy()
+        turn, ready = rotation.numpy()[0], qkv.numpy() if qkv is not None else None
+        for i, block in enumerate(self._fused[True]):
+            rows = block.rows(rows, turn, cache[i, 0], cache[i, 1], position, position + 1, ready if i == 0 else None)
+        return torch.from_numpy(rows)
 
     def prefill(self, x: torch.Tensor, rotation: torch.Tensor, kv: torch.Tensor,
                 segments: list[Segment]) -> torch.Tensor:
@@ -385,6 +404,36 @@ class CpuStep:
     def rotation_table(self, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """RoPE rows (P, D) as ``run`` takes them: complex rotations (``blocks.rotations``)."""
         return rotations(cos, sin)
+
+    def local_audio(self, first: torch.Tensor, first_qkv: torch.Tensor, tables: Sequence[torch.Tensor],
+                    rotation: torch.Tensor, state, n: int, start: int, channels: int,
+                    pad: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Decide a frame's audio channels [0, ``channels``) for slots [0, n) in one call (``local_loop``): return
+        the frame (n, Q) (pad from each slot's nq on), the next global row's embedding (n, E) and whether every
+        logits row below nq was finite (n,), as ``FrameDecoder._audio`` computes them with the greedy or the
+        noise-fed sampler.
+
+        ``first`` (n, E) and ``first_qkv`` (n, 3E) are channel 0's input (the text decision's embedding, also
+        the start of the row's embedding) and its first-block qkv; ``tables`` the Q - 1 audio qkv tables
+        (``LocalTables.audio_qkv``); ``rotation`` (Q + 1, D/2) the local RoPE table; ``state`` the decoder's
+        ``DecodeState`` (local cache, written at local positions ``start`` onwards, audio sampling parameters,
+        uniforms, presence masks, nq).
+        """
+        rates = state.audio
+        sampling = {"do_sample": rates.do_sample[:n], "temperature": rates.temperature[:n], "top_p": rates.top_p[:n],
+                    "penalty": rates.repetition_penalty[:n], "top_k": rates.top_k[:n]}
+        embed = first.clone()
+        nq = state.nq[:n]
+        if self._qkv_tables[0] is not tables:  # the decoder's tables: the same tuple frame after frame
+            self._qkv_tables = (tables, [t.numpy() for t in tables])
+        codes, finite = self.local_loop(first.numpy(), first_qkv.numpy(), self._qkv_tables[1],
+                                        state.local_kv.numpy(), rotation.numpy(), start, channels,
+                                        {k: v.numpy() for k, v in sampling.items()}, state.noise[:n].numpy(),
+                                        state.seen.numpy(), nq.numpy(), embed.numpy())
+        within = torch.arange(channels)[None] < nq[:, None]
+        frame = torch.full((n, self.local_loop.channels), pad, dtype=torch.long)
+        frame[:, :channels] = torch.where(within, torch.from_numpy(codes), pad)
+        return frame, embed, torch.from_numpy(finite)
 
     def head(self, channel: int, x: torch.Tensor) -> torch.Tensor:
         """Return audio head ``channel``'s logits (n, V) of (n, E) local hidden states."""

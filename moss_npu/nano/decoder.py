@@ -376,6 +376,9 @@ class FrameDecoder:
         The next row [slot, code_0 … code_{nq-1}, pad …] embeds to wte[slot] + Σ emb_c[code_c] (pad adds exact
         zeros), summed here in ``embed_rows``' order: the same values, no re-embedding.
         """
+        native = self._native_audio(local, pick, n, channels)
+        if native is not None:
+            return native
         st, t, model = self.state, self.tables, self.model
         within = self._channel_range[None, :channels] < st.nq[:n, None] if masked else None  # (n, channels)
         prev = t.text_embed.index_select(0, pick)
@@ -398,6 +401,20 @@ class FrameDecoder:
         frame = torch.full((n, model.config.n_vq), self.pad, dtype=torch.long, device=self.device)
         frame[:, :channels] = decided
         return frame, embed, ok.all(-1)
+
+    def _native_audio(self, local: KVCache, pick: torch.Tensor, n: int, channels: int) -> Optional[tuple]:
+        """``_audio``'s result from the CPU step's one library call per frame (``CpuStep.local_audio``), or None
+        where it does not apply: a step without the library's loop (``TorchStep``, or no kernels), a logits hook (it sees each channel's logits), or
+        the official sampler drawing (``torch.multinomial``; its greedy argmax is the library's)."""
+        step = self.frame_step
+        if step.local_loop is None or self.logits_hook is not None:
+            return None
+        if self.sampler == "official" and any(p is not None and p[1].do_sample for p in self._params[:n]):
+            return None
+        start, t = local.length, self.tables
+        local.advance(channels)
+        return step.local_audio(t.text_embed.index_select(0, pick), t.text_qkv.index_select(0, pick), t.audio_qkv,
+                                self._rotations[1], self.state, n, start, channels, self.pad)
 
     def _commit(self, n: int, cont: torch.Tensor, frame: torch.Tensor, finite: torch.Tensor) -> None:
         """Record the frame's outcome per slot: codes, presence mask, step count, stop, finiteness, activity."""

@@ -296,7 +296,8 @@ class NanoTTSModel(nn.Module):
                                     b.attn.scale) for b in decoder.h)
 
         return DecoderParts(blocks(self.transformer), blocks(self.local_transformer), self.transformer.ln_f,
-                            self.local_transformer.ln_f, tuple(self.audio_lm_heads), g.n_head, g.layer_norm_epsilon,
+                            self.local_transformer.ln_f, tuple(self.audio_lm_heads), tuple(self.audio_embeddings),
+                            g.n_head, g.layer_norm_epsilon,
                             g.activation_function == "gelu_new",
                             "int8" if self.quantization == "int8" else self.weight_dtype)
 

@@ -37,6 +37,7 @@ class TorchStep:
     """The frame step of ``model``'s own modules (see the module docstring); nothing to prepare or pack."""
 
     tile_arena = None
+    local_loop = None  # the audio channels run channel by channel in the decoder (``cpu.step`` has a native loop)
     compiled = False
     compile_seconds = 0.0
 

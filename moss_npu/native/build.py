@@ -24,8 +24,10 @@ CPU = PACKAGE.parent / "cpu"
 MATVEC = CPU / "matvec.c"
 TILES = CPU / "matvec_tiles.c"
 FUSED_BLOCK = CPU / "fused_block.c"
+LOCAL_LOOP = CPU / "local_loop.c"
 LATTICE = PACKAGE.parent / "text" / "lattice.c"
-SOURCES = (MATVEC, CPU / "matvec.h", TILES, FUSED_BLOCK, LATTICE)  # what the library is made of
+# what the library is made of
+SOURCES = (MATVEC, CPU / "matvec.h", TILES, FUSED_BLOCK, CPU / "fused_block.h", LOCAL_LOOP, LATTICE)
 BASE_FLAGS = ("-O3", "-fPIC", "-std=gnu11")
 # The tile kernels' instruction sets by architecture: (name, flags). The names are matvec.c's targets.
 TARGETS = {
@@ -84,7 +86,7 @@ def compile_objects(folder: Path, compiler: Sequence[str], machine: str, extra: 
         _run([*compiler, *BASE_FLAGS, *extra, *flags, f"-DMOSS_TARGET={name}", f"-DMOSS_{name.upper()}",
               "-c", str(TILES), "-o", str(obj)], f"{TILES.name} for {name}")
         objects.append(obj)
-    for source in (MATVEC, FUSED_BLOCK, LATTICE):
+    for source in (MATVEC, FUSED_BLOCK, LOCAL_LOOP, LATTICE):
         obj = Path(folder) / f"{source.stem}.o"
         _run([*compiler, *BASE_FLAGS, *extra, f'-DMOSS_SOURCES="{sources_digest()}"', "-c", str(source), "-o",
               str(obj)], source.name)

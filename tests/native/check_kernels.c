@@ -45,6 +45,10 @@ typedef struct {
 long moss_row_block_scratch(const Block *b, long attended);
 int moss_row_block(void *pool, const Block *b, float *x, const float *rotation, float *keys, float *values,
                    long rows, long position, long attended, const float *qkv, float *scratch);
+int moss_block_rows(void *pool, const Block *b, long n, float *x, const float *rotation, float *keys, float *values,
+                    long cache_stride, long rows, long position, long attended, const float *qkv, float *scratch);
+long moss_local_decide(const float *logits, long v, const uint8_t *seen, int do_sample, float temperature,
+                       int64_t top_k, float top_p, float penalty, float uniform, float *scratch);
 
 static uint32_t state = 12345u;
 static float uniform(void) { /* in [-1, 1) */
@@ -273,6 +277,24 @@ static int check_fused(int target, void *pool) {
         printf("  fused block: two threads differ from one\n");
         bad = 1;
     }
+    /* two rows, the second its own x and cache: each the bits of its one-row call */
+    float pair[2][E], pair_keys[2][H * M * D], pair_values[2][H * M * D], alone[E], alone_keys[H * M * D];
+    float alone_values[H * M * D], *pair_scratch = malloc(sizeof(float) * (size_t)(2 * moss_row_block_scratch(&block, AT + 1)));
+    for (int i = 0; i < E; i++) pair[0][i] = x[i], pair[1][i] = uniform(), alone[i] = pair[1][i];
+    for (int k = 0; k < H * M * D; k++) {
+        pair_keys[0][k] = keys[k], pair_values[0][k] = values[k];
+        pair_keys[1][k] = alone_keys[k] = uniform(), pair_values[1][k] = alone_values[k] = uniform();
+    }
+    moss_pool_use(pool, 1);
+    if (moss_block_rows(pool, &block, 2, pair[0], rotation, pair_keys[0], pair_values[0], H * M * D, M, AT, AT + 1,
+                        NULL, pair_scratch) != 0 ||
+        moss_row_block(pool, &block, alone, rotation, alone_keys, alone_values, M, AT, AT + 1, NULL, scratch) != 0 ||
+        memcmp(pair[0], got[0], sizeof got[0]) || memcmp(pair[1], alone, sizeof alone) ||
+        memcmp(pair_keys[1], alone_keys, sizeof alone_keys) || memcmp(pair_values[0], cache_values[0], sizeof values)) {
+        printf("  fused block: two rows in one call differ from each row alone\n");
+        bad = 1;
+    }
+    free(pair_scratch);
     if (moss_row_block(pool, &block, got[0], rotation, cache_keys[0], cache_values[0], M, M, M, NULL, scratch) == 0) {
         printf("  fused block: a row past the cache was not refused\n");
         bad = 1;
@@ -319,6 +341,74 @@ static int check_ticket_wrap(void *pool) {
     return bad;
 }
 
+/* The sampling chain in float64 (sampling.py's order): repetition penalty, temperature, top-k keeping ties at the
+ * k-th score, top-p keeping the crossing token, then the first id whose cumulative probability exceeds u. */
+static long chain64(const float *logits, const uint8_t *seen, long v, double temperature, long k, double top_p,
+                    double penalty, double u) {
+    double s[16], sorted[16], p[16], mass = 0, total = 0;
+    for (long i = 0; i < v; i++) {
+        double x = seen[i] ? (logits[i] < 0 ? logits[i] * penalty : logits[i] / penalty) : logits[i];
+        s[i] = x / temperature, sorted[i] = s[i];
+    }
+    for (long i = 0; i < v; i++) /* descending */
+        for (long j = i + 1; j < v; j++)
+            if (sorted[j] > sorted[i]) {
+                double t = sorted[i];
+                sorted[i] = sorted[j], sorted[j] = t;
+            }
+    const double threshold = sorted[(k > 0 && k < v ? k : v) - 1];
+    for (long i = 0; i < v; i++) total += p[i] = s[i] >= threshold ? exp(s[i] - sorted[0]) : 0;
+    /* top-p in descending order (ties by id): drop each id whose predecessors' mass already exceeds top_p */
+    int order[16], n = 0;
+    for (long i = 0; i < v; i++) order[n++] = (int)i;
+    for (int i = 0; i < n; i++)
+        for (int j = i + 1; j < n; j++)
+            if (s[order[j]] > s[order[i]] || (s[order[j]] == s[order[i]] && order[j] < order[i])) {
+                int t = order[i];
+                order[i] = order[j], order[j] = t;
+            }
+    for (int j = 0; j < n; j++) {
+        if (top_p < 1 && mass > top_p) p[order[j]] = 0;
+        mass += (s[order[j]] >= threshold ? exp(s[order[j]] - sorted[0]) : 0) / total;
+    }
+    total = 0;
+    for (long i = 0; i < v; i++) total += p[i];
+    double cdf = 0;
+    for (long i = 0; i < v; i++)
+        if ((cdf += p[i] / total) > u) return i;
+    return v - 1;
+}
+
+/* moss_local_decide against chain64 on a 12-id distribution (ties, a penalized id leaving the top k, a top-p
+ * cut), for uniforms on a grid, and greedy argmax after the penalty (the first of tied maxima). */
+static int check_decide(void) {
+    const float logits[12] = {4.0f, 3.6f, 3.5f, 3.5f, 3.0f, 2.9f, 2.9f, 1.0f, -1.0f, 3.9f, 0.5f, 2.0f};
+    const uint8_t seen[12] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0, 0};
+    const float settings[][4] = {{0.9f, 6, 0.9f, 1.5f}, {0.9f, 6, 0.95f, 1.5f}, {1.3f, 0, 0.5f, 2.0f},
+                                 {0.7f, 3, 1.0f, 1.0f}};
+    float scratch[4 * 12];
+    for (size_t c = 0; c < sizeof settings / sizeof settings[0]; c++)
+        for (int step = 1; step < 400; step++) {
+            const float *set = settings[c], u = (float)step / 400.0f;
+            long want = chain64(logits, seen, 12, set[0], (long)set[1], set[2], set[3], u);
+            long off = chain64(logits, seen, 12, set[0], (long)set[1], set[2], set[3], u + 1e-4);
+            long got = moss_local_decide(logits, 12, seen, 1, set[0], (int64_t)set[1], set[2], set[3], u, scratch);
+            if (want == off && got != want) { /* u not within rounding of a boundary */
+                printf("  decision %zu at u=%.4f: %ld, expected %ld\n", c, u, got, want);
+                return 1;
+            }
+        }
+    const float tied[5] = {1.0f, 3.0f, -2.0f, 3.0f, 2.9f};
+    const uint8_t once[5] = {0, 1, 0, 0, 0};
+    float more[4 * 5];
+    if (moss_local_decide(tied, 5, once, 0, 1.0f, 0, 1.0f, 1.2f, 0.5f, more) != 3 ||
+        moss_local_decide(tied, 5, once, 0, 1.0f, 0, 1.0f, 1.0f, 0.5f, more) != 1) {
+        printf("  greedy decision after the penalty is wrong\n");
+        return 1;
+    }
+    return 0;
+}
+
 int main(void) {
     static const long SHAPES[][3] = {{1, 16, 64}, {1, 24, 40}, {1, 33, 17}, {1, 200, 300}, {3, 7, 513}, {2, 768, 1024}};
     void *pool = moss_pool_new(2);
@@ -335,6 +425,7 @@ int main(void) {
                 for (int variant = 0; variant < 4; variant++, cases++)
                     bad += check(t, f, SHAPES[s][0], SHAPES[s][1], SHAPES[s][2], variant & 1, variant >> 1, pool);
         bad += check_fused(t, pool), cases++;
+        bad += check_decide(), cases++;
         printf("%s: %d of %d cases agree\n", TARGET_NAMES[t], cases - bad, cases);
         failed += bad;
     }
