@@ -6,7 +6,8 @@ any number of ``{"type": "input.text", "text": …}`` pieces, then ``{"type": "i
 
 Server → client: per sentence ``audio.start`` (``sentence_index``, ``sentence_text``, format), binary audio
 frames, ``audio.done`` (its bytes and its start/end second in the session's audio, with the timestamps of its
-text chunks); at the end ``session.done`` with the sentence count and usage; ``error`` events in the OpenAI
+text chunks), before it an ``audio.warning`` for a text chunk of the sentence that gave no audio; at the end
+``session.done`` with the sentence count and usage; ``error`` events in the OpenAI
 error shape (a bad ``session.config`` or sentence ends the session after its error event). The handshake
 passes the edge's host, origin and key checks first (``moss_npu.serve.edge``; a refused one sees 403).
 
@@ -278,6 +279,8 @@ class Session:
         info = event[1]
         self.usage["input_tokens"] += int(info["input_tokens"])
         self.usage["output_tokens"] += int(info["frames"])
+        for message in info.get("warnings", ()):  # a text chunk the model spoke nothing of (``tts.loop``)
+            await self.ws.send_json({"type": "audio.warning", "sentence_index": index, "message": message})
         await self.ws.send_json({"type": "audio.done", "sentence_index": index, "total_bytes": sent,
                                  "start": round(start_s, 6), "end": round(self.samples / rate, 6),
                                  "timestamps": stamps})
