@@ -61,11 +61,31 @@ def steer_to_continue(model: NanoTTSModel) -> NanoTTSModel:
 
 
 def _steered_state(config: NanoConfig, seed: int) -> dict[str, torch.Tensor]:
-    state = random_state_dict(config, seed)
+    return _steer(random_state_dict(config, seed), config)
+
+
+def _steer(state: dict[str, torch.Tensor], config: NanoConfig) -> dict[str, torch.Tensor]:
+    """``steer_to_continue`` on a state dict (in place)."""
     state["local_transformer.ln_f.bias"][0] = STEER_BIAS
     state["transformer.wte.weight"][config.audio_assistant_slot_token_id, 0] = 1.0
     state["transformer.wte.weight"][config.audio_end_token_id, 0] = -1.0
     return state
+
+
+def steered_copy(folder: Path, work: Path) -> Path:
+    """A copy of the official-format checkpoint ``folder`` in ``work``, steered as ``steer_to_continue`` steers a
+    loaded model: for comparing implementations that load the folder themselves (the official code)."""
+    from safetensors.torch import load_file, save_file
+
+    out = work / f"steered-{folder.name}"
+    shutil.copytree(folder, out)
+    out.chmod(0o755)  # a read-only source folder (the fixtures) gives a read-only copy
+    weights = out / "model.safetensors"
+    config = NanoConfig.from_dict(json.loads((out / "config.json").read_text()))
+    state = {k: v.clone() for k, v in load_file(str(weights)).items()}
+    weights.chmod(0o644)
+    save_file(_steer(state, config), str(weights), metadata={"format": "pt"})
+    return out
 
 
 def tokenizer_file(work: Path) -> Path:

@@ -7,7 +7,7 @@
 An eager NPU frame pays one launch per device op (tens of µs each on Ascend), so the ops a frame dispatches are
 the first-order model of its time there, and each host sync (a device->host copy, an ``.item()``) stalls the
 launch queue; docs/performance.md states the model. The stand-in counts both: each mode (``eager``: graph off;
-``graph``: --host-rng with device graphs on) runs a warm-up request, then requests of F1 and F2 frames on the
+``graph``: --host-rng with device graphs on) runs warm-up requests of both lengths, then requests of F1 and F2 frames on the
 same loaded pipeline, and the table shows (counts of F2 - counts of F1) / (frames of F2 - frames of F1): a frame's
 steady-state cost, codec decode included, loading and capture excluded. The model is steered never to stop
 (``bench.checkpoints.steer_to_continue``), so a request runs its frames. Not a timing: the stand-in runs CPU
@@ -21,12 +21,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
+from pathlib import Path
 from typing import Optional
 
 from moss_npu.cli import ArgumentParser, run_cli
 from moss_npu.errors import DeviceError, InputError
 
-MODES = {"eager": {"graph": "off", "host_rng": True}, "graph": {"graph": "on", "host_rng": True}}
+MODES = {"eager": "off", "graph": "on"}  # mode -> the pipeline's --graph (both draw on the host: --host-rng)
 COLUMNS = ("ops", "host_syncs", "device_to_host", "items", "host_to_device", "replays")
 TEXT = "The quick brown fox jumps over the lazy dog, again and again, until the evening comes."
 
@@ -40,6 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fixture: the nano-tiny fixture; real: bench.run's real-size random checkpoint (written once)")
     p.add_argument("--frames", default="8,24", help="F1,F2: the two request lengths whose difference is measured")
     p.add_argument("--modes", default="eager,graph", help=f"comma-separated, of {', '.join(MODES)}")
+    p.add_argument("--upstream-code", help="a folder holding the official *.py remote code: adds the official "
+                   "code's column (--impl upstream; needs the upstream extra)")
     p.add_argument("--json", help="also write the table as JSON here")
     return p
 
@@ -61,14 +65,33 @@ def per_frame(tts, npu, mode: str, frames: tuple[int, int]) -> dict:
     """One mode's steady-state counts per generated frame (see the module)."""
     from moss_npu.tts.settings import RunConfig
 
-    def run(n: int) -> tuple[dict, int]:
-        settings = RunConfig(max_new_frames=n, seed=0, text_normalization=False, wetext=False, **MODES[mode])
-        npu.reset_counters()
-        result = tts.synthesize(TEXT, settings=settings)
-        counted = npu.counters()
-        return counted, int(result.codes.shape[0])
+    way = tts.computing(graph=MODES[mode])
 
-    run(frames[1])  # warm-up: capture, caches
+    def run(n: int) -> tuple[dict, int]:
+        settings = RunConfig(max_new_frames=n, seed=0, text_normalization=False, wetext=False, host_rng=True)
+        npu.reset_counters()
+        result = way.synthesize(TEXT, settings=settings)
+        return npu.counters(), int(result.codes.shape[0])
+
+    return _difference(run, frames)
+
+
+def official_per_frame(up, npu, frames: tuple[int, int]) -> dict:
+    """The official code's counts per generated frame (``--impl upstream``: its own ``generate``, greedy, then its
+    codec on the codes), the same difference of two request lengths."""
+    rows = up.prompt_rows(TEXT)
+
+    def run(n: int) -> tuple[dict, int]:
+        npu.reset_counters()
+        codes = up.generate_codes(rows, max_new_frames=n).codes
+        up.decode_codes(codes)
+        return npu.counters(), int(codes.shape[0])
+
+    return _difference(run, frames)
+
+
+def _difference(run, frames: tuple[int, int]) -> dict:
+    run(frames[0]), run(frames[1])  # warm-up: captures, and the prompt caches as both lengths leave them
     (c1, f1), (c2, f2) = run(frames[0]), run(frames[1])
     if f2 <= f1:
         raise InputError(f"--frames {frames[0]},{frames[1]}: the requests ran {f1} and {f2} frames; raise F2")
@@ -97,7 +120,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 def bench(args: argparse.Namespace) -> int:
-    from bench.checkpoints import ensure_checkpoints, steer_to_continue
+    from bench.checkpoints import ensure_checkpoints, steered_copy
     from moss_npu_verify import goldens
     from moss_npu.tts.pipeline import MossTTSNano
 
@@ -113,9 +136,17 @@ def bench(args: argparse.Namespace) -> int:
     dev, npu = standin_npu()
     nano = goldens.fixtures_root() / "nano-tiny"
     model, codec = ensure_checkpoints("real") if args.size == "real" else (nano / "tts", nano / "codec")
-    tts = MossTTSNano.from_pretrained(args.model or str(model), args.codec or str(codec), device=str(dev))
-    steer_to_continue(tts.model)
-    rows = {mode: per_frame(tts, npu, mode, frames) for mode in modes}
+    with tempfile.TemporaryDirectory(prefix="npu_ops_") as work:
+        # Both implementations read one steered copy of the checkpoint: a request runs all its frames.
+        steered = steered_copy(Path(args.model or model), Path(work))
+        tts = MossTTSNano.from_pretrained(str(steered), args.codec or str(codec), device=str(dev))
+        rows = {mode: per_frame(tts, npu, mode, frames) for mode in modes}
+        if args.upstream_code:
+            from moss_npu.upstream import load_upstream
+
+            with load_upstream(str(steered), args.codec or str(codec), device=dev,
+                               code_dir=args.upstream_code) as up:
+                rows["official eager"] = official_per_frame(up, npu, frames)
     print(f"{args.model or model} on the stand-in npu, requests of {frames[0]} and {frames[1]} frames:")
     print(table(rows))
     if args.json:

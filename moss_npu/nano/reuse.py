@@ -97,18 +97,18 @@ class PrefixCache:
 
         At most ``len(rows) - 1`` rows are shared: the last row's hidden state must be computed. One host sync.
         """
-        best, best_kv, best_key = 0, None, None
-        for key, (prev, kv) in self._entries.items():
+        keys, counts = [], []
+        for key, (prev, _) in self._entries.items():
             n = min(prev.shape[0], rows.shape[0] - 1)
-            if n < self.min_rows:
-                continue
-            shared = int((prev[:n] == rows[:n]).all(dim=-1).long().cumprod(dim=0).sum())
-            if shared > best:
-                best, best_kv, best_key = shared, kv, key
-        if best < self.min_rows:
+            if n >= self.min_rows:
+                keys.append(key)
+                counts.append((prev[:n] == rows[:n]).all(dim=-1).long().cumprod(dim=0).sum())
+        shared = torch.stack(counts).tolist() if counts else []  # every entry's shared rows in one read
+        best = max(range(len(keys)), key=lambda i: shared[i], default=None)  # the first of equal ones
+        if best is None or shared[best] < self.min_rows:
             return 0, None
-        self._entries.move_to_end(best_key)
-        return best, best_kv
+        self._entries.move_to_end(keys[best])
+        return shared[best], self._entries[keys[best]][1]
 
     def store(self, rows: torch.Tensor, kv: torch.Tensor) -> None:
         """Remember a prompt's rows (L, Q + 1) and its keys/values (N, 2, H, L, D) (copies both)."""

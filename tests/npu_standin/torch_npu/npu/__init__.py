@@ -67,6 +67,11 @@ def is_bf16_supported() -> bool:
     return True
 
 
+def get_amp_supported_dtype() -> list:
+    """The dtypes ``torch.autocast(device_type="npu")`` accepts (torch asks the device module)."""
+    return [torch.float16, torch.bfloat16]
+
+
 def mem_get_info(device=None):
     current, _, total = _ext.memory(_index(device))
     return total - current, total
