@@ -618,7 +618,11 @@ def import_torch():
         DeviceError: an installed device extension broke ``import torch`` (``extension_failure``); raised again,
             without a second import, on every later call.
     """
-    return torch.module() if isinstance(torch, _TorchOnFirstUse) else torch
+    if isinstance(torch, _TorchOnFirstUse):
+        return torch.module()
+    import torch as module  # already imported: this asks sys.modules, which a caller may have emptied of torch
+
+    return module
 
 
 def extension_failure(exc: BaseException) -> Optional[DeviceError]:
