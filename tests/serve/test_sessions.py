@@ -154,3 +154,34 @@ def test_a_huge_message_does_not_stall_health(session_server, text, code):
     else:
         assert event["type"] == "error" and event["error"]["code"] == code
     assert len(latencies) > sent and max(latencies[sent:]) < HEALTH_BOUND_S, latencies[sent:]
+
+
+@pytest.mark.slow
+def test_a_two_minute_session_on_the_default_timeouts(tmp_path):
+    """The acceptance's session, at full length on the documented defaults (10 s header timeout, 300 s idle): text
+    in pieces over the first 60 s with audio throughout, a silent minute, then the last sentence and input.done at
+    ~2 min; the session ends with session.done and every sample, never cut at 10 s."""
+    server = ServerProcess(tmp_path, "--device", "cpu", api_key=None)
+    try:
+        sentences = [f"Piece {i} of a long talk." for i in range(12)] + ["And the last one."]
+        with connect(server) as ws:
+            reader = Reader(ws)
+            reader.start()
+            ws.send(json.dumps(CONFIG))
+            started = time.monotonic()
+            for sentence in sentences[:-1]:  # one every 5 s for a minute
+                ws.send(json.dumps({"type": "input.text", "text": sentence + " "}))
+                time.sleep(5)
+            first_minute = [at for at in reader.audio_at if at - started < 60]
+            time.sleep(max(0.0, 115 - (time.monotonic() - started)))  # a silent minute, far below 300 s
+            ws.send(json.dumps({"type": "input.text", "text": sentences[-1]}))
+            ws.send(json.dumps({"type": "input.done"}))
+            reader.join(120)
+            lasted = time.monotonic() - started
+    finally:
+        server.stop()
+    assert reader.closed is None and reader.events[-1]["type"] == "session.done", reader.closed
+    assert lasted > 115 and len({int((at - started) // 10) for at in first_minute}) >= 5  # audio in most 10 s spans
+    assert reader.events[-1]["total_sentences"] == len(sentences)
+    pauses = sum(pause_samples(s, 48000) for s in sentences[:-1])
+    assert reader.audio // 4 == len(sentences) * FRAMES * FRAME + pauses
