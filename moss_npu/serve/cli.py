@@ -78,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-frames", type=int, default=375,
                    help="default and upper limit of a request's frames per text chunk (12.5 per second)")
     p.add_argument("--max-upload-mb", type=float, default=10.0, help="largest voice upload / ref_audio")
-    p.add_argument("--max-voice-seconds", type=float, default=30.0, help="longest voice recording")
+    p.add_argument("--max-voice-seconds", "--max-reference-seconds", dest="max_voice_seconds", type=float,
+                   default=30.0, help="longest voice recording or ref_audio, judged from its header (at most 120)")
     p.add_argument("--body-timeout", type=float, default=60.0, help="seconds a request body may take to arrive "
                                                                     "(then 408)")
     p.add_argument("--header-timeout", type=float, default=10.0,

@@ -146,3 +146,13 @@ def test_stop_and_recording_limits_are_checked_before_serving(tmp_path, capsys, 
                  "--voices-dir", str(tmp_path / "v"), *flags])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith(f"error: {problem}"), err
+
+
+def test_max_reference_seconds_is_the_recording_limit():
+    """``--max-reference-seconds`` (the issue's name) and ``--max-voice-seconds`` set the one limit on voice uploads
+    and ref_audio alike."""
+    from moss_npu.serve.cli import build_parser, server_config
+
+    for flag in ("--max-reference-seconds", "--max-voice-seconds"):
+        args = build_parser().parse_args(["--model", "m", "--codec", "c", flag, "12"])
+        assert server_config(args).max_voice_seconds == 12.0
