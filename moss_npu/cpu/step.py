@@ -268,11 +268,11 @@ class CpuStep:
     def pack(self, batched: bool) -> None:
         """Pack now what several rows will multiply by (``_packed_weight``), so that no request waits for it: a
         prompt's prefill reads the global blocks, and ``batched`` (a decoder of several slots) adds the local
-        blocks and the heads unless the library runs them (``local_loop``; a logits hook's frames pack the heads
-        when they first need them). Nothing where products are not packed (no packing here, int8, compiled)."""
+        blocks and the heads: several slots' local steps multiply through them (the library's loop runs one slot's,
+        ``local_loop``). Nothing where products are not packed (no packing here, int8, compiled)."""
         if not self.packing or self.int8 or self.compiled:
             return
-        local = batched and self.local_loop is None
+        local = batched
         blocks = self.global_blocks + (self.local_blocks if local else [])
         weights = [w for block in blocks for w in (block[2], block[4], block[8], block[10])]
         for weight_t in weights + ([w for w, _ in self.heads] if local else []):
@@ -331,8 +331,6 @@ class CpuStep:
         """
         if x.shape[0] == 1 and mask is None and self._row_blocks is not None and not self.compiled:
             return self._run_row(local, x, rotation, kv, int(index[0]), keys, qkv)
-        if local and mask is None and self._fused is not None:  # n slots' local rows share a position
-            return self._run_rows(x, rotation, kv, keys - 1, qkv)
         blocks, (norm_w, norm_b) = ((self.local_blocks, self.local_final) if local
                                     else (self.global_blocks, self.global_final))
         scales = self.scales[0 if not local else 1]
@@ -360,16 +358,6 @@ class CpuStep:
                                 weights, heads=self.n_head, eps=self.eps, scale=scales[i])
             row = row_norm(row, norm_w, norm_b, self.eps)
         return torch.from_numpy(row)[None]
-
-    def _run_rows(self, x: torch.Tensor, rotation: torch.Tensor, kv: torch.Tensor, position: int,
-                  qkv: Optional[torch.Tensor]) -> torch.Tensor:
-        """``run`` of the local decoder for slots [0, n) at one ``position``, each block one call over the n rows
-        (``FusedRowBlock.rows``): each slot's row gets the bits it gets alone."""
-        rows, cache = x.numpy(), kv.numpy()
-        turn, ready = rotation.numpy()[0], qkv.numpy() if qkv is not None else None
-        for i, block in enumerate(self._fused[True]):
-            rows = block.rows(rows, turn, cache[i, 0], cache[i, 1], position, position + 1, ready if i == 0 else None)
-        return torch.from_numpy(rows)
 
     def prefill(self, x: torch.Tensor, rotation: torch.Tensor, kv: torch.Tensor,
                 segments: list[Segment]) -> torch.Tensor:

@@ -404,10 +404,13 @@ class FrameDecoder:
 
     def _native_audio(self, local: KVCache, pick: torch.Tensor, n: int, channels: int) -> Optional[tuple]:
         """``_audio``'s result from the CPU step's one library call per frame (``CpuStep.local_audio``), or None
-        where it does not apply: a step without the library's loop (``TorchStep``, or no kernels), a logits hook (it sees each channel's logits), or
-        the official sampler drawing (``torch.multinomial``; its greedy argmax is the library's)."""
+        where it does not apply: several slots, a step without the library's loop (``TorchStep``, or no kernels),
+        a logits hook (it sees each channel's logits), or the official sampler drawing (``torch.multinomial``; its
+        greedy argmax is the library's)."""
         step = self.frame_step
-        if step.local_loop is None or self.logits_hook is not None:
+        # Several slots' local steps read each packed weight once for all rows (oneDNN); the library's loop reads
+        # its tiles once per row, which measured slower from two slots up (docs/performance.md).
+        if n > 1 or step.local_loop is None or self.logits_hook is not None:
             return None
         if self.sampler == "official" and any(p is not None and p[1].do_sample for p in self._params[:n]):
             return None

@@ -59,10 +59,11 @@ def _models(model):
 @pytest.mark.parametrize("sampling", [SamplingParams(), SAMPLED, SHARP], ids=["greedy", "sampled", "top-p-penalty"])
 @pytest.mark.parametrize("count", [1, 3], ids=["one-slot", "three-slots-masked"])
 def test_native_channels_decode_the_python_channels_codes(model, prompts, format, sampling, count):
-    """The same codes, greedy and sampled (the same seeded uniforms), as the channels run in Python."""
+    """The same codes, greedy and sampled (the same seeded uniforms), as the channels run in Python; the library's
+    loop runs one slot's frames (several slots multiply through packed weights: ``FrameDecoder._native_audio``)."""
     chosen = _models(model)[format]
     native, calls = decode(chosen, prompts[:count], sampling, native=True, nq=2)
-    assert calls == native.shape[0]
+    assert calls == (native.shape[0] if count == 1 else 0)
     assert torch.equal(native, decode(chosen, prompts[:count], sampling, native=False, nq=2)[0])
     assert bool((native[:, :, :2] < 64).all())
 
@@ -92,12 +93,13 @@ def golden_model(nano_fixture):
 
 @pytest.mark.parametrize("sampling", [SamplingParams(), SAMPLED, SHARP], ids=["greedy", "sampled", "top-p-penalty"])
 def test_seeded_codes_are_kept_on_the_fixture_checkpoint(golden_model, sampling):
-    """On 16 channels of 1024 codes, 30 frames, one slot and three: today's codes, greedy and seeded."""
+    """On 16 channels of 1024 codes, 30 frames, one slot (the library's loop) and three (packed products): today's
+    codes, greedy and seeded."""
     rows = _text_prompts(golden_model, (12, 19, 7), seed=3)
     for count in (1, 3):
         native, calls = decode(golden_model, rows[:count], sampling, native=True, frames=30)
-        assert calls == 30 and torch.equal(native, decode(golden_model, rows[:count], sampling, native=False,
-                                                          frames=30)[0])
+        python = decode(golden_model, rows[:count], sampling, native=False, frames=30)[0]
+        assert calls == (30 if count == 1 else 0) and torch.equal(native, python)
 
 
 def _rows(params: TokenParams, count: int) -> SlotSampling:
@@ -202,5 +204,5 @@ def test_real_size_codes_are_kept(real_size, format, sampling):
     prompts = _text_prompts(model, (40, 23), seed=0)
     for count in (1, 2):
         native, calls = decode(model, prompts[:count], sampling, native=True, frames=4)
-        assert calls == 4 and torch.equal(native, decode(model, prompts[:count], sampling, native=False,
-                                                         frames=4)[0])
+        python = decode(model, prompts[:count], sampling, native=False, frames=4)[0]
+        assert calls == (4 if count == 1 else 0) and torch.equal(native, python)
