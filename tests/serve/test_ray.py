@@ -11,6 +11,7 @@ request after that succeeds.
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import signal
@@ -160,14 +161,17 @@ def test_a_voice_uploaded_through_one_replica_is_used_and_deleted_through_the_ot
             raise AssertionError(f"no request reached the other replica in {TRIES} tries")
 
 
-def replica_ids(proc: ServerProcess) -> set[str]:
-    """Both replicas' ids, from /health answers (each names the replica that gave it)."""
+def replica_ids(proc: ServerProcess, deadline_s: float = 30.0) -> set[str]:
+    """Both replicas' ids, from /health answers (each names the replica that gave it). A replica Ray has just
+    started may take a moment to get requests routed to it, so this asks until a deadline, not a fixed count."""
     seen: set[str] = set()
-    for _ in range(TRIES):
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
         seen.add(proc.health()["replica"])
         if len(seen) == 2:
             return seen
-    raise AssertionError(f"/health reached one replica in {TRIES} tries: {seen}")
+        time.sleep(0.05)
+    raise AssertionError(f"/health reached one replica in {deadline_s:g} s: {seen}")
 
 
 def wait_new_replica(proc: ServerProcess, old: set[str], deadline_s: float = RESTART_S) -> None:
@@ -200,8 +204,9 @@ def until_served(http, deadline_s: float = RESTART_S) -> None:
 
 def test_a_killed_worker_fails_its_request_with_503_and_the_replica_serves_again(cluster):
     wait_replicas(cluster, 2)
+    body = _long_clone()
     with cluster.client(timeout=120) as http:
-        thread, result = in_background(lambda: http.post("/v1/audio/speech", json={**LONG, "response_format": "wav"}))
+        thread, result = in_background(lambda: http.post("/v1/audio/speech", json=body))
         replica = busy_replica(cluster)
         workers = [c for c in replica.children() if "spawn_main" in " ".join(_cmdline(c))]
         assert len(workers) == 1
@@ -260,11 +265,21 @@ def test_a_replica_killed_mid_stream_cuts_the_stream(cluster):
         until_served(http)
 
 
+def _long_clone() -> dict:
+    """A whole file that keeps a replica busy for seconds on any machine: a cloned voice (inline ref_audio) speaks a
+    long text in many chunks of up to 375 frames (one chunk takes a fraction of a second on a fast CPU)."""
+    from tests.serve.test_voices import recording
+
+    return {**LONG, "input": "A long one. " * 300, "ref_audio": base64.b64encode(recording()).decode(),
+            "response_format": "wav"}
+
+
 def test_a_request_whose_second_replica_is_killed_too_gets_503_in_the_openai_shape(cluster):
     wait_replicas(cluster, 2)
     before = replica_ids(cluster)
+    body = _long_clone()
     with cluster.client(timeout=120) as http:
-        thread, result = in_background(lambda: http.post("/v1/audio/speech", json={**LONG, "response_format": "wav"}))
+        thread, result = in_background(lambda: http.post("/v1/audio/speech", json=body))
         first = busy_replica(cluster)
         first.send_signal(signal.SIGKILL)
         busy_replica(cluster, besides=frozenset({first.pid})).send_signal(signal.SIGKILL)  # the request sent again
