@@ -1,5 +1,6 @@
 """The engine: several requests decoded together, each the same as alone; cancel; bad requests fail alone."""
 
+import functools
 import threading
 import time
 
@@ -161,10 +162,14 @@ def test_a_frame_failing_at_a_release_fails_its_requests_and_the_engine_serves_o
         releasing: list = []
         monkeypatch.setattr(decoder, "_global_step", failing_step)
         monkeypatch.setattr(decoder, "release", tracked_release)
+        # Prepared here, so that holding the engine's lock keeps both queued until its first frame (a request the
+        # engine prepares itself is queued later, from its preparation thread, and may start a frame alone).
+        prepare = functools.partial(tts.preparer.prepare, max_rows=decoder.state.max_len)
+        requests = [prepare(SpeechRequest("Hi.", settings=greedy)),
+                    prepare(SpeechRequest("A longer request.", settings=RunConfig(do_sample=False,
+                                                                                  max_new_frames=12)))]
         with engine._cond:  # both requests are queued before the engine's first frame
-            short = engine.submit(SpeechRequest("Hi.", settings=greedy))
-            long = engine.submit(SpeechRequest("A longer request.", settings=RunConfig(do_sample=False,
-                                                                                      max_new_frames=12)))
+            short, long = (engine.submit(request) for request in requests)
         outcomes: dict = {}
 
         def drain(name, stream):
@@ -251,9 +256,11 @@ def test_frames_go_on_while_the_codec_decodes(tts, monkeypatch):
         return real_decode(self, due)
 
     monkeypatch.setattr(CodecRows, "decode", slow_decode)
-    settings = RunConfig(do_sample=False, max_new_frames=12)
+    # 375 frames: the first codec call comes after the stream's first few, so frames are left to run while it is
+    # held however far the frame thread got before it (12 frames could all be done by then on a loaded machine).
+    settings = RunConfig(do_sample=False, max_new_frames=375)
     with Engine(tts, max_batch=1) as engine:
-        stream = engine.submit(SpeechRequest("Hello there, my friend.", settings=settings))
+        stream = engine.submit(SpeechRequest("A long one.", settings=settings))
         assert held.wait(30)
         before = engine.decoder.frame_index
         deadline = time.monotonic() + 10
@@ -263,7 +270,7 @@ def test_frames_go_on_while_the_codec_decodes(tts, monkeypatch):
         release.set()
         wave, _ = collect(stream)
     with Engine(tts, max_batch=1) as engine:
-        alone, _ = collect(engine.submit(SpeechRequest("Hello there, my friend.", settings=settings)))
+        alone, _ = collect(engine.submit(SpeechRequest("A long one.", settings=settings)))
     assert frames_while_held[0] > 0
     assert wave.shape == alone.shape and torch.allclose(wave, alone, atol=1e-5)
 
