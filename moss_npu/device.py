@@ -691,14 +691,6 @@ def parse_device(spec: Optional[str] = "auto") -> tuple[str, Optional[int]]:
     return kind, int(index_text) if index_text else None
 
 
-def is_host(device) -> bool:
-    """Whether ``device`` (a ``torch.device``, or a spec such as ``cpu`` / ``cuda:1``) is the host CPU, whose
-    cores every process on the machine shares (thread counts, llama.cpp layers kept off accelerators). ``auto`` is
-    not known to be the host until a worker resolves it (that would import torch here): False."""
-    kind = device.type if hasattr(device, "type") else parse_device(device)[0]
-    return kind != "auto" and get_backend(kind).host
-
-
 def replica_device(kind: str, cpus: float) -> tuple[str, dict]:
     """The device a Ray Serve replica owning one device of ``kind`` uses, and the Ray actor options that reserve it.
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from moss_npu.cli import ArgumentParser, device_spec, run_cli
+from moss_npu.device import parse_device
 from moss_npu.errors import MossNpuError
 from moss_npu.output import writable_file
 
@@ -128,31 +129,42 @@ def _graphs(backend, dev) -> Check:
 
 
 def model_checks(doctor: Doctor, dev, model: str, codec: str) -> None:
-    """Frames eager and replayed, host reads per frame, and eval_accuracy's tiers on two short texts."""
-    timings: dict[str, Any] = {}
-    doctor.run("frames, eager", lambda: _frames(dev, model, codec, "off", timings))
-    graphs_ok = next((c.ok for c in doctor.checks if c.name == "graph capture"), None)
-    if graphs_ok:
-        doctor.run("frames, device graphs", lambda: _frames(dev, model, codec, "on", timings))
-        if {"off", "on"} <= timings.keys():
-            same = timings["off"] == timings["on"]
-            doctor.checks.append(Check("graphs equal eager", same, "identical greedy codes" if same else
-                                       "the codes differ", "" if same else "run with --graph off and attach this output"))
+    """The pipeline loaded once; frames eager and replayed (the same weights, ``MossTTSNano.computing``), host
+    reads per frame, and eval_accuracy's tiers on two short texts."""
+    loaded: list = []
+    if doctor.run("model", lambda: _load(dev, model, codec, loaded)).ok:
+        codes: dict[str, Any] = {}
+        doctor.run("frames, eager", lambda: _frames(loaded[0], dev, "off", codes))
+        if next((c.ok for c in doctor.checks if c.name == "graph capture"), None):
+            doctor.run("frames, device graphs", lambda: _frames(loaded[0], dev, "on", codes))
+            if {"off", "on"} <= codes.keys():
+                same = codes["off"] == codes["on"]
+                fix = "" if same else "run with --graph off and attach this output"
+                doctor.checks.append(Check("graphs equal eager", same,
+                                           "identical greedy codes" if same else "the codes differ", fix))
     doctor.run("accuracy against the CPU", lambda: _accuracy(dev, model, codec))
 
 
-def _frames(dev, model: str, codec: str, graph: str, codes: dict) -> Check:
+def _load(dev, model: str, codec: str, loaded: list) -> Check:
+    from moss_npu.tts import MossTTSNano
+
+    start = time.perf_counter()
+    loaded.append(MossTTSNano.from_pretrained(model, codec, device=str(dev)))
+    return Check("model", True, f"{model} and {codec} loaded in {time.perf_counter() - start:.1f} s")
+
+
+def _frames(tts, dev, graph: str, codes: dict) -> Check:
     from moss_npu import device as devices
-    from moss_npu.tts import MossTTSNano, RunConfig
+    from moss_npu.tts import RunConfig
 
     name = "frames, eager" if graph == "off" else "frames, device graphs"
-    tts = MossTTSNano.from_pretrained(model, codec, device=str(dev), graph=graph)
+    way = tts.computing(graph=graph)
     settings = RunConfig(do_sample=False, seed=0, max_new_frames=FRAMES, host_rng=graph == "on")
-    tts.synthesize(TEXTS[0], settings=settings)  # warm-up: first-call allocations and captures
+    way.synthesize(TEXTS[0], settings=settings)  # warm-up: first-call allocations and captures
     backend = devices.backend(dev)
     with backend.counting_host_syncs() as waits:
         start = time.perf_counter()
-        result = tts.synthesize(TEXTS[0], settings=settings)
+        result = way.synthesize(TEXTS[0], settings=settings)
         devices.synchronize(dev)
         seconds = time.perf_counter() - start
     frames = max(1, len(result.codes))
@@ -192,8 +204,6 @@ def run(argv: Optional[list[str]] = None) -> int:
     if (args.model is None) != (args.codec is None):
         parser.error("--model and --codec go together: give both, or neither for the installation checks alone")
     out = writable_file(args.json, "--json") if args.json else None
-    from moss_npu.device import parse_device
-
     parse_device(args.device)  # an unknown kind is bad usage (exit 2); an unavailable one is a failed check
     doctor = Doctor()
     dev = installation(doctor, args.device)

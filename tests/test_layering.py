@@ -114,7 +114,7 @@ def _cpu_comparisons(path):
 def test_no_cpu_branches_outside_the_device_layer(path):
     """The CPU is a device like the others: outside device.py and the CPU package (moss_npu/cpu/) no code branches
     on it; the device layer says what the CPU does differently (``Backend.frame_step``, ``packs_linears``,
-    ``kernel_report``, ``is_host``)."""
+    ``kernel_report``, ``Backend.host``)."""
     found = list(_cpu_comparisons(path))
     assert not found, f"{path.name} branches on the CPU: {found}"
 
