@@ -52,11 +52,8 @@ def codec_overrides(size: str) -> dict[str, Any]:
 
 def steer_to_continue(model: NanoTTSModel) -> NanoTTSModel:
     """Bias a loaded model in place so that greedy decoding never picks the stop token (bench only)."""
-    cfg = model.config
     with torch.no_grad():
-        model.local_transformer.ln_f.bias[0] = STEER_BIAS
-        model.transformer.wte.weight[cfg.audio_assistant_slot_token_id, 0] = 1.0
-        model.transformer.wte.weight[cfg.audio_end_token_id, 0] = -1.0
+        _steer(dict(model.named_parameters()), model.config)
     return model
 
 
@@ -65,7 +62,7 @@ def _steered_state(config: NanoConfig, seed: int) -> dict[str, torch.Tensor]:
 
 
 def _steer(state: dict[str, torch.Tensor], config: NanoConfig) -> dict[str, torch.Tensor]:
-    """``steer_to_continue`` on a state dict (in place)."""
+    """Steer ``state`` (a state dict, or a model's parameters by name) in place: see ``steer_to_continue``."""
     state["local_transformer.ln_f.bias"][0] = STEER_BIAS
     state["transformer.wte.weight"][config.audio_assistant_slot_token_id, 0] = 1.0
     state["transformer.wte.weight"][config.audio_end_token_id, 0] = -1.0
