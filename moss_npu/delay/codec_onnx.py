@@ -99,8 +99,6 @@ class OnnxCodec:
     """Encoder and decoder sessions of the MOSS audio tokenizer."""
 
     sample_rate_hz = SAMPLE_RATE_HZ
-    frame_samples = FRAME_SAMPLES
-    n_quantizers = N_QUANTIZERS
 
     def __init__(self, encoder: Path, decoder: Path, provider: str = "auto", device_id: Optional[int] = None) -> None:
         self.provider = resolve_provider(provider)

@@ -20,7 +20,6 @@ class DelayEmbeddings:
     def __init__(self, weights: DelayWeights) -> None:
         self.text = load_table(weights.embed_tokens)
         self.audio = [load_table(path) for path in weights.emb_ext]
-        self.hidden_size = self.text.shape[1]
 
     def __call__(self, rows: np.ndarray) -> np.ndarray:
         """Embed rows.

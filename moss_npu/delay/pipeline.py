@@ -12,13 +12,13 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Union
+from typing import Callable, Optional, Union
 
 import numpy as np
 
 from moss_npu.delay.backbone import LlamaBackbone
 from moss_npu.delay.codec_onnx import OnnxCodec
-from moss_npu.delay.config import DelayRunConfig, load_run_config
+from moss_npu.delay.config import DelayRunConfig
 from moss_npu.sampling_params import SamplingParams
 from moss_npu.delay.embeddings import DelayEmbeddings
 from moss_npu.delay.heads import build_audio_heads
@@ -70,16 +70,6 @@ class DelayPipeline:
             self.backbone.close()
             raise CheckpointError(f"{weights.gguf}: hidden size {self.backbone.n_embd} but the embedding tables have "
                                   f"{weights.hidden_size}; GGUF and .npy files come from different checkpoints")
-
-    @classmethod
-    def from_config(cls, config_path: Optional[Union[str, Path]], weights_dir: Union[str, Path],
-                    codec_onnx_dir: Optional[Union[str, Path]] = None,
-                    overrides: Optional[Mapping[str, Any]] = None) -> "DelayPipeline":
-        """Build from a YAML preset (None = defaults), a weights folder and an optional codec folder.
-
-        ``overrides`` holds preset keys set on the command line; None values are ignored.
-        """
-        return cls.open(load_run_config(config_path, overrides), weights_dir, codec_onnx_dir)
 
     @classmethod
     def open(cls, run: DelayRunConfig, weights_dir: Union[str, Path],

@@ -64,13 +64,6 @@ class DelayState:
     _buffer: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.int64), repr=False)
     _rows: int = 0
 
-    def reset(self) -> None:
-        """Forget everything (a new utterance)."""
-        self.audio_length, self.delayed_length = 0, NOT_DRAINING
-        self.is_audio = self.is_stopping = False
-        self.time_step = 0
-        self._rows = 0
-
     def append_audio(self, codes: np.ndarray) -> None:
         """Add rows ``(n, Q)`` of audio codes to the history."""
         codes = np.atleast_2d(codes)
@@ -192,14 +185,6 @@ def step(state: DelayState, text_logits: np.ndarray, audio_logits: np.ndarray, s
     state.time_step += 1
     state.append_audio(codes)
     return np.concatenate([[text], codes]).astype(np.int64)
-
-
-def phase(text_id: int, config: DelayModelConfig) -> str:
-    """Name a generated row by its text id (``gen_slot``, ``delay_slot``, ``audio_end``, ``im_end``, ``text``)."""
-    names = {config.audio_assistant_gen_slot_token_id: "gen_slot",
-             config.audio_assistant_delay_slot_token_id: "delay_slot",
-             config.audio_end_token_id: "audio_end", config.im_end_token_id: "im_end"}
-    return names.get(int(text_id), "text")
 
 
 def frames_from_rows(rows: np.ndarray, config: DelayModelConfig) -> np.ndarray:
