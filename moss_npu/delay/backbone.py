@@ -16,13 +16,11 @@ from typing import Optional
 
 import numpy as np
 
+from moss_npu.delay.config import FLASH_ATTN_MODES, KV_CACHE_TYPES
 from moss_npu.errors import CheckpointError, DeviceError, InputError, MissingDependency
 from moss_npu.extras import LLAMA_INSTALL
 
 log = logging.getLogger(__name__)
-
-GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
-FLASH_ATTN = {"auto": -1, "disabled": 0, "enabled": 1}
 
 
 def import_llama_cpp():
@@ -94,9 +92,9 @@ class LlamaBackbone:
         params.n_threads_batch = n_threads
         params.embeddings = True
         params.pooling_type = lib.LLAMA_POOLING_TYPE_NONE
-        params.type_k = GGML_TYPES[kv_cache_type_k]
-        params.type_v = GGML_TYPES[kv_cache_type_v]
-        params.flash_attn_type = FLASH_ATTN[flash_attn]
+        params.type_k = KV_CACHE_TYPES[kv_cache_type_k]
+        params.type_v = KV_CACHE_TYPES[kv_cache_type_v]
+        params.flash_attn_type = FLASH_ATTN_MODES[flash_attn]
         self._ctx = lib.llama_init_from_model(self._model, params)
         if not self._ctx:
             self.close()
@@ -141,12 +139,6 @@ class LlamaBackbone:
     def close(self) -> None:
         """Free the context, the model and the step batch."""
         self._stack.close()
-
-    def __enter__(self) -> "LlamaBackbone":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def _decode(self, batch, rows: np.ndarray, first_position: int, output_last: bool) -> None:
         n = rows.shape[0]

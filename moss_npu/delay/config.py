@@ -9,7 +9,7 @@ dataclass default < YAML preset < explicit override, merged in ``load_run_config
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
@@ -28,8 +28,9 @@ SPECIAL_ID_KEYS = (
     "audio_assistant_gen_slot_token_id",
     "audio_assistant_delay_slot_token_id",
 )
-KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
-FLASH_ATTN_MODES = ("auto", "enabled", "disabled")
+# The KV cache types and flash attention modes, with llama.cpp's numbers for them (ggml_type, llama_flash_attn_type).
+KV_CACHE_TYPES = {"f32": 0, "f16": 1, "bf16": 30, "q8_0": 8, "q5_1": 7, "q5_0": 6, "q4_1": 3, "q4_0": 2}
+FLASH_ATTN_MODES = {"auto": -1, "enabled": 1, "disabled": 0}
 HEADS_BACKENDS = ("auto", "numpy", "torch")
 AUDIO_BACKENDS = ("onnx",)
 
@@ -51,8 +52,6 @@ class DelayModelConfig:
     audio_pad_code: int = 1024
     sampling_rate: int = 24000
     hidden_size: Optional[int] = None
-    vocab_size: Optional[int] = None
-    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.n_vq < 1 or self.audio_vocab_size < 1:
@@ -66,11 +65,6 @@ class DelayModelConfig:
                 "the pad code must be the row after the last real code"
             )
 
-    @property
-    def special_ids(self) -> dict[str, int]:
-        """Return the eight special token ids by their config key."""
-        return {key: getattr(self, key) for key in SPECIAL_ID_KEYS}
-
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str) -> "DelayModelConfig":
         """Build from a MOSS config dict; ``source`` names the file in errors."""
@@ -81,12 +75,11 @@ class DelayModelConfig:
                 "use the config.json of the MOSS-TTS checkpoint the weights were converted from"
             )
         lang = data.get("language_config") or {}
-        known = {f.name for f in fields(cls)} - {"raw"}
+        known = {f.name for f in fields(cls)}
         values = {k: data[k] for k in known if k in data and data[k] is not None}
         values.setdefault("audio_pad_code", values.get("audio_vocab_size", cls.audio_vocab_size))
         values.setdefault("hidden_size", lang.get("hidden_size"))
-        values.setdefault("vocab_size", lang.get("vocab_size"))
-        return cls(**values, raw=dict(data))
+        return cls(**values)
 
     @classmethod
     def from_weights_dir(cls, weights_dir: Path) -> "DelayModelConfig":
@@ -145,7 +138,7 @@ class DelayRunConfig(sampling_fields(SamplingParams())):
             "audio_backend": AUDIO_BACKENDS,
         }
         for key, allowed in choices.items():
-            if getattr(self, key) not in allowed:
+            if getattr(self, key) not in tuple(allowed):  # a tuple: an unhashable value is refused too
                 raise ConfigError(f"{key}={getattr(self, key)!r}: not one of {', '.join(allowed)}")
         for key in ("n_ctx", "n_batch", "n_threads", "max_new_tokens"):
             if not isinstance(getattr(self, key), int) or getattr(self, key) < 1:
