@@ -19,6 +19,8 @@ from moss_npu.delay.config import DelayRunConfig, load_run_config
 from moss_npu.errors import DeviceError, InputError
 from moss_npu.sampling_params import VALUES
 
+_ONE_PASS = "the Delay backend speaks the whole text in one pass (no chunks)"
+_AS_GIVEN = "text normalization is the Nano pipeline's (official infer.py); the Delay model reads the text as given"
 # Flag (argparse dest) -> why the Delay backend cannot honour it.
 REFUSED = {
     "prompt_text": "the Delay model clones a reference voice but has no continuation mode; drop --prompt-text",
@@ -32,31 +34,27 @@ REFUSED = {
     "attn_implementation": "llama.cpp picks attention kernels itself; set flash_attn in the preset",
     "host_rng": "the Delay sampler always draws on the host (NumPy), so --host-rng changes nothing",
     "nq": "the Delay model always generates all 32 codebooks",
-    "voice_clone_max_text_tokens": "the Delay backend speaks the whole text in one pass (no chunks)",
-    "tts_max_batch_size": "the Delay backend speaks the whole text in one pass (no chunks)",
+    "voice_clone_max_text_tokens": _ONE_PASS,
+    "tts_max_batch_size": _ONE_PASS,
     "decoder": "--decoder picks a Nano algorithm; the Delay backend has one",
     "speed": "the speaking rate is applied by the Nano pipeline (its streams and its server); the Delay fallback "
              "speaks at its own pace",
     "graph": "--graph captures the Nano frame decoder; llama.cpp runs the Delay backbone itself",
     "compile": "--compile compiles the Nano CPU frame step; llama.cpp runs the Delay backbone itself",
     "quantize": "the GGUF's quantisation sets the backbone's precision (choose another .gguf)",
-    "no_text_normalization": "text normalization is the Nano pipeline's (official infer.py); the Delay model "
-                             "reads the text as given",
-    "no_wetext": "text normalization is the Nano pipeline's (official infer.py); the Delay model reads the text "
-                 "as given",
+    "no_text_normalization": _AS_GIVEN,
+    "no_wetext": _AS_GIVEN,
     "print_normalized": "the Delay model reads the text as given (no normalization to print)",
     "timestamps": "the Delay model speaks the whole text in one pass, so it has no chunk times to write",
 }
-# Flags that set a DelayRunConfig key of the same meaning.
-SAMPLING_KEYS = VALUES
-# The official infer.py's legacy flags: they fill text and audio values left unset (as for Nano).
-LEGACY = {"temperature": ("text_temperature", "audio_temperature"), "top_p": ("text_top_p", "audio_top_p"),
-          "top_k": ("text_top_k", "audio_top_k"), "repetition_penalty": ("audio_repetition_penalty",)}
+# The official infer.py's legacy flags: each fills the sampling values of its name left unset (as for Nano).
+LEGACY = {name: tuple(key for key in VALUES if key.endswith(name))
+          for name in ("temperature", "top_p", "top_k", "repetition_penalty")}
 
 # Flags the Delay backend acts on (inference.py reads text, output and the backend choice itself).
 ACTING = frozenset({"text", "text_file", "output", "wav_subtype", "backend", "config", "weights", "codec_onnx_dir", "device",
                     "prompt_audio_path", "mode", "seed", "greedy", "max_new_frames", "num_threads", "quiet", "verbose",
-                    *SAMPLING_KEYS, *LEGACY})
+                    *VALUES, *LEGACY})  # the sampling values set DelayRunConfig keys of the same name
 
 
 @dataclass(frozen=True)
@@ -87,7 +85,7 @@ def refuse_unsupported(args: argparse.Namespace, defaults: Mapping[str, Any]) ->
 
 def sampling_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """Return the sampling keys set by flags; ``--greedy`` sets both temperatures to 0 (argmax, no draw)."""
-    values = {key: getattr(args, key) for key in SAMPLING_KEYS}
+    values = {key: getattr(args, key) for key in VALUES}
     for legacy, targets in LEGACY.items():
         for target in targets:
             if values[target] is None:

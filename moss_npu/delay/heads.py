@@ -8,27 +8,27 @@ Q codebooks, A = audio vocabulary + 1, H hidden size.
 
 from __future__ import annotations
 
-from typing import Optional, Protocol
+from typing import Callable, Optional
 
 import numpy as np
 
 from moss_npu.delay.weights import DelayWeights, load_table
 from moss_npu.errors import ConfigError
 
+AudioHeads = Callable[[np.ndarray], np.ndarray]  # hidden state (H,) float32 -> audio logits (Q, A) float32
 
-class AudioHeads(Protocol):
-    """Anything that maps a hidden state ``(H,)`` float32 to audio logits ``(Q, A)`` float32 (NumPy)."""
 
-    def __call__(self, hidden: np.ndarray) -> np.ndarray: ...
+def _stacked(weights: DelayWeights) -> tuple[np.ndarray, int, int]:
+    """The audio heads as one ``(Q * A, H)`` float32 matrix, with Q and A."""
+    tables = [load_table(path) for path in weights.lm_head_audio]
+    return np.concatenate([np.asarray(t, dtype=np.float32) for t in tables], axis=0), len(tables), tables[0].shape[0]
 
 
 class NumpyAudioHeads:
     """Audio heads as one stacked ``(Q * A, H)`` float32 matrix."""
 
     def __init__(self, weights: DelayWeights) -> None:
-        tables = [load_table(path) for path in weights.lm_head_audio]
-        self.n_vq, self.audio_size = len(tables), tables[0].shape[0]
-        self.stacked = np.concatenate([np.asarray(t, dtype=np.float32) for t in tables], axis=0)
+        self.stacked, self.n_vq, self.audio_size = _stacked(weights)
 
     def __call__(self, hidden: np.ndarray) -> np.ndarray:
         """Return ``(Q, A)`` float32 logits for one hidden state ``(H,)``."""
@@ -44,9 +44,7 @@ class TorchAudioHeads:
     def __init__(self, weights: DelayWeights, device) -> None:
         import torch
 
-        tables = [load_table(path) for path in weights.lm_head_audio]
-        self.n_vq, self.audio_size = len(tables), tables[0].shape[0]
-        stacked = np.concatenate([np.asarray(t, dtype=np.float32) for t in tables], axis=0)
+        stacked, self.n_vq, self.audio_size = _stacked(weights)
         self.device = device
         self.weight = torch.from_numpy(stacked).to(device)
 
