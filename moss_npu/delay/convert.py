@@ -27,6 +27,7 @@ from moss_npu.delay.config import DelayModelConfig
 from moss_npu.cli import ArgumentParser, run_cli
 from moss_npu.errors import CheckpointError, DeviceError
 from moss_npu.hub import download_command
+from moss_npu.output import write_json
 
 log = logging.getLogger(__name__)
 
@@ -228,25 +229,20 @@ def convert(model_dir: Path | str, output_dir: Path | str, max_shard_bytes: int 
     if len(groups) > 1:
         index = {"metadata": {"total_size": sum(t.nbytes for _, t in backbone)},
                  "weight_map": {key: name for name, group in zip(names, groups) for key, _ in group}}
-        _write_json(qwen_dir / "model.safetensors.index.json", index)
-    _write_json(qwen_dir / "config.json", backbone_config(moss))
+        write_json(qwen_dir / "model.safetensors.index.json", index)
+    write_json(qwen_dir / "config.json", backbone_config(moss))
     for folder in (qwen_dir, out / "tokenizer"):
         folder.mkdir(parents=True, exist_ok=True)
         for name in TOKENIZER_FILES:
             if (model_dir / name).is_file():
                 shutil.copyfile(model_dir / name, folder / name)
-    _write_json(out / "config.json", moss)
+    write_json(out / "config.json", moss)
     text = tensors["language_model.embed_tokens.weight"].shape
-    _write_json(out / "extraction_meta.json", {
+    write_json(out / "extraction_meta.json", {
         "source_model": str(model_dir), "n_vq": config.n_vq, "hidden_size": text[1], "vocab_size": text[0],
         "audio_vocab_size": config.audio_vocab_size, "backbone_dir": "qwen3_backbone",
         "embedding_dir": "embeddings", "lm_head_dir": "lm_heads", "moss_config": moss})
     return out
-
-
-def _write_json(path: Path, data: dict) -> None:
-    with _atomic(path) as tmp:
-        tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def main(argv: Optional[list[str]] = None) -> int:
