@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import logging
+import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,7 @@ from moss_npu.text.optimize_order import optimize_order
 from moss_npu.text.tokens import Token, parse_tokens, reorder, serialize
 
 log = logging.getLogger(__name__)
+_ESCAPED = re.compile(r'\\([\\"])')
 
 DISTRIBUTION = "WeTextProcessing"
 OFFICIAL_VERSION = "1.2.0"  # the version the official outputs were produced with
@@ -180,24 +182,10 @@ def verbalize_chinese(tokens: list[Token]) -> str:
     分之 between a fraction's denominator and numerator and 每 before a measure's denominator."""
     out = []
     for token in tokens:
-        fields = dict(token.fields())
-        if token.name == "measure" and "denominator" in fields:
+        if token.name == "measure" and "denominator" in token.values:  # every parsed key is in its order too
             out.append("每")
         for key, value in token.fields():
-            out.append(_unescape(value))
+            out.append(_ESCAPED.sub(r"\1", value))  # the tagger escapes a backslash and a double quote
             if token.name == "fraction" and key == "denominator":
                 out.append("分之")
-    return "".join(out)
-
-
-def _unescape(value: str) -> str:
-    """Undo the tagger's escapes: a backslash before a backslash or a double quote stands for that character."""
-    if "\\" not in value:
-        return value
-    out, i = [], 0
-    while i < len(value):
-        if value[i] == "\\" and value[i + 1:i + 2] in ("\\", '"'):
-            i += 1
-        out.append(value[i])
-        i += 1
     return "".join(out)
