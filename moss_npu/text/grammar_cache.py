@@ -1,11 +1,8 @@
-"""The user cache of prepared grammars: built once per grammar file, never inside the installed package.
+"""The user cache of prepared grammars (docs/text-normalization.md#grammar-cache), never inside the package.
 
-``$MOSS_NPU_CACHE_DIR`` (else ``$XDG_CACHE_HOME/moss-npu``, else ``~/.cache/moss-npu``) holds, under
-``grammars/``, each grammar file prepared for the compiled search (``lattice.prepare``: its arcs by label, its
-first sets) as one ``.npz`` named by the grammar file's name, the SHA-256 of its content and
-``lattice.FORMAT_VERSION``, holding that hash too. A file that is missing, truncated, damaged (the archive's CRCs,
-then every index the search follows, are checked) or built from something else is built again; a cache folder
-that cannot be written gives one warning and the grammars are prepared in memory on each load.
+Each grammar file prepared for the compiled search (``lattice.prepare``) is one ``.npz`` under ``grammars/`` of the
+cache folder, named by the file's name, the SHA-256 of its content (held inside too) and ``lattice.FORMAT_VERSION``.
+An entry missing, damaged (the archive's CRCs, then ``lattice.check``) or built from something else is built again.
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
 """WeTextProcessing's compiled grammars, run without pynini: numbers, dates, units, money… to words.
 
-The official pipeline runs WeTextProcessing 1.2.0 (pynini): English with its default grammar, Chinese with a
-custom build (``remove_interjections=False, remove_erhua=False, full_to_half=False``). Those options change
-only the Chinese *verbalizer*: the custom build's tagger is byte-identical to the ``zh_tn_tagger.fst`` that
-the WeTextProcessing wheel ships, and the custom verbalizer only concatenates the tagged values (keeping
-儿, interjections and full-width marks), which ``verbalize_chinese`` does directly. So this module needs
-no grammar compiler: it reads the wheel's tagger FSTs and its English verbalizer, and pynini (no aarch64 wheel)
-is never imported. Each FST's lightest path over a text is found by the compiled search (``lattice``: OpenFst's
-very answer, in milliseconds), its arrays prepared once per grammar file and kept in the user cache
-(``grammar_cache``); without the package's C library (``moss_npu.native``), by kaldifst (OpenFst itself, wheels for x86-64 and aarch64), slower.
-The official runtime loads the files with pynini's ``optimize()``, which renumbers their states and so reorders
-the arcs of a few; the search here reads them so too (``optimize_order``), or in rare ties it would break them
-otherwise (``foo@example.org, CO2`` would be tagged ``example.or`` + ``g, Colorado`` instead of
-``example.o`` + ``rg, Colorado``; ``¥192.168.1.1``, two readings of weight 2.11, ``一元`` +
-``九二点一六八点一点一`` instead of ``十九元`` + ``二点一六八点一点一``).
+The official pipeline runs WeTextProcessing 1.2.0 on pynini: English with its default grammar, Chinese with a
+custom build whose tagger is byte-identical to the wheel's ``zh_tn_tagger.fst`` and whose verbalizer only joins the
+tagged values, which ``verbalize_chinese`` does (docs/text-normalization.md#what-happens). So nothing is compiled:
+the wheel's tagger FSTs and English verbalizer are searched by ``lattice`` (compiled, arrays kept by
+``grammar_cache``) or else by kaldifst, read as pynini's ``optimize()`` numbers them (``optimize_order``, so that
+ties break as officially: docs/text-normalization.md#tie-order).
 """
 
 from __future__ import annotations
