@@ -1,9 +1,6 @@
-"""The Qwen3 backbone of the Delay model, run by llama.cpp through llama-cpp-python's low-level API.
-
-Implements docs/delay.md#backbone: embeddings go in (``llama_batch.embd``) at explicit positions, the
-prompt in ``n_batch`` chunks with an output only for the last row, and each step returns the
-post-final-RMSNorm hidden state (``llama_get_embeddings_ith``) plus the GGUF head's text logits. One
-sequence (id 0); ``clear()`` empties the KV cache per utterance. H hidden size, V text vocabulary.
+"""The Qwen3 backbone of the Delay model, run by llama.cpp through llama-cpp-python's low-level API
+(docs/delay.md#backbone): embedding rows in at explicit positions, the post-norm hidden state and the GGUF head's
+text logits out. One sequence (id 0). H hidden size, V text vocabulary.
 """
 
 from __future__ import annotations
@@ -12,11 +9,10 @@ import ctypes
 import logging
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 
-from moss_npu.delay.config import FLASH_ATTN_MODES, KV_CACHE_TYPES
+from moss_npu.delay.config import FLASH_ATTN_MODES, KV_CACHE_TYPES, DelayRunConfig
 from moss_npu.errors import CheckpointError, DeviceError, InputError, MissingDependency
 from moss_npu.extras import LLAMA_INSTALL
 
@@ -60,24 +56,22 @@ _native_log = None
 class LlamaBackbone:
     """One GGUF model + context; feeds embedding rows and reads hidden states and text logits."""
 
-    def __init__(self, gguf: Path, *, n_ctx: int, n_batch: int, n_threads: int, n_gpu_layers: int,
-                 kv_cache_type_k: str, kv_cache_type_v: str, flash_attn: str, verbose: bool = False,
-                 device_index: Optional[int] = None) -> None:
+    def __init__(self, gguf: Path, run: DelayRunConfig) -> None:
         global _native_log
         self._lib = lib = import_llama_cpp()
         if _native_log is None:
             _native_log = _NativeLog(lib)
-        _native_log.verbose = verbose
+        _native_log.verbose = run.verbose
         gguf = Path(gguf)
         if not gguf.is_file():
             raise CheckpointError(f"GGUF backbone {gguf} does not exist; download or convert it first")
         self._stack = ExitStack()
         lib.llama_backend_init()
         model_params = lib.llama_model_default_params()
-        model_params.n_gpu_layers = n_gpu_layers
-        if device_index is not None:  # one given accelerator holds the whole model
+        model_params.n_gpu_layers = run.n_gpu_layers
+        if run.device_index is not None:  # one given accelerator holds the whole model
             model_params.split_mode = lib.LLAMA_SPLIT_MODE_NONE
-            model_params.main_gpu = device_index
+            model_params.main_gpu = run.device_index
         self._model = lib.llama_model_load_from_file(str(gguf).encode("utf-8"), model_params)
         if not self._model:
             raise CheckpointError(f"llama.cpp could not load {gguf} (not a GGUF, an unsupported quantisation for "
@@ -85,27 +79,25 @@ class LlamaBackbone:
         self._stack.callback(lib.llama_model_free, self._model)
 
         params = lib.llama_context_default_params()
-        params.n_ctx = n_ctx
-        params.n_batch = n_batch
-        params.n_ubatch = n_batch  # every prompt chunk must fit one physical batch
-        params.n_threads = n_threads
-        params.n_threads_batch = n_threads
+        params.n_ctx = run.n_ctx
+        params.n_batch = params.n_ubatch = run.n_batch  # every prompt chunk must fit one physical batch
+        params.n_threads = params.n_threads_batch = run.n_threads
         params.embeddings = True
         params.pooling_type = lib.LLAMA_POOLING_TYPE_NONE
-        params.type_k = KV_CACHE_TYPES[kv_cache_type_k]
-        params.type_v = KV_CACHE_TYPES[kv_cache_type_v]
-        params.flash_attn_type = FLASH_ATTN_MODES[flash_attn]
+        params.type_k = KV_CACHE_TYPES[run.kv_cache_type_k]
+        params.type_v = KV_CACHE_TYPES[run.kv_cache_type_v]
+        params.flash_attn_type = FLASH_ATTN_MODES[run.flash_attn]
         self._ctx = lib.llama_init_from_model(self._model, params)
         if not self._ctx:
             self.close()
-            raise DeviceError(f"llama.cpp could not create a context (n_ctx={n_ctx}, n_batch={n_batch}, "
-                              f"kv {kv_cache_type_k}/{kv_cache_type_v}, flash_attn={flash_attn}); lower n_ctx or "
-                              "n_gpu_layers, or pick a KV type this build supports")
+            raise DeviceError(f"llama.cpp could not create a context (n_ctx={run.n_ctx}, n_batch={run.n_batch}, "
+                              f"kv {run.kv_cache_type_k}/{run.kv_cache_type_v}, flash_attn={run.flash_attn}); lower "
+                              "n_ctx or n_gpu_layers, or pick a KV type this build supports")
         self._stack.callback(lib.llama_free, self._ctx)
         self.n_embd = int(lib.llama_model_n_embd(self._model))
         self.n_vocab = int(lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(self._model)))
         self.n_ctx = int(lib.llama_n_ctx(self._ctx))
-        self.n_batch = n_batch
+        self.n_batch = run.n_batch
         self._step_batch = lib.llama_batch_init(1, self.n_embd, 1)
         self._stack.callback(lib.llama_batch_free, self._step_batch)
 

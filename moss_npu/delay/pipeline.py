@@ -1,10 +1,5 @@
-"""The Delay text-to-speech pipeline: text (+ reference voice) -> 24 kHz waveform via llama.cpp.
-
-Wires docs/delay.md#pipeline: prompt rows -> NumPy embeddings -> llama.cpp prefill -> per step (text logits from
-the GGUF head, audio heads on the hidden state, delay state machine + sampler, next row embedded and fed
-at the next position) -> de-delay -> ONNX codec decode -> loudness normalisation. Guards the official
-code lacks: ``max_new_tokens`` capped by what ``n_ctx`` leaves after the prompt, frames holding a pad code
-never reach the codec, codes always frames-first. S prompt rows, Q codebooks, H hidden size.
+"""The Delay text-to-speech pipeline: text (+ reference voice) -> 24 kHz waveform via llama.cpp
+(docs/delay.md#pipeline, with the guards the official code lacks). S prompt rows, Q codebooks, H hidden size.
 """
 
 from __future__ import annotations
@@ -62,10 +57,7 @@ class DelayPipeline:
         self.tokenizer = DelayTokenizer(weights.tokenizer_json, self.config)
         self.embeddings = DelayEmbeddings(weights)
         self.heads = build_audio_heads(weights, run.heads_backend, run.heads_device)
-        self.backbone = LlamaBackbone(weights.gguf, n_ctx=run.n_ctx, n_batch=run.n_batch, n_threads=run.n_threads,
-                                      n_gpu_layers=run.n_gpu_layers, kv_cache_type_k=run.kv_cache_type_k,
-                                      kv_cache_type_v=run.kv_cache_type_v, flash_attn=run.flash_attn,
-                                      verbose=run.verbose, device_index=run.device_index)
+        self.backbone = LlamaBackbone(weights.gguf, run)
         if self.backbone.n_embd != weights.hidden_size:
             self.backbone.close()
             raise CheckpointError(f"{weights.gguf}: hidden size {self.backbone.n_embd} but the embedding tables have "
