@@ -1,10 +1,6 @@
-"""The MOSS-Audio-Tokenizer codec of the Delay model, run by ONNX Runtime (24 kHz mono, 12.5 frames/s).
-
-Implements docs/delay.md#codec: ``encoder.onnx`` takes ``(B, 1, S)`` float32 + a 0-d int64 ``n_quantizers``
-and returns codes ``(Q, B, T)`` + lengths ``(B,)``; ``decoder.onnx`` takes codes ``(Q, B, T)`` + the same
-scalar and returns audio ``(B, 1, T * 1920)`` + lengths. Outputs are read by position (their names are
-not fixed upstream). The execution provider is chosen by config and a missing one is an error.
-Here the API is always ``(T, Q)`` frames-first, so a (32, 32) block is never ambiguous. S samples.
+"""The MOSS-Audio-Tokenizer codec of the Delay model, run by ONNX Runtime (docs/delay.md#codec: 24 kHz mono,
+12.5 frames/s, graph inputs and outputs read by position). Here codes are always ``(T, Q)`` frames-first, so a
+(32, 32) block is never ambiguous. S samples.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""Configs of the Delay backend: the model's special ids and sizes, and the run preset.
-
-``DelayModelConfig`` is read from the weights folder's ``config.json`` (the MOSS-TTS top-level keys,
-docs/delay.md#special-ids: special ids are never hard-coded). ``DelayRunConfig`` holds the run values of
-``configs/llama_cpp/*.yaml`` (docs/delay.md#presets; paths are CLI arguments, not preset keys). Precedence:
-dataclass default < YAML preset < explicit override, merged in ``load_run_config``.
+"""Configs of the Delay backend: ``DelayModelConfig``, the model's special ids and sizes from the weights folder's
+``config.json`` (docs/delay.md#special-ids), and ``DelayRunConfig``, the run values a ``configs/llama_cpp/*.yaml``
+preset may set (docs/delay.md#presets), merged defaults < preset < overrides by ``load_run_config``.
 """
 
 from __future__ import annotations

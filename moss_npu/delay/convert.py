@@ -1,11 +1,6 @@
-"""Convert an official MOSS-TTS (Delay) checkpoint into the llama.cpp weights layout, tensor by tensor.
-
-``python -m moss_npu.delay.convert --model DIR --output DIR`` writes (docs/delay.md#building-a-cann-backbone):
-``embeddings/`` (text + 32 audio tables, float16 .npy), ``lm_heads/`` (text + 32 audio heads, float16 .npy),
-``qwen3_backbone/`` (a Qwen3ForCausalLM safetensors checkpoint in the source dtype + config.json +
-tokenizer files, the input of llama.cpp's ``convert_hf_to_gguf.py``), ``tokenizer/``, ``config.json``
-and ``extraction_meta.json``. Every tensor is read alone (``safe_open``) and written out before the
-next, and backbone shards are streamed, so peak memory stays about one tensor.
+"""Convert an official MOSS-TTS (Delay) checkpoint into the llama.cpp weights layout
+(docs/delay.md#building-a-cann-backbone), tensor by tensor: each is read alone (``safe_open``) and written out
+before the next, so peak memory stays about one tensor.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""Input embeddings of the Delay model (NumPy): one text row plus Q audio rows, summed in float32.
-
-Implements docs/delay.md#embeddings: ``e = E_text[t] + sum_q E_audio_q[a_q]``, text first then channels in order
-(the order fixes the float32 rounding the goldens hold). Tables stay float16 on disk and are
-memory-mapped; only gathered rows are cast. The pad code has a learned row like any other code.
-S rows, Q codebooks, H hidden size.
+"""Input embeddings of the Delay model (docs/delay.md#embeddings): one text row plus Q audio rows, summed in
+float32 in that order from memory-mapped float16 tables. S rows, Q codebooks, H hidden size.
 """
 
 from __future__ import annotations

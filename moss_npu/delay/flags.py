@@ -1,10 +1,6 @@
-"""What the CLI's flags mean for the Delay backend: each one acts on the run, or is refused with one line.
-
-``delay_request(args, defaults)`` turns parsed ``inference.py`` flags into a ``DelayRequest``: the run
-config (preset < flags), the seed, the frame cap and the reference recording. A flag set to something
-other than its default that the Delay model cannot honour raises ``InputError`` naming the flag and why;
-nothing is ignored. ``--device`` places llama.cpp (GPU layers, which accelerator) and the ONNX codec
-(execution provider) and, when torch is there, the torch audio heads. No torch import here.
+"""What the CLI's flags mean for the Delay backend: ``delay_request(args, defaults)`` turns parsed ``inference.py``
+flags into a ``DelayRequest``; a flag set to something other than its default that the Delay model cannot honour
+raises ``InputError`` naming the flag and why, so nothing is ignored. No torch import here.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""The 32 audio heads of the Delay model: post-norm hidden state ``(H,)`` -> logits ``(Q, A)``.
-
-Implements docs/delay.md#heads. The text logits come from the GGUF's own output head (llama.cpp), so only the
-audio heads live here, in NumPy (float32, one stacked matmul as upstream) or in torch on the device
-layer's device. The pad column (the last of A) is forced to -inf: the pad is never sampled.
-Q codebooks, A = audio vocabulary + 1, H hidden size.
+"""The 32 audio heads of the Delay model (docs/delay.md#heads): post-norm hidden state ``(H,)`` -> logits ``(Q, A)``,
+in NumPy or in torch on the device layer's device. Q codebooks, A = audio vocabulary + 1, H hidden size.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""Prompt rows of the Delay model: text + optional reference codes -> ``(S, 1 + Q)`` int64.
-
-Implements docs/delay.md#prompt: the 18-line ``<user_inst>`` block in a hard-wired ChatML wrapper, the
-reference audio as a delay staircase under user-slot tokens, and one final ``<|audio_start|>`` row so
-generation starts in audio mode. Special token strings come from the tokenizer by id (the ids from
-``config.json``). S prompt rows, T reference frames, Q codebooks (32).
+"""Prompt rows of the Delay model (docs/delay.md#prompt): text + optional reference codes -> ``(S, 1 + Q)`` int64.
+Special token strings come from the tokenizer by id (the ids from ``config.json``). S prompt rows, T reference
+frames, Q codebooks.
 """
 
 from __future__ import annotations

@@ -1,12 +1,5 @@
-"""Reference recordings for the Delay codec, prepared as the official llama.cpp pipeline prepares them.
-
-docs/delay.md#reference-audio: ``soundfile`` reads the file as float32, several channels become their mean, a rate other
-than the codec's goes through ``librosa.resample`` with its defaults, then the loudness normalisation
-(``loudness_normalize`` below, also applied to the decoded output). librosa's defaults
-(``librosa.resample(y, orig_sr=, target_sr=, res_type="soxr_hq", fix=True, scale=False)``, librosa >= 0.10)
-call ``soxr.resample(y, orig_sr, target_sr, quality="soxr_hq")`` and then ``librosa.util.fix_length`` to
-``ceil(len(y) * target_sr / orig_sr)`` samples (zero-padded or cut at the end). The ``soxr`` package is
-that resampler without librosa's weight. No torch anywhere. S samples.
+"""Reference recordings for the Delay codec, prepared as the official llama.cpp pipeline prepares them
+(docs/delay.md#reference-audio), and the loudness normalisation applied to them and to the decoded output. S samples.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""The Delay sampler (NumPy): repetition penalty, top-k, top-p and an inverse-CDF draw.
-
-Implements docs/delay.md#sampling exactly as the upstream llama.cpp backend computes it, because the goldens
-compare sampled ids: top-k candidates stay in ``np.argpartition`` order (not sorted), probabilities are
-float32, and each call draws one uniform per row from the caller's ``np.random.RandomState`` (the same
-stream as upstream's ``np.random.seed(s); np.random.random(n)``). Greedy draws nothing. This is a
-different algorithm from the nano torch sampler in ``moss_npu/sampling.py``. N rows, V vocabulary.
+"""The Delay sampler (NumPy), exactly as the upstream llama.cpp backend computes it (docs/delay.md#sampling),
+because the goldens compare sampled ids: top-k candidates in ``np.argpartition`` order, float32 probabilities, one
+uniform per row from the caller's ``np.random.RandomState``. Not the Nano sampler (``moss_npu/sampling.py``).
+N rows, V vocabulary.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""The delay pattern and the per-step state machine of Delay generation.
-
-Implements docs/delay.md#the-delay-pattern: channel q of a frame is emitted q steps late (a staircase), the text column
-switches gen slot -> delay slot -> ``<|audio_end|>`` -> text, and ``DelayState`` tracks which channels
-are active. ``step`` turns one step's text logits ``(V,)`` and audio logits ``(Q, A)`` into the next row
-``(1 + Q,)``. Q codebooks, A audio vocabulary incl. pad, T frames, M delayed rows (= T + Q - 1).
+"""The delay pattern and the per-step state machine of Delay generation (docs/delay.md#the-delay-pattern).
+``step`` turns one step's text logits ``(V,)`` and audio logits ``(Q, A)`` into the next row ``(1 + Q,)``.
+Q codebooks, A audio vocabulary incl. pad, T frames, M delayed rows (= T + Q - 1).
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""The Delay weights folder: finds and checks every file before anything heavy loads.
-
-Layout (docs/delay.md#weights-folder, what ``OpenMOSS-Team/MOSS-TTS-GGUF`` ships plus the checkpoint's
-``config.json``): one ``*.gguf`` backbone, ``embeddings/embed_tokens.npy`` + ``emb_ext_XX.npy``,
-``lm_heads/lm_head_text.npy`` + ``lm_head_audio_XX.npy``, ``tokenizer/tokenizer.json``. Shapes are read
-from the ``.npy`` headers (memory-mapped), never assumed. H hidden size, V text vocab, A = audio vocab + 1.
+"""The Delay weights folder (docs/delay.md#weights-folder): finds and checks every file before anything heavy
+loads; shapes come from the ``.npy`` headers, never assumed. H hidden size, V text vocab, A = audio vocab + 1.
 """
 
 from __future__ import annotations
