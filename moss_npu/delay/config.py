@@ -156,12 +156,8 @@ class DelayRunConfig(sampling_fields(SamplingParams())):
 
 
 def load_run_config(path: Optional[Path | str] = None, overrides: Optional[Mapping[str, Any]] = None) -> DelayRunConfig:
-    """Merge defaults < YAML preset at ``path`` < ``overrides`` (keys whose value is None are not set).
-
-    Raises:
-        ConfigError: the file is unreadable, not a mapping, holds a value out of range (even one that
-            ``overrides`` replaces), or either source has unknown keys.
-    """
+    """Merge defaults < YAML preset at ``path`` < ``overrides`` (keys whose value is None are not set). ``ConfigError``
+    for a file unreadable or not a mapping, a value out of range (even one ``overrides`` replaces), unknown keys."""
     values: dict[str, Any] = {}
     if path is not None:
         data = read_yaml_mapping(path)

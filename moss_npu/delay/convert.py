@@ -68,14 +68,8 @@ def read_index(model_dir: Path) -> dict[str, Tensor]:
 
 
 def plan(tensors: dict[str, Tensor], n_vq: int) -> tuple[dict[str, Tensor], list[tuple[str, Tensor]]]:
-    """Map source tensors to ``.npy`` files and backbone keys.
-
-    Returns:
-        ``(npy, backbone)``: relative ``.npy`` path -> tensor, and ordered (Qwen3 key, tensor) pairs.
-
-    Raises:
-        CheckpointError: a tensor matches no rule, or a table or head is missing.
-    """
+    """Map source tensors to ``(npy, backbone)``: relative ``.npy`` path -> tensor, and ordered (Qwen3 key, tensor)
+    pairs. ``CheckpointError`` when a tensor matches no rule, or a table or head is missing."""
     npy: dict[str, Tensor] = {}
     backbone: list[tuple[str, Tensor]] = []
     unknown = []
@@ -151,11 +145,8 @@ def shard(entries: list[tuple[str, Tensor]], max_bytes: int) -> list[list[tuple[
 
 
 def write_safetensors(path: Path, entries: list[tuple[str, Tensor]], handles: ExitStack, opened: dict) -> None:
-    """Write a safetensors file whose header is known up front, streaming one tensor at a time.
-
-    The ``safetensors`` library only saves whole dicts in memory; this writes the same format
-    (8-byte header length, JSON header padded to 8 bytes, raw little-endian data) incrementally.
-    """
+    """Write a safetensors file one tensor at a time (the ``safetensors`` library saves only whole dicts in memory):
+    the same format, an 8-byte header length, the JSON header padded to 8 bytes, the raw little-endian data."""
     import torch
 
     header: dict = {"__metadata__": {"format": "pt"}}
@@ -186,12 +177,8 @@ def backbone_config(moss: dict) -> dict:
 
 
 def convert(model_dir: Path | str, output_dir: Path | str, max_shard_bytes: int = MAX_SHARD_BYTES) -> Path:
-    """Convert a checkpoint folder; return the output folder.
-
-    Raises:
-        CheckpointError: files missing, tensors unknown or missing, special ids absent from config.json.
-        DeviceError: torch or safetensors is not installed.
-    """
+    """Convert a checkpoint folder; return the output folder. ``CheckpointError`` for files missing, tensors unknown
+    or missing, special ids absent from config.json; ``DeviceError`` when torch or safetensors is not installed."""
     try:
         import safetensors  # noqa: F401
         import torch  # noqa: F401  (bf16 tensors are cast through torch)

@@ -18,14 +18,7 @@ class DelayEmbeddings:
         self.audio = [load_table(path) for path in weights.emb_ext]
 
     def __call__(self, rows: np.ndarray) -> np.ndarray:
-        """Embed rows.
-
-        Args:
-            rows: ``(S, 1 + Q)`` or ``(1 + Q,)`` integer ids.
-
-        Returns:
-            ``(S, H)`` (or ``(H,)``) float32.
-        """
+        """Embed integer rows ``(S, 1 + Q)`` (or one row ``(1 + Q,)``) as float32 ``(S, H)`` (or ``(H,)``)."""
         rows = np.asarray(rows)
         single = rows.ndim == 1
         rows = np.atleast_2d(rows)

@@ -97,11 +97,8 @@ def sampling_overrides(args: argparse.Namespace) -> dict[str, Any]:
 def place_on_device(run: DelayRunConfig, spec: Optional[str]) -> DelayRunConfig:
     """Apply ``--device``: ``cpu`` keeps everything on the host; an accelerator offloads llama.cpp's layers
     (all of them unless the preset names a count), runs the codec on that kind's ONNX provider and the torch
-    heads there; ``N`` in ``kind:N`` picks the card. ``auto``/unset leaves the preset as it is.
-
-    Raises:
-        DeviceError: the device string is unknown, or llama-cpp-python was built without GPU offload.
-    """
+    heads there; ``N`` in ``kind:N`` picks the card. ``auto``/unset leaves the preset as it is. ``DeviceError`` for
+    an unknown device string, or a llama-cpp-python built without GPU offload."""
     from moss_npu.device import get_backend, parse_device
 
     kind, index = parse_device(spec)
@@ -120,12 +117,8 @@ def place_on_device(run: DelayRunConfig, spec: Optional[str]) -> DelayRunConfig:
 
 def delay_request(args: argparse.Namespace, defaults: Mapping[str, Any]) -> DelayRequest:
     """Build the Delay run from ``inference.py`` flags (``defaults``: what each flag is when not given).
-
-    Raises:
-        InputError: a flag the Delay backend cannot honour, a contradiction, a missing folder or a bad value.
-        ConfigError: the preset or a resulting value is invalid.
-        DeviceError: see ``place_on_device``.
-    """
+    ``InputError`` for a flag the Delay backend cannot honour, a contradiction, a missing folder or a bad value;
+    ``ConfigError`` for an invalid preset or resulting value; ``DeviceError`` as ``place_on_device``."""
     refuse_unsupported(args, defaults)
     if not args.weights:
         raise InputError("--backend llama-cpp needs --weights DIR (the MOSS-TTS-GGUF folder)")

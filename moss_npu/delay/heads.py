@@ -56,11 +56,8 @@ class TorchAudioHeads:
 
 
 def build_audio_heads(weights: DelayWeights, backend: str, device_spec: str = "auto") -> AudioHeads:
-    """Build the heads for ``backend`` (``numpy``, ``torch`` or ``auto``).
-
-    ``auto`` takes torch when it imports and the device layer resolves ``device_spec`` to an accelerator,
-    else NumPy. ``torch`` without torch installed is an error, never a quiet NumPy run.
-    """
+    """Build the heads for ``backend``: ``numpy``, ``torch`` (without torch an error, never a quiet NumPy run), or
+    ``auto``: torch when it imports and the device layer resolves ``device_spec`` to an accelerator, else NumPy."""
     if backend == "numpy":
         return NumpyAudioHeads(weights)
     device = _torch_device(device_spec, required=backend == "torch")

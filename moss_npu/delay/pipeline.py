@@ -68,7 +68,7 @@ class DelayPipeline:
              codec_onnx_dir: Optional[Union[str, Path]] = None) -> "DelayPipeline":
         """Build from a finished run config, a weights folder and an optional codec folder."""
         weights = DelayWeights.open(weights_dir, run.backbone_gguf)
-        codec = (OnnxCodec.from_dir(codec_onnx_dir, run.audio_provider, run.device_index)
+        codec = (OnnxCodec(codec_onnx_dir, run.audio_provider, run.device_index)
                  if codec_onnx_dir is not None else None)
         return cls(weights, run, codec)
 
@@ -85,24 +85,18 @@ class DelayPipeline:
     def generate(self, text: str, reference_codes: Optional[np.ndarray] = None, *, instruction: Optional[str] = None,
                  tokens: Optional[int] = None, quality: Optional[str] = None, language: Optional[str] = None,
                  max_new_tokens: Optional[int] = None, seed: Optional[int] = None,
-                 rng: Optional[np.random.RandomState] = None, sampling: Optional[SamplingParams] = None,
-                 record: bool = False, on_step: Optional[Callable[[int], None]] = None) -> Generation:
-        """Generate the codes of one utterance (no codec involved).
+                 sampling: Optional[SamplingParams] = None, record: bool = False,
+                 on_step: Optional[Callable[[int], None]] = None) -> Generation:
+        """Generate the codes of one utterance (no codec), in the voice of ``reference_codes`` ``(T, Q)`` if given.
 
-        Args:
-            reference_codes: ``(T, Q)`` codes of the voice to clone.
-            seed: seeds a fresh ``RandomState`` (same stream as upstream's ``np.random.seed``); ignored if ``rng``.
-            sampling: overrides the run config's sampling parameters for this call.
-            record: also return the hidden states and text logits of every step.
-            on_step: called with the number of steps taken after each step (progress display).
-
-        Raises:
-            InputError: the prompt alone does not fit ``n_ctx``.
+        ``seed`` seeds a fresh ``RandomState`` (upstream's ``np.random.seed`` stream); ``sampling`` overrides the
+        run's for this call; ``record`` keeps every step's hidden state and text logits; ``on_step`` is called with
+        the steps taken after each (progress). ``InputError`` when the prompt alone does not fit ``n_ctx``.
         """
         prompt = build_prompt(self.tokenizer, text, reference_codes, instruction=instruction, tokens=tokens,
                               quality=quality, language=language)
         limit = self._cap_new_tokens(prompt.shape[0], max_new_tokens)
-        rng = rng if rng is not None else np.random.RandomState(seed)
+        rng = np.random.RandomState(seed)
         sampling = sampling if sampling is not None else self.run.sampling
         state = init_state(prompt, self.config)
         self.backbone.clear()
@@ -133,20 +127,13 @@ class DelayPipeline:
                    language: Optional[str] = None, max_new_tokens: Optional[int] = None,
                    max_new_frames: Optional[int] = None, seed: Optional[int] = None,
                    on_step: Optional[Callable[[int], None]] = None) -> tuple[np.ndarray, int]:
-        """Speak ``text``, optionally in the voice of ``reference_audio`` (a file, or 24 kHz mono samples).
+        """Speak ``text``, optionally in the voice of ``reference_audio`` (a file, or 24 kHz mono samples); return
+        ``(waveform, sample_rate)``, ``(1, S)`` float32 at 24 kHz, loudness-normalised like upstream.
 
-        ``max_new_frames`` caps the audio at that many frames (12.5 per second): frame ``t`` is complete
-        once the delay staircase has produced its last codebook, so it allows ``frames + Q - 1`` steps
-        (the smaller of that and ``max_new_tokens`` when both are given).
-
-        Returns:
-            ``(waveform, sample_rate)``: ``(1, S)`` float32 at 24 kHz, loudness-normalised like upstream.
-
-        Raises:
-            ConfigError: no codec folder was given.
-            GenerationError: the model ended the utterance before its first audio frame.
-            InputError: the step cap ended the run before any audio frame (``max_new_tokens`` below the
-                staircase).
+        ``max_new_frames`` caps the audio at that many frames: a frame is complete once the staircase has produced
+        its last codebook, so it allows ``frames + Q - 1`` steps (at most ``max_new_tokens`` when both are given).
+        Raises ``ConfigError`` without a codec, ``GenerationError`` when the model ends before its first audio
+        frame, ``InputError`` when the step cap does (``max_new_tokens`` below the staircase).
         """
         codec = self._need_codec()
         codes = None if reference_audio is None else codec.encode(self._reference_wave(reference_audio))

@@ -103,14 +103,8 @@ def build_prompt(tokenizer: DelayTokenizer, text: str, reference_codes: Optional
                  instruction: Optional[str] = None, tokens: Optional[int] = None, quality: Optional[str] = None,
                  language: Optional[str] = None, sound_event: Optional[str] = None,
                  ambient_sound: Optional[str] = None) -> np.ndarray:
-    """Build the prompt rows.
-
-    Args:
-        reference_codes: ``(T, Q)`` int codes of the voice to clone, or None.
-
-    Returns:
-        ``(S, 1 + Q)`` int64: column 0 text ids, columns 1..Q audio codes (pad outside the reference).
-    """
+    """Build the prompt rows ``(S, 1 + Q)`` int64, in the voice of ``reference_codes`` ``(T, Q)`` if given: column 0
+    the text ids, columns 1..Q the audio codes (pad outside the reference)."""
     if not isinstance(text, str) or not text.strip():
         raise InputError(f"text={text!r}: give a non-empty string to speak")
     cfg = tokenizer.config

@@ -29,11 +29,8 @@ def resample_like_librosa(wave: np.ndarray, orig_hz: int, new_hz: int) -> np.nda
 
 
 def load_reference(path: Union[str, Path], sample_rate: int) -> np.ndarray:
-    """Read a voice recording as mono float32 ``(S,)`` at ``sample_rate`` (before loudness normalisation).
-
-    Raises:
-        AudioError: the file is missing, undecodable, non-finite, empty or silent.
-    """
+    """Read a voice recording as mono float32 ``(S,)`` at ``sample_rate`` (before loudness normalisation);
+    ``AudioError`` for a file missing, undecodable, non-finite, empty or silent."""
     wave, rate = read_wav(path)
     if not np.isfinite(wave).all():  # NaN would pass the silence check below and poison the codec
         raise AudioError(f"reference audio {path}: holds non-finite samples (NaN or infinity); re-export the "

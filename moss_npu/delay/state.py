@@ -45,13 +45,9 @@ def extract_segments(delayed: np.ndarray, pad_code: int) -> list[np.ndarray]:
 
 @dataclass
 class DelayState:
-    """Where one utterance is in the staircase (batch 1).
-
-    ``audio_length``: rows since the audio block began (channels below it are active);
-    ``delayed_length``: steps since the first delay slot, ``NOT_DRAINING`` before it;
-    ``audio_history()``: ``(rows, Q)`` audio codes of prompt + generated rows, for the repetition penalty
-    (kept in a buffer that doubles when full).
-    """
+    """Where one utterance is in the staircase (batch 1): ``audio_length``, rows since the audio block began
+    (channels below it are active); ``delayed_length``, steps since the first delay slot (``NOT_DRAINING`` before);
+    ``audio_history()``, the audio codes of prompt and generated rows for the repetition penalty."""
 
     audio_length: int = 0
     delayed_length: int = NOT_DRAINING
@@ -147,15 +143,8 @@ def _choose_audio(state: DelayState, audio_logits: np.ndarray, sampling: Samplin
 
 def step(state: DelayState, text_logits: np.ndarray, audio_logits: np.ndarray, sampling: SamplingParams,
          config: DelayModelConfig, rng: np.random.RandomState) -> np.ndarray:
-    """Choose the next row from one step's logits and advance the state.
-
-    Args:
-        text_logits: ``(V,)`` float32 from the backbone's text head.
-        audio_logits: ``(Q, A)`` float32 from the audio heads (pad column already -inf or not; it is masked here).
-
-    Returns:
-        ``(1 + Q,)`` int64: text id, then Q codes (pad for inactive channels).
-    """
+    """Choose the next row ``(1 + Q,)`` int64 (text id, then Q codes, pad for inactive channels) from one step's
+    text logits ``(V,)`` and audio logits ``(Q, A)`` (their pad column is masked here), and advance the state."""
     cfg = config
     if state.is_stopping:
         row = np.full(1 + cfg.n_vq, cfg.audio_pad_code, dtype=np.int64)

@@ -31,15 +31,9 @@ class DelayWeights:
 
     @classmethod
     def open(cls, root: Path | str, backbone_gguf: Optional[str] = None) -> "DelayWeights":
-        """Locate and check the files of a weights folder.
-
-        Args:
-            root: the folder (``--weights``).
-            backbone_gguf: GGUF file name inside it; None picks the only ``*.gguf`` there.
-
-        Raises:
-            CheckpointError: a file is missing, or a table has the wrong shape or dtype.
-        """
+        """Locate and check the files of the weights folder ``root`` (``--weights``); ``backbone_gguf`` names the GGUF
+        inside it (None: the only ``*.gguf`` there). ``CheckpointError`` for a missing file or a table's wrong shape
+        or dtype."""
         root = Path(root).expanduser()
         if not root.is_dir():
             raise CheckpointError(f"weights folder {root} does not exist; download OpenMOSS-Team/MOSS-TTS-GGUF "

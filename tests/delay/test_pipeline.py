@@ -27,7 +27,7 @@ def pipeline(delay_fixture, llama_cpp, tmp_path_factory):
     from moss_npu.delay.pipeline import DelayPipeline
     from moss_npu.delay.weights import DelayWeights
 
-    codec = OnnxCodec.from_dir(write_test_codec(tmp_path_factory.mktemp("codec"))[0].parent, "cpu")
+    codec = OnnxCodec(write_test_codec(tmp_path_factory.mktemp("codec"))[0].parent, "cpu")
     with DelayPipeline(DelayWeights.open(delay_fixture / "weights"), DelayRunConfig(**EXACT), codec) as pipe:
         yield pipe
 
