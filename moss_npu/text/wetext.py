@@ -16,7 +16,7 @@ import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Protocol
+from typing import Optional, Protocol
 
 from moss_npu.text.grammar_cache import GrammarCache
 from moss_npu.text.fst_file import FstArrays, FstFileError
@@ -139,20 +139,16 @@ def optimized(path: Path) -> FstArrays:
         return fst
 
 
-def _kaldifst() -> Any:
-    try:
-        import kaldifst
-    except ImportError:
-        raise WeTextUnavailable(f"kaldifst is not installed ({INSTALL_HINT})") from None
-    return kaldifst
-
-
 class WholeTextSearch:
     """The lightest path of an FST over a whole text with kaldifst (OpenFst's ``Compose`` and ``ShortestPath``, as
     pynini takes it): where the compiled search cannot be built; the same answers, a hundred times slower."""
 
     def __init__(self, fst: FstArrays) -> None:
-        self._kaldifst = _kaldifst()
+        try:
+            import kaldifst
+        except ImportError:
+            raise WeTextUnavailable(f"kaldifst is not installed ({INSTALL_HINT})") from None
+        self._kaldifst = kaldifst
         try:
             self._fst = fst.to_kaldifst()
         except FstFileError as exc:
