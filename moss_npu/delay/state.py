@@ -174,12 +174,7 @@ def step(state: DelayState, text_logits: np.ndarray, audio_logits: np.ndarray, s
 
 
 def frames_from_rows(rows: np.ndarray, config: DelayModelConfig) -> np.ndarray:
-    """Turn generated rows ``(steps, 1 + Q)`` into codec frames ``(T, Q)``: segments joined, pad frames dropped.
-
-    A frame that still holds a pad code in some channel (a run cut mid-staircase) never reaches the codec.
-    """
-    segments = extract_segments(rows[:, 1:], config.audio_pad_code)
-    if not segments:
-        return np.zeros((0, config.n_vq), dtype=np.int64)
-    frames = np.concatenate(segments, axis=0)
+    """Turn generated rows ``(steps, 1 + Q)`` into codec frames ``(T, Q)``: de-delayed, and every frame that holds a
+    pad code dropped (the all-pad frames between segments, and a frame of a run cut mid-staircase)."""
+    frames = de_delay(rows[:, 1:])
     return frames[~np.any(frames == config.audio_pad_code, axis=1)]
