@@ -54,25 +54,18 @@ class DelayState:
     is_audio: bool = False
     is_stopping: bool = False
     time_step: int = 0
-    _buffer: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.int64), repr=False)
-    _rows: int = 0
+    _history: list = field(default_factory=list, repr=False)  # (n, Q) int64 blocks, joined when read
 
     def append_audio(self, codes: np.ndarray) -> None:
         """Add rows ``(n, Q)`` of audio codes to the history."""
-        codes = np.atleast_2d(codes)
-        needed = self._rows + codes.shape[0]
-        if self._rows == 0 and self._buffer.shape[1] != codes.shape[1]:
-            self._buffer = np.empty((0, codes.shape[1]), dtype=np.int64)
-        if needed > self._buffer.shape[0]:
-            grown = np.empty((max(2 * needed, 256), codes.shape[1]), dtype=np.int64)
-            grown[: self._rows] = self._buffer[: self._rows]
-            self._buffer = grown
-        self._buffer[self._rows: needed] = codes
-        self._rows = needed
+        self._history.append(np.atleast_2d(codes).astype(np.int64, copy=False))
 
     def audio_history(self) -> np.ndarray:
-        """Return the audio codes seen so far, ``(rows, Q)`` int64 (a view, valid until the next append)."""
-        return self._buffer[: self._rows]
+        """Return the audio codes seen so far, ``(rows, Q)`` int64 (read only with a repetition penalty, whose
+        ``np.unique`` over it costs more than joining it)."""
+        if len(self._history) != 1:
+            self._history = [np.concatenate(self._history) if self._history else np.zeros((0, 0), np.int64)]
+        return self._history[0]
 
 
 def init_state(prompt: np.ndarray, config: DelayModelConfig) -> DelayState:
