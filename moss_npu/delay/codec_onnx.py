@@ -15,7 +15,6 @@ from moss_npu.errors import AudioError, CheckpointError, DeviceError, InputError
 
 log = logging.getLogger(__name__)
 
-SAMPLE_RATE_HZ = 24000
 FRAME_SAMPLES = 1920
 N_QUANTIZERS = 32
 CODEBOOK_SIZE = 1024
@@ -89,7 +88,7 @@ class OnnxSession:
 class OnnxCodec:
     """Encoder and decoder sessions of the MOSS audio tokenizer."""
 
-    sample_rate_hz = SAMPLE_RATE_HZ
+    sample_rate_hz = 24000
 
     def __init__(self, folder: Path | str, provider: str = "auto", device_id: Optional[int] = None) -> None:
         """Open ``encoder.onnx`` and ``decoder.onnx`` in ``folder`` (on accelerator ``device_id`` if given)."""

@@ -52,25 +52,19 @@ class DelayModelConfig:
 
     def __post_init__(self) -> None:
         if self.n_vq < 1 or self.audio_vocab_size < 1:
-            raise CheckpointError(
-                f"config.json: n_vq={self.n_vq}, audio_vocab_size={self.audio_vocab_size}; both must be >= 1"
-            )
-        if self.audio_pad_code != self.audio_vocab_size:
-            # The tables have audio_vocab_size + 1 rows and the pad is the last one.
-            raise CheckpointError(
-                f"config.json: audio_pad_code={self.audio_pad_code} but audio_vocab_size={self.audio_vocab_size}; "
-                "the pad code must be the row after the last real code"
-            )
+            raise CheckpointError(f"config.json: n_vq={self.n_vq}, audio_vocab_size={self.audio_vocab_size}; both "
+                                  "must be >= 1")
+        if self.audio_pad_code != self.audio_vocab_size:  # the tables' last row (audio_vocab_size + 1 rows) is the pad
+            raise CheckpointError(f"config.json: audio_pad_code={self.audio_pad_code} but audio_vocab_size="
+                                  f"{self.audio_vocab_size}; the pad code must be the row after the last real code")
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str) -> "DelayModelConfig":
         """Build from a MOSS config dict; ``source`` names the file in errors."""
         missing = [key for key in SPECIAL_ID_KEYS if not isinstance(data.get(key), int)]
         if missing:
-            raise CheckpointError(
-                f"{source}: special ids missing or not integers: {', '.join(missing)}; "
-                "use the config.json of the MOSS-TTS checkpoint the weights were converted from"
-            )
+            raise CheckpointError(f"{source}: special ids missing or not integers: {', '.join(missing)}; use the "
+                                  "config.json of the MOSS-TTS checkpoint the weights were converted from")
         lang = data.get("language_config") or {}
         known = {f.name for f in fields(cls)}
         values = {k: data[k] for k in known if k in data and data[k] is not None}
@@ -89,10 +83,9 @@ class DelayModelConfig:
             meta = _read_json(meta_path)
             if isinstance(meta.get("moss_config"), dict):
                 return cls.from_dict(meta["moss_config"], f"{meta_path} (moss_config)")
-        raise CheckpointError(
-            f"{weights_dir}: no config.json with the special token ids; copy config.json of the MOSS-TTS "
-            f"checkpoint into it (e.g. `{download_command('OpenMOSS-Team/MOSS-TTS', str(weights_dir), ['config.json'])}`)"
-        )
+        fetch = download_command("OpenMOSS-Team/MOSS-TTS", str(weights_dir), ["config.json"])
+        raise CheckpointError(f"{weights_dir}: no config.json with the special token ids; copy config.json of the "
+                              f"MOSS-TTS checkpoint into it (e.g. `{fetch}`)")
 
 
 def _read_json(path: Path) -> dict:

@@ -18,12 +18,10 @@ from moss_npu.errors import CheckpointError
 class DelayWeights:
     """Checked paths and sizes of one weights folder."""
 
-    root: Path
     config: DelayModelConfig
     gguf: Path
     embed_tokens: Path
     emb_ext: tuple[Path, ...]
-    lm_head_text: Path
     lm_head_audio: tuple[Path, ...]
     tokenizer_json: Path
     hidden_size: int
@@ -59,8 +57,7 @@ class DelayWeights:
         if _shape2(lm_head_text) != (vocab_size, hidden_size):
             raise CheckpointError(f"{lm_head_text}: shape {_shape2(lm_head_text)}, expected "
                                   f"{(vocab_size, hidden_size)} like embed_tokens.npy")
-        return cls(root, config, gguf, embed_tokens, emb_ext, lm_head_text, lm_head_audio, tokenizer_json,
-                   hidden_size, vocab_size)
+        return cls(config, gguf, embed_tokens, emb_ext, lm_head_audio, tokenizer_json, hidden_size, vocab_size)
 
 
 def _need(path: Path) -> Path:

@@ -5,8 +5,6 @@
 (``wetext``), and the robust cleanup again.
 """
 
-from moss_npu.text.language import choose_language, guard_chinese_hyphens
 from moss_npu.text.normalize import NormalizedText, TextNormalizer
-from moss_npu.text.robust import clean_for_speech
 
-__all__ = ["NormalizedText", "TextNormalizer", "choose_language", "clean_for_speech", "guard_chinese_hyphens"]
+__all__ = ["NormalizedText", "TextNormalizer"]
