@@ -4,7 +4,7 @@ in NumPy or in torch on the device layer's device. Q codebooks, A = audio vocabu
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable
 
 import numpy as np
 
@@ -60,23 +60,16 @@ def build_audio_heads(weights: DelayWeights, backend: str, device_spec: str = "a
     ``auto``: torch when it imports and the device layer resolves ``device_spec`` to an accelerator, else NumPy."""
     if backend == "numpy":
         return NumpyAudioHeads(weights)
-    device = _torch_device(device_spec, required=backend == "torch")
-    if device is None:
-        return NumpyAudioHeads(weights)
-    return TorchAudioHeads(weights, device)
-
-
-def _torch_device(device_spec: str, required: bool) -> Optional[object]:
     try:
         import torch  # noqa: F401  (importable at all: a torch build for another CUDA fails here)
     except Exception as exc:  # absent, or a build for another CUDA that fails with OSError at import
-        if required:
+        if backend == "torch":
             raise ConfigError("heads_backend=torch but torch is not importable; install torch or use "
                               "heads_backend: numpy") from exc
-        return None
-    from moss_npu.device import backend, resolve_device
+        return NumpyAudioHeads(weights)
+    from moss_npu.device import backend as device_backend, resolve_device
 
     device = resolve_device(device_spec)
-    if not required and backend(device).host:
-        return None  # on the CPU the NumPy heads are as fast and match upstream's rounding
-    return device
+    if backend == "auto" and device_backend(device).host:
+        return NumpyAudioHeads(weights)  # on the CPU the NumPy heads are as fast and match upstream's rounding
+    return TorchAudioHeads(weights, device)

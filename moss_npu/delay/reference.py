@@ -13,8 +13,6 @@ import numpy as np
 from moss_npu.errors import AudioError
 from moss_npu.wavfile import read_wav
 
-SOXR_QUALITY = "HQ"  # librosa's default res_type "soxr_hq"
-
 
 def resample_like_librosa(wave: np.ndarray, orig_hz: int, new_hz: int) -> np.ndarray:
     """Resample mono ``(S,)`` float32 as ``librosa.resample`` does with its defaults (soxr HQ, fixed length)."""
@@ -22,7 +20,7 @@ def resample_like_librosa(wave: np.ndarray, orig_hz: int, new_hz: int) -> np.nda
 
     if orig_hz == new_hz:
         return wave
-    out = soxr.resample(np.ascontiguousarray(wave, dtype=np.float32), orig_hz, new_hz, quality=SOXR_QUALITY)
+    out = soxr.resample(np.ascontiguousarray(wave, dtype=np.float32), orig_hz, new_hz, quality="HQ")  # "soxr_hq"
     length = math.ceil(wave.shape[-1] * float(new_hz) / orig_hz)
     out = out[:length] if out.shape[-1] >= length else np.pad(out, (0, length - out.shape[-1]))
     return np.asarray(out, dtype=np.float32)
