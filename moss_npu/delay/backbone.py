@@ -98,8 +98,8 @@ class LlamaBackbone:
         self.n_vocab = int(lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(self._model)))
         self.n_ctx = int(lib.llama_n_ctx(self._ctx))
         self.n_batch = run.n_batch
-        self._step_batch = lib.llama_batch_init(1, self.n_embd, 1)
-        self._stack.callback(lib.llama_batch_free, self._step_batch)
+        self._batch = lib.llama_batch_init(self.n_batch, self.n_embd, 1)  # one prompt chunk, or one step's row
+        self._stack.callback(lib.llama_batch_free, self._batch)
 
     def clear(self) -> None:
         """Empty the KV cache (start of an utterance)."""
@@ -110,15 +110,11 @@ class LlamaBackbone:
         rows = embeddings.shape[0]
         for start in range(0, rows, self.n_batch):
             chunk = embeddings[start: start + self.n_batch]
-            batch = self._lib.llama_batch_init(chunk.shape[0], self.n_embd, 1)
-            try:
-                self._decode(batch, chunk, start, output_last=start + chunk.shape[0] == rows)
-            finally:
-                self._lib.llama_batch_free(batch)
+            self._decode(chunk, start, output_last=start + chunk.shape[0] == rows)
 
     def step(self, embedding: np.ndarray, position: int) -> None:
         """Feed one row's embedding ``(H,)`` at ``position`` and output it."""
-        self._decode(self._step_batch, embedding[None, :], position, output_last=True)
+        self._decode(embedding[None, :], position, output_last=True)
 
     def hidden_state(self) -> np.ndarray:
         """Return the post-final-norm hidden state of the last output row, ``(H,)`` float32 (a copy)."""
@@ -129,11 +125,11 @@ class LlamaBackbone:
         return self._read(self._lib.llama_get_logits_ith(self._ctx, -1), self.n_vocab, "logits")
 
     def close(self) -> None:
-        """Free the context, the model and the step batch."""
+        """Free the context, the model and the batch."""
         self._stack.close()
 
-    def _decode(self, batch, rows: np.ndarray, first_position: int, output_last: bool) -> None:
-        n = rows.shape[0]
+    def _decode(self, rows: np.ndarray, first_position: int, output_last: bool) -> None:
+        n, batch = rows.shape[0], self._batch
         if rows.shape[1] != self.n_embd:
             raise InputError(f"embeddings of width {rows.shape[1]}, the backbone expects {self.n_embd}")
         if first_position + n > self.n_ctx:
