@@ -10,8 +10,6 @@ why it is exact and how it was checked: docs/text-normalization.md#pyninis-optim
 
 from __future__ import annotations
 
-from typing import Any, Callable
-
 import numpy as np
 
 from moss_npu.text.fst_file import FstArrays
@@ -33,34 +31,32 @@ def optimize_order(fst: FstArrays) -> FstArrays:
     An FST taking a branch of pynini's rule that is not reproduced here raises ``ValueError``."""
     if fst.properties & _ACCEPTOR:
         raise ValueError("optimize_order reproduces pynini's optimize() of a transducer, not of an acceptor")
-    work = fst if fst.properties & _NO_EPSILONS else _through_kaldifst(fst, _rmepsilon)
+    work = fst if fst.properties & _NO_EPSILONS else _rmepsilon(fst)
     if work.properties & (_I_DETERMINISTIC | _DO_NOT_ENCODE_WEIGHTS):
         raise ValueError("optimize_order reproduces pynini's optimize() with labels and weights encoded; this FST "
                          f"is known to be deterministic, acyclic or unweighted (properties {work.properties:#x})")
     encoded, codes = _encode(work)
-    minimal = _through_kaldifst(encoded, _determinize_minimize)
+    minimal = _determinize_minimize(encoded)
     return _decode(minimal, codes)
 
 
-def _rmepsilon(fst: Any) -> Any:
+def _rmepsilon(fst: FstArrays) -> FstArrays:
+    """OpenFst's ``RmEpsilon`` by kaldifst, read back with the properties kaldifst then knows (pynini's next step
+    reads them too)."""
     import kaldifst
 
-    kaldifst.rmepsilon(fst)
-    return fst
+    work = fst.to_kaldifst()
+    kaldifst.rmepsilon(work)
+    return FstArrays.from_kaldifst(work)
 
 
-def _determinize_minimize(fst: Any) -> Any:
+def _determinize_minimize(fst: FstArrays) -> FstArrays:
+    """OpenFst's ``Determinize`` then ``Minimize`` by kaldifst."""
     import kaldifst
 
-    minimal = kaldifst.determinize(fst)
+    minimal = kaldifst.determinize(fst.to_kaldifst())
     kaldifst.minimize(minimal)
-    return minimal
-
-
-def _through_kaldifst(fst: FstArrays, operate: Callable[[Any], Any]) -> FstArrays:
-    """``operate`` (kaldifst operations: an FST in, an FST out) applied to ``fst``, read back with the properties
-    kaldifst then knows, as the operations pynini chains see them."""
-    return FstArrays.from_kaldifst(operate(fst.to_kaldifst()))
+    return FstArrays.from_kaldifst(minimal)
 
 
 def _encode(fst: FstArrays) -> tuple[FstArrays, np.ndarray]:
