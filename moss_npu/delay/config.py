@@ -15,16 +15,6 @@ from moss_npu.hub import download_command
 from moss_npu.presets import check_types, read_yaml_mapping
 from moss_npu.sampling_params import VALUES, SamplingParams, sampling_fields
 
-SPECIAL_ID_KEYS = (
-    "pad_token_id",
-    "im_start_token_id",
-    "im_end_token_id",
-    "audio_start_token_id",
-    "audio_end_token_id",
-    "audio_user_slot_token_id",
-    "audio_assistant_gen_slot_token_id",
-    "audio_assistant_delay_slot_token_id",
-)
 # The KV cache types and flash attention modes, with llama.cpp's numbers for them (ggml_type, llama_flash_attn_type).
 KV_CACHE_TYPES = {"f32": 0, "f16": 1, "bf16": 30, "q8_0": 8, "q5_1": 7, "q5_0": 6, "q4_1": 3, "q4_0": 2}
 FLASH_ATTN_MODES = {"auto": -1, "enabled": 1, "disabled": 0}
@@ -34,7 +24,8 @@ AUDIO_BACKENDS = ("onnx",)
 
 @dataclass(frozen=True)
 class DelayModelConfig:
-    """Sizes and special ids of a MOSS-TTS Delay checkpoint (names as in its ``config.json``)."""
+    """Sizes and special ids (the ``*_token_id`` fields) of a MOSS-TTS Delay checkpoint (names as in its
+    ``config.json``)."""
 
     pad_token_id: int
     im_start_token_id: int
@@ -86,6 +77,9 @@ class DelayModelConfig:
         fetch = download_command("OpenMOSS-Team/MOSS-TTS", str(weights_dir), ["config.json"])
         raise CheckpointError(f"{weights_dir}: no config.json with the special token ids; copy config.json of the "
                               f"MOSS-TTS checkpoint into it (e.g. `{fetch}`)")
+
+
+SPECIAL_ID_KEYS = tuple(f.name for f in fields(DelayModelConfig) if f.name.endswith("_token_id"))
 
 
 def _read_json(path: Path) -> dict:
