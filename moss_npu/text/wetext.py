@@ -84,10 +84,8 @@ class Grammar:
         """Read ``language``'s FSTs: for the compiled search (``kernels``) through ``cache`` (the user cache unless
         given), else with kaldifst; raise ``WeTextUnavailable`` when they cannot be read."""
         cache = GrammarCache() if cache is None else cache
-        tagger_rel, verbalizer_rel = GRAMMAR_FILES[language]
-        searches = [_load_search(grammars.root / rel, cache, kernels) if rel else None
-                    for rel in (tagger_rel, verbalizer_rel)]
-        return cls(language, searches[0], searches[1])
+        return cls(language, *(_load_search(grammars.root / rel, cache, kernels) if rel else None
+                               for rel in GRAMMAR_FILES[language]))  # the tagger, then the verbalizer
 
     def normalize(self, text: str) -> str:
         """Return ``text`` read out in words (the official ``Normalizer.normalize``); ``""`` stays ``""``."""
