@@ -131,6 +131,8 @@ def optimized(path: Path) -> FstArrays:
         raise WeTextUnavailable(f"cannot read {path} ({exc}); reinstall it: {INSTALL_HINT}") from None
     try:
         return optimize_order(fst)
+    except ImportError:
+        raise WeTextUnavailable(f"kaldifst is not installed ({INSTALL_HINT})") from None
     except ValueError as exc:
         log.warning("text normalization: %s is searched as read, not as pynini's optimize() gives it (%s); "
                     "equally light readings may be broken otherwise than officially", path.name, exc)
