@@ -7,9 +7,5 @@ See docs/architecture.md#the-codec.
 """
 
 from moss_npu.codec.checkpoint import load_codec, nano_codec_config, write_random_codec
-from moss_npu.codec.config import CodecConfig, load_codec_config
 from moss_npu.codec.model import NanoCodec
 from moss_npu.codec.streaming import OFFICIAL_SCHEDULE, CodecDecodeState, DecodeSchedule
-
-__all__ = ["OFFICIAL_SCHEDULE", "CodecConfig", "CodecDecodeState", "DecodeSchedule", "NanoCodec",
-           "load_codec", "load_codec_config", "nano_codec_config", "write_random_codec"]

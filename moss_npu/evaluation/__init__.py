@@ -5,12 +5,6 @@ the host; ``run`` loads the reference side, captures, frees it, then does the sa
 both at once); ``tiers`` compares the two captures in three tiers; ``report`` prints and writes the outcome.
 """
 
-from moss_npu.evaluation.report import Report
 from moss_npu.evaluation.run import EvalRequest, SideSpec, evaluate, generation_settings
-from moss_npu.evaluation.sides import DEFAULT_INPUTS, EvalInput, GenerationSettings, load_side
+from moss_npu.evaluation.sides import DEFAULT_INPUTS, EvalInput, load_side
 from moss_npu.evaluation.tiers import Thresholds
-
-__all__ = [
-    "DEFAULT_INPUTS", "EvalInput", "EvalRequest", "GenerationSettings", "Report", "SideSpec", "Thresholds",
-    "evaluate", "generation_settings", "load_side",
-]

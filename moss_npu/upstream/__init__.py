@@ -5,11 +5,6 @@ folders, ``patches`` holds the device-neutral replacements and their signature c
 everything (transformers is imported only there, only when called).
 """
 
-from moss_npu.upstream.manifest import PatchEntry, PatchSet, load_manifest
+from moss_npu.upstream.manifest import load_manifest
 from moss_npu.upstream.patches import apply_patches
-from moss_npu.upstream.tts import UpstreamGeneration, UpstreamResult, UpstreamTTS, import_transformers, load_upstream
-
-__all__ = [
-    "PatchEntry", "PatchSet", "UpstreamGeneration", "UpstreamResult", "UpstreamTTS",
-    "apply_patches", "import_transformers", "load_manifest", "load_upstream",
-]
+from moss_npu.upstream.tts import UpstreamGeneration, UpstreamTTS, import_transformers, load_upstream
