@@ -52,10 +52,8 @@ def find_code_folder(component: str, model_dir: Path, modules: list[str], code_d
         CheckpointError: no candidate folder holds all the files, with the command that fetches them.
     """
     if not modules:
-        raise CheckpointError(
-            f"{model_dir / 'config.json'} has no auto_map and the patch set supplies none; "
-            f"download the official folder with `{_DOWNLOAD_HINT[component]}`"
-        )
+        raise CheckpointError(f"{model_dir / 'config.json'} has no auto_map and the patch set supplies none; "
+                              f"download the official folder with `{_DOWNLOAD_HINT[component]}`")
     candidates: list[Path] = []
     if code_dir is not None:
         code_dir = Path(code_dir).expanduser()
@@ -69,10 +67,9 @@ def find_code_folder(component: str, model_dir: Path, modules: list[str], code_d
         if all((folder / f"{m}.py").is_file() for m in modules):
             return folder
     where = f"{code_dir} or {model_dir}" if code_dir is not None else str(model_dir)
-    raise CheckpointError(
-        f"official code {', '.join(m + '.py' for m in modules)} not found in {where}; download the official folder "
-        f"with `{_DOWNLOAD_HINT[component]}`, or point code_dir at a folder holding the official code"
-    )
+    raise CheckpointError(f"official code {', '.join(m + '.py' for m in modules)} not found in {where}; download the "
+                          f"official folder with `{_DOWNLOAD_HINT[component]}`, or point code_dir at a folder holding "
+                          "the official code")
 
 
 def code_digest(code_folder: Path) -> str:
@@ -95,10 +92,9 @@ def patch_config(config: dict, entries: tuple[PatchEntry, ...], patches: PatchSe
     for entry in entries:
         for key, expected in entry.expects:
             if str(config.get(key)) != expected:
-                raise CheckpointError(
-                    f"config.json has {key}={config.get(key)!r}, patch {entry.id} expects {expected!r} "
-                    f"({entry.where(patches.repo_of(entry))}); pass the matching official folder"
-                )
+                raise CheckpointError(f"config.json has {key}={config.get(key)!r}, patch {entry.id} expects "
+                                      f"{expected!r} ({entry.where(patches.repo_of(entry))}); pass the matching "
+                                      "official folder")
         for key in entry.set:
             patched[key] = value
         for key in entry.drop:
@@ -108,22 +104,12 @@ def patch_config(config: dict, entries: tuple[PatchEntry, ...], patches: PatchSe
     return patched
 
 
-def mirror_folder(
-    component: str,
-    model_dir: Path,
-    workdir: Path,
-    patches: PatchSet,
-    *,
-    attn_implementation: str,
-    code_dir: Optional[Path] = None,
-) -> Path:
-    """Build ``workdir/<name>_<code hash>``: links to the folder's files, the official code, a patched config.
+def mirror_folder(component: str, model_dir: Path, workdir: Path, patches: PatchSet, *, attn_implementation: str,
+                  code_dir: Optional[Path] = None) -> Path:
+    """Build and return ``workdir/<name>_<code hash>``, ready for ``from_pretrained(..., trust_remote_code=True)``:
+    links to the folder's files, the official code, and a config whose attention settings are
+    ``attn_implementation`` (the device layer's ``attention_impl``).
 
-    ``attn_implementation`` is what the config's attention settings become (the device layer's
-    ``attention_impl``: sdpa, or eager when asked for).
-
-    Returns:
-        The mirror folder, ready for ``from_pretrained(..., trust_remote_code=True)``.
     Raises:
         CheckpointError: the folder lacks config.json or the official code cannot be found.
     """

@@ -70,9 +70,8 @@ class UpstreamTTS:
         self.patches = load_manifest() if patches is None else patches
         compute_dtype = getattr(codec, "compute_dtype", None)
         if compute_dtype is not None and not backend(device).supports_dtype(compute_dtype):
-            raise DeviceError(
-                f"codec compute_dtype {compute_dtype} is not supported on {device}; set compute_dtype to fp32 in the codec config.json"
-            )
+            raise DeviceError(f"codec compute_dtype {compute_dtype} is not supported on {device}; set compute_dtype to "
+                              "fp32 in the codec config.json")
         self.applied = tuple(apply_patches({"tts": model, "codec": codec}, self.patches, device=device))
 
     @property
@@ -321,11 +320,9 @@ def _check_attention(model: Any, impl: str, patches: PatchSet) -> None:
     found = {name: module.attn_implementation for name, module in model.named_modules() if hasattr(module, "attn_implementation")}
     wrong = {name or "model": value for name, value in found.items() if value != impl}
     if not found or wrong:
-        raise CheckpointError(
-            f"the official model does not run the patched attention ({wrong or 'no attention modules'}, wanted {impl}); "
-            f"the patch set was written against {patches.code_repo}@{patches.revision}: use that code or update "
-            f"patches/manifest.yaml"
-        )
+        raise CheckpointError(f"the official model does not run the patched attention "
+                              f"({wrong or 'no attention modules'}, wanted {impl}); the patch set was written against "
+                              f"{patches.code_repo}@{patches.revision}: use that code or update patches/manifest.yaml")
 
 
 def _host(x: torch.Tensor) -> torch.Tensor:
