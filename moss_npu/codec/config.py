@@ -1,10 +1,6 @@
-"""Codec model config: the official MOSS-Audio-Tokenizer-Nano ``config.json`` as frozen dataclasses.
-
-Field names are the official keys. The per-stage attention windows are derived here from the config
-(stream rate x ``context_duration``), never hard-coded: the real checkpoint gets 1600/1200/800/500 steps
-for the encoder and 500/800/1200/1600 for the decoder, a shrunk fixture gets whatever its config implies.
-
-See docs/architecture.md#codec-config.
+"""Codec model config: the official MOSS-Audio-Tokenizer-Nano ``config.json`` as frozen dataclasses, under the
+official keys. The per-stage attention windows are derived from it (stream rate x ``context_duration``), never
+hard-coded, so a shrunk fixture gets what its config implies. See docs/architecture.md#codec-config.
 """
 
 from __future__ import annotations
