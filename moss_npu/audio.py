@@ -25,6 +25,7 @@ from moss_npu.wavfile import PathLike, probe, read_wav, read_wav_bytes
 
 log = logging.getLogger(__name__)
 OFFICIAL_KERNEL_LIMIT = 2**20  # filter-bank elements (4 MiB in float32); 44.1 kHz → 48 kHz needs 25,760
+WIDTH, ROLLOFF = 6, 0.99  # torchaudio's defaults: sinc zero crossings per side, cutoff over the lower Nyquist
 
 # A recording as a file path, the bytes of such a file, or a (waveform (C, S) or (S,), sample_rate) pair.
 AudioSource = Union[str, Path, bytes, tuple]
@@ -86,29 +87,28 @@ def audio_source_key(source: AudioSource) -> str:
     return digest.hexdigest()
 
 
-def _reduced(orig_hz: int, new_hz: int, lowpass_filter_width: int, rolloff: float) -> tuple[int, int, float, int]:
+def _reduced(orig_hz: int, new_hz: int) -> tuple[int, int, float, int]:
     """The rates over their gcd, the cutoff in units of them (below both Nyquists) and the filters' half width."""
     gcd = math.gcd(int(orig_hz), int(new_hz))
     orig, new = int(orig_hz) // gcd, int(new_hz) // gcd
-    cutoff = min(orig, new) * rolloff
-    return orig, new, cutoff, math.ceil(lowpass_filter_width * orig / cutoff)
+    cutoff = min(orig, new) * ROLLOFF
+    return orig, new, cutoff, math.ceil(WIDTH * orig / cutoff)
 
 
-def _sinc_kernel(orig: int, new: int, cutoff: float, width: int, lowpass_filter_width: int,
-                 dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def _sinc_kernel(orig: int, new: int, cutoff: float, width: int, dtype: torch.dtype,
+                 device: torch.device) -> torch.Tensor:
     """Polyphase Hann-windowed sinc filters ``(new, 1, 2*width + orig)`` for gcd-reduced rates."""
     taps = torch.arange(-width, width + orig, dtype=dtype, device=device)[None, None] / orig
     # Row j is output phase j: time of each input tap relative to output sample j/new, in input periods.
     t = torch.arange(0, -new, -1, dtype=dtype, device=device)[:, None, None] / new + taps
-    t = (t * cutoff).clamp(-lowpass_filter_width, lowpass_filter_width)
-    window = torch.cos(t * math.pi / lowpass_filter_width / 2) ** 2
+    t = (t * cutoff).clamp(-WIDTH, WIDTH)
+    window = torch.cos(t * math.pi / WIDTH / 2) ** 2
     t = t * math.pi
     kernel = torch.where(t == 0, torch.ones((), dtype=dtype, device=device), t.sin() / t)
     return kernel * (window * (cutoff / orig))
 
 
-def resample(wave: torch.Tensor, orig_hz: int, new_hz: int, *, lowpass_filter_width: int = 6,
-             rolloff: float = 0.99) -> torch.Tensor:
+def resample(wave: torch.Tensor, orig_hz: int, new_hz: int) -> torch.Tensor:
     """Resample ``(..., S)`` like ``torchaudio.functional.resample`` with ``sinc_interp_hann``.
 
     Output length is ``ceil(S * new_hz / orig_hz)``. The filters are computed in the wave's dtype, as
@@ -120,8 +120,8 @@ def resample(wave: torch.Tensor, orig_hz: int, new_hz: int, *, lowpass_filter_wi
         return wave
     if not wave.is_floating_point():
         raise AudioError(f"resample: expected a float waveform, got {wave.dtype}")
-    orig, new, cutoff, width = _reduced(orig_hz, new_hz, lowpass_filter_width, rolloff)
-    kernel = _sinc_kernel(orig, new, cutoff, width, lowpass_filter_width, wave.dtype, wave.device)
+    orig, new, cutoff, width = _reduced(orig_hz, new_hz)
+    kernel = _sinc_kernel(orig, new, cutoff, width, wave.dtype, wave.device)
     shape = wave.shape
     flat = F.pad(wave.reshape(-1, shape[-1]), (width, width + orig))
     out = F.conv1d(flat[:, None], kernel, stride=orig)  # (N, new, blocks): phase j of each input block
@@ -129,9 +129,9 @@ def resample(wave: torch.Tensor, orig_hz: int, new_hz: int, *, lowpass_filter_wi
     return out.reshape(*shape[:-1], out.shape[-1])
 
 
-def official_kernel_size(orig_hz: int, new_hz: int, lowpass_filter_width: int = 6, rolloff: float = 0.99) -> int:
+def official_kernel_size(orig_hz: int, new_hz: int) -> int:
     """Elements of ``resample``'s filter bank for these rates (what it allocates and convolves with)."""
-    orig, new, _, width = _reduced(orig_hz, new_hz, lowpass_filter_width, rolloff)
+    orig, new, _, width = _reduced(orig_hz, new_hz)
     return new * (2 * width + orig)
 
 
