@@ -80,10 +80,8 @@ class Report:
 
 
 def versions() -> dict[str, str]:
-    """Versions of Python and of the installed packages that decide the numbers (absent ones left out).
-
-    Read from package metadata, so that torch_npu is never imported just to report its version.
-    """
+    """Versions of Python and of the installed packages that decide the numbers (absent ones left out), from their
+    metadata: torch_npu is never imported just to report its version."""
     out = {"python": platform.python_version(), "moss_npu": __version__}
     for name in VERSIONED:
         try:

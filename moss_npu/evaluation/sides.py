@@ -1,10 +1,8 @@
 """One side of an accuracy comparison: a model on one device, run over fixed inputs, results kept on the host.
 
-The reference side builds the fixed inputs (prompt rows, voice-reference codes, the tokens of one
-teacher-forced frame, codes for the codec) and generates the codes that tier B decodes; the target side reuses
-all of them, so both compute the same functions of the same inputs. ``NativeSide`` runs this package;
-``UpstreamSide`` runs the official code through ``moss_npu.upstream.UpstreamTTS`` (its ``teacher_forced``,
-``generate_codes``, ``decode_codes`` and ``prompt_rows``).
+The reference side builds the fixed inputs (prompt rows, voice-reference codes, one teacher-forced frame, codec
+codes) and the codes tier B decodes; the target side reuses them, so both compute the same functions of the same
+inputs. ``NativeSide`` runs this package, ``UpstreamSide`` the official code (``moss_npu.upstream.UpstreamTTS``).
 Shapes: L prompt rows, E hidden, Q = n_vq channels, V codebook size, F frames, C channels, S samples.
 """
 
@@ -50,10 +48,8 @@ DEFAULT_INPUTS = (
 
 @dataclass(frozen=True)
 class SideSpec:
-    """Which implementation to load where: ``role`` is ``reference`` or ``target``, ``impl`` native or upstream.
-
-    ``code_dir``: where the official ``*.py`` code lives for an upstream side (None: the model folders).
-    """
+    """Which implementation to load where: ``role`` is ``reference`` or ``target``, ``impl`` native or upstream;
+    ``code_dir``: where an upstream side's official ``*.py`` code lives (None: the model folders)."""
 
     role: str
     impl: str
@@ -73,11 +69,9 @@ class SideSpec:
 
 @dataclass(frozen=True)
 class GenerationSettings:
-    """Free-running generation of tier C: frame limit, sampling, seed, and where random numbers come from.
-
-    ``rng`` is ``host`` (a seeded CPU generator: identical draws on every device), ``device`` (each side seeds its
-    device generator like the official runtime: comparable on one device only) or ``none`` (greedy).
-    """
+    """Free-running generation of tier C. ``rng`` is where random numbers come from: ``host`` (a seeded CPU
+    generator: identical draws on every device), ``device`` (each side's, seeded like the official runtime: one
+    device only) or ``none`` (greedy)."""
 
     max_new_frames: int
     sampling: SamplingParams
