@@ -103,9 +103,7 @@ def _side(info: dict[str, Any]) -> str:
 def _num(x: Any) -> str:
     if x is None:
         return "-"
-    if isinstance(x, float) and math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    return f"{x:.3g}" if isinstance(x, float) else str(x)
+    return f"{x:.3g}" if isinstance(x, float) else str(x)  # "inf", "-inf" and "nan" format as themselves
 
 
 def _summary(item: Item) -> str:
