@@ -62,14 +62,8 @@ def probe(fh: BinaryIO, name: str, max_seconds: float = MAX_REFERENCE_SECONDS) -
 
 
 def read_wav(path: PathLike) -> tuple[np.ndarray, int]:
-    """Read any soundfile-readable file as float32 ``(C, S)`` in [-1, 1] plus its sample rate.
-
-    Integer PCM is scaled by 1/32768 (16-bit) etc., as torchaudio does. The format is detected from the
-    content, so FLAC or MP3 files named ``.wav`` read correctly.
-
-    Raises:
-        AudioError: the file is missing or not decodable.
-    """
+    """Read any soundfile-readable file as float32 ``(C, S)`` in [-1, 1] (integer PCM scaled as torchaudio does)
+    plus its sample rate; AudioError when it is missing or not decodable."""
     path = Path(path)
     if not path.is_file():
         raise AudioError(f"reference audio {path}: file not found; pass an existing wav/flac/mp3 file")
@@ -78,11 +72,7 @@ def read_wav(path: PathLike) -> tuple[np.ndarray, int]:
 
 
 def read_wav_bytes(data: bytes) -> tuple[np.ndarray, int]:
-    """Read the bytes of a soundfile-readable file as ``read_wav`` reads a path (an upload, an HTTP body).
-
-    Raises:
-        AudioError: the bytes are not decodable.
-    """
+    """Read the bytes of a soundfile-readable file (an upload) as ``read_wav`` reads a path."""
     return _decode(io.BytesIO(data), f"<{len(data)} bytes>")
 
 

@@ -1,9 +1,7 @@
 """Patched copies of official model folders, for loading the official remote code (docs/upstream.md#the-patch-set).
 
-The user's folder is never edited: ``mirror_folder`` builds a folder in a work directory that links
-every file of the original (weights, tokenizer) and holds a rewritten ``config.json`` whose attention
-settings come from the device layer. The official ``*.py`` files come from the model folder
-itself (a hub download carries them) or from a separate code folder.
+The user's folder is never edited: ``mirror_folder`` links its files (and the official ``*.py`` code, from it or
+from a code folder) into a work folder beside a rewritten ``config.json`` whose attention comes from the device layer.
 """
 
 from __future__ import annotations
@@ -81,13 +79,9 @@ def code_digest(code_folder: Path) -> str:
 
 
 def patch_config(config: dict, entries: tuple[PatchEntry, ...], patches: PatchSet, value: str) -> dict:
-    """Return a copy of ``config`` with each entry's ``set`` keys set to ``value``, ``drop`` keys removed and
-    its ``auto_map`` filled in when the config has none.
-
-    Raises:
-        CheckpointError: a key listed in an entry's ``expects`` has another value (not the folder the patch
-            set was written for).
-    """
+    """Return a copy of ``config`` with each entry's ``set`` keys set to ``value``, ``drop`` keys removed and its
+    ``auto_map`` filled in where the config has none; CheckpointError where a key has another value than the
+    entry ``expects`` (not the folder the patch set was written for)."""
     patched = dict(config)
     for entry in entries:
         for key, expected in entry.expects:
