@@ -59,26 +59,23 @@ class Stretcher:
         pieces = []
         for start in range(0, wave.shape[1], _BLOCK):
             self._rb.process(np.ascontiguousarray(wave[:, start:start + _BLOCK]))
-            pieces.append(self._retrieve())
+            if self._rb.available() > 0:
+                pieces.append(self._rb.retrieve_available())
         self.consumed += wave.shape[1]
         return self._take(pieces, limit=None)
 
     def flush(self) -> np.ndarray:
         """End the stream: return the rest, so that the whole output is exactly ``round(consumed / speed)`` long."""
         self._rb.process(np.zeros((self.channels, 0), np.float32), final=True)
-        pieces = [self._retrieve()]
+        pieces = []
         while self._rb.available() > 0:
-            pieces.append(self._retrieve())
+            pieces.append(self._rb.retrieve_available())
         target = int(round(self.consumed / self.speed))
         out = self._take(pieces, limit=target - self.produced)
         if self.produced < target:  # the stretcher's tail fell short: the rest is silence
             out = np.concatenate([out, np.zeros((self.channels, target - self.produced), np.float32)], axis=1)
             self.produced = target
         return out
-
-    def _retrieve(self) -> np.ndarray:
-        return self._rb.retrieve_available() if self._rb.available() > 0 else np.zeros((self.channels, 0),
-                                                                                      np.float32)
 
     def _take(self, pieces: list, limit) -> np.ndarray:
         """Join retrieved output, drop the start delay, cut at ``limit`` samples; count what is returned."""
