@@ -1,4 +1,4 @@
-"""The outcome of an accuracy comparison: a readable table for stdout and a JSON report written atomically.
+"""The outcome of an accuracy comparison: a readable table for stdout and a JSON-ready report.
 
 The JSON holds, per tier, every item's metrics and pass/fail, the thresholds used, both sides (implementation,
 dtype, device name from ``moss_npu.device.describe``) and the library versions. JSON has no infinity, so
@@ -12,12 +12,10 @@ import math
 import platform
 from dataclasses import dataclass
 from importlib import metadata
-from pathlib import Path
 from typing import Any
 
 from moss_npu import __version__
 from moss_npu.evaluation.tiers import Item, Thresholds, TierResult
-from moss_npu.output import write_json
 
 VERSIONED = ("torch", "torch_npu", "numpy", "transformers")
 
@@ -55,10 +53,6 @@ class Report:
                                "items": [dataclasses.asdict(i) for i in t.items]} for t in self.tiers},
         }
         return _finite(data)
-
-    def write_json(self, path: Path | str) -> Path:
-        """Write the report to ``path`` atomically (a temp file in the same folder, then a rename)."""
-        return write_json(path, self.to_dict())
 
     def format_table(self) -> str:
         """Return the human-readable summary: both sides, one block per tier, one line per item."""
