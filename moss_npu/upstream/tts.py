@@ -121,12 +121,6 @@ class UpstreamTTS:
             chunk_batch_size=int(out.get("voice_clone_chunk_batch_size", 1)),
         )
 
-    def synthesize(self, text: str, mode: str = "continuation", prompt_audio_path: Optional[str] = None,
-                   prompt_text: Optional[str] = None, **params: Any) -> tuple[torch.Tensor, int]:
-        """Text to (waveform (2, S) float32 on the host, sample rate) with the official code; see ``infer``."""
-        result = self.infer(text, mode=mode, prompt_audio_path=prompt_audio_path, prompt_text=prompt_text, **params)
-        return result.waveform, result.sample_rate
-
     def stream(self, text: str, mode: str = "continuation", prompt_audio_path: Optional[str] = None,
                prompt_text: Optional[str] = None, *, output_path: Optional[str] = None, seed: Optional[int] = None,
                **params: Any) -> Iterator[torch.Tensor]:
