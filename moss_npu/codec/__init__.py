@@ -1,9 +1,5 @@
-"""MOSS-Audio-Tokenizer-Nano, native: load an official codec folder, encode/decode, stream decode.
-
-Public entry points: ``load_codec``, ``NanoCodec`` (``encode``, ``decode``, ``init_decode_state``,
-``decode_step``), ``CodecDecodeState``, ``DecodeSchedule`` and ``write_random_codec``.
-
-See docs/architecture.md#the-codec.
+"""MOSS-Audio-Tokenizer-Nano, native: ``load_codec`` an official folder into a ``NanoCodec`` (``encode``,
+``decode``, ``init_decode_state``, ``decode_step``); ``write_random_codec`` for tests. docs/architecture.md#the-codec.
 """
 
 from moss_npu.codec.checkpoint import load_codec, nano_codec_config, write_random_codec

@@ -114,11 +114,19 @@ class NanoCodec(nn.Module):
         codes = self.quantizer.encode(h.float(), h_lengths, nq)
         return codes, h_lengths
 
-    def _restore_channels(self, audio: torch.Tensor) -> torch.Tensor:
-        b = audio.shape[0]
+    def _run_decoder(self, codes: torch.Tensor, lengths: torch.Tensor,
+                     state: Optional[CodecDecodeState] = None) -> torch.Tensor:
+        """Quantizer decode, the decoder stages (the transformers streamed against ``state`` when given) and the
+        channels taken apart again: ``(B, C, F * frame_size)`` float32."""
+        hidden, steps = self.quantizer.decode(codes).to(self._compute_dtype()), lengths
+        for i, module in enumerate(self.decoder):
+            if state is not None and isinstance(module, ProjectedTransformer):
+                hidden, steps = module.stream(hidden, steps, f"decoder.{i}", state)
+            else:
+                hidden, steps = module(hidden, steps)
         if self.config.interleave_factor > 1:
-            audio = audio.reshape(b, -1, self.channels).transpose(1, 2)
-        return audio.float().contiguous()
+            hidden = hidden.reshape(hidden.shape[0], -1, self.channels).transpose(1, 2)
+        return hidden.float().contiguous()
 
     @torch.no_grad()
     def decode(self, codes: torch.Tensor, lengths: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -127,11 +135,7 @@ class NanoCodec(nn.Module):
         ``lengths (B,)`` are valid frames per row (None = all F); returned lengths are in samples.
         """
         codes, lengths = self._check_codes(codes, lengths)
-        hidden = self.quantizer.decode(codes).to(self._compute_dtype())
-        steps = lengths
-        for module in self.decoder:
-            hidden, steps = module(hidden, steps)
-        return self._restore_channels(hidden), lengths * self.frame_size
+        return self._run_decoder(codes, lengths), lengths * self.frame_size
 
     def _check_codes(self, codes: torch.Tensor,
                      lengths: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -180,14 +184,7 @@ class NanoCodec(nn.Module):
         return torch.cat(pieces, dim=-1)
 
     def _decode_piece(self, codes: torch.Tensor, lengths: torch.Tensor, state: CodecDecodeState) -> torch.Tensor:
-        hidden = self.quantizer.decode(codes).to(self._compute_dtype())
-        steps = lengths
-        for i, module in enumerate(self.decoder):
-            if isinstance(module, ProjectedTransformer):
-                hidden, steps = module.stream(hidden, steps, f"decoder.{i}", state)
-            else:
-                hidden, steps = module(hidden, steps)
+        audio = self._run_decoder(codes, lengths, state)
         state.frames_processed += codes.shape[2]
-        audio = self._restore_channels(hidden)
         valid = torch.arange(audio.shape[-1], device=audio.device).view(1, -1) < (lengths * self.frame_size).view(-1, 1)
         return audio * valid[:, None, :]

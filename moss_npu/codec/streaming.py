@@ -33,10 +33,6 @@ class KVCache:
     chunk_capacity: int
     written: list[int] = field(default_factory=list)  # steps written per row (host): slots >= it are empty
 
-    def filled_slots(self, rows: int) -> int:
-        """Leading slots that may hold a key of rows [0, rows); the rest are empty, so attention skips them."""
-        return min(max(self.written[:rows], default=0), self.keys.shape[2])
-
     @classmethod
     def empty(cls, batch_size: int, num_heads: int, head_dim: int, context: int, chunk_capacity: int,
               device: torch.device, dtype: torch.dtype) -> "KVCache":
@@ -72,8 +68,9 @@ class KVCache:
             self.written[row] += steps
 
     def filled(self, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Return keys, values ``(rows, H, n, Dh)`` and positions ``(rows, n)`` of the ``filled_slots`` of rows [0, rows)."""
-        n = self.filled_slots(rows)
+        """Return keys, values ``(rows, H, n, Dh)`` and positions ``(rows, n)`` of the leading slots that may hold a key
+        of rows [0, rows): the rest are empty, so attention skips them."""
+        n = min(max(self.written[:rows], default=0), self.keys.shape[2])
         return self.keys[:rows, :, :n], self.values[:rows, :, :n], self.positions[:rows, :n]
 
     def reset_row(self, row: int) -> None:

@@ -1,8 +1,6 @@
-"""Run the official MOSS-TTS-Nano remote code on any device with a maintained patch set (``--impl upstream``).
-
-``patches/manifest.yaml`` lists what is patched and why; ``folder`` builds patched copies of the official
-folders, ``patches`` holds the device-neutral replacements and their signature checks, ``tts`` loads
-everything (transformers is imported only there, only when called).
+"""Run the official MOSS-TTS-Nano remote code on any device with a maintained patch set (``--impl upstream``):
+``patches/manifest.yaml`` lists what is patched and why, ``folder`` builds patched copies of the official folders,
+``patches`` holds the replacements and their signature checks, ``tts`` loads everything (docs/upstream.md).
 """
 
 from moss_npu.upstream.manifest import load_manifest
