@@ -119,11 +119,8 @@ def _entry(raw: object, path: Path) -> PatchEntry:
         kind=kind, why=" ".join(str(raw["why"]).split()),
         module=None if raw.get("module") is None else str(raw["module"]),
         params=None if raw.get("params") is None else _names(raw["params"], name, "params", path),
-        expects=tuple((str(k), str(v)) for k, v in (raw.get("expects") or {}).items()),
-        set=_names(raw.get("set") or [], name, "set", path),
-        drop=_names(raw.get("drop") or [], name, "drop", path),
-        used_by=_names(raw.get("used_by") or [], name, "used_by", path),
-        auto_map=tuple((str(k), str(v)) for k, v in (raw.get("auto_map") or {}).items()),
+        **{key: _names(raw.get(key) or [], name, key, path) for key in ("set", "drop", "used_by")},
+        **{key: tuple((str(k), str(v)) for k, v in (raw.get(key) or {}).items()) for key in ("expects", "auto_map")},
     )
 
 
