@@ -39,7 +39,7 @@ from moss_npu.serve.metrics import CONTENT_TYPE, Metrics
 from moss_npu.serve.pool import Ticket, WorkerPool
 from moss_npu.serve.recordings import probe_recording
 from moss_npu.serve.schema import (DEFAULT_VOICE, SpeechBody, check_body, check_text, decode_ref_audio, parse_json,
-                                   run_config, speech_body)
+                                   run_config, speech_body, validation_error)
 from moss_npu.serve.voices import VoiceStore
 
 log = logging.getLogger("moss_npu.serve")
@@ -109,8 +109,8 @@ def create_app(config: ServerConfig, pool: WorkerPool, metrics: Metrics,
         ready = pool.ready and not drain.draining
         status = "draining" if drain.draining else "ready" if ready else "starting"
         extra = await asyncio.to_thread(health_extra) if health_extra is not None else {}
-        return _json({"status": status, "workers": [w.describe() for w in pool.workers], **extra},
-                     200 if ready else 503)
+        return JSONResponse({"status": status, "workers": [w.describe() for w in pool.workers], **extra},
+                            200 if ready else 503)
 
     @app.get("/favicon.ico")
     async def favicon() -> Response:
@@ -118,7 +118,7 @@ def create_app(config: ServerConfig, pool: WorkerPool, metrics: Metrics,
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:
-        return _json({"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "moss-npu"}
+        return JSONResponse({"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "moss-npu"}
                                                  for name in config.model_names]})
 
     @app.get("/metrics")
@@ -129,19 +129,19 @@ def create_app(config: ServerConfig, pool: WorkerPool, metrics: Metrics,
     @app.get("/v1/audio/voices")
     async def list_voices() -> JSONResponse:
         voices = await asyncio.to_thread(store.list)
-        return _json({"object": "list", "data": [v.public() for v in voices]})
+        return JSONResponse({"object": "list", "data": [v.public() for v in voices]})
 
     @app.get("/v1/audio/voices/{voice_id}")
     async def get_voice(voice_id: str) -> JSONResponse:
         check_text(voice_id, "voice_id")
         voice, _ = await asyncio.to_thread(store.find, voice_id)
-        return _json(voice.public())
+        return JSONResponse(voice.public())
 
     @app.delete("/v1/audio/voices/{voice_id}")
     async def delete_voice(voice_id: str) -> JSONResponse:
         check_text(voice_id, "voice_id")
         voice = await asyncio.to_thread(store.delete, voice_id)
-        return _json({"id": voice.id, "name": voice.name, "object": "voice", "deleted": True})
+        return JSONResponse({"id": voice.id, "name": voice.name, "object": "voice", "deleted": True})
 
     @app.post("/v1/audio/voices")
     async def add_voice(name: str = Form(...), audio: UploadFile = File(...),
@@ -155,7 +155,7 @@ def create_app(config: ServerConfig, pool: WorkerPool, metrics: Metrics,
         duration = await asyncio.to_thread(probe_recording, data, config.max_voice_seconds, param="audio")
         codes = await pool.encode(data, config.request_timeout_s)
         voice = await asyncio.to_thread(store.add, name, torch.from_numpy(codes), duration, transcript)
-        return _json(voice.public())
+        return JSONResponse(voice.public())
 
     @app.post("/v1/audio/speech")
     async def speech(request: Request) -> Response:
@@ -194,10 +194,6 @@ def create_app(config: ServerConfig, pool: WorkerPool, metrics: Metrics,
     live.install(app, pool, lambda body: _job(body, store, config), config, drain)  # WS /v1/audio/speech/stream
     page.install(app, config)  # the page at /
     return app
-
-
-def _json(body: dict, status: int = 200, headers: Optional[dict] = None) -> JSONResponse:
-    return JSONResponse(body, status_code=status, headers=headers)
 
 
 def _parse_and_check(raw: bytes, content_type: Optional[str], store: VoiceStore, config: ServerConfig, rate: int,
@@ -336,38 +332,36 @@ class _Reply:
         finally:
             self.close()
 
-    async def audio(self, head: list[tuple]) -> AsyncIterator[bytes]:
-        """Raw PCM chunks (after a streaming WAV header for ``wav``)."""
+    async def _stream(self, head: list[tuple]) -> AsyncIterator[tuple]:
+        """The request's events with each chunk made ``("pcm", bytes)``: a streaming WAV header first for ``wav``,
+        the resampler's tail before ``done``."""
         if self.body.response_format == "wav":
-            yield wav_stream_header(self.out_rate, self.out_channels)
+            yield "pcm", wav_stream_header(self.out_rate, self.out_channels)
         async for event in self._events(head):
             if event[0] == "chunk":
-                data = pcm16(self._convert(event[1]))
-                if data:
-                    yield data
-            elif event[0] == "done":
-                yield pcm16(self.converter.flush())
+                yield "pcm", pcm16(self._convert(event[1]))
+                continue
+            if event[0] == "done":
                 self._finish()
+                yield "pcm", pcm16(self.converter.flush())
+            yield event
+
+    async def audio(self, head: list[tuple]) -> AsyncIterator[bytes]:
+        """Raw PCM chunks (after a streaming WAV header for ``wav``)."""
+        async for event in self._stream(head):
+            if event[0] == "pcm" and event[1]:
+                yield event[1]
             elif event[0] == "error":
                 log.warning("stream cut: %s", event[2])
                 raise ConnectionAbortedError(event[2])
 
     async def sse(self, head: list[tuple]) -> AsyncIterator[bytes]:
         """``speech.audio.delta`` events (base64 audio), then ``speech.audio.done`` with usage."""
-        if self.body.response_format == "wav":
-            yield _sse({"type": "speech.audio.delta", "audio": _b64(wav_stream_header(self.out_rate,
-                                                                                      self.out_channels))})
         try:
-            async for event in self._events(head):
-                if event[0] == "chunk":
-                    data = pcm16(self._convert(event[1]))
-                    if data:
-                        yield _sse({"type": "speech.audio.delta", "audio": _b64(data)})
+            async for event in self._stream(head):
+                if event[0] == "pcm" and event[1]:
+                    yield _sse({"type": "speech.audio.delta", "audio": base64.b64encode(event[1]).decode("ascii")})
                 elif event[0] == "done":
-                    tail = pcm16(self.converter.flush())
-                    if tail:
-                        yield _sse({"type": "speech.audio.delta", "audio": _b64(tail)})
-                    self._finish()
                     for message in event[1].get("warnings", ()):  # a text chunk the model spoke nothing of
                         yield _sse({"type": "speech.audio.warning", "message": message})
                     tokens, frames = int(event[1]["input_tokens"]), int(event[1]["frames"])
@@ -375,7 +369,7 @@ class _Reply:
                         "input_tokens": tokens, "output_tokens": frames, "total_tokens": tokens + frames}})
                 elif event[0] == "timestamp":  # a text chunk's start and end in this audio (speed included)
                     yield _sse({"type": "speech.audio.timestamp", **event[1]})
-                else:
+                elif event[0] == "error":
                     yield _sse({"type": "error", **from_engine(event[1], event[2]).body()})
         except ApiError as exc:  # the timeout, or the end of the drain
             yield _sse({"type": "error", **exc.body()})
@@ -405,33 +399,21 @@ def _sse(obj: dict) -> bytes:
     return f"data: {json.dumps(obj)}\n\n".encode()
 
 
-def _b64(data: bytes) -> str:
-    return base64.b64encode(data).decode("ascii")
-
-
 def _install_error_handlers(app: FastAPI) -> None:
     """Every failure answers in the OpenAI error shape; no traceback reaches a client."""
 
     @app.exception_handler(ApiError)
     async def api_error(_request: Request, exc: ApiError) -> JSONResponse:
-        return _json(exc.body(), exc.status, exc.headers)
+        return JSONResponse(exc.body(), exc.status, exc.headers)
 
-    @app.exception_handler(RequestValidationError)
+    @app.exception_handler(RequestValidationError)  # a form field of a voice upload
     async def invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        problems = exc.errors()
-        first = problems[0] if problems else {"loc": (), "msg": "invalid request"}
-        if first.get("type") == "json_invalid":
-            return _json(ApiError(422, f"the body is not valid JSON ({first.get('ctx', {}).get('error', 'syntax')})",
-                                  code="invalid_json").body(), 422)
-        loc = [str(part) for part in first.get("loc", ()) if part not in ("body", "query", "path")]
-        param = ".".join(loc) or None
-        message = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
-        return _json(ApiError(422, message, param=param, code="invalid_request").body(), 422)
+        return await api_error(_request, validation_error(exc.errors()))
 
     @app.exception_handler(HTTPException)
     async def http_error(_request: Request, exc: HTTPException) -> JSONResponse:
-        return _json(ApiError(exc.status_code, str(exc.detail), code="not_found" if exc.status_code == 404
-                              else None).body(), exc.status_code, getattr(exc, "headers", None))
+        code = "not_found" if exc.status_code == 404 else None
+        return await api_error(_request, ApiError(exc.status_code, str(exc.detail), code=code, headers=exc.headers))
 
     @app.exception_handler(Disconnected)
     async def gone(_request: Request, _exc: Disconnected) -> Response:
@@ -440,4 +422,5 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def internal(_request: Request, exc: Exception) -> JSONResponse:
         log.exception("internal error")
-        return _json(ApiError(500, "internal server error; see the server log", code="internal_error").body(), 500)
+        return await api_error(_request, ApiError(500, "internal server error; see the server log",
+                                                  code="internal_error"))

@@ -189,10 +189,15 @@ def speech_body(fields: Any) -> SpeechBody:
     try:
         return SpeechBody(**fields)
     except ValidationError as exc:
-        problem = exc.errors(include_url=False, include_input=False)[0]
-        param = shown(".".join(str(p) for p in problem.get("loc", ()))).strip("'") or None
-        message = f"{param}: {problem.get('msg')}" if param else str(problem.get("msg"))
-        raise ApiError(422, message, param=param, code="invalid_request") from None
+        raise validation_error(exc.errors(include_url=False, include_input=False)) from None
+
+
+def validation_error(problems: list) -> ApiError:
+    """422 ``invalid_request`` naming the first field pydantic found wrong or unknown (body, form or path)."""
+    first = problems[0] if problems else {"msg": "invalid request"}
+    param = shown(".".join(str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path"))).strip("'")
+    message = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
+    return ApiError(422, message, param=param or None, code="invalid_request")
 
 
 def decode_ref_audio(text: str, max_bytes: int) -> bytes:
