@@ -24,14 +24,14 @@ from pathlib import Path
 from typing import AsyncIterator, Callable, Optional
 
 import torch
-from fastapi import FastAPI, File, Form, Request, UploadFile
+from fastapi import FastAPI, File, Form, Request, UploadFile, WebSocket
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
 
 from moss_npu.serve import live, page
-from moss_npu.serve.drain import Drain, shutting_down
+from moss_npu.serve.drain import Deadline, Drain
 from moss_npu.serve.edge import Edge, EdgePolicy
 from moss_npu.serve.errors import ApiError, from_engine
 from moss_npu.serve.formats import MEDIA_TYPES, StreamConverter, encode_file, pcm16, wav_stream_header
@@ -191,7 +191,11 @@ def create_app(config: ServerConfig, pool: WorkerPool, metrics: Metrics,
         headers.update({"X-Audio-Frames": str(info["frames"]), "X-Codes-SHA256": info["codes_sha256"]})
         return Response(data, media_type=MEDIA_TYPES[body.response_format], headers=headers)
 
-    live.install(app, pool, lambda body: _job(body, store, config), config, drain)  # WS /v1/audio/speech/stream
+    @app.websocket("/v1/audio/speech/stream")
+    async def speech_stream(ws: WebSocket) -> None:
+        await ws.accept()  # the edge already checked host, origin and key
+        await live.Session(ws, pool, lambda body: _job(body, store, config), config, drain).run()
+
     page.install(app, config)  # the page at /
     return app
 
@@ -213,23 +217,6 @@ def _is_json(content_type: str) -> bool:
     return kind == "application/json" or (kind.startswith("application/") and kind.endswith("+json"))
 
 
-@dataclass(frozen=True)
-class Deadline:
-    """When a request must be done: its own timeout (then 504), or the end of the server's drain (then 503)."""
-
-    at: float  # the event loop's time
-    drain: Drain
-
-    def remaining(self) -> float:
-        return min(self.at - asyncio.get_running_loop().time(), self.drain.remaining_s())
-
-    def overdue(self) -> ApiError:
-        if self.drain.expired():
-            return shutting_down()
-        return ApiError(504, "the request took longer than the server's timeout; shorten the text or raise "
-                        "--request-timeout", code="timeout")
-
-
 def _job(body: SpeechBody, store: VoiceStore, config: ServerConfig) -> dict:
     """Turn a checked body into the worker's job: text, voice (stored codes or a recording) and settings."""
     job: dict = {"text": body.input, "prompt_text": body.ref_text}
@@ -245,17 +232,6 @@ def _job(body: SpeechBody, store: VoiceStore, config: ServerConfig) -> dict:
     mode = "continuation" if job["prompt_text"] is not None or not has_voice else "voice_clone"
     job["settings"] = run_config(body, mode=mode, max_new_frames=config.max_new_frames)
     return job
-
-
-async def _next(ticket: Ticket, deadline: Deadline) -> tuple:
-    """The ticket's next event before ``deadline`` (504 after the request's timeout, 503 after the drain's)."""
-    remaining = deadline.remaining()
-    while remaining > 0:
-        try:  # in steps, so a drain that starts meanwhile shortens the wait
-            return await ticket.next(min(remaining, 1.0))
-        except asyncio.TimeoutError:
-            remaining = deadline.remaining()
-    raise deadline.overdue()
 
 
 async def _watch_disconnect(request: Request, ticket: Ticket) -> None:
@@ -275,7 +251,7 @@ async def _first_audio(ticket: Ticket, deadline: Deadline) -> list[tuple]:
     """
     head: list[tuple] = []
     while True:
-        event = await _next(ticket, deadline)
+        event = await deadline.next_event(ticket)
         if event[0] == "gone":
             raise Disconnected()
         if event[0] == "error":
@@ -325,7 +301,7 @@ class _Reply:
                 yield event
             event = head[-1]
             while event[0] not in ("done", "error"):
-                event = await _next(self.ticket, self.deadline)
+                event = await self.deadline.next_event(self.ticket)
                 if event[0] == "gone":
                     return
                 yield event
@@ -381,7 +357,7 @@ class _Reply:
             if early[0] == "chunk":
                 pieces.append(self._convert(early[1]))
         while event[0] not in ("done", "error"):
-            event = await _next(self.ticket, self.deadline)
+            event = await self.deadline.next_event(self.ticket)
             if event[0] == "gone":
                 raise Disconnected()
             if event[0] == "chunk":

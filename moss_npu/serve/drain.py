@@ -14,7 +14,8 @@ import asyncio
 import math
 import time
 from contextlib import contextmanager
-from typing import Callable, Iterator, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Optional
 
 from moss_npu.serve.errors import ApiError
 
@@ -83,3 +84,25 @@ def shutting_down() -> ApiError:
     """The answer to a request that arrives, or is still running, while the server stops."""
     return ApiError(503, "the server is shutting down; retry the request (another replica will take it)",
                     code="shutting_down", headers={"Retry-After": str(RETRY_AFTER_S)})
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """When a request (or a session's sentence) must be done: its own timeout (then 504), or the end of the
+    server's drain (then 503)."""
+
+    at: float  # the event loop's time
+    drain: Drain
+
+    async def next_event(self, ticket: Any) -> tuple:
+        """The ticket's next event (``moss_npu.serve.pool.Ticket``) before the deadline, else its answer."""
+        loop = asyncio.get_running_loop()
+        while (remaining := min(self.at - loop.time(), self.drain.remaining_s())) > 0:
+            try:  # in steps, so a drain that starts meanwhile shortens the wait
+                return await ticket.next(min(remaining, 1.0))
+            except asyncio.TimeoutError:
+                pass
+        if self.drain.expired():
+            raise shutting_down()
+        raise ApiError(504, "the request took longer than the server's timeout; shorten the text or raise "
+                       "--request-timeout", code="timeout")

@@ -42,11 +42,14 @@ def check_output(fmt: str, sample_rate: int, channels: int, sample_format: str =
     """Return why ``fmt`` at ``sample_rate`` / ``channels`` / ``sample_format`` cannot be produced, or None."""
     if fmt not in FORMATS:
         return f"response_format {shown(fmt)}: unsupported; use one of {', '.join(FORMATS)}"
+    if streamed and fmt not in STREAMABLE:
+        return (f"response_format {fmt} cannot stream; use pcm or wav, or ask for whole files (stream false; "
+                "stream_audio false in a session)")
     if sample_format not in SAMPLE_FORMATS:
         return f"sample_format {shown(sample_format)}: use one of {', '.join(SAMPLE_FORMATS)}"
     if sample_format != "s16" and (streamed or fmt not in DEEPER[sample_format]):
         return (f"sample_format {sample_format}: only whole {' or '.join(DEEPER[sample_format])} files hold it "
-                "(streams are s16)")
+                "(streams are s16; ask for whole files with stream false, or stream_audio false in a session)")
     if channels not in (1, 2):
         return f"channels {channels}: use 1 (mono) or 2 (stereo)"
     if not MIN_RATE <= sample_rate <= MAX_RATE:

@@ -21,7 +21,7 @@ from moss_npu.errors import MissingDependency, MossNpuError, SettingError
 from moss_npu.limits import MAX_SEED
 from moss_npu.sampling_params import MAX_PENALTY, MAX_TEMPERATURE, MAX_TOP_K, VALUES
 from moss_npu.serve.errors import ApiError, shown
-from moss_npu.serve.formats import FORMATS, STREAMABLE, check_output
+from moss_npu.serve.formats import check_output
 from moss_npu.tempo import check_speed, rubberband
 from moss_npu.tts.settings import RunConfig
 
@@ -151,9 +151,6 @@ def check_body(body: SpeechBody, *, model_names: tuple[str, ...], max_chars: int
     if body.stream_format not in ("audio", "sse"):
         raise ApiError(400, f"stream_format {shown(body.stream_format)}: use audio or sse", param="stream_format",
                        code="invalid_value")
-    if body.streams() and body.response_format not in STREAMABLE and body.response_format in FORMATS:
-        raise ApiError(400, f"response_format {body.response_format} cannot stream; use pcm or wav, or drop "
-                       "stream / stream_format sse", param="response_format", code="invalid_value")
     problem = check_output(body.response_format, body.sample_rate or sample_rate,
                            channels if body.channels is None else body.channels, body.sample_format, body.streams())
     if problem:
