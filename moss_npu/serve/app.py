@@ -118,8 +118,8 @@ def create_app(config: ServerConfig, pool: WorkerPool, metrics: Metrics,
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:
-        return JSONResponse({"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "moss-npu"}
-                                                 for name in config.model_names]})
+        return JSONResponse({"object": "list", "data": [
+            {"id": name, "object": "model", "created": 0, "owned_by": "moss-npu"} for name in config.model_names]})
 
     @app.get("/metrics")
     async def prometheus() -> Response:
