@@ -1,14 +1,8 @@
-"""The HTTP API: OpenAI's ``/v1/audio/speech`` plus voices, models, health and metrics.
+"""The HTTP API: OpenAI's ``/v1/audio/speech`` plus voices, models, health, metrics and the WebSocket session.
 
-What the headers decide (host, origin, key, body limits) is decided before the body is read, by
-``moss_npu.serve.edge``. Handlers then check a request completely before it takes a slot, and wait for its
-first audio before answering, so every failure before audio exists, a model that stops before any audio
-included, still gets its proper status. After the first audio has left, a failure ends the stream (SSE: an
-``error`` event; raw audio: the connection closes without the final chunk, so a client never mistakes a cut
-stream for a whole one). A client that goes away frees its slot at the next frame, whole-file or streamed.
-Everything that costs time in proportion to what a client sent (JSON parsing, checks, voice reads, recording
-probes) runs off the event loop, after the edge has bounded its size. On a stop signal the server drains
-(``moss_npu.serve.drain``).
+A request is checked completely (off the event loop, once the edge has bounded its size) before it takes a slot,
+and its first audio is awaited before the status line goes out, so every failure before audio gets its status;
+after it a failure cuts the stream (docs/serving.md#request-body). A client that leaves frees its slot.
 """
 
 from __future__ import annotations
@@ -352,18 +346,14 @@ class _Reply:
 
     async def whole(self, head: list[tuple]) -> tuple[bytes, dict]:
         """Collect the whole utterance and encode it; return (file bytes, the worker's summary)."""
-        pieces, event = [], head[-1]
-        for early in head:
-            if early[0] == "chunk":
-                pieces.append(self._convert(early[1]))
-        while event[0] not in ("done", "error"):
-            event = await self.deadline.next_event(self.ticket)
-            if event[0] == "gone":
-                raise Disconnected()
+        pieces = []
+        async for event in self._events(head):
             if event[0] == "chunk":
                 pieces.append(self._convert(event[1]))
         if event[0] == "error":
             raise from_engine(event[1], event[2])
+        if event[0] != "done":  # the events stopped early: the client left
+            raise Disconnected()
         pieces.append(self.converter.flush())
         self._finish()
         wave = torch.cat(pieces, dim=1)

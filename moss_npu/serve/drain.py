@@ -1,11 +1,7 @@
-"""The server's stop: a drain, so a rolling update loses no request.
+"""The server's stop: a drain, so a rolling update loses no request (docs/serving.md#operations).
 
-On the first SIGTERM or Ctrl-C the server keeps listening but drains: ``/health`` answers 503 ``draining`` at
-once (a load balancer takes the server out), every new request gets 503 ``shutting_down`` with
-``Retry-After`` in the OpenAI shape, WebSocket sessions stop reading text, speak the sentences they hold and
-end with an error event and a close frame, and requests in flight finish. The server exits when nothing is in
-flight, or when ``grace_s`` (``--shutdown-grace``) has passed; requests still running then are answered 503
-``shutting_down`` too (streams are cut), never a bare 500. A second signal stops at once.
+The first signal starts it: ``/health`` turns 503, new requests get 503 ``shutting_down``, sessions end after the
+sentences they hold, and requests in flight finish within ``grace_s``, after which they too get 503.
 """
 
 from __future__ import annotations

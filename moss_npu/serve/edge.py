@@ -1,24 +1,9 @@
-"""The server's front edge: what is decided from the headers alone, before a body byte is read.
+"""The server's front edge: ASGI middleware deciding from the headers alone, before a body byte is read.
 
-``Edge`` is plain ASGI middleware around the FastAPI app. For every HTTP request it checks, in order:
-
-0. **Framing**: ``Content-Length`` together with ``Transfer-Encoding`` is answered 400 and the connection
-   closed, so bytes smuggled after such a body are never read as a request (conflicting lengths and folded
-   header lines are refused below it, in ``moss_npu.serve.connections``).
-1. **Host** (keyless servers, or when ``--allowed-hosts`` is set): the ``Host`` header must name this server
-   (its bind address, a loopback name, or an allowed host). A page on another site that re-points its own
-   name at 127.0.0.1 (DNS rebinding) is refused here.
-2. **Origin** (keyless servers): a browser write (POST, PUT, PATCH, DELETE) from another origin is refused
-   unless ``--cors-origins`` lists it, so a form on a foreign page cannot store voices or spend compute.
-3. **API key**: every route but the public ones needs ``Authorization: Bearer KEY``, checked here, so an
-   unauthenticated upload is refused without reading it.
-4. **Body size and time**: a declared ``Content-Length`` over the limit is answered 413 at once; body bytes are
-   counted as they arrive (chunked bodies have no length) and the request is answered 413 at the limit; a
-   body that takes longer than ``body_timeout_s`` to arrive is answered 408. Either way the rest of the body
-   is never read.
-
-While the server drains (``moss_npu.serve.drain``) every request but ``/health`` and ``/metrics`` is answered
-503 ``shutting_down``. Refusals use the OpenAI error shape. Every answer is counted by route and status.
+In order: ambiguous framing (``Content-Length`` with ``Transfer-Encoding``), the ``Host`` (against DNS
+rebinding), the ``Origin`` of a browser write (keyless servers), the API key, then the body's size and arrival
+time (413, 408: the rest is never read). A draining server answers 503 to all but ``/health`` and ``/metrics``.
+Refusals use the OpenAI error shape (docs/serving.md#operations); every answer is counted by route and status.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
-"""Audio out of the server: resample / downmix on the fly, then PCM, streaming WAV, or a whole encoded file.
+"""Audio out of the server: resample / downmix chunk by chunk, then PCM, streaming WAV, or a whole encoded file.
 
-The model speaks 48 kHz stereo float. A request may ask for any rate from 8 kHz to 192 kHz (mp3 and opus: the
-rates their encoders take) and mono or stereo; the conversion runs chunk by chunk (``StreamConverter``), so a
-whole file is the joined stream.
-Formats: ``pcm`` (s16le, interleaved, no header), ``wav`` (a streaming header with unknown sizes when
-streamed), ``flac``, ``mp3``, ``opus`` (Ogg) through soundfile, whole files only. WAV and FLAC are 16-bit, as
-OpenAI's are and every player reads; a request's ``sample_format`` asks for 24-bit (``s24``: WAV, FLAC) or 32-bit
-float (``f32``: WAV, what the CLI writes by default) in whole files.
+The conversion runs on the stream (``StreamConverter``), so a whole file is the joined stream. ``pcm`` is s16le
+without a header; ``wav`` streams with a header of open sizes; ``flac``, ``mp3`` and ``opus`` (Ogg) are whole
+files through soundfile; ``sample_format`` asks for 24-bit or float whole files (docs/serving.md#request-body).
 """
 
 from __future__ import annotations

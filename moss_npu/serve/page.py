@@ -1,8 +1,6 @@
-"""The page at ``/``: try voices in a browser, served by the server itself from ``static/`` (no build step, no CDN).
+"""The page at ``/``: try voices in a browser, served from ``static/`` (no build step, no CDN).
 
-``/`` is ``static/index.html``; ``/static/*`` its script and style; ``/page/config.json`` what the page needs to
-know before it can call the API (whether a key is needed, the model names, the input limit). The page talks
-to the API from the same origin, with the key as ``Authorization: Bearer`` when the user gives one.
+``/static/*`` holds its script and style, and ``/page/config.json`` what it must know before calling the API.
 """
 
 from __future__ import annotations

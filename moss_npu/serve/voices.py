@@ -1,14 +1,8 @@
 """Stored voices: a recording's codes plus metadata, one safetensors file per voice under ``--voices-dir``.
 
-A voice is encoded once when it is uploaded; requests then reuse its codes. Several servers may share the
-folder (a network file system behind a load balancer), so the folder is the truth and each server keeps an
-index of it in memory: metadata only, refreshed when the folder's modification time changes and on a miss,
-so a lookup reads no file. Codes are read when a voice is used, and kept (least recently used).
-
-Writes are safe between servers: a voice file appears whole (temp file in the same folder, then rename),
-and a name is claimed by creating ``.name-<hash>`` exclusively (``O_EXCL``), so two servers adding the same
-name at once get one voice and one 409. Ids are generated here and checked against a strict pattern before
-they touch a path, so no request can reach outside the folder.
+The folder is the truth and servers may share it (docs/scaling.md#voices-shared-by-every-replica): each keeps
+an index of its metadata, refreshed when the folder changes and on a miss; a voice file appears whole (temp file,
+then rename) and a name is claimed by an exclusive create. Ids match a strict pattern before they touch a path.
 """
 
 from __future__ import annotations
