@@ -11,9 +11,11 @@ from __future__ import annotations
 import asyncio
 import hmac
 import ipaddress
-import json
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Optional
+from typing import Optional
+
+from starlette.datastructures import Headers
+from starlette.responses import JSONResponse
 
 from moss_npu.serve.drain import Drain, shutting_down
 from moss_npu.serve.errors import ApiError, shown
@@ -113,7 +115,7 @@ class Edge:
             if refusal is None and self.drain.draining and route_of(scope["path"]) not in STAY_OPEN_ROUTES:
                 refusal = shutting_down()
             if refusal is not None:
-                await answer(counted, refusal, close=refusal.status in CLOSING_STATUSES)
+                await answer(refusal, close=refusal.status in CLOSING_STATUSES)(scope, receive, counted)
                 return
             with self.drain.tracked():
                 await self._serve(scope, receive, counted, status)
@@ -132,11 +134,10 @@ class Edge:
     def _refusal(self, scope, *, write: Optional[bool] = None, body: bool = True) -> Optional[ApiError]:
         """The answer for a request its headers already rule out, or None."""
         policy = self.policy
-        names = [name for name, _ in scope["headers"]]
-        if b"transfer-encoding" in names and b"content-length" in names:
+        headers = Headers(scope=scope)
+        if "transfer-encoding" in headers and "content-length" in headers:
             return ApiError(400, "Content-Length and Transfer-Encoding together make the body's end ambiguous; "
                             "send one of them", code="invalid_http")
-        headers = _headers(scope)
         host = headers.get("host", "")
         if policy.checks_host() and not policy.host_allowed(host):
             return ApiError(403, f"host {shown(host)} is not this server; a server without an API key answers only to "
@@ -196,23 +197,13 @@ class Edge:
             if state["refused"] is None:
                 raise
         if state["refused"] is not None and status[0] == 0:
-            await answer(send, state["refused"], close=True)
-
-
-def _headers(scope) -> dict[str, str]:
-    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+            await answer(state["refused"], close=True)(scope, receive, send)
 
 
 def _too_large(limit: int) -> ApiError:
     return ApiError(413, f"request body is larger than {limit} bytes", code="request_too_large")
 
 
-async def answer(send: Callable[[dict], Awaitable[None]], error: ApiError, close: bool = False) -> None:
-    """Send ``error`` as a whole JSON response (``close``: the unread body ends the connection)."""
-    body = json.dumps(error.body()).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    headers += [(k.lower().encode(), v.encode()) for k, v in error.headers.items()]
-    if close:
-        headers.append((b"connection", b"close"))
-    await send({"type": "http.response.start", "status": error.status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+def answer(error: ApiError, close: bool = False) -> JSONResponse:
+    """``error`` as a whole JSON response, an ASGI app (``close``: the unread body ends the connection)."""
+    return JSONResponse(error.body(), error.status, {**error.headers, **({"connection": "close"} if close else {})})

@@ -81,12 +81,14 @@ class Gateway:
                                     "the connection ends without the final chunk") from exc
                 if not replica_lost(exc):
                     log.error("%s %s failed in the replica: %s", scope["method"], scope["path"], exc)
-                    await answer(send, ApiError(500, "internal error; see the server log", code="internal_error"))
+                    failed = ApiError(500, "internal error; see the server log", code="internal_error")
+                    await answer(failed)(scope, receive, send)
                     return
                 log.warning("%s %s: the replica was lost before answering (try %d of %d)", scope["method"],
                             scope["path"], attempt, tries)
-        await answer(send, ApiError(503, "the replica serving this request stopped before it answered; send the "
-                                    "request again", code="replica_unavailable", headers={"Retry-After": "1"}))
+        lost = ApiError(503, "the replica serving this request stopped before it answered; send the request again",
+                        code="replica_unavailable", headers={"Retry-After": "1"})
+        await answer(lost)(scope, receive, send)
 
     async def _websocket(self, scope, receive, send) -> None:
         """Relay one session: the client's messages through the inbox, the replica's straight back."""
