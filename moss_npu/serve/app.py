@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import io
 import json
 import logging
 import time
@@ -20,23 +21,26 @@ from typing import AsyncIterator, Callable, Optional
 import torch
 from fastapi import FastAPI, File, Form, Request, UploadFile, WebSocket
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
 
-from moss_npu.serve import live, page
+from moss_npu.errors import AudioError, AudioTooLong
+from moss_npu.serve import live
 from moss_npu.serve.drain import Deadline, Drain
 from moss_npu.serve.edge import Edge, EdgePolicy
 from moss_npu.serve.errors import ApiError, from_engine
 from moss_npu.serve.formats import MEDIA_TYPES, StreamConverter, encode_file, pcm16, wav_stream_header
 from moss_npu.serve.metrics import CONTENT_TYPE, Metrics
 from moss_npu.serve.pool import Ticket, WorkerPool
-from moss_npu.serve.recordings import probe_recording
 from moss_npu.serve.schema import (DEFAULT_VOICE, SpeechBody, check_body, check_text, decode_ref_audio, parse_json,
                                    run_config, speech_body, validation_error)
 from moss_npu.serve.voices import VoiceStore
+from moss_npu.wavfile import probe
 
 log = logging.getLogger("moss_npu.serve")
+STATIC = Path(__file__).resolve().parent / "static"
 
 
 @dataclass(frozen=True)
@@ -190,7 +194,17 @@ def create_app(config: ServerConfig, pool: WorkerPool, metrics: Metrics,
         await ws.accept()  # the edge already checked host, origin and key
         await live.Session(ws, pool, lambda body: _job(body, store, config), config, drain).run()
 
-    page.install(app, config)  # the page at /
+    @app.get("/")
+    async def page() -> FileResponse:  # try voices in a browser: static/ holds the page (no build step, no CDN)
+        return FileResponse(STATIC / "index.html", media_type="text/html; charset=utf-8",
+                            headers={"Cache-Control": "no-cache"})
+
+    @app.get("/page/config.json")
+    async def page_config() -> JSONResponse:  # what the page must know before it calls the API
+        return JSONResponse({"key_required": config.api_key is not None, "models": list(config.model_names),
+                             "max_input_chars": config.max_input_chars})
+
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
     return app
 
 
@@ -226,6 +240,17 @@ def _job(body: SpeechBody, store: VoiceStore, config: ServerConfig) -> dict:
     mode = "continuation" if job["prompt_text"] is not None or not has_voice else "voice_clone"
     job["settings"] = run_config(body, mode=mode, max_new_frames=config.max_new_frames)
     return job
+
+
+def probe_recording(data: bytes, max_seconds: float, *, param: str) -> float:
+    """Return an uploaded recording's duration in seconds; 400 when it is not audio a worker can decode, 413 when
+    too long. Only its header is read (``moss_npu.wavfile.probe``, the check the worker's decoding repeats)."""
+    try:
+        return probe(io.BytesIO(data), param, max_seconds).seconds
+    except AudioTooLong as exc:
+        raise ApiError(413, str(exc), param=param, code="audio_too_long") from None
+    except AudioError as exc:
+        raise ApiError(400, str(exc), param=param, code="invalid_audio") from None
 
 
 async def _watch_disconnect(request: Request, ticket: Ticket) -> None:
