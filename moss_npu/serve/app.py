@@ -23,6 +23,7 @@ from fastapi import FastAPI, File, Form, Request, UploadFile, WebSocket
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
 
@@ -32,7 +33,7 @@ from moss_npu.serve.drain import Deadline, Drain
 from moss_npu.serve.edge import Edge, EdgePolicy
 from moss_npu.serve.errors import ApiError, from_engine
 from moss_npu.serve.formats import MEDIA_TYPES, StreamConverter, encode_file, pcm16, wav_stream_header
-from moss_npu.serve.metrics import CONTENT_TYPE, Metrics
+from moss_npu.serve.metrics import Metrics
 from moss_npu.serve.pool import Ticket, WorkerPool
 from moss_npu.serve.schema import (DEFAULT_VOICE, SpeechBody, check_body, check_text, decode_ref_audio, parse_json,
                                    run_config, speech_body, validation_error)
@@ -122,7 +123,7 @@ def create_app(config: ServerConfig, pool: WorkerPool, metrics: Metrics,
     @app.get("/metrics")
     async def prometheus() -> Response:
         metrics.workers_ready.set(sum(w.state == "ready" for w in pool.workers))
-        return Response(metrics.render(), media_type=CONTENT_TYPE)
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/audio/voices")
     async def list_voices() -> JSONResponse:

@@ -26,7 +26,6 @@ PUBLIC_ROUTES = ("/health", "/", "/page", "/static")  # the page loads without t
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 STAY_OPEN_ROUTES = ("/health", "/metrics")  # answered while the server drains
 CLOSING_STATUSES = (400, 503)  # ambiguous framing (the rest of the stream cannot be trusted); a server stopping
-LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
 
 @dataclass(frozen=True)
@@ -47,12 +46,10 @@ class EdgePolicy:
     def host_allowed(self, host: str) -> bool:
         """Whether a ``Host`` header value (name or address, with or without port) names this server."""
         name = _host_name(host)
-        if name is None:
-            return False
-        allowed = {*LOOPBACK_NAMES, *(h.lower() for h in self.allowed_hosts)}
-        if not _is_wildcard(self.bind_host):
+        allowed = {"localhost", *(h.lower() for h in self.allowed_hosts)}
+        if self.bind_host not in ("", "0.0.0.0", "::", "[::]"):  # a wildcard bind names no host
             allowed.add(self.bind_host.lower().strip("[]"))
-        return name in allowed or _is_loopback(name)
+        return name is not None and (name in allowed or _is_loopback(name))
 
     def origin_allowed(self, origin: str, host: str) -> bool:
         """Whether a browser ``Origin`` may write: the same origin as ``Host``, or one listed in ``cors_origins``."""
@@ -74,10 +71,6 @@ def _host_name(host: str) -> Optional[str]:
     if port and not port.isdigit():
         return None
     return name or None
-
-
-def _is_wildcard(host: str) -> bool:
-    return host in ("", "0.0.0.0", "::", "[::]")
 
 
 def _is_loopback(name: str) -> bool:

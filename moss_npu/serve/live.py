@@ -26,7 +26,6 @@ log = logging.getLogger("moss_npu.serve")
 LOOKAHEAD = 2  # sentences of one session generating at once (the one playing and the next)
 HTTP_ONLY = ("input", "stream", "stream_format")  # SpeechBody fields a session does not take
 MAX_MESSAGE_CHARS = 2**20  # one client message; far above any piece an LLM streams
-GOING_AWAY = 1001  # the WebSocket close code of a server that stops
 
 
 class Session:
@@ -261,9 +260,9 @@ class Session:
         return len(data)
 
     async def _fail(self, exc: ApiError) -> None:
-        """Send the error event and close: 1008 for a request the client can fix, 1001 for a server that stops,
-        1011 for a server failure."""
-        code = 1008 if exc.status < 500 else GOING_AWAY if exc.code == "shutting_down" else 1011
+        """Send the error event and close: 1008 for a request the client can fix, 1001 (going away) for a server
+        that stops, 1011 for a server failure."""
+        code = 1008 if exc.status < 500 else 1001 if exc.code == "shutting_down" else 1011
         try:
             await self.ws.send_json({"type": "error", **exc.body()})
             await self.ws.close(code=code)

@@ -61,12 +61,7 @@ class Scaling:
         return {
             "ray_actor_options": actor_options,
             "max_ongoing_requests": max_ongoing,
-            "autoscaling_config": {"min_replicas": self.min_replicas, "max_replicas": self.max_replicas,
-                                   "initial_replicas": self.min_replicas,
-                                   "target_ongoing_requests": self.target_ongoing_requests,
-                                   "upscale_delay_s": self.upscale_delay_s,
-                                   "downscale_delay_s": self.downscale_delay_s,
-                                   "look_back_period_s": self.look_back_s},
+            "autoscaling_config": self._autoscaling(self.min_replicas, self.target_ongoing_requests),
             "health_check_period_s": 5.0,
             "health_check_timeout_s": 30.0,
             "graceful_shutdown_timeout_s": 10.0,
@@ -78,12 +73,14 @@ class Scaling:
         return {
             "ray_actor_options": {"num_cpus": 0},
             "max_ongoing_requests": max_ongoing * self.max_replicas,
-            "autoscaling_config": {"min_replicas": 1, "max_replicas": self.max_replicas, "initial_replicas": 1,
-                                   "target_ongoing_requests": max_ongoing,
-                                   "upscale_delay_s": self.upscale_delay_s,
-                                   "downscale_delay_s": self.downscale_delay_s,
-                                   "look_back_period_s": self.look_back_s},
+            "autoscaling_config": self._autoscaling(1, max_ongoing),
         }
+
+    def _autoscaling(self, low: int, target: float) -> dict:
+        """Ray's autoscaling config: ``low`` to ``max_replicas`` replicas, aiming at ``target`` requests each."""
+        return {"min_replicas": low, "max_replicas": self.max_replicas, "initial_replicas": low,
+                "target_ongoing_requests": target, "upscale_delay_s": self.upscale_delay_s,
+                "downscale_delay_s": self.downscale_delay_s, "look_back_period_s": self.look_back_s}
 
 
 class SpeechReplica:

@@ -83,7 +83,7 @@ class VoiceStore:
     def _read_meta(path: Path) -> Voice:
         with safe_open(str(path), framework="pt") as fh:
             meta = fh.metadata() or {}
-        return Voice(id=path.name[: -len(_SUFFIX)], name=meta["name"], transcript=meta.get("transcript") or None,
+        return Voice(id=path.stem, name=meta["name"], transcript=meta.get("transcript") or None,
                      frames=int(meta["frames"]), duration_s=float(meta["duration_s"]),
                      created_at=int(meta["created_at"]))
 
@@ -96,8 +96,7 @@ class VoiceStore:
         with self._lock:
             if not force and mtime is not None and mtime == self._seen_mtime:
                 return
-            names = {e.name for e in os.scandir(self.root) if e.name.startswith("voice_") and e.name.endswith(_SUFFIX)}
-            ids = {n[: -len(_SUFFIX)] for n in names if _ID.match(n[: -len(_SUFFIX)])}
+            ids = {p.stem for p in self.root.glob(f"voice_*{_SUFFIX}") if _ID.match(p.stem)}
             for gone in set(self._index) - ids:
                 del self._index[gone]
                 self._codes.pop(gone, None)
