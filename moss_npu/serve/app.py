@@ -44,32 +44,16 @@ log = logging.getLogger("moss_npu.serve")
 STATIC = Path(__file__).resolve().parent / "static"
 
 
-@dataclass(frozen=True)
-class ServerConfig:
-    """Limits, names and the access policy of one server."""
+@dataclass(frozen=True, kw_only=True)
+class ServerConfig(EdgePolicy):
+    """Limits and names of one server, beside what its edge enforces (``EdgePolicy``)."""
 
     voices_dir: Path
     model_names: tuple[str, ...] = ("moss-tts-nano",)
-    api_key: Optional[str] = None
     max_input_chars: int = 4096
     max_new_frames: int = 375
     request_timeout_s: float = 300.0
-    max_upload_bytes: int = 10 * 2**20
     max_voice_seconds: float = 30.0
-    body_timeout_s: float = 60.0
-    bind_host: str = "127.0.0.1"
-    allowed_hosts: tuple[str, ...] = ()
-    cors_origins: tuple[str, ...] = ()
-
-    @property
-    def max_body_bytes(self) -> int:
-        """Largest request body: an upload in base64 plus room for the other fields."""
-        return self.max_upload_bytes * 4 // 3 + 2**16
-
-    def policy(self) -> EdgePolicy:
-        """What the edge enforces before a body is read."""
-        return EdgePolicy(api_key=self.api_key, max_body_bytes=self.max_body_bytes, body_timeout_s=self.body_timeout_s,
-                          bind_host=self.bind_host, allowed_hosts=self.allowed_hosts, cors_origins=self.cors_origins)
 
 
 class Disconnected(Exception):
@@ -97,7 +81,7 @@ def create_app(config: ServerConfig, pool: WorkerPool, metrics: Metrics,
     app = FastAPI(title="moss-npu speech server", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
     _install_error_handlers(app)
-    app.add_middleware(Edge, policy=config.policy(), metrics=metrics, drain=drain)
+    app.add_middleware(Edge, policy=config, metrics=metrics, drain=drain)
     if config.cors_origins:  # outermost: preflights are answered, and refusals carry the CORS headers
         app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["*"],
                            allow_headers=["Authorization", "Content-Type"],

@@ -28,16 +28,21 @@ STAY_OPEN_ROUTES = ("/health", "/metrics")  # answered while the server drains
 CLOSING_STATUSES = (400, 503)  # ambiguous framing (the rest of the stream cannot be trusted); a server stopping
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EdgePolicy:
     """What the edge lets through: key, hosts, origins, body limits."""
 
-    api_key: Optional[str]
-    max_body_bytes: int
+    api_key: Optional[str] = None
+    max_upload_bytes: int = 10 * 2**20
     body_timeout_s: float = 60.0
     bind_host: str = "127.0.0.1"
     allowed_hosts: tuple[str, ...] = ()  # extra Host names; "*" allows any
     cors_origins: tuple[str, ...] = ()  # origins allowed to write from a browser; "*" allows any
+
+    @property
+    def max_body_bytes(self) -> int:
+        """Largest request body: an upload in base64 plus room for the other fields."""
+        return self.max_upload_bytes * 4 // 3 + 2**16
 
     def checks_host(self) -> bool:
         """Hosts are checked on keyless servers, and whenever an allow-list was given."""

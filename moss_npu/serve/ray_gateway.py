@@ -53,7 +53,7 @@ class Gateway:
         self.inbox = ray.remote(num_cpus=0)(Inbox).remote()  # lives and dies with this replica
 
     def __serve_build_asgi_app__(self):
-        return Edge(self._asgi, policy=self.config.policy(), metrics=Metrics())
+        return Edge(self._asgi, policy=self.config, metrics=Metrics())
 
     async def _asgi(self, scope, receive, send) -> None:
         if scope["type"] == "lifespan":
