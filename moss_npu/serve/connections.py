@@ -28,10 +28,8 @@ class ConnectionLimits:
     max_connections: int = 1000  # past it, uvicorn answers 503 at once
 
     def raise_file_limit(self) -> None:
-        """Raise this process's open-file limit (within its hard limit) so the cap, not the limit, is met first.
-
-        Past the file limit, accepting a connection fails, which the cap exists to prevent.
-        """
+        """Raise this process's open-file limit (within its hard limit) so the cap, not the limit, is met first:
+        past the file limit, accepting a connection fails, which the cap exists to prevent."""
         try:
             import resource
         except ImportError:  # not on POSIX
@@ -44,12 +42,8 @@ class ConnectionLimits:
 
     def uvicorn_options(self) -> dict[str, Any]:
         """Keyword arguments for ``uvicorn.Config``."""
-        timeout = self.header_timeout_s
-
-        class Protocol(HeaderTimeout):
-            header_timeout_s = timeout
-
-        return {"http": Protocol, "timeout_keep_alive": self.keep_alive_s, "limit_concurrency": self.max_connections,
+        protocol = type("Protocol", (HeaderTimeout,), {"header_timeout_s": self.header_timeout_s})
+        return {"http": protocol, "timeout_keep_alive": self.keep_alive_s, "limit_concurrency": self.max_connections,
                 "h11_max_incomplete_event_size": 16 * 1024, "ws_ping_interval": WS_PING_S, "ws_ping_timeout": WS_PING_S}
 
 
