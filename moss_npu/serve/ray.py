@@ -64,7 +64,7 @@ def settings_from_args(args: Union[argparse.Namespace, dict]):
         raise one_kind
     try:
         kind, index = parse_device(args.device)
-        replica_device(kind, args.cpus_per_replica)
+        device, _ = replica_device(kind, args.cpus_per_replica)
     except DeviceError as exc:
         raise InputError(str(exc)) from None
     if index is not None:
@@ -83,7 +83,6 @@ def settings_from_args(args: Union[argparse.Namespace, dict]):
         raise InputError("--num-cpus sizes a local cluster; a running one (--address) has its own")
     server_cli._check(args)  # the server's own checks: ranges, key, hosts, voices folder, model folders
     threads = args.num_threads or max(1, int(args.cpus_per_replica))
-    device, _ = replica_device(kind, args.cpus_per_replica)
     settings = ReplicaSettings(config=server_cli.server_config(args), max_queue=args.max_queue,
                                spec=replace(server_cli.worker_spec(args, device), num_threads=threads))
     scaling = Scaling(device_kind=kind, min_replicas=args.min_replicas, max_replicas=args.max_replicas,
