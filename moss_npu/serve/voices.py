@@ -156,8 +156,7 @@ class VoiceStore:
             raise _name_taken(name)
         voice = Voice(id=f"voice_{uuid.uuid4().hex[:16]}", name=name, transcript=transcript or None,
                       frames=int(codes.shape[0]), duration_s=round(duration_s, 3), created_at=int(time.time()))
-        meta = {"name": voice.name, "transcript": voice.transcript or "", "frames": str(voice.frames),
-                "duration_s": str(voice.duration_s), "created_at": str(voice.created_at)}
+        meta = {k: "" if v is None else str(v) for k, v in asdict(voice).items() if k != "id"}  # safetensors: strings
         fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".voice-", suffix=".tmp")
         os.close(fd)
         try:
