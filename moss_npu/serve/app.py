@@ -382,9 +382,9 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def api_error(_request: Request, exc: ApiError) -> JSONResponse:
         return JSONResponse(exc.body(), exc.status, exc.headers)
 
-    @app.exception_handler(RequestValidationError)  # a form field of a voice upload
+    @app.exception_handler(RequestValidationError)  # a voice upload's form: FastAPI's loc starts "body"
     async def invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        return await api_error(_request, validation_error(exc.errors()))
+        return await api_error(_request, validation_error([{**p, "loc": p["loc"][1:]} for p in exc.errors()]))
 
     @app.exception_handler(HTTPException)
     async def http_error(_request: Request, exc: HTTPException) -> JSONResponse:

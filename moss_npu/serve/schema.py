@@ -190,9 +190,9 @@ def speech_body(fields: Any) -> SpeechBody:
 
 
 def validation_error(problems: list) -> ApiError:
-    """422 ``invalid_request`` naming the first field pydantic found wrong or unknown (body, form or path)."""
+    """422 ``invalid_request`` naming the first field pydantic found wrong or unknown."""
     first = problems[0] if problems else {"msg": "invalid request"}
-    param = shown(".".join(str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path"))).strip("'")
+    param = shown(".".join(str(p) for p in first.get("loc", ()))).strip("'")
     message = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
     return ApiError(422, message, param=param or None, code="invalid_request")
 
