@@ -1,9 +1,9 @@
 """The server's front edge: ASGI middleware deciding from the headers alone, before a body byte is read.
 
-In order: ambiguous framing (``Content-Length`` with ``Transfer-Encoding``), the ``Host`` (against DNS
-rebinding), the ``Origin`` of a browser write (keyless servers), the API key, then the body's size and arrival
-time (413, 408: the rest is never read). A draining server answers 503 to all but ``/health`` and ``/metrics``.
-Refusals use the OpenAI error shape (docs/serving.md#operations); every answer is counted by route and status.
+In order: ambiguous framing (``Content-Length`` with ``Transfer-Encoding``; the rest is refused below, in
+``connections``), the ``Host`` (against DNS rebinding), the ``Origin`` of a browser write (keyless servers), the
+API key, then the body's size and arrival time (413, 408: the rest is never read). A draining server answers 503
+to all but ``/health`` and ``/metrics``. Refusals use the OpenAI error shape (docs/serving.md#operations).
 """
 
 from __future__ import annotations

@@ -118,7 +118,7 @@ class Gateway:
 
 class Inbox:
     """A Ray actor holding the messages WebSocket clients sent a gateway, by session, until the replica serving
-    the session takes them."""
+    the session takes them (a handle call carries its arguments one way only)."""
 
     def __init__(self) -> None:
         self.sessions: dict[str, asyncio.Queue] = {}
