@@ -1,7 +1,8 @@
 """A frame's audio channels in one library call (``cpu.local_loop``, ``local_loop.c``): the decoder decodes the
-codes it decoded with the channels in Python (greedy, and the noise-fed sampler's seeded draws), for float32, bf16
-and int8 tiles, one slot and a batch with masked channels; the library's sampler draws from the official
-sampler's distribution (a chi-square test that a wrong top-k, top-p or repetition penalty fails) and picks what
+codes it decoded with the channels in Python (greedy, the official sampler's seeded ``torch.multinomial`` draws and
+the noise-fed sampler's), for float32, bf16 and int8 tiles, one slot and a batch with masked channels; the
+library's picks draw from the official sampler's distribution (a chi-square test that a wrong top-k, top-p or
+repetition penalty fails) and pick what ``sample_token`` picks for the same generator and what
 ``sample_with_noise`` picks for the same uniform; and the fused block over n rows gives each row its own bits."""
 
 import copy
@@ -15,7 +16,8 @@ from moss_npu.cpu.fused_block import FusedRowBlock
 from moss_npu.cpu.quantize import quantize_int8, store_bf16
 from moss_npu.nano.checkpoint import load_model
 from moss_npu.nano.decoder import FrameDecoder, RequestParams
-from moss_npu.sampling import SamplingParams, SlotSampling, TokenParams, filter_scores, sample_with_noise
+from moss_npu.sampling import SamplingParams, SlotSampling, TokenParams, filter_scores, sample_token
+from moss_npu.sampling import sample_with_noise
 from moss_npu.sampling import apply_repetition_penalty
 
 from .test_decoder import model, prompts, steer  # noqa: F401 - the tiny steered model and its prompts (fixtures)
@@ -24,19 +26,28 @@ from .test_matvec import kernels  # noqa: F401 - the kernels forced to each inst
 
 SAMPLED = SamplingParams.runtime_defaults()
 SHARP = SamplingParams.runtime_defaults(audio_top_k=0, audio_top_p=0.6, audio_repetition_penalty=1.6)
+# The official sampler's edge settings: top-k 1 (ties kept), top-p and penalty off, a cold top-k + top-p.
+OFFICIAL = [SAMPLED, SHARP, SamplingParams.runtime_defaults(audio_temperature=1.0, audio_top_k=1, audio_top_p=1.0,
+                                                            audio_repetition_penalty=1.0),
+            SamplingParams.runtime_defaults(audio_temperature=1.3, audio_top_k=0, audio_top_p=1.0,
+                                            audio_repetition_penalty=1.0),
+            SamplingParams.runtime_defaults(audio_temperature=0.5, audio_top_k=5, audio_top_p=0.5,
+                                            audio_repetition_penalty=3.0)]
+OFFICIAL_IDS = ["defaults", "top-p-penalty", "top-k-1", "temperature-only", "cold-top-k-top-p"]
 
 
-def decode(model, prompts, sampling, native, frames=12, nq=None, sampler="noise"):
+def decode(model, prompts, sampling, native, frames=12, nq=None, sampler="noise", seed=None):
     """Codes (frames, slots, Q) of ``prompts`` decoded together, the channels natively or in Python, and how many
-    frames called the library's loop."""
+    frames called the library's loop. ``seed``: the official sampler's generator (None: torch's default one)."""
+    generator = None if seed is None else torch.Generator().manual_seed(seed)
     decoder = FrameDecoder(model, slots=len(prompts), max_len=max(p.shape[0] for p in prompts) + frames + 1,
-                           sampler=sampler)
+                           sampler=sampler, generator=generator)
     assert decoder.frame_step.local_loop is not None
     calls = []
     if native:
         loop = decoder.frame_step.local_loop
         decoder.frame_step.local_loop = lambda *a, **k: calls.append(1) or loop(*a, **k)
-        decoder.frame_step.local_loop.channels = loop.channels
+        decoder.frame_step.local_loop.channels, decoder.frame_step.local_loop.vocab = loop.channels, loop.vocab
     else:
         decoder.frame_step.local_loop = None
     for i, rows in enumerate(prompts):
@@ -68,13 +79,27 @@ def test_native_channels_decode_the_python_channels_codes(model, prompts, format
     assert bool((native[:, :, :2] < 64).all())
 
 
-def test_official_sampler_drawing_keeps_the_python_channels(model, prompts):
-    """torch.multinomial cannot run in the library: the official sampler's draws stay in Python, its greedy
-    decisions (argmax) do not."""
-    assert decode(model, prompts[:1], SAMPLED, native=True, sampler="official")[1] == 0
-    greedy, calls = decode(model, prompts[:1], SamplingParams(), native=True, sampler="official")
-    assert calls > 0 and torch.equal(greedy, decode(model, prompts[:1], SamplingParams(), native=False,
-                                                     sampler="official")[0])
+@pytest.mark.parametrize("format", ["float32", "bfloat16", "int8"])
+@pytest.mark.parametrize("sampling", OFFICIAL, ids=OFFICIAL_IDS)
+def test_official_sampler_draws_natively_its_seeded_codes(model, prompts, format, sampling):
+    """The official sampler (``torch.multinomial``, the default) draws in the library's loop, one call a frame: for
+    8 seeds of the decoder's generator the codes the Python channels draw, and torch's default generator too; its
+    greedy decisions as well. Several slots keep the Python channels (``FrameDecoder._native_audio``)."""
+    chosen = _models(model)[format]
+    for seed in range(8):
+        native, calls = decode(chosen, prompts[:1], sampling, native=True, sampler="official", seed=seed)
+        assert calls == native.shape[0] and torch.equal(native, decode(chosen, prompts[:1], sampling, native=False,
+                                                                      sampler="official", seed=seed)[0])
+    runs = []
+    for native in (True, False):
+        torch.manual_seed(5)
+        runs.append(decode(chosen, prompts[:1], sampling, native=native, sampler="official"))
+    assert runs[0][1] > 0 and torch.equal(runs[0][0], runs[1][0])
+    other = decode(chosen, prompts[:1], sampling, native=True, sampler="official", seed=1)[0]
+    assert torch.equal(runs[0][0], other) == (sampling.audio_top_k == 1)  # top-k 1 alone draws nothing
+    greedy, calls = decode(chosen, prompts[:2], SamplingParams(), native=True, sampler="official", nq=2)
+    assert calls == 0 and torch.equal(greedy, decode(chosen, prompts[:2], SamplingParams(), native=False,
+                                                     sampler="official", nq=2)[0])
 
 
 def _text_prompts(model, lengths, seed):
@@ -91,14 +116,16 @@ def golden_model(nano_fixture):
     return steer(load_model(nano_fixture / "tts", device="cpu"))
 
 
+@pytest.mark.parametrize("sampler", ["noise", "official"])
 @pytest.mark.parametrize("sampling", [SamplingParams(), SAMPLED, SHARP], ids=["greedy", "sampled", "top-p-penalty"])
-def test_seeded_codes_are_kept_on_the_fixture_checkpoint(golden_model, sampling):
+def test_seeded_codes_are_kept_on_the_fixture_checkpoint(golden_model, sampling, sampler):
     """On 16 channels of 1024 codes, 30 frames, one slot (the library's loop) and three (packed products): today's
-    codes, greedy and seeded."""
+    codes, greedy and seeded (the official sampler: 3 seeds of one slot)."""
     rows = _text_prompts(golden_model, (12, 19, 7), seed=3)
-    for count in (1, 3):
-        native, calls = decode(golden_model, rows[:count], sampling, native=True, frames=30)
-        python = decode(golden_model, rows[:count], sampling, native=False, frames=30)[0]
+    for count, seed in ((1, 0), (3, 0), (1, 1), (1, 2))[:4 if sampler == "official" else 2]:
+        native, calls = decode(golden_model, rows[:count], sampling, native=True, frames=30, sampler=sampler,
+                               seed=seed)
+        python = decode(golden_model, rows[:count], sampling, native=False, frames=30, sampler=sampler, seed=seed)[0]
         assert calls == (30 if count == 1 else 0) and torch.equal(native, python)
 
 
