@@ -157,17 +157,48 @@ def test_each_decision_is_sample_with_noises(kernels, params):
     assert got == want.tolist()
 
 
+@pytest.mark.parametrize("params", [
+    TokenParams(True, 0.8, 25, 0.95, 1.2),
+    TokenParams(True, 1.3, 0, 0.5, 2.0),
+    TokenParams(True, 0.7, 3, 1.0, 1.0),
+    TokenParams(True, 1.1, 100, 0.99, 1.1),
+    TokenParams(True, 1.0, 1, 1.0, 1.0),
+    TokenParams(True, 1.0, 0, 1.0, 1.0),
+], ids=["defaults", "top-p-only", "top-k-only", "top-k-sorted", "top-k-1", "plain"])
+def test_each_official_decision_is_sample_tokens(kernels, params):
+    """Random logits (ties at the top included) at 4 scales, a presence mask, 100 seeds each: the library's pick
+    with the Exp(1) variates torch.multinomial draws is ``sample_token``'s code for the same generator, every
+    time, and the generator ends where ``sample_token`` leaves it."""
+    g = torch.Generator().manual_seed(params.top_k)
+    for scale in (0.05, 1.0, 3.0, 8.0):
+        logits = torch.randn(1024, generator=g) * scale
+        logits[[5, 77, 300]] = logits.max()  # ties at the top: the lower id first
+        seen = torch.rand(1024, generator=g) < 0.2
+        for seed in range(100):
+            official, drawn = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
+            want = int(sample_token(logits[None], params, seen=seen[None], generator=official)[0])
+            q = torch.empty(1, 1024).exponential_(generator=drawn)[0].numpy()
+            assert local_loop.decide(kernels, logits.numpy(), seen.numpy(), params, 0.5, q) == want
+            assert torch.equal(official.get_state(), drawn.get_state())
+
+
 @pytest.mark.parametrize("logits", [[1.0, float("inf"), 2.0, float("nan"), 3.0], [-5.0, 2.0, 1e30, 3.0],
                                     [-5.0, float("inf"), 1.0]], ids=["nan", "overflow", "inf"])
-def test_degenerate_scores_pick_what_sample_with_noise_picks(kernels, logits):
+def test_degenerate_scores_pick_what_the_samplers_pick(kernels, logits):
     """NaN weights (an infinite score, or one that a small temperature overflows) pick id 0, as
-    ``sample_with_noise`` does (the decoder drops such frames; the code must still index the tables)."""
-    row = torch.tensor(logits)
+    ``sample_with_noise`` does, and the official pick draws from all ids alike, as ``sample_token`` does (its
+    NaN probabilities become 1.0): the decoder drops frames of non-finite logits, but finite ones that a small
+    temperature overflows are kept, and every code must index the tables."""
+    row, none = torch.tensor(logits), np.zeros(len(logits), bool)
     for temperature, top_k in ((1.0, 0), (1e-10, 0), (1.0, 1), (1e-10, 2)):
         params = TokenParams(True, temperature, top_k, 0.9, 1.0)
         for u in (0.1, 0.9):
             want = int(sample_with_noise(row[None], _rows(params, 1), torch.tensor([u]))[0])
-            assert local_loop.decide(kernels, row.numpy(), np.zeros(len(logits), bool), params, u) == want
+            assert local_loop.decide(kernels, row.numpy(), none, params, u) == want
+        for seed in range(6):
+            want = int(sample_token(row[None], params, generator=torch.Generator().manual_seed(seed))[0])
+            q = torch.empty(1, len(logits)).exponential_(generator=torch.Generator().manual_seed(seed))[0]
+            assert local_loop.decide(kernels, row.numpy(), none, params, 0.5, q.numpy()) == want
 
 
 def _official_probabilities(logits, seen, params):
@@ -175,20 +206,24 @@ def _official_probabilities(logits, seen, params):
     return torch.softmax(filter_scores(scores, params.temperature, params.top_k, params.top_p), -1)[0].double()
 
 
+@pytest.mark.parametrize("pick", ["uniform", "exponential"])
 @pytest.mark.parametrize("top_p, possible_ids", [(0.9, 6), (0.95, 7)], ids=["top-p-cuts-the-tie", "tie-kept"])
-def test_draws_follow_the_official_distribution(kernels, top_p, possible_ids):
+def test_draws_follow_the_official_distribution(kernels, top_p, possible_ids, pick):
     """A fixed distribution where the penalty, top-k (a tie at the k-th value) and top-p (the crossing token)
-    each change which ids are possible: 20,000 library draws against the official chain's probabilities
-    (``sample_token``'s filters), chi-square p > 1e-4, and no excluded id ever drawn. top-p 0.9 cuts inside the
-    top 6 (the crossing id 5 kept, the tied id 6 cut); 0.95 keeps the tie as its crossing token."""
+    each change which ids are possible: 20,000 library draws (with uniforms, the noise-fed pick, or with
+    Exp(1) variates, the official pick) against the official chain's probabilities (``sample_token``'s filters),
+    chi-square p > 1e-4, and no excluded id ever drawn. top-p 0.9 cuts inside the top 6 (the crossing id 5
+    kept, the tied id 6 cut); 0.95 keeps the tie as its crossing token."""
     params = TokenParams(True, 0.9, 6, top_p, 1.5)
     logits = torch.tensor([4.0, 3.6, 3.5, 3.5, 3.0, 2.9, 2.9, 1.0, -1.0, 3.9, 0.5, 2.0], dtype=torch.float32)
     seen = torch.zeros(12, dtype=torch.bool)
     seen[[9, 8]] = True  # 3.9 / 1.5 drops out of the top 6; -1.0 * 1.5 stays out
     probs = _official_probabilities(logits, seen, params)
     uniforms = torch.rand(20000, generator=torch.Generator().manual_seed(0))
-    drawn = np.bincount([local_loop.decide(kernels, logits.numpy(), seen.numpy(), params, float(u))
-                         for u in uniforms], minlength=12)
+    variates = torch.empty(20000, 12).exponential_(generator=torch.Generator().manual_seed(0)).numpy()
+    drawn = np.bincount([local_loop.decide(kernels, logits.numpy(), seen.numpy(), params, float(u),
+                                           q if pick == "exponential" else None)
+                         for u, q in zip(uniforms, variates)], minlength=12)
     possible = probs > 0
     assert int(possible.sum()) == possible_ids
     assert drawn[~possible.numpy()].sum() == 0
@@ -224,12 +259,15 @@ def real_size():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("format", ["float32", "bfloat16", "int8"])
-@pytest.mark.parametrize("sampling", [SamplingParams(), SAMPLED], ids=["greedy", "sampled"])
-def test_real_size_codes_are_kept(real_size, format, sampling):
-    """On the real-size checkpoint, one slot and two: the native channels decode the Python channels' codes."""
+@pytest.mark.parametrize("sampling, sampler", [(SamplingParams(), "noise"), (SAMPLED, "noise"), (SAMPLED, "official"),
+                                               (SHARP, "official")],
+                         ids=["greedy", "sampled", "official", "official-top-p-penalty"])
+def test_real_size_codes_are_kept(real_size, format, sampling, sampler):
+    """On the real-size checkpoint, one slot and two: the native channels decode the Python channels' codes (the
+    official sampler: 3 seeds of its generator)."""
     model = real_size[format]
     prompts = _text_prompts(model, (40, 23), seed=0)
-    for count in (1, 2):
-        native, calls = decode(model, prompts[:count], sampling, native=True, frames=4)
-        python = decode(model, prompts[:count], sampling, native=False, frames=4)[0]
+    for count, seed in ((1, 0), (2, 0), (1, 1), (1, 2))[:4 if sampler == "official" else 2]:
+        native, calls = decode(model, prompts[:count], sampling, native=True, frames=4, sampler=sampler, seed=seed)
+        python = decode(model, prompts[:count], sampling, native=False, frames=4, sampler=sampler, seed=seed)[0]
         assert calls == (4 if count == 1 else 0) and torch.equal(native, python)
