@@ -129,6 +129,30 @@ def test_seeded_codes_are_kept_on_the_fixture_checkpoint(golden_model, sampling,
         assert calls == (30 if count == 1 else 0) and torch.equal(native, python)
 
 
+def test_official_sampled_goldens_decode_natively(nano_fixture, monkeypatch):
+    """The fixture's sampled cases (the official code's codes after ``torch.manual_seed``; the golden runner
+    records logits, so it decodes them in Python) decode to the same codes through the library's loop, every
+    frame of them native."""
+    from moss_npu.cpu.step import CpuStep
+    from moss_npu.tts.loop import generate
+    from moss_npu_verify import goldens
+
+    official, local_audio = [], CpuStep.local_audio
+    monkeypatch.setattr(CpuStep, "local_audio", lambda self, *a, **k: official.append(a[9] is not None) or
+                        local_audio(self, *a, **k))
+    fixture = goldens.load_fixture(nano_fixture)
+    cases = [case for case in fixture.cases if case.get("kind") == "generate" and case.get("seed") is not None]
+    model = load_model(nano_fixture / "tts", device="cpu")
+    for case in cases:
+        params = dict(case["params"])
+        nq, frames = params.pop("nq", None), int(params.pop("max_new_frames", 300))
+        torch.manual_seed(int(case["seed"]))
+        rows = torch.from_numpy(np.load(fixture.path(case["input"]))).long()
+        codes = generate(model, rows, sampling=SamplingParams(**params), nq=nq, max_new_frames=frames).codes[0]
+        assert np.array_equal(codes.numpy(), np.load(fixture.path(case["expected"]))), case["id"]
+    assert len(cases) >= 2 and official and all(official)
+
+
 def _rows(params: TokenParams, count: int) -> SlotSampling:
     """``params`` for ``count`` rows, as ``SlotSampling.set`` writes them."""
     rows = SlotSampling.allocate(count, torch.device("cpu"))
