@@ -161,13 +161,14 @@ def _rows(params: TokenParams, count: int) -> SlotSampling:
     return rows
 
 
-@pytest.mark.parametrize("params", [
-    TokenParams(True, 0.8, 25, 0.95, 1.2),
-    TokenParams(True, 1.3, 0, 0.5, 2.0),
-    TokenParams(True, 0.7, 3, 1.0, 1.0),
-    TokenParams(True, 1.1, 100, 0.99, 1.1),
-    TokenParams(False, 1.0, 0, 1.0, 1.4),
-], ids=["defaults", "top-p-only", "top-k-only", "top-k-sorted", "greedy-penalty"])
+# One decision's parameters: the defaults, each filter alone (top-k 1: ties kept), none, greedy with a penalty.
+DECISIONS = {"defaults": TokenParams(True, 0.8, 25, 0.95, 1.2), "top-p-only": TokenParams(True, 1.3, 0, 0.5, 2.0),
+             "top-k-only": TokenParams(True, 0.7, 3, 1.0, 1.0), "top-k-sorted": TokenParams(True, 1.1, 100, 0.99, 1.1),
+             "top-k-1": TokenParams(True, 1.0, 1, 1.0, 1.0), "plain": TokenParams(True, 1.0, 0, 1.0, 1.0),
+             "greedy-penalty": TokenParams(False, 1.0, 0, 1.0, 1.4)}
+
+
+@pytest.mark.parametrize("params", DECISIONS.values(), ids=DECISIONS.keys())
 def test_each_decision_is_sample_with_noises(kernels, params):
     """Random logits (ties at the top included), a presence mask, 400 uniforms: the library picks the code
     ``sample_with_noise`` picks, every time (the uniforms are far from CDF boundaries at float rounding)."""
@@ -181,18 +182,11 @@ def test_each_decision_is_sample_with_noises(kernels, params):
     assert got == want.tolist()
 
 
-@pytest.mark.parametrize("params", [
-    TokenParams(True, 0.8, 25, 0.95, 1.2),
-    TokenParams(True, 1.3, 0, 0.5, 2.0),
-    TokenParams(True, 0.7, 3, 1.0, 1.0),
-    TokenParams(True, 1.1, 100, 0.99, 1.1),
-    TokenParams(True, 1.0, 1, 1.0, 1.0),
-    TokenParams(True, 1.0, 0, 1.0, 1.0),
-], ids=["defaults", "top-p-only", "top-k-only", "top-k-sorted", "top-k-1", "plain"])
+@pytest.mark.parametrize("params", DECISIONS.values(), ids=DECISIONS.keys())
 def test_each_official_decision_is_sample_tokens(kernels, params):
     """Random logits (ties at the top included) at 4 scales, a presence mask, 100 seeds each: the library's pick
     with the Exp(1) variates torch.multinomial draws is ``sample_token``'s code for the same generator, every
-    time, and the generator ends where ``sample_token`` leaves it."""
+    time, and the generator ends where ``sample_token`` leaves it (greedy draws nothing)."""
     g = torch.Generator().manual_seed(params.top_k)
     for scale in (0.05, 1.0, 3.0, 8.0):
         logits = torch.randn(1024, generator=g) * scale
@@ -201,7 +195,7 @@ def test_each_official_decision_is_sample_tokens(kernels, params):
         for seed in range(100):
             official, drawn = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
             want = int(sample_token(logits[None], params, seen=seen[None], generator=official)[0])
-            q = torch.empty(1, 1024).exponential_(generator=drawn)[0].numpy()
+            q = torch.empty(1, 1024).exponential_(generator=drawn)[0].numpy() if params.do_sample else None
             assert local_loop.decide(kernels, logits.numpy(), seen.numpy(), params, 0.5, q) == want
             assert torch.equal(official.get_state(), drawn.get_state())
 
