@@ -159,8 +159,8 @@ static long pick_uniform(Candidate *kept, const float *weights, long m, double t
 }
 
 /* sample_token's draw from filter's m kept ids, as torch.multinomial draws one sample on the CPU: the first id
- * with the largest p / q, p the softmax (float32, e / its sum), q (V,) the Exp(1) variates torch drew for the row.
- * A top score that is not finite (or no kept id) softmaxes to NaN, which sample_token turns into 1.0 everywhere;
+ * with the largest p / q, p the softmax (float32: each weight times the inverse of their sum), q (V,) the Exp(1)
+ * variates torch drew for the row. A top score that is not finite (or no kept id) softmaxes to NaN, which sample_token turns into 1.0 everywhere;
  * a NaN ratio (0 / 0) wins, as in torch's argmax. `p` is scratch of V floats. */
 static long pick_exponential(const Candidate *kept, const float *weights, long m, double total, const float *q,
                              long v, float *p) {
