@@ -4,12 +4,10 @@ Each of a frame's 16 audio channels is a local block step, a head, a sampling de
 in Python each is a handful of calls between kernels, and on one thread those calls cost about as much as the
 local layer's products (docs/performance.md). ``LocalLoop`` runs all channels of a frame, for one slot or a
 batch, in one call: the blocks through ``FusedRowBlock``'s C code over n rows, the heads through their tiles, the
-repetition penalty and greedy argmax or sampling (``sampling.py``'s filters) in C: the official sampler's pick
-(``torch.multinomial``'s: the first largest p / q over Exp(1) variates q drawn by torch beforehand) or the
-noise-fed one's (``sample_with_noise``'s inverse CDF of a uniform).
+repetition penalty and greedy argmax or sampling in C (``sampling.py``'s filters, then ``torch.multinomial``'s
+pick with the Exp(1) variates torch drew, or ``sample_with_noise``'s with a uniform).
 A row's blocks and heads give the bits the one-slot step gives (so greedy codes are today's); sampled codes differ
-from torch's only where two ids' p / q, a uniform and a CDF boundary, or the mass and top_p lie within float
-rounding (the library's exponentials and sums are not torch's vectorized ones).
+from torch's only where two ids' p / q, a uniform and a CDF boundary, or the mass and top_p lie within rounding.
 Shapes: n rows, S slots, E hidden, Q channels, V codebook size, M local cache rows (Q + 1).
 """
 
@@ -154,10 +152,10 @@ class LocalLoop:
             raise ValueError(f"{n} rows, channels {start}..{start + channels} do not fit {slots} slots of {rows} "
                              f"local rows and {self.channels} channels")
         self._qkv_tables(tables)
+        drawn = (None, 0) if exponential is None else (exponential.ctypes.data, exponential.shape[-1])
         rates = _Sampling(*(sampling[name].ctypes.data for name in ("do_sample", "temperature", "top_p", "penalty",
                                                                      "top_k")), noise.ctypes.data, noise.shape[1],
-                          None if exponential is None else exponential.ctypes.data,
-                          0 if exponential is None else exponential.shape[-1])
+                          *drawn)
         spec = ctypes.byref(self._spec)
         scratch = np.empty(self._library.moss_local_audio_scratch(spec, n, start + channels), np.float32)
         codes, finite = np.empty((n, channels), np.int64), np.empty(n, np.bool_)
