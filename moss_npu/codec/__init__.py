@@ -1,7 +1,7 @@
 """MOSS-Audio-Tokenizer-Nano, native: ``load_codec`` an official folder into a ``NanoCodec`` (``encode``,
-``decode``, ``init_decode_state``, ``decode_step``); ``write_random_codec`` for tests. docs/architecture.md#the-codec.
+``decode``, ``init_decode_state``, ``decode_step``). docs/architecture.md#the-codec.
 """
 
-from moss_npu.codec.checkpoint import load_codec, nano_codec_config, write_random_codec
+from moss_npu.codec.checkpoint import load_codec
 from moss_npu.codec.model import NanoCodec
 from moss_npu.codec.streaming import OFFICIAL_SCHEDULE, CodecDecodeState, DecodeSchedule

@@ -3,7 +3,8 @@ import json
 import pytest
 
 from moss_npu.errors import ConfigError
-from moss_npu.nano.config import NanoConfig, load_config, official_config_dict
+from moss_npu.nano.config import NanoConfig, load_config
+from moss_npu_verify.random_checkpoints import official_config_dict
 
 
 def test_official_config_reads_with_official_names():
