@@ -8,7 +8,7 @@ ignored: the attention function is chosen by the caller of ``load_model``.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
@@ -147,18 +147,6 @@ class NanoConfig:
             return cls(gpt2_config=gpt2_config, **_split(cls, data))
         except (TypeError, ValueError) as exc:  # a value of the wrong type in the file
             raise ConfigError(f"config.json: {exc}; fix the file") from exc
-
-    def to_dict(self) -> dict[str, Any]:
-        """Return the official ``config.json`` layout (extra keys included, derived copies refreshed)."""
-        out = {k: v for k, v in asdict(self).items() if k not in ("extra", "gpt2_config")}
-        out["audio_codebook_sizes"] = list(self.audio_codebook_sizes)
-        gpt2 = {k: v for k, v in asdict(self.gpt2_config).items() if k != "extra"}
-        gpt2.update(self.gpt2_config.extra)
-        out["gpt2_config"] = gpt2
-        out.update(self.extra)
-        out.update(vocab_size=self.vocab_size, hidden_size=self.hidden_size,
-                   max_position_embeddings=self.gpt2_config.n_positions)
-        return out
 
 
 def _split(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
