@@ -7,6 +7,8 @@ Token counts use the model's own tokenizer.
 
 from __future__ import annotations
 
+import re
+
 from moss_npu.errors import InputError
 from moss_npu.nano.tokenizer import TextTokenizer
 
@@ -45,27 +47,9 @@ def prepare_text(text: str) -> str:
 
 def split_by_punctuation(text: str, marks: frozenset[str]) -> list[str]:
     """Split after each mark (plus closing quotes/brackets right after it); return stripped non-empty parts."""
-    parts: list[str] = []
-    current: list[str] = []
-    i = 0
-    while i < len(text):
-        current.append(text[i])
-        if text[i] in marks:
-            j = i + 1
-            while j < len(text) and text[j] in CLOSING:
-                current.append(text[j])
-                j += 1
-            if "".join(current).strip():
-                parts.append("".join(current).strip())
-            current = []
-            while j < len(text) and text[j].isspace():
-                j += 1
-            i = j
-            continue
-        i += 1
-    if "".join(current).strip():
-        parts.append("".join(current).strip())
-    return parts
+    mark, closing = (re.escape("".join(sorted(chars))) for chars in (marks, CLOSING))
+    parts = re.findall(f"[^{mark}]*[{mark}][{closing}]*|[^{mark}]+", text)
+    return [part.strip() for part in parts if part.strip()]
 
 
 def split_by_token_budget(tok: TextTokenizer, text: str, max_tokens: int) -> list[str]:
