@@ -73,12 +73,13 @@ def audio_rows(codes: torch.Tensor, slot_token_id: int, config: NanoConfig) -> t
 
 
 def check_codes(codes: torch.Tensor, config: NanoConfig) -> torch.Tensor:
-    """Validate prompt codes (F, Q): integer, Q = n_vq, each code inside its codebook or the pad id."""
+    """Return prompt codes (F, Q) as int64 on the CPU after checking them: integer, F >= 1, Q = n_vq, each code
+    inside its codebook or the pad id."""
     codes = torch.as_tensor(codes)
     if codes.dtype.is_floating_point or codes.dtype == torch.bool:
         raise InputError(f"prompt codes have dtype {codes.dtype}; pass integer codes (frames, {config.n_vq})")
-    if codes.ndim != 2 or codes.shape[1] != config.n_vq:
-        raise InputError(f"prompt codes have shape {tuple(codes.shape)}; expected (frames, {config.n_vq})")
+    if codes.ndim != 2 or codes.shape[1] != config.n_vq or codes.shape[0] == 0:
+        raise InputError(f"prompt codes have shape {tuple(codes.shape)}; expected (frames >= 1, {config.n_vq})")
     codes = codes.to(device="cpu", dtype=torch.long)
     sizes = torch.tensor(config.audio_codebook_sizes, dtype=torch.long)
     bad = ((codes < 0) | (codes >= sizes)) & (codes != config.audio_pad_token_id)

@@ -22,7 +22,7 @@ from moss_npu.audio import AudioSource, audio_source_key, load_reference_audio
 from moss_npu.codec.model import NanoCodec
 from moss_npu.errors import ConfigError, InputError
 from moss_npu.nano.config import NanoConfig
-from moss_npu.nano.prompt import build_prompt_rows, mask_unused_channels, resolve_mode
+from moss_npu.nano.prompt import build_prompt_rows, check_codes, mask_unused_channels, resolve_mode
 from moss_npu.nano.text import CLOSING, SENTENCE_END, split_text, voice_clone_chunks
 from moss_npu.nano.tokenizer import TextTokenizer
 from moss_npu.text import TextNormalizer
@@ -207,14 +207,3 @@ def split_sentences(buffer: str, final: bool = False) -> tuple[list[str], str]:
         rest = ""
     return [s for s in sentences if s], rest
 
-
-def check_codes(codes: torch.Tensor, config: NanoConfig) -> torch.Tensor:
-    """Return stored voice codes (F, Q) as int64 on the CPU, or raise InputError naming what is wrong."""
-    codes = torch.as_tensor(codes)
-    sizes = config.audio_codebook_sizes
-    if codes.dim() != 2 or codes.shape[1] != config.n_vq or codes.shape[0] == 0:
-        raise InputError(f"prompt codes have shape {tuple(codes.shape)}; expected (frames >= 1, {config.n_vq})")
-    valid = (codes >= 0) & (codes < torch.tensor(sizes)) | (codes == config.audio_pad_token_id)
-    if not bool(valid.all()):
-        raise InputError("prompt codes lie outside the codebooks; encode the voice with the matching codec")
-    return codes.long().cpu()
