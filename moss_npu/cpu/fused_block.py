@@ -75,18 +75,11 @@ class FusedRowBlock:
         """Return the block's output (E,) for the row ``x`` (E,), writing its key and value at ``position`` of
         ``keys``/``values`` (H, M, D) and attending to their first ``attended`` rows; ``rotation`` (D/2,)
         complex64, ``qkv`` (3E,) as in ``row_block``. Every array and index is checked first (ValueError)."""
-        e, heads, dim = self.embed, self.heads, self.dim
+        e = self.embed
         require(x, np.float32, (e,), "x")
-        require(rotation, np.complex64, (dim // 2,), "rotation")
         if not isinstance(keys, np.ndarray) or keys.ndim != 3:
             raise ValueError(f"keys: an (H, M, D) cache expected, got {getattr(keys, 'shape', type(keys))}")
-        rows = keys.shape[1]
-        require(keys, np.float32, (heads, rows, dim), "keys")
-        require(values, np.float32, (heads, rows, dim), "values")
-        if qkv is not None:
-            require(qkv, np.float32, (3 * e,), "qkv")
-        if not 0 <= position < attended <= rows:
-            raise ValueError(f"row {position} attending {attended} rows does not fit a cache of {rows}")
+        rows = self._check(rotation, keys, values, qkv, (3 * e,), position, attended)
         spec = ctypes.byref(self._spec)
         scratch = np.empty(self._library.moss_row_block_scratch(spec, attended), np.float32)
         out = x.copy()
@@ -106,16 +99,9 @@ class FusedRowBlock:
         e, heads, dim = self.embed, self.heads, self.dim
         n = x.shape[0] if getattr(x, "ndim", 0) == 2 else -1
         require(x, np.float32, (n, e), "x")
-        require(rotation, np.complex64, (dim // 2,), "rotation")
         if not isinstance(keys, np.ndarray) or keys.ndim != 4 or keys.shape[0] < n:
             raise ValueError(f"keys: an (S >= {n}, H, M, D) cache expected, got {getattr(keys, 'shape', type(keys))}")
-        slots, rows = keys.shape[0], keys.shape[2]
-        require(keys, np.float32, (slots, heads, rows, dim), "keys")
-        require(values, np.float32, (slots, heads, rows, dim), "values")
-        if qkv is not None:
-            require(qkv, np.float32, (n, 3 * e), "qkv")
-        if not 0 <= position < attended <= rows:
-            raise ValueError(f"row {position} attending {attended} rows does not fit a cache of {rows}")
+        rows = self._check(rotation, keys, values, qkv, (n, 3 * e), position, attended)
         spec = ctypes.byref(self._spec)
         scratch = np.empty(n * self._library.moss_row_block_scratch(spec, attended), np.float32)
         out = x.copy()
@@ -126,3 +112,16 @@ class FusedRowBlock:
         if status != 0:
             raise ValueError(f"the fused block refused {n} rows of {e} at {position} attending {attended}")
         return out
+
+    def _check(self, rotation: np.ndarray, keys: np.ndarray, values: np.ndarray, qkv: Optional[np.ndarray],
+               qkv_shape: tuple[int, ...], position: int, attended: int) -> int:
+        """Check the arrays besides the rows (ValueError); return the cache's rows M."""
+        require(rotation, np.complex64, (self.dim // 2,), "rotation")
+        rows = keys.shape[-2]
+        require(keys, np.float32, (*keys.shape[:-3], self.heads, rows, self.dim), "keys")
+        require(values, np.float32, keys.shape, "values")
+        if qkv is not None:
+            require(qkv, np.float32, qkv_shape, "qkv")
+        if not 0 <= position < attended <= rows:
+            raise ValueError(f"row {position} attending {attended} rows does not fit a cache of {rows}")
+        return rows
