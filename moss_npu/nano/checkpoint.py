@@ -75,14 +75,9 @@ def load_model(
     dtype: torch.dtype = torch.float32,
     attn_impl: str = "sdpa",
 ) -> NanoTTSModel:
-    """Build the model from a folder's ``config.json`` and weights; return it in eval mode on ``device``.
-
-    Any stored dtype is cast to ``dtype``. ``attn_impl`` ("sdpa" or "eager") applies to both decoders; the
-    config's ``attn_implementation`` is ignored.
-    Raises:
-        CheckpointError: missing files, unreadable weights, missing or unknown keys, wrong shapes.
-        ConfigError: an invalid config.json.
-    """
+    """Build the model from a folder's ``config.json`` and weights, cast to ``dtype``; return it in eval mode on
+    ``device``. ``attn_impl`` ("sdpa" or "eager") applies to both decoders (the config's is ignored).
+    CheckpointError for missing, unreadable or mismatched weights, ConfigError for an invalid config.json."""
     model_dir = Path(model_dir)
     config = load_config(model_dir)
     identity = checkpoint_identity(model_dir)
@@ -112,16 +107,9 @@ def load_model(
 
 
 def checkpoint_identity(model_dir: Path) -> str:
-    """Return a name for the content of a model folder's weights and config without reading the weights whole
-    (hashing 0.5-2 GB at every start would cost seconds): the weights file's size, inode, device, modification
-    and change times in nanoseconds, and a SHA-256 of its first and last MiB (a safetensors header, the
-    names, shapes and offsets of every tensor, is at the start) and of ``config.json``.
-
-    Rewriting the file sets its modification and change times, and replacing it gives another inode or change
-    time; tools that carry a modification time over (``cp -p``, rsync, tar) still set the change time, which
-    only a changed system clock can set back. So two different contents share a name only when the same inode
-    of the same size is rewritten under a clock set back to the nanosecond, with the same first and last MiB.
-    A folder moved or copied gets a new name (its entries are prepared once more), which is safe.
+    """Return a name for the content of a model folder's weights and config without reading the weights whole:
+    the weights file's size, inode, device, modification and change times in nanoseconds, and a SHA-256 of its
+    first and last MiB and of ``config.json``. Why that is safe: docs/performance.md#start-up.
     """
     path = weights_file(model_dir).resolve()
     digest = hashlib.sha256()

@@ -142,11 +142,7 @@ class NanoConfig:
         gpt2 = data.pop("gpt2_config", None) or {}
         if not isinstance(gpt2, Mapping):
             raise ConfigError(f"config.json: gpt2_config must be an object, got {type(gpt2).__name__}")
-        gpt2_config = _build(GPT2Config, gpt2)
-        try:
-            return cls(gpt2_config=gpt2_config, **_split(cls, data))
-        except (TypeError, ValueError) as exc:  # a value of the wrong type in the file
-            raise ConfigError(f"config.json: {exc}; fix the file") from exc
+        return _build(cls, data, gpt2_config=_build(GPT2Config, gpt2))
 
 
 def _split(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
@@ -157,10 +153,10 @@ def _split(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
     return known
 
 
-def _build(cls: type, data: Mapping[str, Any]):
+def _build(cls: type, data: Mapping[str, Any], **parts: Any):
     try:
-        return cls(**_split(cls, data))
-    except TypeError as exc:  # a value of the wrong type in the file
+        return cls(**_split(cls, data), **parts)
+    except (TypeError, ValueError) as exc:  # a value of the wrong type in the file
         raise ConfigError(f"config.json: {exc}; fix the file") from exc
 
 
