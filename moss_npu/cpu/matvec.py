@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import math
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -114,14 +115,9 @@ def _padded(columns: int) -> int:
     return -(-columns // TILE) * TILE
 
 
-def table_bytes(weight: torch.Tensor, itemsize: int) -> int:
-    """Return the bytes of the kernel's table for an (out, in) ``weight`` of ``itemsize``-byte values."""
-    return weight.shape[1] * _padded(weight.shape[0]) * itemsize
-
-
 def tile_bytes(weight: torch.Tensor, format: str) -> int:
     """Return the arena bytes of ``weight``'s tiles in ``format``, int8's scales included."""
-    table = PageArena.room(table_bytes(weight, np.dtype(STORED[format]).itemsize))
+    table = PageArena.room(weight.shape[1] * _padded(weight.shape[0]) * np.dtype(STORED[format]).itemsize)
     return table + (PageArena.room(_padded(weight.shape[0]) * 4) if format == "int8" else 0)
 
 
@@ -186,14 +182,18 @@ class Tiles:
     def __call__(self, x: np.ndarray, residual: Optional[np.ndarray] = None) -> np.ndarray:
         """Return the (out,) product of a float32 row ``x`` (in,); ``residual`` (out,) is added. Both must be
         C-contiguous float32 (ValueError otherwise)."""
-        require(x, np.float32, (self.in_features,), "x")
+        return self._product(x, residual, ())
+
+    def _product(self, x: np.ndarray, residual: Optional[np.ndarray], rows: tuple[int, ...]) -> np.ndarray:
+        """The products of ``x`` (*rows, in), ``rows`` () for one row or (n,) for n."""
+        require(x, np.float32, (*rows, self.in_features), "x")
         if residual is not None:
-            require(residual, np.float32, (self.out_features,), "residual")
+            require(residual, np.float32, (*rows, self.out_features), "residual")
             residual = _fitted(residual, self._columns)
-        y = np.empty(self._columns, np.float32)
-        self._kernels.multiply(self.format, x, self.values, self._vectors, residual, y, 1, self.in_features,
-                               self._columns)
-        return y[:self.out_features]
+        y = np.empty((*rows, self._columns), np.float32)
+        self._kernels.multiply(self.format, x, self.values, self._vectors, residual, y, math.prod(rows),
+                               self.in_features, self._columns)
+        return y if self._columns == self.out_features else np.ascontiguousarray(y[..., :self.out_features])
 
 
 class Fp32Tiles(Tiles):
@@ -251,15 +251,7 @@ class Int8Tiles(Tiles):
         for that row alone; ``residual`` (n, out) is added. Both must be C-contiguous float32."""
         if not isinstance(x, np.ndarray) or x.ndim != 2:
             raise ValueError(f"x: (n, {self.in_features}) rows expected, got {getattr(x, 'shape', type(x))}")
-        n = x.shape[0]
-        require(x, np.float32, (n, self.in_features), "x")
-        if residual is not None:
-            require(residual, np.float32, (n, self.out_features), "residual")
-            residual = _fitted(residual, self._columns)
-        y = np.empty((n, self._columns), np.float32)
-        self._kernels.multiply(self.format, x, self.values, self._vectors, residual, y, n, self.in_features,
-                               self._columns)
-        return y if self._columns == self.out_features else np.ascontiguousarray(y[:, :self.out_features])
+        return self._product(x, residual, x.shape[:1])
 
 
 class BlasGemv:

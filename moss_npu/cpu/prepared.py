@@ -96,9 +96,6 @@ class Slot:
     shape: tuple[int, ...]
     offset: int
 
-    def public(self) -> list:
-        return [self.dtype, list(self.shape), self.offset]
-
 
 class PreparedArena:
     """Arrays handed out one after another (``array``): filled by their makers in a ``PageArena`` of ``nbytes``, or
@@ -279,7 +276,7 @@ def _header(key: str, name: str, arena: PreparedArena, crc: int) -> bytes:
     """The file's bytes before the payload: magic, header length, the JSON header, padding to ``PAGE``."""
     body = json.dumps({"format": FORMAT_VERSION, "key": key, "name": name, "payload": len(arena.payload()),
                        "nbytes": arena.nbytes(), "crc32": crc,
-                       "arrays": [slot.public() for slot in arena.layout]}).encode()
+                       "arrays": [[s.dtype, list(s.shape), s.offset] for s in arena.layout]}).encode()
     head = MAGIC + len(body).to_bytes(8, "little") + body
     return head + bytes(-len(head) % PAGE)
 

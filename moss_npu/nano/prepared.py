@@ -3,7 +3,7 @@ first-layer tables (``reuse.audio_qkv_tables``) and, for a float32 CPU model, th
 
 A pipeline prepares them when it loads and hands them to every decoder it makes; a decoder made without them, or
 after the weights changed (``current``), builds its own. For a model loaded from a checkpoint the CPU arrays come
-from the prepared-weights cache (``cpu.prepared``), keyed by ``cache_parts``; oneDNN's packed copies cannot be
+from the prepared-weights cache (``cpu.prepared``), keyed by ``cache_key``; oneDNN's packed copies cannot be
 written out and are packed again at every start (docs/performance.md#start-up).
 """
 
@@ -94,20 +94,14 @@ def _source(store: WeightCache, names: list[str]) -> str:
     return sources.pop() if len(sources) == 1 else ", ".join(sorted(sources))
 
 
-def cache_parts(model: NanoTTSModel, compile_mode: str) -> Optional[dict[str, str]]:
-    """Return what the prepared CPU arrays of ``model`` depend on (the checkpoint, the weight format, and torch's
-    and the CPU's rounding), or None where they are not cached: weights that are no longer a checkpoint's as
-    loaded, or compiled blocks (a measurement mode)."""
+def cache_key(model: NanoTTSModel, compile_mode: str) -> Optional[str]:
+    """Return the prepared-weights cache key of ``model``, naming what its prepared CPU arrays depend on (the
+    checkpoint, the weight format, and torch's and the CPU's rounding), or None where they are not cached: weights
+    that are no longer a checkpoint's as loaded, or compiled blocks (a measurement mode)."""
     identity = origin_identity(model)
     if identity is None or compile_mode == "on":
         return None
-    return {"checkpoint": identity, "weights": getattr(model, "weight_dtype", "float32"),
-            "quantization": getattr(model, "quantization", "none"), "kernels": kernels_in_use(),
-            "tiles": f"{TILE}x{GROUP}", "torch": torch.__version__, "numpy": np.__version__,
-            "machine": platform.machine(), "cpu": cpu_identity()}
-
-
-def cache_key(model: NanoTTSModel, compile_mode: str) -> Optional[str]:
-    """Return the prepared-weights cache key of ``model`` (``cache_parts``), or None where it is not cached."""
-    parts = cache_parts(model, compile_mode)
-    return None if parts is None else entry_key(parts)
+    return entry_key({"checkpoint": identity, "weights": getattr(model, "weight_dtype", "float32"),
+                      "quantization": getattr(model, "quantization", "none"), "kernels": kernels_in_use(),
+                      "tiles": f"{TILE}x{GROUP}", "torch": torch.__version__, "numpy": np.__version__,
+                      "machine": platform.machine(), "cpu": cpu_identity()})
