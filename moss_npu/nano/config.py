@@ -55,10 +55,6 @@ class GPT2Config:
                               f"use one of {list(ACTIVATIONS)}")
 
     @property
-    def hidden_size(self) -> int:
-        return self.n_embd
-
-    @property
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
 

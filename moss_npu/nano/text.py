@@ -15,8 +15,6 @@ from moss_npu.nano.tokenizer import TextTokenizer
 SENTENCE_END = frozenset(".!?。！？；;")
 CLAUSE_SPLIT = frozenset(",，、；;：:")
 CLOSING = frozenset("\"'”’)]}）】》」』")
-PAUSE_SHORT_S = 0.40  # after a chunk of at most 4 whitespace-separated words
-PAUSE_LONG_S = 0.24
 BOUNDARY_LOOKBACK = 24  # characters scanned back for a clause/space boundary in the token-budget cut
 
 
@@ -31,9 +29,7 @@ def prepare_text(text: str) -> str:
     prepared = str(text).strip()
     if not prepared:
         raise InputError("text is empty; pass the text to speak")
-    prepared = prepared.replace("\n", " ").replace("\r", " ")
-    while "  " in prepared:
-        prepared = prepared.replace("  ", " ")
+    prepared = re.sub(" {2,}", " ", prepared.replace("\n", " ").replace("\r", " "))
     if contains_cjk(prepared):
         return prepared if prepared[-1] in SENTENCE_END else prepared + "。"
     if not prepared[0].isupper():
@@ -140,11 +136,6 @@ def voice_clone_chunks(tok: TextTokenizer, text: str, max_tokens: int) -> list[s
     return chunks if len(chunks) > 1 else [text]
 
 
-def pause_seconds(chunk: str) -> float:
-    """Silence inserted after a chunk (except the last): 0.40 s for <= 4 words, else 0.24 s."""
-    return PAUSE_SHORT_S if len(str(chunk).strip().split()) <= 4 else PAUSE_LONG_S
-
-
 def pause_samples(chunk: str, sample_rate_hz: int) -> int:
-    """Length of the pause after ``chunk`` in samples (``round(rate · pause)``)."""
-    return max(0, int(round(float(sample_rate_hz) * pause_seconds(chunk))))
+    """Samples of the silence inserted after a chunk (except the last): 0.40 s after at most 4 words, else 0.24 s."""
+    return round(sample_rate_hz * (0.40 if len(str(chunk).split()) <= 4 else 0.24))
