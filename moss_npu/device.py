@@ -307,9 +307,8 @@ class CpuBackend(Backend):
         return dtype == torch.bfloat16
 
     def zeros(self, shape: tuple[int, ...], dtype, device):
-        """In fresh anonymous pages (``cpu.prepared.PageArena``), which the kernel hands out zeroed when first
-        touched: a server's cache for 8 slots of 1,536 rows is ~0.9 GB, which ``torch.zeros`` wrote page by page
-        at start-up (0.3-2.8 s here), while a request touches only the rows it fills."""
+        """In fresh anonymous pages (``cpu.prepared.PageArena``), which the kernel zeroes when first touched: a
+        request touches only the rows it fills, where ``torch.zeros`` would write the whole cache at start-up."""
         import math
 
         from moss_npu.cpu.prepared import PageArena

@@ -1,11 +1,9 @@
 """Text tokenizer of MOSS-TTS-Nano: SentencePiece with the HF slow-tokenizer wrapping (docs/architecture.md#tokenizer).
 
-Upstream calls ``tokenizer.encode(text, add_special_tokens=False)`` on a transformers ``PreTrainedTokenizer``.
-That equals plain SentencePiece except for literal special-token strings (``<unk>``, ``<s>``, ``</s>``,
-``<pad>``): they become single ids and the fragments between them are encoded separately (each fragment gets its
-own leading ``▁``; whitespace at fragment ends vanishes in SentencePiece's normaliser). Whitespace next to a token
-is stripped only where ``tokenizer_config.json`` sets ``lstrip``/``rstrip`` (transformers' rule; the official
-files set neither). ``TextTokenizer.encode`` reproduces exactly that.
+Upstream's ``encode(text, add_special_tokens=False)`` equals plain SentencePiece except for literal special-token
+strings (``<unk>``, ``<s>``, ``</s>``, ``<pad>``): they become single ids and the fragments between them are
+encoded separately; whitespace next to a token is stripped only where ``tokenizer_config.json`` sets
+``lstrip``/``rstrip`` (the official files set neither). ``TextTokenizer.encode`` reproduces exactly that.
 """
 
 from __future__ import annotations
