@@ -63,11 +63,8 @@ _GIB = 1 << 30
 
 class GraphCapture:
     """A backend's device-graph API: ``capture(fn)`` records the kernels ``fn`` launches and returns a replay.
-
-    ``graph_type`` is ``torch.cuda.CUDAGraph`` or ``torch.npu.NPUGraph``, ``graph_context`` the matching
-    ``torch.cuda.graph`` / ``torch.npu.graph``. ``broken`` holds why a capture failed in this process (then
-    callers stop trying). Tests pass a stand-in with the same two members.
-    """
+    ``graph_type``/``graph_context`` are ``torch.cuda.CUDAGraph``/``torch.cuda.graph`` or the NPU's; ``broken``
+    holds why a capture failed in this process (then callers stop trying)."""
 
     def __init__(self, graph_type, graph_context) -> None:
         self.graph_type, self.graph_context = graph_type, graph_context

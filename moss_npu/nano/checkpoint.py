@@ -1,9 +1,8 @@
 """Load official-format MOSS-TTS-Nano checkpoints (docs/architecture.md#checkpoints).
 
 A model folder holds ``config.json``, ``model.safetensors`` or ``pytorch_model.bin`` and ``tokenizer.model``.
-Files differ in which tied copies they store and in their dtype (the official release is a bf16 ``.bin`` with
-the audio-head copies and a stray ``local_transformer.wte.weight``). The tables below say what happens to such
-keys; everything else must match the model exactly (strict load).
+Files differ in their dtype and in which tied copies and stray keys they store; the tables below say what
+happens to those, and everything else must match the model exactly (strict load).
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """Device graphs of the frame step: warm up eagerly, capture once per slot-count bucket, replay after.
 
-The capture API comes from the device layer (``backend(device).graph_capture()``: CUDA graphs, NPU graphs, none
-on the CPU). Whether a driver can capture shows only when capturing: ``--graph on`` tries one trial capture when
-the decoder is built and refuses with its reason; with ``auto`` a failed capture logs one line and turns graphs
-off for the process (the frame then runs eagerly, with the same result); it never crashes a request.
+The capture API comes from the device layer (``backend(device).graph_capture()``). ``--graph on`` tries one trial
+capture when the decoder is built and refuses with its reason; with ``auto`` a failed capture logs one line and
+the frames run eagerly for the rest of the process, with the same result.
 """
 
 from __future__ import annotations

@@ -1,13 +1,11 @@
 """What the frame decoder computes once and reuses: tables derived from the weights, and recent prompt prefixes.
 
-* ``LocalTables``: the 2 candidate rows of the text head, their embeddings, and the local decoder's first-layer
-  q|k|v of every embedding row it can be fed (all but the first input): a row lookup instead of a 3E x E
-  projection per channel; (Q - 1)·V·3E values.
+* ``LocalTables``: the text head's 2 candidate rows, their embeddings, and the local decoder's first-layer q|k|v of
+  every embedding row it can be fed: a row lookup instead of a 3E x E projection per channel.
 * ``PrefixCache``: the global keys/values of recent prompts; a new prefill starts after the longest prefix it
   shares with one of them (the prompt template, a voice-clone reference across the chunks of a text).
-Both belong to one ``FrameDecoder`` and are built from the weights at that time: after editing the weights call
-``FrameDecoder.refresh()`` (or build a new decoder). Shapes: L prompt rows, Q channels, V codebook size, E hidden,
-N layers, H heads, D head dim.
+Both are built from the weights of one ``FrameDecoder``: after editing them call ``FrameDecoder.refresh()``.
+Shapes: L prompt rows, Q channels, V codebook size, E hidden, N layers, H heads, D head dim.
 """
 
 from __future__ import annotations

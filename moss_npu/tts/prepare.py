@@ -69,11 +69,8 @@ class PreparedRequest:
 
 
 class Preparer:
-    """Turns requests into ``PreparedRequest``s; owns the text normalizer and the reference-code cache.
-
-    Safe to call from several threads: the normalizer (whose search keeps working memory between texts) runs
-    under a lock, and so does the cache bookkeeping.
-    """
+    """Turns requests into ``PreparedRequest``s; owns the text normalizer and the reference-code cache. Safe to
+    call from several threads: the normalizer and the cache bookkeeping run under locks."""
 
     def __init__(self, tokenizer: TextTokenizer, config: NanoConfig, codec: NanoCodec) -> None:
         self.tokenizer, self.config, self.codec = tokenizer, config, codec
@@ -83,11 +80,8 @@ class Preparer:
         self._cache_lock = threading.Lock()
 
     def reference_codes(self, source: PromptAudio) -> torch.Tensor:
-        """Encode a reference recording into codes (F, Q) on the CPU; cached by content (least recently used).
-
-        ``source`` is a file path, the bytes of a wav/flac/mp3 file, or a (waveform (C, S) or (S,), sample_rate)
-        pair; a file and its bytes share one cache entry.
-        """
+        """Encode a reference recording (a ``PromptAudio``) into codes (F, Q) on the CPU, cached by content (least
+        recently used): a file and its bytes share one entry."""
         if isinstance(source, (str, Path)) and not Path(source).is_file():
             raise InputError(f"--prompt-audio-path {source}: file not found; pass a wav/flac/mp3 recording")
         key = audio_source_key(source)
