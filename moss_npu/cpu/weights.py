@@ -1,7 +1,5 @@
-"""The CPU step's copies of the linear weights, one interface (``linear(layer) -> (weight, bias)``) over
-each layout the products read: transposed float32 in a page arena (``WeightArena``), the model's own weights
-(``ModelWeights``), int8 values and scales for torch's int8 kernel (``Int8Weights``) or the one-row kernels' int8
-tiles (``Int8TileWeights``), and the products that multiply several rows by the int8 ones.
+"""The CPU step's linear weights behind one interface (``linear(layer) -> (weight, bias)``) in each layout its
+products read (transposed float32, the model's own, int8 for torch's kernel or the tiles), and the int8 products.
 """
 
 from __future__ import annotations

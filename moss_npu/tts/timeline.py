@@ -85,11 +85,8 @@ class Timeline:
 
 def at_speed(chunks: Iterable["AudioChunk"], speed: float, sample_rate: int,
              channels: int) -> Iterator["AudioChunk"]:
-    """The chunks of one stream spoken at ``speed`` through one stretcher (the chunks themselves at 1.0).
-
-    Each output chunk keeps its input's index, text and source length (the stretcher's delay moves audio a
-    little later; the stream's total is exact). A last chunk holds the stretcher's tail.
-    """
+    """The chunks of one stream spoken at ``speed`` through one stretcher, each keeping its index, text and source
+    length, then a last chunk with the stretcher's tail (the chunks themselves at 1.0)."""
     if speed == 1.0:
         yield from chunks
         return
