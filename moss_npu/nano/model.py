@@ -122,8 +122,18 @@ class RotaryEmbedding(nn.Module):
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate feature pairs (2i, 2i+1) of (B, L, ..., D) by the position angle (cos/sin broadcast to x)."""
-    rotated = torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).reshape_as(x)
-    return x * cos + rotated * sin
+    return rotate(x, cos, signed_sin(sin))
+
+
+def signed_sin(sin: torch.Tensor) -> torch.Tensor:
+    """``sin`` (..., D) with its even features negated: the form ``rotate`` takes."""
+    return torch.stack((-sin[..., ::2], sin[..., 1::2]), dim=-1).flatten(-2)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``apply_rope`` with ``signed_sin(sin)`` given: x·cos + x with each pair swapped·sin, the same values
+    (x₁·(−s) is −(x₁·s) exactly) in four kernels where the stacked form takes five."""
+    return x * cos + x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2) * sin
 
 
 class Attention(nn.Module):
@@ -144,7 +154,7 @@ class Attention(nn.Module):
         b, l, e = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
         qkv = qkv.view(b, l, 3, self.n_head, self.head_dim)
         # q and k rotate in one go (same element-wise math as two calls, half the kernel launches).
-        qk = apply_rope(qkv[:, :, :2], cos[:, :, None], sin[:, :, None])
+        qk = rotate(qkv[:, :, :2], cos[:, :, None], sin[:, :, None])
         q, k = qk[:, :, 0].transpose(1, 2), qk[:, :, 1].transpose(1, 2)  # (B, H, L, D)
         v = qkv[:, :, 2].transpose(1, 2)
         if cache is not None:
@@ -215,6 +225,7 @@ class Decoder(nn.Module):
         query_valid = attention_mask[:, -lq:]
         positions = (attention_mask.long().cumsum(-1) - 1).masked_fill(~attention_mask, 0)[:, -lq:]
         cos, sin = self.rotary(positions, x.dtype)
+        sin = signed_sin(sin)
         # Causal mask aligned bottom-right (new rows are the last ones) combined with key validity.
         key_pos = torch.arange(lk, device=x.device)
         query_pos = torch.arange(lq, device=x.device) + (lk - lq)
@@ -236,22 +247,23 @@ class Decoder(nn.Module):
 
     def step(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache,
              key_mask: Optional[torch.Tensor] = None, query_valid: Optional[torch.Tensor] = None,
-             qkv: Optional[torch.Tensor] = None) -> torch.Tensor:
+             qkv: Optional[torch.Tensor] = None, attention: Optional[str] = None) -> torch.Tensor:
         """Run one new row per batch entry against ``cache``; return its (B, 1, E) hidden state after ``ln_f``.
 
         The decode fast path: ``forward`` on a single row computes the same, but rebuilds positions, RoPE and
         masks every call; here the caller passes them ready-made (a few dozen fewer kernels per call).
         Args:
             x: (B, 1, E) inputs.
-            cos, sin: (B, D) rotation of each row's position (rows of ``rope_table``).
+            cos, sin: (B, D) rotation of each row's position (rows of ``rope_table``, sin as ``signed_sin``).
             key_mask: (B, T) bool over cached + new rows; None = every key is visible.
             query_valid: (B, 1) bool, False where the new row is padding; None = every new row is real.
             qkv: (B, 1, 3E) first layer's ``c_attn(ln_1(x))`` when already known (``first_qkv`` of a table row;
                 only with ``query_valid`` None, as padding would have to zero it first).
+            attention: the ``ATTENTION_FUNCTIONS`` name to use (None: the decoder's own).
         """
         cos, sin = cos[:, None, None, :], sin[:, None, None, :]
         mask = None if key_mask is None else key_mask[:, None, None, :]
-        attn_fn = ATTENTION_FUNCTIONS[self.attn_impl]
+        attn_fn = ATTENTION_FUNCTIONS[attention or self.attn_impl]
         keep = None if query_valid is None else query_valid[..., None].to(x.dtype)
         if keep is not None:
             x = x * keep

@@ -12,7 +12,8 @@ import contextlib
 import torch
 
 from moss_npu.cpu.blocks import Segment
-from moss_npu.nano.model import KVCache, NanoTTSModel
+from moss_npu.device import backend
+from moss_npu.nano.model import KVCache, NanoTTSModel, signed_sin
 
 
 class StaticKV:
@@ -43,6 +44,7 @@ class TorchStep:
 
     def __init__(self, model: NanoTTSModel) -> None:
         self.model = model
+        self.attention = backend(model.device).step_attention
 
     def dispatch(self) -> str:
         return "torch"
@@ -54,8 +56,8 @@ class TorchStep:
         return contextlib.nullcontext()
 
     def rotation_table(self, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """RoPE rows (P, 2D) as ``run`` takes them: cos and sin side by side."""
-        return torch.cat([cos, sin], dim=-1)
+        """RoPE rows (P, 2D) as ``run`` takes them: cos and ``signed_sin`` side by side."""
+        return torch.cat([cos, signed_sin(sin)], dim=-1)
 
     def run(self, local: bool, x: torch.Tensor, rotation: torch.Tensor, kv: torch.Tensor, index: torch.Tensor,
             keys: int, mask: torch.Tensor | None, qkv: torch.Tensor | None = None) -> torch.Tensor:
@@ -63,7 +65,8 @@ class TorchStep:
         decoder = self.model.local_transformer if local else self.model.transformer
         cos, sin = rotation.chunk(2, dim=-1)
         return decoder.step(x[:, None], cos, sin, StaticKV(kv, x.shape[0], index, keys),
-                            None if mask is None else mask[:, 0, 0], qkv=None if qkv is None else qkv[:, None])[:, -1]
+                            None if mask is None else mask[:, 0, 0], qkv=None if qkv is None else qkv[:, None],
+                            attention=self.attention)[:, -1]
 
     def prefill(self, x: torch.Tensor, rotation: torch.Tensor, kv: torch.Tensor,
                 segments: list[Segment]) -> torch.Tensor:
