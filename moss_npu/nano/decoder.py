@@ -90,6 +90,7 @@ class FrameDecoder:
             self.tables = LocalTables.build(model, max_len, self.weights.audio_qkv)
             self._key_range = torch.arange(max_len, device=model.device)
             self._channel_range = torch.arange(cfg.n_vq, device=model.device)
+            self._pad_codes = torch.full((cfg.n_vq,), self.pad, device=model.device)
             # Flattened cache row of each (slot, head) at position 0 (+ position: its new key), local and global.
             heads = torch.arange(slots * cfg.gpt2_config.n_head, device=model.device)
             local = self.state.local_kv.shape[4]  # (position, slot/head) -> its new key's flat row in the local cache
@@ -360,11 +361,11 @@ class FrameDecoder:
         with phase(split, "local"):  # the 17 local steps and their decisions
             u = self._local_step(local, st.hidden[:n], None)
             candidates = F.linear(u, t.text_rows)  # only the 2 candidates are read; a non-finite u poisons the rest
-            text_finite = torch.isfinite(u).all(-1) & torch.isfinite(candidates).all(-1)
+            text_finite = torch.isfinite(torch.cat([u, candidates], dim=-1)).all(-1)
             self._hook("text", self.frame_index, candidates)
             pick = self._sample(candidates, self._rows(0, n, 2, None), 0)  # 0 = continue, 1 = stop
             frame, embed, audio_finite = self._audio(local, pick, n, channels, masked)
-            self._commit(n, pick == 0, frame, torch.stack([text_finite, audio_finite], dim=1))
+            self._commit(n, pick, frame, torch.stack([text_finite, audio_finite], dim=1))
         if defer:
             return embed, n, keys, exact
         with phase(split, "global"):
@@ -402,10 +403,10 @@ class FrameDecoder:
                 qkv = t.audio_qkv[c].index_select(0, code)
         ok, decided = torch.isfinite(torch.stack(sums, dim=1)), torch.stack(codes, dim=1)  # (n, channels)
         if within is not None:
-            ok, decided = ok | ~within, torch.where(within, decided, self.pad)
-        frame = torch.full((n, model.config.n_vq), self.pad, dtype=torch.long, device=self.device)
-        frame[:, :channels] = decided
-        return frame, embed, ok.all(-1)
+            ok, decided = ok | ~within, torch.where(within, decided, self._pad_codes[:channels])
+        if channels < model.config.n_vq:
+            decided = torch.cat([decided, self._pad_codes[channels:].expand(n, -1)], dim=1)
+        return decided, embed, ok.all(-1)
 
     def _native_audio(self, local: KVCache, pick: torch.Tensor, n: int, channels: int) -> Optional[tuple]:
         """``_audio``'s result from the CPU step's one library call per frame (``CpuStep.local_audio``), or None
@@ -424,21 +425,20 @@ class FrameDecoder:
         return step.local_audio(t.text_embed.index_select(0, pick), t.text_qkv.index_select(0, pick), t.audio_qkv,
                                 self._rotations[1], self.state, n, start, channels, self.pad)
 
-    def _commit(self, n: int, cont: torch.Tensor, frame: torch.Tensor, finite: torch.Tensor) -> None:
-        """Record the frame's outcome per slot: codes, presence mask, step count, stop, finiteness, activity."""
+    def _commit(self, n: int, pick: torch.Tensor, frame: torch.Tensor, finite: torch.Tensor) -> None:
+        """Record the frame's outcome per slot (``pick``: the text decision, 0 = continue): codes, presence mask,
+        step count, stop, finiteness, activity."""
         st = self.state
         active = st.active[:n]
-        ok = finite.all(-1)
-        produce = active & cont & ok
-        frame = frame.masked_fill(~produce[:, None], self.pad)
-        st.codes[:n] = frame
-        vocab = st.seen.shape[-1] - 1
-        st.seen[:n].scatter_(2, frame.masked_fill(frame == self.pad, vocab)[:, :, None], True)
-        st.stopped[:n] |= active & ~cont & ok
+        live = active & finite.all(-1)
+        produce = torch.logical_and(live, pick == 0, out=st.produced[:n])
+        codes = torch.where(produce[:, None], frame, self._pad_codes, out=st.codes[:n])
+        # The pad id lies past every codebook (config), so clamping sends it to the absorbing last column.
+        st.seen[:n].scatter_(2, codes.clamp(max=st.seen.shape[-1] - 1)[:, :, None], True)
+        st.stopped[:n] |= live ^ produce  # live and chose to stop
         st.finite[:n] &= finite | ~active[:, None]
         st.steps[:n] += active.long()
-        st.produced[:n] = produce
-        st.active[:n] = produce & (st.steps[:n] < st.max_frames[:n])
+        torch.logical_and(produce, st.steps[:n] < st.max_frames[:n], out=st.active[:n])
 
     def _global_step(self, embed: torch.Tensor, n: int, keys: int, exact: bool) -> None:
         """Run each slot's new row (n, E) through the global decoder at its own position; store the hidden state."""

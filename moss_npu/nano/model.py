@@ -147,10 +147,9 @@ class Attention(nn.Module):
         scale = 1.0 / math.sqrt(self.head_dim) if cfg.scale_attn_weights else 1.0
         self.scale = scale / (layer_idx + 1) if cfg.scale_attn_by_inverse_layer_idx else scale
 
-    def forward(self, x, cos, sin, mask, query_valid, attn_fn, cache: Optional[KVCache], layer_idx: int,
-                qkv: Optional[torch.Tensor] = None):
-        """Attend (B, L, E) ``x``; or, when ``qkv`` (B, L, 3E) = ``c_attn(x)`` is given ready-made, x is unused."""
-        qkv = self.c_attn(x) if qkv is None else qkv
+    def forward(self, x, cos, sin, mask, query_valid, attn_fn, cache: Optional[KVCache], layer_idx: int):
+        """Attend (B, L, E) ``x``."""
+        qkv = self.c_attn(x)
         b, l, e = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
         qkv = qkv.view(b, l, 3, self.n_head, self.head_dim)
         # q and k rotate in one go (same element-wise math as two calls, half the kernel launches).
@@ -173,8 +172,8 @@ class MLP(nn.Module):
         self.act = ACTIVATION_FUNCTIONS[cfg.activation_function]
         self.fused_act = FUSED_ACTIVATIONS.get(cfg.activation_function, self.act)
 
-    def forward(self, x: torch.Tensor, fused: bool = False) -> torch.Tensor:
-        return self.fc_out((self.fused_act if fused else self.act)(self.fc_in(x)))
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc_out(self.act(self.fc_in(x)))
 
 
 class Block(nn.Module):
@@ -187,11 +186,9 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, mask, query_valid, attn_fn, cache, layer_idx, qkv=None, fused=False):
-        """``qkv``: ready-made ``c_attn(ln_1(x))`` (decode steps); ``fused``: one-kernel activation."""
-        x = x + self.attn(self.ln_1(x) if qkv is None else None, cos, sin, mask, query_valid, attn_fn, cache,
-                          layer_idx, qkv)
-        return x + self.mlp(self.ln_2(x), fused)
+    def forward(self, x, cos, sin, mask, query_valid, attn_fn, cache, layer_idx):
+        x = x + self.attn(self.ln_1(x), cos, sin, mask, query_valid, attn_fn, cache, layer_idx)
+        return x + self.mlp(self.ln_2(x))
 
 
 def _embedding(num: int, dim: int) -> nn.Embedding:
@@ -244,36 +241,6 @@ class Decoder(nn.Module):
         w = self.ln_f.weight
         cos, sin = self.rotary(torch.arange(length, device=w.device)[None], w.dtype)
         return cos[0, :, 0], sin[0, :, 0]
-
-    def step(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache,
-             key_mask: Optional[torch.Tensor] = None, query_valid: Optional[torch.Tensor] = None,
-             qkv: Optional[torch.Tensor] = None, attention: Optional[str] = None) -> torch.Tensor:
-        """Run one new row per batch entry against ``cache``; return its (B, 1, E) hidden state after ``ln_f``.
-
-        The decode fast path: ``forward`` on a single row computes the same, but rebuilds positions, RoPE and
-        masks every call; here the caller passes them ready-made (a few dozen fewer kernels per call).
-        Args:
-            x: (B, 1, E) inputs.
-            cos, sin: (B, D) rotation of each row's position (rows of ``rope_table``, sin as ``signed_sin``).
-            key_mask: (B, T) bool over cached + new rows; None = every key is visible.
-            query_valid: (B, 1) bool, False where the new row is padding; None = every new row is real.
-            qkv: (B, 1, 3E) first layer's ``c_attn(ln_1(x))`` when already known (``first_qkv`` of a table row;
-                only with ``query_valid`` None, as padding would have to zero it first).
-            attention: the ``ATTENTION_FUNCTIONS`` name to use (None: the decoder's own).
-        """
-        cos, sin = cos[:, None, None, :], sin[:, None, None, :]
-        mask = None if key_mask is None else key_mask[:, None, None, :]
-        attn_fn = ATTENTION_FUNCTIONS[attention or self.attn_impl]
-        keep = None if query_valid is None else query_valid[..., None].to(x.dtype)
-        if keep is not None:
-            x = x * keep
-        for i, block in enumerate(self.h):
-            x = block(x, cos, sin, mask, query_valid, attn_fn, cache, i, qkv if i == 0 else None, fused=True)
-            if keep is not None:
-                x = x * keep
-        cache.advance(1)
-        x = self.ln_f(x)
-        return x if keep is None else x * keep
 
 
 class NanoTTSModel(nn.Module):
