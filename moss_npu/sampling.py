@@ -154,54 +154,50 @@ class SlotSampling:
         rows that matter, known on the host (an eager frame); the filters none of them asks for are left out
         (they would not change those rows' picks). None: any row may ask for anything (a captured frame)."""
         dtype = torch.promote_types(dtype, torch.float32)
-        sampled = tokens is None or any(t.do_sample for t in tokens)
-        steps = {"greedy", "temperature", "top_k", "top_p"}
-        if tokens is not None:
-            drawn = [t for t in tokens if t.do_sample]
-            steps = {step for step, wanted in (("greedy", len(drawn) < len(tokens)),
-                                               ("temperature", any(t.temperature != 1.0 for t in drawn)),
-                                               ("top_k", any(0 < t.top_k < vocab for t in drawn)),
-                                               ("top_p", any(t.top_p < 1.0 for t in drawn))) if wanted}
-        penalise = seen is not None and (tokens is None or any(t.repetition_penalty != 1.0 for t in tokens))
-        top_k = self.top_k[:b, None]
+        drawn = None if tokens is None else [t for t in tokens if t.do_sample]
+
+        def wanted(asks) -> bool:
+            return drawn is None or any(asks(t) for t in drawn)
+
+        top_k, top_p = self.top_k[:b, None], self.top_p[:b, None]
         return RowSampling(
-            sampled, steps if sampled else {"greedy"}, self.do_sample[:b],
-            self.temperature[:b, None].to(dtype),
+            wanted(lambda t: True), self.do_sample[:b] if drawn is None or len(drawn) < len(tokens) else None,
+            self.temperature[:b, None].to(dtype) if wanted(lambda t: t.temperature != 1.0) else None,
             # The k-th largest score's index in the sorted row (the last one when top-k is off or k >= vocab).
-            torch.where((top_k > 0) & (top_k < vocab), top_k - 1, vocab - 1) if "top_k" in steps else None,
-            torch.where(self.top_p[:b, None] < 1.0, self.top_p[:b, None].to(dtype), float("inf"))
-            if "top_p" in steps else None,
-            # Per decision and id, what a seen id is multiplied (negative score) or divided (positive) by: x * 1
+            torch.where((top_k > 0) & (top_k < vocab), top_k - 1, vocab - 1) if wanted(lambda t: 0 < t.top_k < vocab)
+            else None,
+            torch.where(top_p < 1.0, top_p.to(dtype), float("inf")) if wanted(lambda t: t.top_p < 1.0) else None,
+            # What a seen id's score is multiplied (negative) or divided (positive) by, per decision and id: x * 1
             # and x / 1 are x exactly, so this equals penalising the seen ids only.
-            torch.where(seen, self.repetition_penalty[:b, None, None].to(dtype), 1.0) if penalise else None,
-            torch.arange(vocab, device=self.top_k.device))
+            torch.where(seen, self.repetition_penalty[:b, None, None].to(dtype), 1.0)
+            if seen is not None and (tokens is None or any(t.repetition_penalty != 1.0 for t in tokens)) else None,
+            torch.arange(vocab, device=self.top_k.device), dtype)
 
 
 @dataclass
 class RowSampling:
-    """The parameters of B rows over V ids, derived for ``sample`` (``SlotSampling.rows``); ``steps`` names the
-    filters run ("greedy": the argmax for rows that do not sample)."""
+    """The parameters of B rows over V ids for ``sample`` (``SlotSampling.rows``); None: that step is left out."""
 
     sampled: bool  # some row samples
-    steps: set[str]
-    do_sample: torch.Tensor  # (B,) bool
-    temperature: torch.Tensor  # (B, 1)
+    do_sample: Optional[torch.Tensor]  # (B,) bool; None: every row samples (no greedy argmax)
+    temperature: Optional[torch.Tensor]  # (B, 1)
     kth: Optional[torch.Tensor]  # (B, 1) int64: index of the top-k threshold in the sorted row
     top_p: Optional[torch.Tensor]  # (B, 1): the top-p cut, inf where off
     penalty: Optional[torch.Tensor]  # (B, C, V): the repetition factor of each decision's ids
     ids: torch.Tensor  # (V,) int64
+    dtype: torch.dtype  # what the scores are computed in
 
     def sample(self, logits: torch.Tensor, uniforms: torch.Tensor, decision: int = 0) -> torch.Tensor:
         """Choose one id per row of (B, V) ``logits`` by the chain ``sample_with_noise`` states, with the
         presence mask of ``decision`` (of the C given to ``SlotSampling.rows``) and a uniform per row (B,)."""
-        scores = logits.to(self.temperature.dtype)
+        scores = logits.to(self.dtype)
         if self.penalty is not None:
             factor = self.penalty[:, decision]
             scores = torch.where(scores < 0, scores * factor, scores / factor)
-        greedy = scores.argmax(dim=-1) if "greedy" in self.steps else None
+        greedy = None if self.do_sample is None else scores.argmax(dim=-1)
         if not self.sampled:
             return greedy
-        if "temperature" in self.steps:
+        if self.temperature is not None:
             scores = scores / self.temperature
         if self.kth is not None or self.top_p is not None:
             ordered, order = torch.sort(scores, dim=-1, descending=True, stable=True)
@@ -229,7 +225,7 @@ def sample_with_noise(logits: torch.Tensor, params: SlotSampling, uniforms: torc
     index order, as the host-RNG mode of ``sample_token`` does. Tensor ops only (no host sync, no data-dependent
     shapes), so it runs inside a captured device graph. Computes in float32 at least (float64 stays float64).
     ``params`` rows [0, B) are read; ``seen`` (B, V) bool is the repetition presence mask. A frame's decoder
-    derives the parameters once for all its decisions (``SlotSampling.rows``) and calls ``RowSampling.sample``.
+    derives the parameters once for all its decisions (``SlotSampling.rows``).
     """
     b, vocab = logits.shape
     return params.rows(b, vocab, logits.dtype, None if seen is None else seen[:, None]).sample(logits, uniforms[:b])

@@ -61,9 +61,11 @@ def sdpa_attention(q, k, v, mask, query_valid, scale):
 
 def eager_attention(q, k, v, mask, query_valid, scale):
     """Attention written out: masked scores filled with the dtype's minimum, softmax, weighted sum."""
-    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    scores = torch.matmul(q, k.transpose(-1, -2))
+    if scale != 1.0:
+        scores = scores * scale
     if mask is not None:
-        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+        scores.masked_fill_(~mask, torch.finfo(scores.dtype).min)
     return torch.matmul(torch.softmax(scores, dim=-1), v)
 
 

@@ -11,25 +11,12 @@ the rotation table), and k and v go into the cache in one write.
 from __future__ import annotations
 
 import contextlib
-from typing import Optional
 
 import torch
 
 from moss_npu.cpu.blocks import Segment
 from moss_npu.device import backend
-from moss_npu.nano.model import KVCache, NanoTTSModel, signed_sin
-
-
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocked: Optional[torch.Tensor],
-           scale: float) -> torch.Tensor:
-    """Attention written out for (B, H, 1, D) queries: scores, masked where ``blocked`` (B, 1, 1, T) is True (None:
-    no key is), softmax, weighted sum."""
-    scores = torch.matmul(q, k.transpose(-1, -2))
-    if scale != 1.0:
-        scores = scores * scale
-    if blocked is not None:
-        scores.masked_fill_(blocked, torch.finfo(scores.dtype).min)
-    return torch.matmul(torch.softmax(scores, dim=-1), v)
+from moss_npu.nano.model import ATTENTION_FUNCTIONS, KVCache, NanoTTSModel, signed_sin
 
 
 class TorchStep:
@@ -42,7 +29,7 @@ class TorchStep:
 
     def __init__(self, model: NanoTTSModel) -> None:
         self.model = model
-        self.attention = backend(model.device).step_attention
+        self.attention = ATTENTION_FUNCTIONS[backend(model.device).step_attention or model.transformer.attn_impl]
 
     def dispatch(self) -> str:
         return "torch"
@@ -69,7 +56,6 @@ class TorchStep:
         decoder = self.model.local_transformer if local else self.model.transformer
         n, (h, d) = x.shape[0], kv.shape[3::2]
         factors = rotation.view(n, 2, 3, 1, d)
-        blocked = None if mask is None or self.attention is None else ~mask
         for i, block in enumerate(decoder.h):
             attn, mlp = block.attn, block.mlp
             row = (attn.c_attn(block.ln_1(x)) if qkv is None or i else qkv).view(n, 3, h, d)
@@ -77,9 +63,7 @@ class TorchStep:
             kv[i].view(2, -1, d).index_copy_(1, index, row[:, 1:].transpose(0, 1).reshape(2, -1, d))
             q, k, v = row[:, 0, :, None], kv[i, 0, :n, :, :keys], kv[i, 1, :n, :, :keys]
             scale = attn.scale / self.model.transformer.h[0].attn.scale
-            out = (attend(q, k, v, blocked, scale) if self.attention else
-                   torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale))
-            x = x + attn.c_proj(out.reshape(n, -1))
+            x = x + attn.c_proj(self.attention(q, k, v, mask, None, scale).reshape(n, -1))
             x = x + mlp.fc_out(mlp.fused_act(mlp.fc_in(block.ln_2(x))))
         return decoder.ln_f(x)
 
