@@ -1,10 +1,6 @@
-"""Load an official codec folder, and write random official-format ones for tests/benchmarks.
-
-A folder holds ``config.json`` and ``model.safetensors`` (preferred) or ``pytorch_model.bin`` (read with
-``weights_only=True``). Keys pass through one visible table: legacy names are renamed (``RENAMES``),
-weight-norm pairs ``parametrizations.weight.original0/1`` are folded into a plain ``weight`` exactly as
-``torch`` computes it, then the state dict is loaded strictly.
-
+"""Load an official codec folder (``config.json`` and ``model.safetensors`` or ``pytorch_model.bin``), and write
+random official-format ones for tests and benchmarks. Keys pass through one visible table (``RENAMES``), weight-norm
+pairs are folded into a plain ``weight`` as torch computes it, then the state dict loads strictly.
 See docs/architecture.md#codec-weights.
 """
 
@@ -85,13 +81,8 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
 
 def load_codec(codec_dir: Union[str, Path], *, device: Union[str, torch.device] = "cpu",
                dtype: torch.dtype = torch.float32, attention: str = "sdpa") -> NanoCodec:
-    """Build a ``NanoCodec`` from an official codec folder.
-
-    Args:
-        codec_dir: folder with ``config.json`` and the weights.
-        device: where to place the model (resolve it with ``moss_npu.device.resolve_device``).
-        dtype: compute dtype of the transformer stages; the quantizer stays fp32 as in the official code.
-        attention: ``"sdpa"`` or ``"eager"`` (``moss_npu.device.attention_impl``).
+    """Build a ``NanoCodec`` from an official codec folder on ``device``; ``dtype`` is the transformer stages' (the
+    quantizer stays fp32, as in the official code), ``attention`` ``"sdpa"`` or ``"eager"``.
 
     Raises:
         CheckpointError: missing/unreadable weights, or keys/shapes that do not match the config.
@@ -156,11 +147,8 @@ def nano_codec_config() -> dict[str, Any]:
 
 
 def small_codec_overrides(*, d_model: int = 32, context_scale: float = 1.0) -> dict[str, Any]:
-    """Config overrides for a tiny codec with the real patch layout (48 kHz stereo, 16 x 1024 codes).
-
-    Widths shrink to ``d_model`` (2 heads, 1 layer per stage) and every ``context_duration`` is multiplied
-    by ``context_scale`` (small values make short test streams outgrow the attention windows).
-    """
+    """Config overrides for a tiny codec with the real patch layout (48 kHz stereo, 16 x 1024 codes): widths
+    ``d_model``, 2 heads, 1 layer per stage, windows scaled by ``context_scale`` (small: short streams outgrow them)."""
     raw = nano_codec_config()
     small = {"d_model": d_model, "num_heads": 2, "num_layers": 1, "dim_feedforward": 2 * d_model}
     code_dim, rvq_dim = d_model, d_model // 2
@@ -188,12 +176,9 @@ def _weight_norm_split(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
 
 def write_random_codec(folder: Union[str, Path], config_overrides: Optional[dict[str, Any]] = None, *,
                        seed: int = 0, legacy_weight_norm_keys: bool = False) -> Path:
-    """Write a random codec in the official on-disk format (config.json + model.safetensors).
-
-    Starts from the real config (``nano_codec_config``), updated with ``config_overrides`` (top-level keys).
-    Weight-normed convs are stored as ``parametrizations.weight.original0/1`` or, with
-    ``legacy_weight_norm_keys``, as the legacy ``weight_g``/``weight_v``.
-    """
+    """Write a random codec in the official on-disk format: the real config updated with ``config_overrides``
+    (top-level keys), weight-normed convs stored as ``parametrizations.weight.original0/1`` (or, with
+    ``legacy_weight_norm_keys``, ``weight_g``/``weight_v``)."""
     from safetensors.torch import save_file
 
     folder = Path(folder)
