@@ -133,6 +133,7 @@ class Backend:
     onnx_wheel: Optional[str] = None  # the pip package that brings that provider
     ray_resource: Optional[str] = None  # the Ray resource one device of this kind is scheduled as (not CPUs)
     host = False  # this machine's CPU: memory numpy shares and files map into, cores every process shares
+    step_attention: Optional[str] = None  # the attention of a one-row decode step (None: the model's own)
     builtin: dict[str, type["Backend"]] = {}  # kind -> class, filled as subclasses are defined
 
     def __init_subclass__(cls, **kwargs) -> None:
@@ -438,6 +439,9 @@ class NpuBackend(Backend):
     auto_rank = 0
     onnx_provider = "CANNExecutionProvider"
     onnx_wheel = "onnxruntime-cann"
+    # Written out (two products and a softmax: ops every torch_npu line has) rather than through the math
+    # decomposition sdpa takes on a device without a fused kernel for one query row (docs/performance.md).
+    step_attention = "eager"
 
     def __init__(self) -> None:
         self._module = None
