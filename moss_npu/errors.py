@@ -67,7 +67,8 @@ class SettingError(InputError):
     exit_code = BAD_INPUT
 
     def __init__(self, setting: str, value: object, reason: str) -> None:
-        self.setting, self.detail = setting, f"{value}: {reason}"
+        self.setting, self.value, self.reason = setting, value, reason
+        self.detail = f"{value}: {reason}"
         super().__init__(self.named("--" + setting.replace("_", "-")))
 
     def named(self, name: str) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields, make_dataclass
 
-from moss_npu.errors import InputError
+from moss_npu.errors import SettingError
 
 
 # Above these a distribution is already flat (temperature) or crushed (penalty); far above, float32 overflows.
@@ -36,17 +36,17 @@ class TokenParams:
         if self.top_p is None:
             object.__setattr__(self, "top_p", 1.0)
         if self.do_sample and not 0 < self.temperature <= MAX_TEMPERATURE:
-            raise InputError(f"temperature={self.temperature} with sampling on; use a value in (0, {MAX_TEMPERATURE:g}] "
-                             "(or turn sampling off for greedy decoding)")
+            raise SettingError("temperature", self.temperature, f"outside (0, {MAX_TEMPERATURE:g}] with sampling on; "
+                               "use e.g. 1.0 (or turn sampling off for greedy decoding)")
         if not math.isfinite(self.temperature):
-            raise InputError(f"temperature={self.temperature} is not a finite number; use e.g. 1.0")
+            raise SettingError("temperature", self.temperature, "not a finite number; use e.g. 1.0")
         if not 0.0 < self.top_p <= 1.0:
-            raise InputError(f"top_p={self.top_p} is outside (0, 1]; use e.g. 0.95, or 1.0 to disable it")
+            raise SettingError("top_p", self.top_p, "outside (0, 1]; use e.g. 0.95, or 1.0 to disable it")
         if not 0 <= self.top_k <= MAX_TOP_K:
-            raise InputError(f"top_k={self.top_k} is outside 0..{MAX_TOP_K}; use 0 to disable it or a positive count")
+            raise SettingError("top_k", self.top_k, f"outside 0..{MAX_TOP_K}; use 0 to disable it or a positive count")
         if not 0 < self.repetition_penalty <= MAX_PENALTY:
-            raise InputError(f"repetition_penalty={self.repetition_penalty} is outside (0, {MAX_PENALTY:g}]; use 1.0 "
-                             "to disable it")
+            raise SettingError("repetition_penalty", self.repetition_penalty,
+                               f"outside (0, {MAX_PENALTY:g}]; use 1.0 to disable it")
 
 
 @dataclass(frozen=True)
@@ -67,8 +67,8 @@ class SamplingParams:
         for kind, build in (("text", self.text), ("audio", self.audio)):
             try:
                 build()  # validates
-            except InputError as exc:  # name the key: "top_p=..." -> "audio_top_p=..."
-                raise InputError(f"{kind}_{exc}") from None
+            except SettingError as exc:  # name the key: top_p -> audio_top_p
+                raise SettingError(f"{kind}_{exc.setting}", exc.value, exc.reason) from None
 
     @classmethod
     def runtime_defaults(cls, **overrides) -> "SamplingParams":

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from moss_npu.errors import InputError
+from moss_npu.errors import InputError, SettingError
 from moss_npu.sampling import (SamplingParams, SlotSampling, TokenParams, apply_repetition_penalty, draw_host,
                                filter_scores, sample_token, sample_with_noise)
 
@@ -88,8 +88,9 @@ def test_host_rng_inverse_cdf():
 def test_validation(kwargs, needle):
     values = dict(do_sample=False, temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.0)
     values.update(kwargs)
-    with pytest.raises(InputError, match=needle):
+    with pytest.raises(SettingError) as refused:
         TokenParams(**values)
+    assert refused.value.setting == needle
 
 
 def test_greedy_allows_zero_temperature():

@@ -5,7 +5,7 @@ import pytest
 import inference
 from moss_npu.delay import flags
 from moss_npu.delay.config import DelayRunConfig
-from moss_npu.errors import ConfigError, InputError
+from moss_npu.errors import ConfigError, SettingError
 from moss_npu.sampling_params import RUNTIME, VALUES, SamplingParams
 from moss_npu.tts.settings import RunConfig
 
@@ -18,11 +18,14 @@ def test_every_runner_takes_its_defaults_and_names_from_sampling_params():
     assert set(VALUES) <= dests
 
 
-@pytest.mark.parametrize("runner,error", [(RunConfig, InputError), (DelayRunConfig, ConfigError)])
-def test_a_bad_value_names_its_key(runner, error):
-    with pytest.raises(error, match="^audio_top_p=0.0 is outside"):
+@pytest.mark.parametrize("runner,error,top_p,top_k", [
+    (RunConfig, SettingError, "--audio-top-p 0.0:", "--text-top-k -1:"),
+    (DelayRunConfig, ConfigError, "audio_top_p=0.0:", "text_top_k=-1:"),
+])
+def test_a_bad_value_names_its_key(runner, error, top_p, top_k):
+    with pytest.raises(error, match=f"^{top_p} outside"):
         runner(audio_top_p=0.0)
-    with pytest.raises(error, match="^text_top_k=-1 is outside"):
+    with pytest.raises(error, match=f"^{top_k} outside"):
         runner(text_top_k=-1)
 
 

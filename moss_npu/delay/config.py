@@ -10,7 +10,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from moss_npu.errors import CheckpointError, ConfigError, InputError, MossNpuError
+from moss_npu.errors import CheckpointError, ConfigError, MossNpuError, SettingError
 from moss_npu.hub import download_command
 from moss_npu.presets import check_types, read_yaml_mapping
 from moss_npu.sampling_params import VALUES, SamplingParams, sampling_fields
@@ -133,8 +133,8 @@ class DelayRunConfig(sampling_fields(SamplingParams())):
             raise ConfigError(f"n_gpu_layers={self.n_gpu_layers!r}: use -1 (all), 0 (CPU) or a layer count")
         try:
             self.sampling  # the ranges of moss_npu.sampling_params
-        except InputError as exc:
-            raise ConfigError(str(exc)) from None
+        except SettingError as exc:
+            raise ConfigError(f"{exc.setting}={exc.value}: {exc.reason}") from None
 
     @property
     def sampling(self) -> SamplingParams:

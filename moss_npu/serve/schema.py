@@ -11,15 +11,13 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import math
 import re
 from typing import Any, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from moss_npu.errors import MissingDependency, MossNpuError, SettingError
-from moss_npu.limits import MAX_SEED
-from moss_npu.sampling_params import MAX_PENALTY, MAX_TEMPERATURE, MAX_TOP_K, VALUES
+from moss_npu.sampling_params import VALUES
 from moss_npu.serve.errors import ApiError, shown
 from moss_npu.serve.formats import check_output
 from moss_npu.tempo import check_speed, rubberband
@@ -94,29 +92,6 @@ def check_text(value: Optional[str], param: str) -> None:
                        "send valid Unicode text", param=param, code="invalid_text")
 
 
-# (lowest, highest) of the numeric body fields (the sampler's own bounds: moss_npu.sampling).
-RANGES = {"text_temperature": (0.0, MAX_TEMPERATURE), "audio_temperature": (0.0, MAX_TEMPERATURE),
-          "text_top_p": (0.0, 1.0), "audio_top_p": (0.0, 1.0), "text_top_k": (0, MAX_TOP_K),
-          "audio_top_k": (0, MAX_TOP_K), "audio_repetition_penalty": (0.0, MAX_PENALTY), "seed": (0, MAX_SEED),
-          "channels": (1, 2)}
-_OPEN_BELOW = ("text_temperature", "audio_temperature", "text_top_p", "audio_top_p", "audio_repetition_penalty")
-
-
-def check_ranges(body: SpeechBody) -> None:
-    """400 for a numeric field that is not finite or lies outside ``RANGES``, naming the field and its range
-    (``speed``: ``check_body``, through ``moss_npu.tempo.check_speed``)."""
-    for name, (low, high) in RANGES.items():
-        value = getattr(body, name)
-        if value is None:
-            continue
-        open_low = name in _OPEN_BELOW
-        inside = math.isfinite(value) and (value > low if open_low else value >= low) and value <= high
-        if not inside:
-            side = "(" if open_low else "["
-            raise ApiError(400, f"{name} {value}: use a value in {side}{low}, {high}]", param=name,
-                           code="invalid_value")
-
-
 def check_body(body: SpeechBody, *, model_names: tuple[str, ...], max_chars: int, sample_rate: int,
                channels: int) -> None:
     """Refuse what cannot be served as asked, naming the field (``param``) and the fix."""
@@ -128,7 +103,6 @@ def check_body(body: SpeechBody, *, model_names: tuple[str, ...], max_chars: int
     for param in ("model", "input", "ref_text", "instructions"):
         check_text(getattr(body, param), param)
     check_text(body.voice_name, "voice")
-    check_ranges(body)
     if body.model not in model_names:
         raise ApiError(404, f"model {shown(body.model)} not found; use {', '.join(model_names)} (GET /v1/models)",
                        param="model", code="model_not_found")
@@ -141,6 +115,9 @@ def check_body(body: SpeechBody, *, model_names: tuple[str, ...], max_chars: int
         check_speed(body.speed)
         if body.speed != 1.0:
             rubberband()
+        # The sampling values and the seed in the ranges run_config holds them to, sampling on or not.
+        RunConfig(do_sample=True, **{name: getattr(body, name) for name in (*VALUES, "seed")
+                                     if getattr(body, name) is not None})
     except MissingDependency as exc:  # the server's install, not the request, is at fault
         raise ApiError(501, str(exc), param="speed", code="unsupported_value") from None
     except SettingError as exc:

@@ -45,3 +45,15 @@ def test_a_session_that_streams_what_cannot_stream_is_refused_before_any_text(fi
         session._configure({"type": "session.config", "model": "moss-tts-nano", **fields})
     assert (refused.value.status, refused.value.param, refused.value.code) == (400, param, "invalid_value")
     session._configure({"type": "session.config", "model": "moss-tts-nano", **fields, "stream_audio": False})
+
+
+@pytest.mark.parametrize("field, value", [("text_temperature", 0.0), ("audio_top_p", 1.5), ("text_top_k", -1),
+                                          ("audio_repetition_penalty", float("inf")), ("seed", -1)])
+def test_a_sampling_value_out_of_range_is_named_by_its_field_greedy_or_not(field, value):
+    """The body is held to the ranges of SamplingParams and RunConfig, sampling on or not (a WebSocket session's
+    config meets only this check before its first sentence)."""
+    body = SpeechBody(model="moss-tts-nano", input="Hello.", greedy=True, **{field: value})
+    with pytest.raises(ApiError) as refused:
+        check_body(body, model_names=("moss-tts-nano",), max_chars=100, sample_rate=48000, channels=2)
+    assert (refused.value.status, refused.value.param, refused.value.code) == (400, field, "invalid_value")
+    assert refused.value.message.startswith(f"{field} {value}: ")
