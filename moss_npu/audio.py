@@ -164,12 +164,8 @@ def to_channels(wave: torch.Tensor, channels: int, *, source: str = "audio") -> 
 def load_reference_audio(source: AudioSource, sample_rate: int = 48000, channels: int = 2, *,
                          min_samples: int = 1) -> torch.Tensor:
     """Load a voice prompt (an ``AudioSource``) as float32 ``(channels, S)`` at ``sample_rate``, the official
-    reference path (``resample_reference``, ``to_channels``).
-
-    Raises:
-        AudioError: missing, undecodable, non-finite, empty, shorter than ``min_samples`` after resampling (e.g.
-            one codec frame), all zeros or more than 2 channels.
-    """
+    reference path (``resample_reference``, ``to_channels``). AudioError when missing, undecodable, non-finite,
+    empty, shorter than ``min_samples`` after resampling (e.g. one codec frame), all zeros or over 2 channels."""
     wave, rate, path = read_audio_source(source)  # ``path`` names the source in messages
     if not bool(torch.isfinite(wave).all()):
         raise AudioError(f"reference audio {path}: holds non-finite samples (NaN or infinity); re-export the "

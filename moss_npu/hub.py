@@ -50,12 +50,9 @@ def resolve_model_dir(spec: str | os.PathLike, *, required: tuple[str, ...] = ("
 
 def snapshot(repo_id: str, local_dir: Optional[Path] = None, include: Optional[Sequence[str]] = None,
              revision: Optional[str] = None) -> Path:
-    """Fetch ``repo_id`` (into the hub cache, or ``local_dir``) and return its folder.
-
-    Raises:
-        CheckpointError: huggingface_hub is missing, the id is unknown or gated, or offline and not cached.
-        DownloadError: the network or mirror failed on the way (a runtime failure).
-    """
+    """Fetch ``repo_id`` (into the hub cache, or ``local_dir``) and return its folder. CheckpointError when
+    huggingface_hub is missing, the id is unknown or gated, or offline and not cached; DownloadError when the
+    network or mirror failed on the way (a runtime failure)."""
     try:
         from huggingface_hub import snapshot_download
     except ImportError as exc:  # an install without the hub client

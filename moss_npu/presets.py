@@ -17,12 +17,9 @@ from moss_npu.errors import ConfigError
 
 
 def read_yaml_mapping(path: Union[str, Path], *, flag: str = "--config") -> dict[str, Any]:
-    """Return the top-level mapping of a YAML file (an empty file is an empty mapping).
-
-    Raises:
-        ConfigError: missing, unreadable, not UTF-8 text, invalid YAML, not a mapping, non-string keys, or a key
-            given twice (YAML keeps the last silently: the first would be a setting that does nothing).
-    """
+    """Return the top-level mapping of a YAML file (an empty file is an empty mapping). ConfigError when missing,
+    unreadable, not UTF-8 text, invalid YAML, not a mapping, with non-string keys, or with a key given twice (YAML
+    keeps the last silently: the first would be a setting that does nothing)."""
     import yaml
 
     path = Path(path)

@@ -28,15 +28,9 @@ __all__ = ["SamplingParams", "TokenParams", "apply_repetition_penalty", "filter_
 
 def apply_repetition_penalty(scores: torch.Tensor, history: Optional[torch.Tensor], penalty: float,
                              seen: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Penalise every id that occurs in ``history`` once (divide positive scores, multiply negative ones).
-
-    Args:
-        scores: (B, V) logits.
-        history: (B, T) earlier ids of this channel; ids outside [0, V) (the pad id) are ignored.
-        penalty: > 0; 1.0 leaves the scores unchanged.
-        seen: (B, V) bool presence of each id in the history, kept up to date by the caller; when given it
-            replaces ``history`` (the same result without rescanning the whole history per decision).
-    """
+    """Penalise every id that occurs in ``history`` (B, T) once in ``scores`` (B, V): divide positive scores,
+    multiply negative ones; ids outside [0, V) (the pad id) are ignored, and a ``penalty`` of 1.0 changes nothing.
+    ``seen`` (B, V), each id's presence kept by the caller, replaces ``history``: no rescan per decision."""
     if not penalty > 0:
         raise InputError(f"repetition_penalty={penalty} must be > 0; use 1.0 to disable it")
     if seen is not None and penalty != 1.0:

@@ -35,12 +35,9 @@ class AudioHeader:
 
 
 def probe(fh: BinaryIO, name: str, max_seconds: float = MAX_REFERENCE_SECONDS) -> AudioHeader:
-    """Read only the header of an open recording and check it against the limits; rewind ``fh``.
-
-    Raises:
-        AudioError: not a recording libsndfile reads, no samples, more than 2 channels, a rate outside
-            1 Hz..384 kHz; ``AudioTooLong`` when it lasts longer than ``max_seconds``.
-    """
+    """Read only the header of an open recording and check it against the limits; rewind ``fh``. AudioError for
+    what libsndfile cannot read, no samples, more than 2 channels, a rate outside 1 Hz..384 kHz; ``AudioTooLong``
+    past ``max_seconds``."""
     try:
         info = soundfile.info(fh)
     except Exception as exc:  # libsndfile reports every unreadable input the same way

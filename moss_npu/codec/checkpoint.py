@@ -80,12 +80,8 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
 def load_codec(codec_dir: Union[str, Path], *, device: Union[str, torch.device] = "cpu",
                dtype: torch.dtype = torch.float32, attention: str = "sdpa") -> NanoCodec:
     """Build a ``NanoCodec`` from an official codec folder on ``device``; ``dtype`` is the transformer stages' (the
-    quantizer stays fp32, as in the official code), ``attention`` ``"sdpa"`` or ``"eager"``.
-
-    Raises:
-        CheckpointError: missing/unreadable weights, or keys/shapes that do not match the config.
-        ConfigError: an invalid ``config.json``.
-    """
+    quantizer stays fp32, as in the official code), ``attention`` ``"sdpa"`` or ``"eager"``. CheckpointError for
+    missing or unreadable weights and keys or shapes the config does not hold, ConfigError for a bad config.json."""
     folder = Path(codec_dir)
     if not folder.is_dir():
         raise CheckpointError(f"codec folder {folder}: not found; pass the MOSS-Audio-Tokenizer-Nano folder")

@@ -44,11 +44,8 @@ def remote_modules(config: dict, folder: Path) -> list[str]:
 
 
 def find_code_folder(component: str, model_dir: Path, modules: list[str], code_dir: Optional[Path]) -> Path:
-    """Return the folder holding every ``<module>.py`` of ``modules``: ``code_dir`` first, then ``model_dir``.
-
-    Raises:
-        CheckpointError: no candidate folder holds all the files, with the command that fetches them.
-    """
+    """Return the folder holding every ``<module>.py`` of ``modules``: ``code_dir`` first, then ``model_dir``;
+    CheckpointError, with the command that fetches them, when no candidate holds them all."""
     if not modules:
         raise CheckpointError(f"{model_dir / 'config.json'} has no auto_map and the patch set supplies none; "
                               f"download the official folder with `{_DOWNLOAD_HINT[component]}`")
@@ -102,11 +99,8 @@ def mirror_folder(component: str, model_dir: Path, workdir: Path, patches: Patch
                   code_dir: Optional[Path] = None) -> Path:
     """Build and return ``workdir/<name>_<code hash>``, ready for ``from_pretrained(..., trust_remote_code=True)``:
     links to the folder's files, the official code, and a config whose attention settings are
-    ``attn_implementation`` (the device layer's ``attention_impl``).
-
-    Raises:
-        CheckpointError: the folder lacks config.json or the official code cannot be found.
-    """
+    ``attn_implementation`` (the device layer's ``attention_impl``). CheckpointError when the folder lacks
+    config.json or the official code cannot be found."""
     model_dir = Path(model_dir)
     config_path = model_dir / "config.json"
     if not config_path.is_file():

@@ -76,11 +76,8 @@ class PatchSet:
 
 
 def load_manifest(path: Optional[Path] = None) -> PatchSet:
-    """Read and validate the patch manifest.
-
-    Raises:
-        ConfigError: the file is missing, or an entry has unknown, missing or ill-typed fields.
-    """
+    """Read and validate the patch manifest; ConfigError when the file is missing or an entry has unknown,
+    missing or ill-typed fields."""
     path = MANIFEST_PATH if path is None else Path(path)
     if not path.is_file():
         raise ConfigError(f"patch manifest {path} is missing; --impl upstream needs a source checkout installed "

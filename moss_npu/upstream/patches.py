@@ -126,12 +126,9 @@ def check_replacements(patches: PatchSet) -> None:
 
 def apply_patches(objects: dict[str, Any], patches: PatchSet, *, device: torch.device) -> list[str]:
     """Install every method/function/module patch of the manifest on the loaded official ``objects`` (component
-    name -> instance) running on ``device``; return the ids installed, in manifest order.
-
-    Raises:
-        CheckpointError: a component is missing, or a target is absent or has other parameters than the
-            manifest records (the official code is not the revision the patch set was written for).
-    """
+    name -> instance) running on ``device``; return the ids installed, in manifest order. CheckpointError when a
+    component is missing, or a target is absent or has other parameters than the manifest records (the official
+    code is not the revision the patch set was written for)."""
     check_replacements(patches)
     entries = [e for e in patches.entries if e.kind in ("method", "function", "module_attr")]
     # Check everything first, so that a mismatch leaves nothing half-patched.

@@ -247,12 +247,8 @@ def load_upstream(model_dir_or_id: str, codec_dir_or_id: Optional[str] = None, *
     The folders (or hub ids) are never modified: patched copies of their configs live in a temporary folder
     while the objects load. The official code comes from ``code_dir`` (searched below it) or the model folders.
     ``attn_implementation`` goes through ``moss_npu.device.attention_impl`` (the official codec is always sdpa).
-
-    Raises:
-        ConfigError: transformers is not installed, or the patch manifest is missing.
-        CheckpointError: a folder or the official code is missing, or the code is not the revision the
-            patch set was written for.
-    """
+    ConfigError without transformers or the patch manifest; CheckpointError when a folder or the official code is
+    missing, or the code is not the revision the patch set was written for."""
     patches = load_manifest() if patches is None else patches
     transformers = import_transformers()
     model_dir = resolve_model_dir(model_dir_or_id, role="TTS model")
