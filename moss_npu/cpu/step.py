@@ -1,20 +1,13 @@
 """The frame decoder's transformer blocks on the CPU: one-row products in tiles, optionally compiled.
 
-A frame at batch 1 is ~116 matrix-vector products over ~750 MB of fp32 weights, so its speed is the bandwidth
-of those products plus the cost of the ~700 small ops around them. One slot's row runs each block in one call
-of the C library (``cpu.fused_block``: the small operations in C, the attention shared over the kernels'
-threads), its products through ``cpu.matvec``'s tiles (one more copy of the LM's linear weights in the format
-the model stores: float32, bf16 or int8; one arena in reading order, mapped from ``cpu.prepared``'s cache on
-later starts). Without the C library (``moss_npu.native``), one slot's products are numpy's OpenBLAS GEMV on a
-transposed float32 copy (``WeightArena``; torch's one-row ``F.linear`` goes to MKL's GEMM, slow on non-Intel
-CPUs). Several rows (a batch of slots, or a prompt's prefill: ``block_rows``) multiply through oneDNN with the
-weights packed (``cpu.packed``); an int8 model's batches through its int8 tiles (row for row what one slot
-computes), its prefill through torch's int8 weight-only kernel (``int8_matmul``).
-The block math for torch is written once, functionally (``cpu.blocks.block_step``), so that ``--compile on``
-(torch.compile, torch >= 2.4 for its custom op; float32 only) can fuse each block's small ops, the products
-staying BLAS calls; compiled frames measured slower than eager ones, so ``auto`` runs eagerly and ``on`` is there
-to measure again elsewhere (docs/performance.md#measurements-behind-the-cpu-steps-choices).
-Results agree with the torch path to float rounding (another summation order), not bit for bit.
+One slot's row runs each block in one call of the C library (``cpu.fused_block``), its products through
+``cpu.matvec``'s tiles (an arena in reading order, mapped from ``cpu.prepared``'s cache); without the C library
+(``moss_npu.native``) through numpy's GEMV on a transposed float32 copy (``WeightArena``). Several rows (slots, or
+a prefill: ``block_rows``) multiply through oneDNN-packed weights (``cpu.packed``); an int8 model's batches through
+its int8 tiles, its prefill through torch's int8 weight-only kernel (``int8_matmul``). The torch block math is
+written once (``cpu.blocks.block_step``), so ``--compile on`` (torch >= 2.4, float32) can fuse its small ops;
+``auto`` runs eagerly. Why each choice: docs/performance.md#cpu-speed and
+#measurements-behind-the-cpu-steps-choices. Results agree with the torch path to float rounding, not bit for bit.
 Shapes: n slots, E hidden, H heads, D head dim, M cache rows, T keys attended.
 """
 

@@ -1,21 +1,12 @@
-"""The frame decoder: MOSS-TTS-Nano generation for S slots at once over a static ``DecodeState``.
+"""The frame decoder: MOSS-TTS-Nano generation for S slots at once over a static ``DecodeState``
+(docs/architecture.md#frame-decoder: admit, step, release, and what a frame computes).
 
-``admit`` prefills one request into a free slot, ``step`` produces one frame for every slot (requests join and
-leave at frame boundaries: continuous batching), ``release`` frees a slot. A frame, all on the device:
-local decisions from each slot's global hidden state (local KV cache, first-layer q|k|v from tables, the 2
-candidate rows of the text head) → sampling → the global step over the row just chosen, written into the static
-cache at each slot's own position. The only host sync per frame reads the codes and flags back once. Run eagerly,
-a frame's global step is deferred to the start of the next ``step`` (or the next ``admit``/``release``/``refresh``,
-which need it done; a failure there is raised by the next ``step``, as a failed frame): ``step`` returns a
-frame's codes as soon as they are decided, so the first audio of a stream is decoded before the row that
-prepares frame 2 runs, and a frame after which every slot is done skips it.
-With a graph-capable backend the whole frame is captured once per slot-count bucket and replayed
-(``nano.graphs``); on the CPU in float32 the blocks run through ``cpu.step`` (BLAS matrix-vector
-products, fewer ops; the prefill too).
-``reference_generate`` (``nano.reference``) is the official algorithm this must match.
+Run eagerly, a frame's global step is deferred to the start of the next ``step`` (or the next ``admit``,
+``release`` or ``refresh``, which need it done; a failure there is raised by the next ``step``, as a failed frame):
+``step`` returns a frame's codes as soon as they are decided, so a stream's first audio is decoded before the row
+that prepares frame 2 runs, and a frame after which every slot is done skips it. ``reference_generate``
+(``nano.reference``) is the official algorithm this must match.
 S slots, L prompt rows, M max_len, Q channels, V codebook size, E hidden.
-
-See docs/architecture.md#frame-decoder.
 """
 
 from __future__ import annotations
@@ -54,18 +45,13 @@ class RequestParams:
 class FrameDecoder:
     """Generate frames for up to ``slots`` requests at once on one model (see the module docstring).
 
-    Args:
-        slots / max_len: the state's size; a request needs prompt rows + max_new_frames <= max_len.
-        sampler: "official" (device RNG, ``torch.multinomial`` like upstream: the sampled goldens) or "noise"
-            (host-drawn uniforms per request, tensor ops only: the same on every device, capturable).
-        graph: "auto" | "on" | "off": capture the frame as a device graph (needs the noise sampler and a backend
-            with a capture API; auto = on where the backend has one).
-        generator: the device generator of the official sampler (None: torch's default one).
-        prefix_cache: a ``PrefixCache`` to start prefills from shared prompt prefixes; None for none.
-        logits_hook / timer: every logits row the sampler sees / wall time per phase (eager only).
-        compile: "auto" | "on" | "off": torch.compile the float32 CPU step (``cpu.step``; auto = eager).
-        weights: the weight-derived parts prepared already (``nano.prepared``; a pipeline's, shared by its
-            decoders); None, or parts of other weights, and they are built here.
+    A request needs prompt rows + max_new_frames <= ``max_len``. ``sampler``: "official" (device RNG,
+    ``torch.multinomial`` as upstream: the sampled goldens; ``generator``, None for torch's default) or "noise"
+    (host-drawn uniforms per request, tensor ops only: the same on every device, capturable). ``graph`` captures the
+    frame as a device graph (the noise sampler and a capture API needed; auto: where the backend has one);
+    ``compile`` torch.compiles the float32 CPU step (auto: eager). ``prefix_cache`` starts prefills from shared
+    prompt prefixes; ``logits_hook`` sees every row the sampler sees and ``timer`` times phases (eager only).
+    ``weights``: the parts derived from the weights (``nano.prepared``), built here when None or another model's.
     The weights are read at construction: after editing them call ``refresh()``.
     """
 
