@@ -74,7 +74,7 @@ class GraphCapture:
     def check(self, device: torch.device) -> Optional[str]:
         """Return why device graphs fail on ``device``, None when they work: one trial capture of an in-place
         add, which must run nothing, then two replays that must add twice (``--graph on`` refuses up front
-        instead of at the first frame). Tried once per process; a failure turns capture off as ``disable`` does.
+        instead of at the first frame). Tried once per process; a failure turns capture off (``broken``).
         """
         if self.broken is None and not self.checked:
             self.checked = True
@@ -86,11 +86,11 @@ class GraphCapture:
                 replay()
                 after_replays = total.cpu().tolist()
             except Exception as exc:  # what fails, and how, differs by driver and version
-                self.disable(f"{type(exc).__name__}: {exc}")
+                self.broken = f"{type(exc).__name__}: {exc}"
             else:
                 if after_capture != [0.0] * 4 or after_replays != [2.0] * 4:
-                    self.disable(f"a trial capture left {after_capture} and two replays {after_replays}, "
-                                 "not [0.0]*4 and [2.0]*4")
+                    self.broken = (f"a trial capture left {after_capture} and two replays {after_replays}, "
+                                   "not [0.0]*4 and [2.0]*4")
         return self.broken
 
     def capture(self, fn):
@@ -111,10 +111,6 @@ class GraphCapture:
         except (TypeError, ValueError):  # a context without a signature Python can read
             return {}
         return {"capture_error_mode": "thread_local"} if "capture_error_mode" in parameters else {}
-
-    def disable(self, reason: str) -> None:
-        """Turn capture off for this process, remembering why."""
-        self.broken = reason
 
 
 class Backend:
@@ -730,7 +726,7 @@ def auto_order() -> list[str]:
 def resolve_dtype(device: torch.device, name: Optional[str] = None) -> torch.dtype:
     """Return the compute dtype for ``name`` on ``device`` (None/auto: fp32, accuracy first)."""
     if name in (None, "", "auto"):
-        return default_dtype(device)
+        return torch.float32  # everywhere: accuracy first
     if name not in DTYPES:
         raise DeviceError(f"--dtype {name}: unknown dtype; use float32, bfloat16 or float16")
     dtype = getattr(torch, DTYPES[name])
@@ -746,11 +742,6 @@ def warn_if_bf16_is_emulated(device: torch.device, dtype: torch.dtype, who: str)
     if device.type == "cpu" and dtype == torch.bfloat16 and backend(device).native_bf16() is False:
         log.warning("%s: this CPU (%s) has no native bf16 (AVX512-BF16, AMX or ARM BF16): torch emulates it, "
                     "slower than float32; use --dtype float32", who, backend(device).name())
-
-
-def default_dtype(device: torch.device) -> torch.dtype:
-    """Return the dtype used when none is asked for: fp32 everywhere, because accuracy comes first."""
-    return torch.float32
 
 
 def attention_impl(device: torch.device, dtype: torch.dtype, requested: Optional[str] = None) -> str:
@@ -789,13 +780,11 @@ def chunk_batch_size(device: torch.device, chunks: int, gb_per_sample: float, ma
 ONNX_PROVIDERS = {kind: cls.onnx_provider for kind, cls in Backend.builtin.items() if cls.onnx_provider}
 ONNX_PROVIDERS["cann"] = NpuBackend.onnx_provider
 
-# The onnxruntime wheel that carries each execution provider, for the fix in error messages.
-ONNX_PROVIDER_WHEELS = {cls.onnx_provider: cls.onnx_wheel for cls in Backend.builtin.values() if cls.onnx_provider}
-
 
 def onnx_provider_wheel(provider: str) -> str:
-    """Return the pip package that brings an onnxruntime execution provider."""
-    return ONNX_PROVIDER_WHEELS.get(provider, "an onnxruntime build with it")
+    """Return the pip package that brings an onnxruntime execution provider, for the fix in error messages."""
+    return next((cls.onnx_wheel for cls in Backend.builtin.values() if cls.onnx_provider == provider),
+                "an onnxruntime build with it")
 
 
 def onnx_provider(kind: str) -> str:

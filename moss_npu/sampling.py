@@ -1,16 +1,10 @@
-"""Token sampling for the MOSS-TTS-Nano frame loop (docs/architecture.md#sampling).
+"""Token sampling for the MOSS-TTS-Nano frame loop (docs/architecture.md#sampling), in the official order and the
+logits' dtype. Shapes: B batch rows, V candidates.
 
-Order as in the official code: repetition penalty → (greedy argmax) → temperature → top-k → top-p → softmax →
-draw. Everything runs in the logits' dtype, as upstream does. Shapes: B batch rows, V candidates.
-
-Two ways to draw:
-* device RNG (default): ``torch.multinomial(probs, 1, generator=generator)`` on the logits' device, the same call
-  with the same shapes as upstream, so ``torch.manual_seed(seed)`` on CPU reproduces the official sampled runs;
-* host RNG (``host_rng=True``): the probabilities are copied to the CPU as float64 and one uniform per row is drawn
-  from a CPU generator; the token is the inverse-CDF pick. Two devices given the same seed then pick the same
-  token whenever their distributions agree to within the gap between the uniform and the nearest CDF boundary.
-  Top-k/top-p are hard cut-offs, so a near-tie at the cut-off can still keep a different token set on each device
-  and make one draw differ (how often: docs/performance.md#host-random-numbers-across-devices).
+Two ways to draw: the device RNG (default), ``torch.multinomial`` with upstream's calls and shapes, so
+``torch.manual_seed(seed)`` on CPU reproduces the official sampled runs; or the host RNG (``host_rng=True``), one
+float64 uniform per row from a CPU generator and an inverse-CDF pick, the same on every device wherever the
+distributions agree (docs/performance.md#host-random-numbers-across-devices).
 """
 
 from __future__ import annotations

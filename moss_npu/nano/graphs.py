@@ -82,7 +82,7 @@ class FrameGraphs:
         try:
             self.replays[b] = self.capture.capture(lambda: self.frame(b))
         except Exception as exc:  # capture support varies by driver and version: any failure means eager
-            self.capture.disable(f"{type(exc).__name__}: {exc}")
+            self.capture.broken = f"{type(exc).__name__}: {exc}"  # capture stays off in this process
             log.warning("device graph capture failed (%s); frames run eagerly for the rest of this process",
                         self.capture.broken)
             return None
