@@ -178,13 +178,10 @@ class NanoCodec(nn.Module):
         for start in range(0, codes.shape[2], state.max_frames_per_step):
             piece = codes[:, :, start:start + state.max_frames_per_step]
             piece_lengths = (lengths - start).clamp(0, piece.shape[2])
-            pieces.append(self._decode_piece(piece, piece_lengths, state))
+            audio = self._run_decoder(piece, piece_lengths, state)
+            state.frames_processed += piece.shape[2]
+            valid = torch.arange(audio.shape[-1], device=audio.device) < (piece_lengths * self.frame_size)[:, None]
+            pieces.append(audio * valid[:, None, :])
         if not pieces:
             return torch.zeros(codes.shape[1], self.channels, 0, device=codes.device)
         return torch.cat(pieces, dim=-1)
-
-    def _decode_piece(self, codes: torch.Tensor, lengths: torch.Tensor, state: CodecDecodeState) -> torch.Tensor:
-        audio = self._run_decoder(codes, lengths, state)
-        state.frames_processed += codes.shape[2]
-        valid = torch.arange(audio.shape[-1], device=audio.device).view(1, -1) < (lengths * self.frame_size).view(-1, 1)
-        return audio * valid[:, None, :]

@@ -129,17 +129,12 @@ class MultiheadAttention(nn.Module):
         self.in_proj = CheckpointLinear(embed_dim, 3 * embed_dim, bias=False)
         self.out_proj = CheckpointLinear(embed_dim, embed_dim, bias=False)
 
-    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        b, t, d = x.shape
-        qkv = self.in_proj(x).reshape(b, t, 3, self.num_heads, d // self.num_heads).permute(2, 0, 3, 1, 4)
-        return qkv[0], qkv[1], qkv[2]  # each (B, H, T, Dh)
-
     def forward(self, x: torch.Tensor, lengths: torch.Tensor, cache: Optional[KVCache] = None,
                 chunk: Optional[StreamChunk] = None) -> torch.Tensor:
         """Attend ``x (B, T, D)``; offline when ``cache`` is None, else as the next chunk of a stream (``chunk``:
         what the stage's layers share for it, ``StreamChunk.start``; given with every ``cache``)."""
         b, t, d = x.shape
-        q, k, v = self._qkv(x)
+        q, k, v = self.in_proj(x).reshape(b, t, 3, self.num_heads, d // self.num_heads).permute(2, 0, 3, 1, 4)
         if cache is None:
             valid = valid_mask(lengths, t)
             pos = torch.arange(t, device=x.device)

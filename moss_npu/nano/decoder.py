@@ -256,7 +256,7 @@ class FrameDecoder:
     @torch.inference_mode()
     def step(self) -> FrameBatch:
         """Produce one frame for every slot; return the codes and which slots produced or finished."""
-        n = self._span()
+        n = max((s + 1 for s in range(self.slots) if self._held[s]), default=0)  # frames run over slots [0, n)
         if n == 0:
             raise InputError("no request admitted; admit one before stepping")
         if self._failed is not None:
@@ -298,10 +298,6 @@ class FrameDecoder:
             if not hold:
                 raise
             self._failed = (exc, waiting)
-
-    def _span(self) -> int:
-        """Return 1 + the highest held slot (frames run over slots [0, span))."""
-        return max((s + 1 for s in range(self.slots) if self._held[s]), default=0)
 
     def _draw_noise(self, n: int) -> None:
         """Copy one uniform per decision of each decoding slot, from its own CPU generator, into the state."""

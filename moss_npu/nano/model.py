@@ -109,10 +109,8 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, head_dim: int, base: float) -> None:
         super().__init__()
         self.head_dim, self.base = head_dim, base
-        self.register_buffer("inv_freq", self.compute_inv_freq(), persistent=False)
-
-    def compute_inv_freq(self) -> torch.Tensor:
-        return 1.0 / (self.base ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim))
+        inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         # Positions are cast to inv_freq's dtype: a bf16 model rounds positions > 256 exactly like upstream.
