@@ -14,10 +14,10 @@ import json
 import re
 from typing import Any, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from moss_npu.errors import MissingDependency, MossNpuError, SettingError
-from moss_npu.sampling_params import VALUES
+from moss_npu.sampling_params import RUNTIME, VALUES
 from moss_npu.serve.errors import ApiError, shown
 from moss_npu.serve.formats import check_output
 from moss_npu.tempo import check_speed, rubberband
@@ -39,9 +39,9 @@ class VoiceRef(BaseModel):
     id: str
 
 
-class SpeechBody(BaseModel):
-    """``POST /v1/audio/speech`` JSON body. Types are strict: ``true`` is not a channel count, ``"3"`` not a frame
-    count (JSON integers are accepted where a float is asked)."""
+class SpeechFields(BaseModel):
+    """``POST /v1/audio/speech`` JSON body but the sampling values (``SpeechBody`` adds them). Types are strict:
+    ``true`` is not a channel count, ``"3"`` not a frame count (JSON integers are accepted where a float is asked)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -61,13 +61,6 @@ class SpeechBody(BaseModel):
     sample_rate: Optional[int] = None
     channels: Optional[int] = None
     greedy: bool = False
-    text_temperature: Optional[float] = None
-    text_top_p: Optional[float] = None
-    text_top_k: Optional[int] = None
-    audio_temperature: Optional[float] = None
-    audio_top_p: Optional[float] = None
-    audio_top_k: Optional[int] = None
-    audio_repetition_penalty: Optional[float] = None
     text_normalization: Optional[bool] = None  # the official text preparation (default on); false: text as given
     wetext: Optional[bool] = None  # WeTextProcessing's reading of numbers and symbols (default on)
 
@@ -80,6 +73,11 @@ class SpeechBody(BaseModel):
         if self.stream_format == "sse":
             return True
         return self.response_format == "pcm" if self.stream is None else self.stream
+
+
+# The whole body: every sampling value of SamplingParams, optional (None: the run's default), typed as its default.
+SpeechBody = create_model("SpeechBody", __base__=SpeechFields,
+                          **{name: (Optional[type(getattr(RUNTIME, name))], None) for name in VALUES})
 
 
 def check_text(value: Optional[str], param: str) -> None:
