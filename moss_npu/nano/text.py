@@ -97,23 +97,12 @@ def split_text(tok: TextTokenizer, text: str, max_tokens: int) -> list[str]:
     sentences = split_by_punctuation(prepared, SENTENCE_END) or [prepared.strip()]
     pieces: list[tuple[int, str]] = []
     for sentence in (s.strip() for s in sentences):
-        if not sentence:
-            continue
-        count = tok.count(sentence)
-        if count <= max_tokens:
-            pieces.append((count, sentence))
-            continue
-        clauses = split_by_punctuation(sentence, CLAUSE_SPLIT)
-        for clause in (c.strip() for c in (clauses if len(clauses) > 1 else [sentence])):
-            if not clause:
-                continue
-            count = tok.count(clause)
-            if count <= max_tokens:
-                pieces.append((count, clause))
-                continue
-            for piece in split_by_token_budget(tok, clause, max_tokens):
-                if piece.strip():
-                    pieces.append((tok.count(piece.strip()), piece.strip()))
+        parts = [sentence]
+        if tok.count(sentence) > max_tokens:  # by clauses, each cut to the budget where it is still too long
+            clauses = split_by_punctuation(sentence, CLAUSE_SPLIT)
+            parts = [p for clause in (clauses if len(clauses) > 1 else parts)
+                     for p in split_by_token_budget(tok, clause, max_tokens)]
+        pieces += [(tok.count(p), p) for p in parts if p]
     chunks: list[str] = []
     current, current_count = "", 0
     for count, piece in pieces:
