@@ -100,11 +100,6 @@ class Preparer:
                 self._references.popitem(last=False)
         return codes
 
-    def clear_references(self) -> None:
-        """Forget every encoded reference."""
-        with self._cache_lock:
-            self._references.clear()
-
     def plan(self, text: str, settings: RunConfig, prompt_audio: Optional[PromptAudio] = None,
              prompt_text: Optional[str] = None, prompt_codes: Optional[torch.Tensor] = None) -> Plan:
         """Validate a request, normalize its texts as the settings say, and decide its mode, chunks, prompt codes.

@@ -2,6 +2,7 @@
 
 import contextlib
 import dataclasses
+from collections import OrderedDict
 
 import pytest
 import soundfile as sf
@@ -43,7 +44,7 @@ def count_calls(monkeypatch, obj, name):
 def test_reference_is_encoded_once_per_content(tts, monkeypatch, tmp_path):
     """A path, another file with the same bytes, and the bytes themselves share one encode; a waveform pair is
     encoded once more (another kind of content) and then cached too; every form gives the same codes."""
-    tts.preparer.clear_references()  # earlier tests may have cached this reference
+    monkeypatch.setattr(tts.preparer, "_references", OrderedDict())  # earlier tests may have cached this reference
     calls = count_calls(monkeypatch, tts.codec, "encode")
     settings = RunConfig(**GREEDY, max_new_frames=2)
     tts.synthesize("One.", prompt_audio=REFERENCE, settings=settings)
