@@ -95,7 +95,9 @@ class CpuStep:
         if kernels is not None:
             heads = list(model.heads)
             tiled = (linears if rows else []) + heads
-            self._tiles = arena(sum(tile_bytes(layer.weight, self._tile_format(layer in heads)) for layer in tiled)
+            # Tiles in the stored format, except an int8 model's heads (not quantized).
+            self._tiles = arena(sum(tile_bytes(layer.weight, "float32" if self.int8 and layer in heads
+                                               else self.weight_dtype) for layer in tiled)
                                 + Int8Weights.arena_bytes(prefill_linears))
             if self.int8:
                 self._int8_tiles = {layer: Int8Tiles.rounded(kernels, layer.weight, layer.bias, self._tiles.array)
@@ -129,9 +131,11 @@ class CpuStep:
         self.packing = packing_available()
         self._packed: dict[int, torch.Tensor] = {}  # arena address -> packed copy (_packed_weight)
         self._packed_bytes = 0
-        # numpy views of every arena weight and its bias, by the weight's address: a one-row product skips the
-        # two tensor-to-array conversions per call (~116 products per frame).
-        self._arrays = {w.data_ptr(): (w.numpy(), b.numpy()) for w, b in self._arena_pairs()}
+        # numpy views of every arena weight and its bias (the blocks' unless int8, the heads'), by the weight's
+        # address: a one-row product skips the two tensor-to-array conversions per call.
+        arena_blocks = [] if self.int8 else self.global_blocks + self.local_blocks
+        pairs = [pair for w in arena_blocks for pair in (w[2:4], w[4:6], w[8:10], w[10:12])] + self.heads
+        self._arrays = {w.data_ptr(): (w.numpy(), b.numpy()) for w, b in pairs}
         self._row_blocks = None
         if rows:
             self._row_blocks = tuple([self._row_block(b, kernels) for b in blocks]
@@ -155,10 +159,6 @@ class CpuStep:
     def tile_arena(self) -> Optional[PreparedArena]:
         """The arena of the one-row kernels' tiles (None without the kernels)."""
         return self._tiles
-
-    def _tile_format(self, head: bool) -> str:
-        """The tiles' format of a weight: the stored one, except an int8 model's heads (not quantized)."""
-        return "float32" if head and self.int8 else self.weight_dtype
 
     def _kernels(self) -> Optional[MatVecKernels]:
         """Return the one-row kernels (``matvec``), or None where they cannot be built: with one warning line for
@@ -219,12 +219,6 @@ class CpuStep:
                                  f"{weight.device}: use --compile auto or off")
             return None
         return cls(model, compile_mode, arena)
-
-    def _arena_pairs(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Return the (weight view, bias) of every product that reads the arena: the blocks' (unless int8) and
-        the audio heads'."""
-        blocks = [] if self.int8 else self.global_blocks + self.local_blocks
-        return [pair for w in blocks for pair in (w[2:4], w[4:6], w[8:10], w[10:12])] + self.heads
 
     def label(self) -> str:
         """Return what multiplies a one-slot frame, for reports: ``cpu-fp32``, ``cpu-bf16``, ``cpu-int8`` (the
