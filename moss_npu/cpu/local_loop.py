@@ -1,11 +1,10 @@
 """A frame's audio channels for n slots in one call of the package's C library (``local_loop.c``).
 
-Each of a frame's 16 audio channels is a local block step, a head, a sampling decision and two table lookups;
-in Python each is a handful of calls between kernels, and on one thread those calls cost about as much as the
-local layer's products (docs/performance.md). ``LocalLoop`` runs all channels of a frame, for one slot or a
-batch, in one call: the blocks through ``FusedRowBlock``'s C code over n rows, the heads through their tiles, the
-repetition penalty and greedy argmax or sampling in C (``sampling.py``'s filters, then ``torch.multinomial``'s
-pick with the Exp(1) variates torch drew, or ``sample_with_noise``'s with a uniform).
+Each audio channel is a local block step, a head, a sampling decision and two table lookups, whose calls between
+kernels in Python cost about as much as the products (docs/performance.md). ``LocalLoop`` runs a frame's channels
+for n rows in one call: the blocks through ``FusedRowBlock``'s C code, the heads through their tiles, the penalty
+and greedy argmax or sampling in C (``sampling.py``'s filters, then ``torch.multinomial``'s pick with the Exp(1)
+variates torch drew, or ``sample_with_noise``'s with a uniform).
 A row's blocks and heads give the bits the one-slot step gives (so greedy codes are today's); sampled codes differ
 from torch's only where two ids' p / q, a uniform and a CDF boundary, or the mass and top_p lie within rounding.
 Shapes: n rows, S slots, E hidden, Q channels, V codebook size, M local cache rows (Q + 1).

@@ -156,16 +156,12 @@ class UpstreamTTS:
         return out.global_hidden_states[0].float().cpu()
 
     def teacher_forced(self, rows: torch.Tensor, frame_row: torch.Tensor) -> dict[str, torch.Tensor]:
-        """One frame under teacher forcing, computed by the official modules as its generation loop does.
-
-        Args:
-            rows: prompt rows (L, 17); frame_row: (17,) [text id, the frame's Q audio ids].
-        Returns:
-            float32 on the host: ``global_hidden`` (L, E); ``local_hidden`` (Q + 1, E), the local
-            transformer over [last global hidden, wte(text id), audio embeddings of channels 0..Q-2];
-            ``text_logits`` (V_text,) from its first position; ``audio_logits`` (Q, V) channel c from
-            position c + 1; ``decode_step_hidden`` (E,), ``frame_row`` appended through the official KV cache.
-        """
+        """One frame under teacher forcing of prompt ``rows`` (L, 17) and ``frame_row`` (17,) [text id, the frame's
+        Q audio ids], computed by the official modules as its generation loop does. Float32 on the host:
+        ``global_hidden`` (L, E); ``local_hidden`` (Q + 1, E), the local transformer over [last global hidden,
+        wte(text id), audio embeddings of channels 0..Q-2]; ``text_logits`` (V_text,) from its first position;
+        ``audio_logits`` (Q, V) channel c from position c + 1; ``decode_step_hidden`` (E,), ``frame_row`` appended
+        through the official KV cache."""
         model = self.model
         x = torch.as_tensor(rows, dtype=torch.long)[None].to(self.device)
         frame = torch.as_tensor(frame_row, dtype=torch.long).to(self.device)
