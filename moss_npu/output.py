@@ -9,6 +9,7 @@ complete; an error or interruption removes it.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -16,7 +17,7 @@ import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import IO, TYPE_CHECKING, Any, Iterator, Optional, Union
 
 from moss_npu.errors import InputError, OutputError
 
@@ -264,18 +265,25 @@ def write_wav(path: PathLike, wave: "torch.Tensor", sample_rate: int) -> Path:
     return save_audio(path, wave, sample_rate, target=target)
 
 
-def write_json(path: PathLike, data: Any) -> Path:
-    """Write ``data`` as indented JSON (UTF-8, one final newline) to ``path`` atomically: a temp file in the same
-    folder, then a rename, so a failure never leaves a partial file."""
+@contextlib.contextmanager
+def replacing(path: PathLike, mode: str = "wb") -> Iterator[IO]:
+    """Yield a hidden temp file beside ``path``, open in ``mode`` (text: UTF-8); it replaces ``path``, readable as
+    an ordinary file, when the block ends, and is removed on any failure: a reader never sees half a file."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2, ensure_ascii=False, allow_nan=False)
-            f.write("\n")
-        os.chmod(tmp, _FILE_MODE)  # mkstemp makes 0600; this is an ordinary file
+        with os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8") as f:
+            yield f
+        os.chmod(tmp, _FILE_MODE)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return path
+
+
+def write_json(path: PathLike, data: Any) -> Path:
+    """Write ``data`` as indented JSON (UTF-8, one final newline) to ``path`` atomically (``replacing``)."""
+    with replacing(path, "w") as f:
+        json.dump(data, f, indent=2, ensure_ascii=False, allow_nan=False)
+        f.write("\n")
+    return Path(path)

@@ -11,10 +11,10 @@ import re
 import shutil
 import struct
 import sys
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Optional
 
 import numpy as np
 
@@ -22,7 +22,7 @@ from moss_npu.delay.config import DelayModelConfig
 from moss_npu.cli import ArgumentParser, run_cli
 from moss_npu.errors import CheckpointError, DeviceError
 from moss_npu.hub import download_command
-from moss_npu.output import write_json
+from moss_npu.output import replacing, write_json
 
 log = logging.getLogger(__name__)
 
@@ -110,24 +110,12 @@ def _load(handles: ExitStack, opened: dict, t: Tensor):
     return opened[t.file].get_tensor(t.name)
 
 
-@contextmanager
-def _atomic(path: Path) -> Iterator[Path]:
-    """Yield a temp path beside ``path``; move it into place on success, delete it on any failure."""
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        yield tmp
-        tmp.replace(path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def write_npy(path: Path, tensor) -> None:
     """Save one tensor as a float16 ``.npy`` (atomic)."""
     import torch
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    with _atomic(path) as tmp, open(tmp, "wb") as f:
+    with replacing(path) as f:
         np.save(f, tensor.to(torch.float16).numpy(), allow_pickle=False)
 
 
@@ -156,7 +144,7 @@ def write_safetensors(path: Path, entries: list[tuple[str, Tensor]], handles: Ex
         offset += t.nbytes
     blob = json.dumps(header, separators=(",", ":")).encode("utf-8")
     blob += b" " * (-len(blob) % 8)
-    with _atomic(path) as tmp, open(tmp, "wb") as f:
+    with replacing(path) as f:
         f.write(struct.pack("<Q", len(blob)))
         f.write(blob)
         for _, t in entries:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import tempfile
 import threading
 import time
 import uuid
@@ -21,8 +20,9 @@ from typing import Optional
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
+from safetensors.torch import save
 
+from moss_npu.output import replacing
 from moss_npu.serve.errors import ApiError, shown
 
 _ID = re.compile(r"^voice_[0-9a-f]{16}$")
@@ -157,16 +157,9 @@ class VoiceStore:
         voice = Voice(id=f"voice_{uuid.uuid4().hex[:16]}", name=name, transcript=transcript or None,
                       frames=int(codes.shape[0]), duration_s=round(duration_s, 3), created_at=int(time.time()))
         meta = {k: "" if v is None else str(v) for k, v in asdict(voice).items() if k != "id"}  # safetensors: strings
-        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".voice-", suffix=".tmp")
-        os.close(fd)
-        try:
-            save_file({"codes": codes.to(torch.int64).contiguous()}, tmp, metadata=meta)
-            os.chmod(tmp, 0o644)
-            self._claim(name, voice.id)
-            os.replace(tmp, self._path(voice.id))
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        with replacing(self._path(voice.id)) as f:
+            f.write(save({"codes": codes.to(torch.int64).contiguous()}, metadata=meta))
+            self._claim(name, voice.id)  # before the file appears: a sharing server never sees it unclaimed
         with self._lock:
             self._index[voice.id] = voice
         return voice

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
-import tempfile
 import time
 import zipfile
 from pathlib import Path
@@ -19,6 +17,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from moss_npu.cache_dir import CACHE_ENV, default_cache_dir
+from moss_npu.output import replacing
 from moss_npu.text.lattice import FORMAT_VERSION, PreparationError, check
 
 log = logging.getLogger(__name__)
@@ -74,15 +73,8 @@ class GrammarCache:
             if self.folder is None:
                 raise OSError("no folder for it: $HOME is not set and this user has no home directory")
             self.folder.mkdir(parents=True, exist_ok=True)
-            handle, temporary = tempfile.mkstemp(dir=self.folder, prefix=path.name + ".", suffix=".part")
-            try:
-                with os.fdopen(handle, "wb") as out:
-                    np.savez(out, **arrays)
-                os.chmod(temporary, 0o644)  # as ``open`` writes under the usual umask: a shared cache serves every user
-                os.replace(temporary, path)
-            except BaseException:
-                Path(temporary).unlink(missing_ok=True)
-                raise
+            with replacing(path) as out:  # world-readable: a shared cache serves every user
+                np.savez(out, **arrays)
         except OSError as exc:
             if not self._warned:
                 self._warned = True
