@@ -14,6 +14,7 @@ Shapes: n slots, E hidden, H heads, D head dim, M cache rows, T keys attended.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from typing import Callable, Optional, Sequence
@@ -188,9 +189,7 @@ class CpuStep:
         return tiles(kernels, layer.weight, layer.bias, self._tiles.array)
 
     def _row_block(self, block: BlockParts, kernels: Optional[MatVecKernels]) -> RowBlock:
-        def product(layer: nn.Linear):
-            return self._row_product(layer, kernels)
-
+        product = functools.partial(self._row_product, kernels=kernels)
         return RowBlock(*(w.detach().numpy() for w in (block.ln_1.weight, block.ln_1.bias)),
                         product(block.c_attn), product(block.c_proj),
                         *(w.detach().numpy() for w in (block.ln_2.weight, block.ln_2.bias)),

@@ -197,17 +197,13 @@ def _parse_and_check(raw: bytes, content_type: Optional[str], store: VoiceStore,
                      channels: int) -> tuple[SpeechBody, dict]:
     """Parse and check a ``POST /v1/audio/speech`` body and build its job (off the event loop: all of it takes
     time in proportion to the body)."""
-    if content_type is not None and not _is_json(content_type):
+    kind = (content_type or "application/json").split(";", 1)[0].strip().lower()
+    if not (kind == "application/json" or (kind.startswith("application/") and kind.endswith("+json"))):
         raise ApiError(400, "the body must be JSON; send it with Content-Type: application/json", code="invalid_json")
     body = speech_body(parse_json(raw, "the body"))
     check_body(body, model_names=config.model_names, max_chars=config.max_input_chars, sample_rate=rate,
                channels=channels)
     return body, _job(body, store, config)
-
-
-def _is_json(content_type: str) -> bool:
-    kind = content_type.split(";", 1)[0].strip().lower()
-    return kind == "application/json" or (kind.startswith("application/") and kind.endswith("+json"))
 
 
 def _job(body: SpeechBody, store: VoiceStore, config: ServerConfig) -> dict:

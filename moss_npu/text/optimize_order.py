@@ -1,11 +1,9 @@
 """pynini's ``optimize()`` of a grammar FST, reproduced with kaldifst: the same states, numbered the same.
 
-The official WeTextProcessing runtime loads each grammar file as ``pynini.Fst.read(path).optimize()``, which
-renumbers the states; as every state's arcs end up sorted by (ilabel, olabel, nextstate), the numbering decides the
-arc order within a state, and so which of two equally light paths a search keeps. ``optimize_order`` rebuilds that
-FST without pynini: OpenFst's own ``RmEpsilon``, ``Determinize`` and ``Minimize`` run by kaldifst (passed as files,
-``fst_file``), and the relabelling around them (``_encode``, ``_decode``) on numpy arrays. The rule step by step,
-why it is exact and how it was checked: docs/text-normalization.md#pyninis-optimize-step-by-step.
+The official runtime loads each grammar as ``pynini.Fst.read(path).optimize()``, whose state numbering decides
+which of two equally light paths a search keeps. ``optimize_order`` rebuilds that FST with OpenFst's own steps run
+by kaldifst (through ``fst_file``) and the relabelling around them on numpy arrays; the rule, why it is exact and
+how it was checked: docs/text-normalization.md#pyninis-optimize-step-by-step.
 """
 
 from __future__ import annotations

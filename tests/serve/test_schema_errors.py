@@ -57,3 +57,16 @@ def test_a_sampling_value_out_of_range_is_named_by_its_field_greedy_or_not(field
         check_body(body, model_names=("moss-tts-nano",), max_chars=100, sample_rate=48000, channels=2)
     assert (refused.value.status, refused.value.param, refused.value.code) == (400, field, "invalid_value")
     assert refused.value.message.startswith(f"{field} {value}: ")
+
+
+@pytest.mark.parametrize("content_type, status", [("text/plain", 400), ("application/xml; charset=utf-8", 400),
+                                                  (None, 422), ("Application/JSON; charset=utf-8", 422),
+                                                  ("application/vnd.api+json", 422)])
+def test_a_body_is_read_as_json_only_when_its_content_type_says_json(content_type, status):
+    """Another media type is 400 invalid_json before the body is read; a JSON one (or none) reaches the body's own
+    check (here 422: an array is not a body object)."""
+    from moss_npu.serve.app import _parse_and_check
+
+    with pytest.raises(ApiError) as refused:
+        _parse_and_check(b"[]", content_type, None, None, 48000, 2)
+    assert refused.value.status == status
