@@ -63,7 +63,9 @@ def snapshot(repo_id: str, local_dir: Optional[Path] = None, include: Optional[S
     except Exception as exc:  # offline, unknown id, gated repo, network: all mean "not available here"
         reason, transient = _failure_reason(exc)
         error = DownloadError if transient else CheckpointError
-        raise error(f"{repo_id}: {reason}; {_fix(repo_id, local_dir)}") from exc
+        fix = (f"fetch it first with `{download_command(repo_id)}` (set HF_ENDPOINT for a mirror) and pass DIR"
+               if local_dir is None else "check the id, the network, or set HF_ENDPOINT to a reachable mirror")
+        raise error(f"{repo_id}: {reason}; {fix}") from exc
 
 
 def _failure_reason(exc: Exception) -> tuple[str, bool]:
@@ -74,12 +76,6 @@ def _failure_reason(exc: Exception) -> tuple[str, bool]:
     if name in ("RepositoryNotFoundError", "GatedRepoError", "RevisionNotFoundError"):
         return f"not found or not accessible on {os.environ.get('HF_ENDPOINT', 'huggingface.co')} ({name})", False
     return f"download failed ({name})", True
-
-
-def _fix(repo_id: str, local_dir: Optional[Path]) -> str:
-    if local_dir is None:
-        return (f"fetch it first with `{download_command(repo_id)}` (set HF_ENDPOINT for a mirror) and pass DIR")
-    return "check the id, the network, or set HF_ENDPOINT to a reachable mirror"
 
 
 def main(argv: Optional[list[str]] = None) -> int:
