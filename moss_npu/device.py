@@ -794,16 +794,6 @@ def onnx_provider(kind: str) -> str:
     return ONNX_PROVIDERS[kind]
 
 
-def synchronize(device: torch.device) -> None:
-    """Wait for ``device`` to finish queued work (for honest timings)."""
-    backend(device).synchronize(_index(device))
-
-
-def empty_cache(device: torch.device) -> None:
-    """Free cached allocator memory on ``device``."""
-    backend(device).empty_cache()
-
-
 def seed_everything(seed: int, device: torch.device) -> None:
     """Seed the host generator and ``device``'s generators (CLIs only: the library passes generators)."""
     torch.manual_seed(seed)

@@ -164,7 +164,7 @@ def _frames(tts, dev, graph: str, codes: dict) -> Check:
     with backend.counting_host_syncs() as waits:
         start = time.perf_counter()
         result = way.synthesize(TEXTS[0], settings=settings)
-        devices.synchronize(dev)
+        backend.synchronize(dev.index)
         seconds = time.perf_counter() - start
     frames = max(1, len(result.codes))
     codes[graph] = result.codes.tolist()

@@ -86,10 +86,10 @@ def test_npu_backend_calls_torch_npu(npu):
     """NpuBackend's own bodies, run against the fake torch.npu: each call reaches it with the device's index."""
     dev = device.resolve_device("npu:1")
     assert isinstance(device.backend(dev), device.NpuBackend)
-    device.synchronize(dev)
-    device.empty_cache(dev)
-    device.seed_everything(7, dev)
     b = device.backend(dev)
+    b.synchronize(1)
+    b.empty_cache()
+    device.seed_everything(7, dev)
     assert b.max_memory_allocated(1) == 3 * GIB and b.mem_get_info(1) == (40 * GIB, 64 * GIB)
     b.reset_peak_memory_stats(1)
     # torch.manual_seed reaches the NPU module itself, then the backend seeds it explicitly

@@ -151,7 +151,7 @@ class NativeSide:
         dev = self.device
         self.tts = None
         gc.collect()
-        devices.empty_cache(dev)
+        devices.backend(dev).empty_cache()
 
     def capture(self, inputs: Sequence[EvalInput], settings: GenerationSettings,
                 reference: Optional[Capture] = None) -> Capture:
