@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+import queue
 import threading
 from collections import deque
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from typing import Iterator, Optional
 
 import torch
 
+from moss_npu.cpu.threads import use_threads
 from moss_npu.errors import MossNpuError
 from moss_npu.limits import MAX_SEED
 from moss_npu.nano.decoder import FrameDecoder, RequestParams
@@ -350,6 +352,48 @@ class FrameLoop:
             waiting = any(job.float32 for job in self.waiting)
         if not waiting and not any(d is self.fallback for _, d in self.running.values()):
             self.fallback = None
+
+
+def run_ahead(events: Iterator[tuple]) -> Iterator[list[tuple]]:
+    """Run a frame loop's ``events`` on a thread of their own; yield, in order, what they produced since the last
+    yield (at least one event), so that what the caller does with them (the codec, writing the audio) runs beside
+    the next frames instead of between them. Their error is raised here after the events before it; leaving
+    early stops them at the next frame."""
+    out: "queue.SimpleQueue[object]" = queue.SimpleQueue()
+    stop, over, threads = threading.Event(), object(), torch.get_num_threads()
+
+    def produce() -> None:
+        use_threads(threads)
+        try:
+            for event in events:
+                out.put(event)
+                if stop.is_set():
+                    break
+            out.put(over)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            out.put(exc)
+        finally:
+            events.close()
+
+    thread = threading.Thread(target=produce, name="moss-npu-frames", daemon=True)
+    thread.start()
+    try:
+        while True:
+            batch = [out.get()]
+            while not out.empty():
+                batch.append(out.get())
+            end = next((i for i, item in enumerate(batch) if item is over or isinstance(item, BaseException)), None)
+            if end is None:
+                yield batch
+                continue
+            if end:
+                yield batch[:end]
+            if batch[end] is over:
+                return
+            raise batch[end]
+    finally:
+        stop.set()
+        thread.join()
 
 
 def generate(model: NanoTTSModel, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None, *,

@@ -18,9 +18,13 @@ class AudioStreamer:
 
     The codec keeps its transformer state between calls, so each call decodes only the new frames. The first
     call decodes as soon as one frame exists (budget 1), which sets the time to first audio. Pauses between
-    text chunks are zeros. Alone (``push`` / ``end_chunk``) it decodes in its row of ``rows``; the engine instead
-    collects ``due`` frames of many streamers, decodes them in one ``CodecRows`` call and hands each its audio
-    through ``emit``.
+    text chunks are zeros. Alone (``add``, ``decode_due``, ``end_chunk``) it decodes in its row of ``rows``; the
+    engine instead collects ``due`` frames of many streamers, decodes them in one ``CodecRows`` call and hands each
+    its audio through ``emit``.
+
+    Once audio has been emitted, a decode the schedule asks for takes every pending frame (up to what the codec
+    state holds per call), not just the budget: frames waiting already (the codec fell behind the frames) cost
+    less in one call than one by one, and their audio comes no later in total.
     """
 
     def __init__(self, plan: Plan, settings: RunConfig, rows: CodecRows,
@@ -41,14 +45,9 @@ class AudioStreamer:
         prime = codes[:, :self.plan.nq] if self.plan.mode == "continuation" and codes is not None else None
         self.rows.start(row, prime)
 
-    def push(self, codes: torch.Tensor) -> Iterator[AudioChunk]:
-        """Add one frame's codes (Q,); yield the audio the schedule says to decode now."""
-        self.add(codes)
-        return self._decode_due(final=False)
-
     def end_chunk(self, chunk: str) -> Iterator[AudioChunk]:
         """Decode what is left of the chunk, then its pause when more chunks follow."""
-        yield from self._decode_due(final=True)
+        yield from self.decode_due(final=True)
         pause = self.pause(chunk)
         if pause is not None:
             yield pause
@@ -66,6 +65,9 @@ class AudioStreamer:
                                                final=final)
         if not count or not self.pending:
             return None
+        if self.first_emit is not None:
+            count = max(count, len(self.pending))
+        count = min(count, self.rows.max_frames_per_step)  # what the codec state holds; the rest in the next call
         take, self.pending = self.pending[:count], self.pending[count:]
         return torch.stack(take)[:, :self.plan.nq]
 
@@ -83,7 +85,7 @@ class AudioStreamer:
         self.emitted_s += silence.shape[-1] / self.sample_rate
         return AudioChunk(silence, self.sample_rate, self.index, True, self.plan.chunks[self.index])
 
-    def _decode_due(self, final: bool) -> Iterator[AudioChunk]:
-        codes = self.due(final)
-        if codes is not None:
+    def decode_due(self, final: bool = False) -> Iterator[AudioChunk]:
+        """Decode, in this streamer's row, what the schedule says to decode now (everything at a chunk's end)."""
+        while (codes := self.due(final)) is not None:
             yield self.emit(self.rows.decode({self.row: codes})[self.row])

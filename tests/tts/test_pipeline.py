@@ -2,6 +2,7 @@
 
 import contextlib
 import dataclasses
+import threading
 
 import pytest
 import soundfile as sf
@@ -110,6 +111,24 @@ def test_streaming_decodes_each_frame_once(tts, monkeypatch):
     assert audio == frames * tts.codec.frame_size
     assert sum(decoded) == frames
     assert len(chunks) > 1
+
+
+@needs_fixtures
+def test_a_stream_decodes_audio_beside_its_frames(tts, monkeypatch):
+    """The frames run on a thread of their own while the caller's thread decodes (and writes) the audio, so the
+    codec never sits between two frames; the audio is the same as the whole utterance's."""
+    from moss_npu.nano.decoder import FrameDecoder
+
+    where = {"frames": set(), "codec": set()}
+    step, decode = FrameDecoder.step, tts.codec.decode_step
+    monkeypatch.setattr(FrameDecoder, "step", lambda self: where["frames"].add(threading.get_ident()) or step(self))
+    monkeypatch.setattr(tts.codec, "decode_step",
+                        lambda *a, **k: where["codec"].add(threading.get_ident()) or decode(*a, **k))
+    settings = RunConfig(**GREEDY, max_new_frames=12)
+    streamed = torch.cat([c.waveform for c in tts.synthesize_stream("Beside.", settings=settings)], dim=1)
+    assert where["codec"] == {threading.get_ident()} and where["frames"] and not where["frames"] & where["codec"]
+    whole = tts.synthesize("Beside.", settings=settings).waveform
+    assert streamed.shape == whole.shape and torch.allclose(streamed, whole, atol=1e-4)
 
 
 def test_presets_reject_unknown_keys(tmp_path):
@@ -378,24 +397,27 @@ def test_a_second_call_while_a_stream_is_open_is_one_clear_error(tts):
     next(stream)
     with pytest.raises(InputError, match="already generating"):
         tts.synthesize("Another call.", settings=settings)
-    stream.close()
+    stream.close()  # stops its frame thread too
+    assert not [t for t in threading.enumerate() if t.name == "moss-npu-frames"]
     assert tts.synthesize("Another call.", settings=settings).codes.shape[0] > 0
 
 
 @needs_fixtures
 def test_streams_reuse_the_codec_state_only_once_it_is_free(tts, monkeypatch):
-    """A stream reuses the last finished stream's codec state (reset: the same audio as a fresh one); a stream
-    started while another is open gets a state of its own, so the refused one cannot disturb the open one."""
+    """A stream reuses the last finished stream's codec state (reset: the same audio as a fresh one, up to the
+    float rounding of how the codec calls sliced the frames, which depends on timing); a stream started while
+    another is open gets a state of its own, so the refused one cannot disturb the open one."""
     settings = RunConfig(**GREEDY, max_new_frames=6)
     audio = lambda stream: torch.cat([chunk.waveform for chunk in stream], dim=-1)  # noqa: E731
+    same = lambda a, b: a.shape == b.shape and torch.allclose(a, b, atol=1e-5)  # noqa: E731
     first = audio(tts.synthesize_stream("The same words.", settings=settings))
     made = count_calls(monkeypatch, tts.codec, "init_decode_state")
     again = audio(tts.synthesize_stream("The same words.", settings=settings))
-    assert not made and torch.equal(again, first)
+    assert not made and same(again, first)
     open_stream = tts.synthesize_stream("The same words.", settings=settings)
     head = next(open_stream).waveform
     with pytest.raises(InputError, match="already generating"):
         next(tts.synthesize_stream("Another stream.", settings=settings))
     assert len(made) == 1
     rest = audio(open_stream)
-    assert torch.equal(torch.cat([head, rest], dim=-1), first)
+    assert same(torch.cat([head, rest], dim=-1), first)
