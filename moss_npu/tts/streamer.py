@@ -22,9 +22,13 @@ class AudioStreamer:
     engine instead collects ``due`` frames of many streamers, decodes them in one ``CodecRows`` call and hands each
     its audio through ``emit``.
 
-    Once audio has been emitted, a decode the schedule asks for takes every pending frame (up to what the codec
-    state holds per call), not just the budget: frames waiting already (the codec fell behind the frames) cost
-    less in one call than one by one, and their audio comes no later in total.
+    Alone, once audio is out, it decodes for throughput where the official schedule would cost the most: a decode
+    takes every frame waiting (the codec fell behind the frames), which costs less in one call than one by one;
+    and behind playback (lead < 0: the listener hears a gap already) it waits for the largest budget, where the
+    official schedule decodes each frame on its own and, once a frame plus a one-frame codec call take longer than
+    a frame of audio, never catches up (docs/performance.md#the-streamed-cli). The engine's calls decode many rows
+    together, padded to the longest, so it keeps the official counts. No call takes more frames than the codec
+    state holds.
     """
 
     def __init__(self, plan: Plan, settings: RunConfig, rows: CodecRows,
@@ -56,17 +60,18 @@ class AudioStreamer:
         """Add one frame's codes (Q,) without decoding."""
         self.pending.append(codes)
 
-    def due(self, final: bool = False) -> Optional[torch.Tensor]:
-        """Take the frames (n, nq) the schedule says to decode now (all at the end of a chunk), or None."""
+    def due(self, final: bool = False, alone: bool = False) -> Optional[torch.Tensor]:
+        """Take the frames (n, nq) the schedule says to decode now (all at the end of a chunk), or None; ``alone``:
+        for a stream decoded on its own (see the class docstring)."""
         since = None if self.first_emit is None else self.clock() - self.first_emit
-        count = self.schedule.frames_to_decode(emitted_s=self.emitted_s,
-                                               lead_s=self.schedule.lead_s(self.emitted_s, since),
-                                               head_pending=len(self.pending), max_pending=len(self.pending),
-                                               final=final)
+        lead, waiting = self.schedule.lead_s(self.emitted_s, since), len(self.pending)
+        count = self.schedule.frames_to_decode(emitted_s=self.emitted_s, lead_s=lead, head_pending=waiting,
+                                               max_pending=waiting, final=final)
+        if alone and since is not None and not final:
+            largest = self.schedule.budgets[-1]
+            count = (waiting if waiting >= largest else 0) if lead < 0 else (waiting if count else 0)
         if not count or not self.pending:
             return None
-        if self.first_emit is not None:
-            count = max(count, len(self.pending))
         count = min(count, self.rows.max_frames_per_step)  # what the codec state holds; the rest in the next call
         take, self.pending = self.pending[:count], self.pending[count:]
         return torch.stack(take)[:, :self.plan.nq]
@@ -87,5 +92,5 @@ class AudioStreamer:
 
     def decode_due(self, final: bool = False) -> Iterator[AudioChunk]:
         """Decode, in this streamer's row, what the schedule says to decode now (everything at a chunk's end)."""
-        while (codes := self.due(final)) is not None:
+        while (codes := self.due(final, alone=True)) is not None:
             yield self.emit(self.rows.decode({self.row: codes})[self.row])

@@ -31,18 +31,49 @@ def streamer(clock):
     return audio, rows
 
 
-def test_frames_waiting_behind_playback_go_in_one_codec_call():
-    """The first frame is decoded alone (the time to first audio); five frames that arrived while playback ran
-    dry (lead < 0: the budget is one frame) are then decoded in one call, not five."""
+def frames(audio, count):
+    for _ in range(count):
+        audio.add(torch.zeros(16, dtype=torch.long))
+
+
+def test_frames_that_wait_go_in_one_codec_call():
+    """The first frame is decoded alone (the time to first audio); five frames that waited while the lead is
+    short (the official budget: one frame) are then decoded in one call, not five."""
     now = [0.0]
     audio, rows = streamer(lambda: now[0])
-    audio.add(torch.zeros(16, dtype=torch.long))
+    frames(audio, 1)
     assert len(list(audio.decode_due())) == 1 and rows.calls == [{0: 1}]
-    now[0] = 1.0  # 10 ms of audio out, a second gone
-    for _ in range(5):
-        audio.add(torch.zeros(16, dtype=torch.long))
+    now[0] = 0.005  # 10 ms of audio out, 5 ms gone: a lead of 5 ms
+    frames(audio, 5)
     chunks = list(audio.decode_due())
     assert rows.calls[1:] == [{0: 5}] and [c.waveform.shape[-1] for c in chunks] == [50]
+
+
+def test_behind_playback_a_stream_waits_for_the_largest_budget():
+    """Behind playback (lead < 0) the official schedule decodes every frame on its own, the dearest way; a stream
+    decoded alone waits for the largest budget (8 frames) and decodes them in one call."""
+    now = [0.0]
+    audio, rows = streamer(lambda: now[0])
+    frames(audio, 1)
+    list(audio.decode_due())
+    now[0] = 1.0  # 10 ms of audio out, a second gone
+    for _ in range(7):
+        frames(audio, 1)
+        assert not list(audio.decode_due())
+    frames(audio, 1)
+    assert [c.waveform.shape[-1] for c in audio.decode_due()] == [80] and rows.calls[1:] == [{0: 8}]
+    assert audio.due() is None and rows.calls[1:] == [{0: 8}]
+
+
+def test_the_engine_keeps_the_official_counts():
+    """``due`` without ``alone`` (the engine, whose calls pad every row to the longest) takes the budget."""
+    now = [0.0]
+    audio, rows = streamer(lambda: now[0])
+    frames(audio, 1)
+    list(audio.decode_due())
+    now[0] = 1.0
+    frames(audio, 5)
+    assert audio.due().shape[0] == 1
 
 
 def test_no_codec_call_takes_more_frames_than_its_state_holds():
