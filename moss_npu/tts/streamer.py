@@ -27,8 +27,7 @@ class AudioStreamer:
     and behind playback (lead < 0: the listener hears a gap already) it waits for the largest budget, where the
     official schedule decodes each frame on its own and, once a frame plus a one-frame codec call take longer than
     a frame of audio, never catches up (docs/performance.md#the-streamed-cli). The engine's calls decode many rows
-    together, padded to the longest, so it keeps the official counts. No call takes more frames than the codec
-    state holds.
+    together, padded to the longest, so it keeps the official counts.
     """
 
     def __init__(self, plan: Plan, settings: RunConfig, rows: CodecRows,
@@ -72,7 +71,6 @@ class AudioStreamer:
             count = (waiting if waiting >= largest else 0) if lead < 0 else (waiting if count else 0)
         if not count or not self.pending:
             return None
-        count = min(count, self.rows.max_frames_per_step)  # what the codec state holds; the rest in the next call
         take, self.pending = self.pending[:count], self.pending[count:]
         return torch.stack(take)[:, :self.plan.nq]
 
@@ -92,5 +90,6 @@ class AudioStreamer:
 
     def decode_due(self, final: bool = False) -> Iterator[AudioChunk]:
         """Decode, in this streamer's row, what the schedule says to decode now (everything at a chunk's end)."""
-        while (codes := self.due(final, alone=True)) is not None:
+        codes = self.due(final, alone=True)
+        if codes is not None:
             yield self.emit(self.rows.decode({self.row: codes})[self.row])

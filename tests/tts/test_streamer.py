@@ -1,4 +1,4 @@
-"""One stream's codec schedule (``tts.streamer``): frames that wait are decoded together, within the codec state."""
+"""One stream's codec schedule (``tts.streamer``): frames that wait are decoded together."""
 
 import torch
 
@@ -9,8 +9,6 @@ from moss_npu.tts.streamer import AudioStreamer
 
 class FakeRows:
     """A codec of 10 samples per frame that records the frames of each call."""
-
-    max_frames_per_step = 8
 
     def __init__(self):
         self.codec = type("Codec", (), {"sample_rate": 1000, "channels": 1})()
@@ -74,12 +72,3 @@ def test_the_engine_keeps_the_official_counts():
     now[0] = 1.0
     frames(audio, 5)
     assert audio.due().shape[0] == 1
-
-
-def test_no_codec_call_takes_more_frames_than_its_state_holds():
-    now = [0.0]
-    audio, rows = streamer(lambda: now[0])
-    for _ in range(19):
-        audio.add(torch.zeros(16, dtype=torch.long))
-    list(audio.end_chunk("text"))
-    assert [call[0] for call in rows.calls] == [8, 8, 3]
