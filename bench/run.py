@@ -62,7 +62,8 @@ LONG = {
            "从窗户里飘出来，一天的忙碌渐渐归于平静。夜深了，星星挂满天空，小镇进入了甜美的梦乡。"),
 }
 REFERENCES = {"en": "en_3.wav", "zh": "zh_1.wav"}
-GREEDY_CASES = [f"{length}-{lang}{ref}" for ref in ("", "+ref") for length in ("short", "long") for lang in ("en", "zh")]
+GREEDY_CASES = [f"{length}-{lang}{ref}" for ref in ("", "+ref") for length in ("short", "long")
+                for lang in ("en", "zh")]
 STREAM_CASES = ["stream-en", "stream-zh"]  # the CLI's defaults, streamed
 CASES = GREEDY_CASES + STREAM_CASES
 DEFAULT_FRAMES = 24
@@ -112,7 +113,7 @@ class RunRecord:
     compile_s: float = 0.0  # time the CPU step spent compiling graphs so far (first compile; 0 when eager)
     local_ms: Optional[float] = None  # per frame: the 17 local steps with their decisions
     global_ms: Optional[float] = None  # per frame: the global step
-    host_ms: Optional[float] = None  # per frame: wall time outside the parts (the codec's only when on the frame thread)
+    host_ms: Optional[float] = None  # per frame: wall time outside the parts (the codec counted on the frame thread)
     codec_beside: bool = False  # the codec ran on another thread than the frames (a stream)
     prompt_rows: int = 0  # the longest chunk's prompt rows (for the global floor's keys and values)
     codec_calls: int = 0
@@ -429,7 +430,8 @@ def run(argv: Optional[list[str]] = None) -> int:
     log(f"bench: {setup_line(setup)}")
     records = measure(tts, args, cases, configs, sizes, graphs, log)
     info = devices.describe(tts.device)
-    report = {"device": info, "frames_per_chunk": args.frames or DEFAULT_FRAMES, "runs": args.runs, "warmup": args.warmup,
+    report = {"device": info, "frames_per_chunk": args.frames or DEFAULT_FRAMES, "runs": args.runs,
+              "warmup": args.warmup,
               "threads": torch.get_num_threads(), "model": model_dir, "codec": codec_dir, "setup": setup,
               "records": [asdict(r) for r in records]}
     if sizes:

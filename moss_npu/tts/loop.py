@@ -360,7 +360,7 @@ def run_ahead(events: Iterator[tuple]) -> Iterator[list[tuple]]:
     the next frames instead of between them. Their error is raised here after the events before it; leaving
     early stops them at the next frame."""
     out: "queue.SimpleQueue[object]" = queue.SimpleQueue()
-    stop, over, threads = threading.Event(), object(), torch.get_num_threads()
+    stop, over, threads = threading.Event(), object(), torch.get_num_threads()  # events are tuples, the end is not
 
     def produce() -> None:
         use_threads(threads)
@@ -382,15 +382,13 @@ def run_ahead(events: Iterator[tuple]) -> Iterator[list[tuple]]:
             batch = [out.get()]
             while not out.empty():
                 batch.append(out.get())
-            end = next((i for i, item in enumerate(batch) if item is over or isinstance(item, BaseException)), None)
-            if end is None:
-                yield batch
-                continue
-            if end:
-                yield batch[:end]
-            if batch[end] is over:
+            last = batch[-1]  # the end (or the error) is the last item put
+            if isinstance(last, tuple) or len(batch) > 1:
+                yield [event for event in batch if isinstance(event, tuple)]
+            if isinstance(last, BaseException):
+                raise last
+            if last is over:
                 return
-            raise batch[end]
     finally:
         stop.set()
         thread.join()

@@ -352,7 +352,7 @@ class MossTTSNano:
                 return
             self._check_idle(job)  # here: a refused stream starts no thread
             self._open_stream = job
-            for batch in run_ahead(self._run(job, settings, timer)):  # the frames on their own thread, the codec here beside them
+            for batch in run_ahead(self._run(job, settings, timer)):  # the codec here, beside the frames
                 for event in batch:
                     if event[0] == "start":
                         audio.start_chunk(event[2])
