@@ -16,9 +16,9 @@ A configuration is ``DECODER[@THREADS]`` (``moss_npu.tts.settings.DECODERS``); w
 configurations run alternately in one process, and the last stdout line is ``speedup B/A: X.XX``: the median
 over cases of (median per-frame time of A) / (median per-frame time of B), so > 1 means B is faster.
 Per-frame time = the frame phase (local decisions, sampling, global step; prefill and codec excluded).
-Every case reports the frame split: global, local, codec and host (the wall time per frame left over: Python and
-bookkeeping; with the codec beside the frames it is not counted in the sum) and each part's floor
-(``bench/floor.py``: bytes read per frame over a bandwidth probe of that part's size, on the same threads).
+Every case (not ``--batch``) reports the frame split: global, local, codec and host (the wall time per frame
+left over: Python and bookkeeping; with the codec beside the frames it is not counted in the sum) and each part's
+floor (``bench/floor.py``: bytes read per frame over a bandwidth probe of that part's size, on the same threads).
 With ``--batch B1,B2,...`` each case runs as batches of those sizes instead (``bench/batch.py``), per
 ``--graph`` mode; the last stdout line is then ``batch speedup B/1: X.XX`` (aggregate frames/s of the largest
 batch over batch 1, median over cases, first graph mode).
