@@ -22,12 +22,10 @@ class AudioStreamer:
     engine instead collects ``due`` frames of many streamers, decodes them in one ``CodecRows`` call and hands each
     its audio through ``emit``.
 
-    Alone, once audio is out, it decodes for throughput where the official schedule would cost the most: a decode
-    takes every frame waiting (the codec fell behind the frames), which costs less in one call than one by one;
-    and behind playback (lead < 0: the listener hears a gap already) it waits for the largest budget, where the
-    official schedule decodes each frame on its own and, once a frame plus a one-frame codec call take longer than
-    a frame of audio, never catches up (docs/performance.md#the-streamed-cli). The engine's calls decode many rows
-    together, padded to the longest, so it keeps the official counts.
+    Alone, once audio is out, a decode takes every frame waiting (cheaper in one call than one by one), and behind
+    playback (lead < 0) it waits for the largest budget instead of decoding each frame on its own, which never
+    catches up (docs/performance.md#the-streamed-cli). The engine, whose calls pad every row to the longest,
+    keeps the official counts.
     """
 
     def __init__(self, plan: Plan, settings: RunConfig, rows: CodecRows,
