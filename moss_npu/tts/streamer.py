@@ -64,7 +64,9 @@ class AudioStreamer:
         lead, waiting = self.schedule.lead_s(self.emitted_s, since), len(self.pending)
         count = self.schedule.frames_to_decode(emitted_s=self.emitted_s, lead_s=lead, head_pending=waiting,
                                                max_pending=waiting, final=final)
-        if alone and since is not None and not final:
+        if alone and since is None:  # the first audio as soon as one frame is there, even if all are
+            count = min(count, self.schedule.budgets[0])
+        elif alone and not final:
             largest = self.schedule.budgets[-1]
             count = (waiting if waiting >= largest else 0) if lead < 0 else (waiting if count else 0)
         if not count or not self.pending:
@@ -88,6 +90,5 @@ class AudioStreamer:
 
     def decode_due(self, final: bool = False) -> Iterator[AudioChunk]:
         """Decode, in this streamer's row, what the schedule says to decode now (everything at a chunk's end)."""
-        codes = self.due(final, alone=True)
-        if codes is not None:
+        while (codes := self.due(final, alone=True)) is not None:
             yield self.emit(self.rows.decode({self.row: codes})[self.row])
