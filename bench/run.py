@@ -313,7 +313,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--decoder", default="optimized", help="single configuration DECODER[@THREADS]")
     p.add_argument("--compare", help="two configurations A,B run alternately; prints 'speedup B/A: X.XX'")
     p.add_argument("--threads", type=int, default=0, help="default intra-op threads for configs without @N")
-    p.add_argument("--no-stream", action="store_true", help="skip the streamed start (time to first audio)")
+    p.add_argument("--no-stream", action="store_true",
+                   help="skip the greedy cases' streamed start (time to first audio)")
     p.add_argument("--batch", help="batch sizes B1,B2,... decoded together (prints 'batch speedup B/1: X.XX')")
     p.add_argument("--graph", default="off", help="with --batch: graph modes to run, e.g. on,off (default off)")
     p.add_argument("--quantize", default="none", choices=("none", "int8"),
@@ -412,6 +413,8 @@ def run(argv: Optional[list[str]] = None) -> int:
             or args.warmup < 0 or any(g not in ("auto", "on", "off") for g in graphs) or (sizes and args.compare)):
         raise InputError(f"check --cases (unknown{' with --batch' if sizes else ''}: {unknown}), --compare (two "
                          "configurations, not with --batch), --graph (auto/on/off), --frames/--runs >= 1")
+    if args.no_stream and set(cases) <= set(STREAM_CASES):
+        raise InputError("--no-stream: the stream cases are always streamed; drop it or add a greedy case")
     if any(c.endswith("+ref") for c in cases) and not (goldens.fixtures_root() / "audio").is_dir():
         print(f"bench: no reference audio under {goldens.fixtures_root()}; skipping the +ref cases", file=sys.stderr)
         cases = [c for c in cases if not c.endswith("+ref")]

@@ -104,7 +104,10 @@ def test_every_case_reports_its_frame_split_and_floors(tmp_path, capsys):
     assert "| stream-en | optimized |" in table and "beside)" in table and "host ms" in table
 
 
-def test_a_stream_case_is_refused_with_batch(tmp_path, capsys):
-    code = run.main(["--size", "tiny", "--cache-dir", str(tmp_path / "cache"), "--batch", "1", "--cases",
-                     "stream-en", "--out", str(tmp_path / "x"), "--quiet"])
-    assert code == 2 and "with --batch" in capsys.readouterr().err
+def test_a_stream_case_refuses_what_it_would_ignore(tmp_path, capsys):
+    """--batch decodes greedy cases only, and a stream case is always streamed: both refused, not ignored."""
+    common = ["--size", "tiny", "--cache-dir", str(tmp_path / "cache"), "--out", str(tmp_path / "x"), "--quiet"]
+    assert run.main([*common, "--batch", "1", "--cases", "stream-en"]) == 2
+    assert "with --batch" in capsys.readouterr().err
+    assert run.main([*common, "--no-stream", "--cases", "stream-en,stream-zh"]) == 2
+    assert "always streamed" in capsys.readouterr().err
