@@ -11,14 +11,13 @@
 Every run of a ``short``/``long`` case is greedy with a fixed frame count per text chunk (``--frames``, default
 24), so runs compare like with like. A ``stream`` case is what ``inference.py --stream`` runs with its defaults:
 the long text, sampled, text normalization on, up to 375 frames (``--frames`` if given), streamed through
-``synthesize_stream`` (the codec beside the frames); its RTF is the CLI's, the model loaded.
+``synthesize_stream``; its RTF is the CLI's, the model loaded.
 A configuration is ``DECODER[@THREADS]`` (``moss_npu.tts.settings.DECODERS``); with ``--compare`` the
 configurations run alternately in one process, and the last stdout line is ``speedup B/A: X.XX``: the median
 over cases of (median per-frame time of A) / (median per-frame time of B), so > 1 means B is faster.
 Per-frame time = the frame phase (local decisions, sampling, global step; prefill and codec excluded).
 Every case (not ``--batch``) reports the frame split: global, local, codec and host (the wall time per frame
-left over: Python and bookkeeping; with the codec beside the frames it is not counted in the sum) and each part's
-floor (``bench/floor.py``: bytes read per frame over a bandwidth probe of that part's size, on the same threads).
+left over: Python and bookkeeping) and each part's floor (``bench/floor.py``: bytes read per frame over a bandwidth probe of that part's size, on the same threads).
 With ``--batch B1,B2,...`` each case runs as batches of those sizes instead (``bench/batch.py``), per
 ``--graph`` mode; the last stdout line is then ``batch speedup B/1: X.XX`` (aggregate frames/s of the largest
 batch over batch 1, median over cases, first graph mode).
@@ -113,8 +112,7 @@ class RunRecord:
     compile_s: float = 0.0  # time the CPU step spent compiling graphs so far (first compile; 0 when eager)
     local_ms: Optional[float] = None  # per frame: the 17 local steps with their decisions
     global_ms: Optional[float] = None  # per frame: the global step
-    host_ms: Optional[float] = None  # per frame: wall time outside the parts (the codec counted on the frame thread)
-    codec_beside: bool = False  # the codec ran on another thread than the frames (a stream)
+    host_ms: Optional[float] = None  # per frame: wall time outside global, local, codec and prefill
     prompt_rows: int = 0  # the longest chunk's prompt rows (for the global floor's keys and values)
     codec_calls: int = 0
     phases_s: dict = field(default_factory=dict)
@@ -179,11 +177,11 @@ def run_once(tts: MossTTSNano, case: str, config: BenchConfig, frames: Optional[
         n_frames, n_chunks = int(result.codes.shape[0]), len(result.text_chunks)
         audio_s = n_frames / tts.codec.frame_rate_hz  # the frames' audio, pauses not counted
     return record(tts, case, config, timer, wall, n_frames, n_chunks, audio_s, ttfa, load,
-                  beside=case in STREAM_CASES, prompt_rows=prompt_rows)
+                  prompt_rows=prompt_rows)
 
 
 def record(tts: MossTTSNano, case: str, config: BenchConfig, timer, wall: float, n_frames: int, n_chunks: int,
-           audio_s: float, ttfa: Optional[float], load: float, beside: bool, prompt_rows: int) -> RunRecord:
+           audio_s: float, ttfa: Optional[float], load: float, prompt_rows: int) -> RunRecord:
     """One run's record: per-frame times of the parts and what is left of the wall time (the host)."""
     import torch
 
@@ -192,7 +190,6 @@ def record(tts: MossTTSNano, case: str, config: BenchConfig, timer, wall: float,
 
     sec = dict(timer.seconds)
     per_frame = {k: sec.get(k, 0.0) * 1e3 / max(n_frames, 1) for k in ("frame", "codec", "local", "global", "prefill")}
-    on_frame_thread = ("local", "global", "prefill") + (() if beside else ("codec",))
     frame_step = tts._decoder.frame_step if tts.algorithm != "reference" else None
     step = "reference" if frame_step is None else frame_step.dispatch()
     return RunRecord(
@@ -205,7 +202,7 @@ def record(tts: MossTTSNano, case: str, config: BenchConfig, timer, wall: float,
         compile_s=frame_step.compile_seconds if frame_step is not None else 0.0,
         local_ms=per_frame["local"] if "local" in sec else None,
         global_ms=per_frame["global"] if "global" in sec else None,
-        host_ms=wall * 1e3 / max(n_frames, 1) - sum(per_frame[k] for k in on_frame_thread), codec_beside=beside,
+        host_ms=wall * 1e3 / max(n_frames, 1) - sum(per_frame[k] for k in ("local", "global", "prefill", "codec")),
         prompt_rows=prompt_rows, codec_calls=timer.calls.get("codec", 0), phases_s=sec)
 
 
@@ -227,7 +224,7 @@ def summarize(records: list[RunRecord]) -> list[dict]:
     for (case, config), runs in groups.items():
         row = {"case": case, "config": config, "runs": len(runs), "threads": runs[0].threads,
                "chunks": runs[0].chunks, "frames": runs[0].frames, "dtype": runs[0].dtype, "step": runs[-1].step,
-               "compile_s": max(r.compile_s for r in runs), "codec_beside": runs[0].codec_beside,
+               "compile_s": max(r.compile_s for r in runs),
                "prompt_rows": runs[0].prompt_rows}
         for key in ("rtf", "ttfa_ms", "frame_ms", "local_ms", "global_ms", "codec_ms", "host_ms", "prefill_ms",
                     "wall_s", "codec_calls"):
@@ -269,12 +266,11 @@ def markdown(rows: list[dict], ratios: dict[str, float], base: Optional[str], ot
              "| load |",
              "|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        beside = ", beside" if r.get("codec_beside") else ""
         lines.append(f"| {r['case']} | {r['config']} | {r['threads']} | {r['dtype']} | {r['step']} | "
                      f"{num(r['compile_s'])} | {r['chunks']} | {r['frames']} | "
                      f"{num(r['rtf'], 2)} | {num(r['ttfa_ms'], 0)} | {num(r['frame_ms'])} | "
                      f"{num(r['global_ms'])} ({floor(r, 'global')}) | {num(r['local_ms'])} ({floor(r, 'local')}) | "
-                     f"{num(r['codec_ms'])} ({floor(r, 'codec')}{beside}) | {num(r['host_ms'])} | "
+                     f"{num(r['codec_ms'])} ({floor(r, 'codec')}) | {num(r['host_ms'])} | "
                      f"{num(r['prefill_ms'], 0)} | {num(r['peak_memory_mib'], 0)} | {num(r['load_avg'], 2)} |")
     if ratios:
         lines += ["", f"| case | speedup {other}/{base} |", "|---|---:|"]

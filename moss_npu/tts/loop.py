@@ -25,7 +25,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
-import queue
 import threading
 from collections import deque
 from dataclasses import dataclass, field
@@ -33,7 +32,6 @@ from typing import Iterator, Optional
 
 import torch
 
-from moss_npu.cpu.threads import use_threads
 from moss_npu.errors import MossNpuError
 from moss_npu.limits import MAX_SEED
 from moss_npu.nano.decoder import FrameDecoder, RequestParams
@@ -352,46 +350,6 @@ class FrameLoop:
             waiting = any(job.float32 for job in self.waiting)
         if not waiting and not any(d is self.fallback for _, d in self.running.values()):
             self.fallback = None
-
-
-def run_ahead(events: Iterator[tuple]) -> Iterator[list[tuple]]:
-    """Run a frame loop's ``events`` on a thread of their own; yield, in order, what they produced since the last
-    yield (at least one event), so that what the caller does with them (the codec, writing the audio) runs beside
-    the next frames instead of between them. Their error is raised here after the events before it; leaving
-    early stops them at the next frame."""
-    out: "queue.SimpleQueue[object]" = queue.SimpleQueue()
-    stop, over, threads = threading.Event(), object(), torch.get_num_threads()  # events are tuples, the end is not
-
-    def produce() -> None:
-        use_threads(threads)
-        try:
-            for event in events:
-                out.put(event)
-                if stop.is_set():
-                    break
-            out.put(over)
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
-            out.put(exc)
-        finally:
-            events.close()
-
-    thread = threading.Thread(target=produce, name="moss-npu-frames", daemon=True)
-    thread.start()
-    try:
-        while True:
-            batch = [out.get()]
-            while not out.empty():
-                batch.append(out.get())
-            last = batch[-1]  # the end (or the error) is the last item put
-            if isinstance(last, tuple) or len(batch) > 1:
-                yield [event for event in batch if isinstance(event, tuple)]
-            if isinstance(last, BaseException):
-                raise last
-            if last is over:
-                return
-    finally:
-        stop.set()
-        thread.join()
 
 
 def generate(model: NanoTTSModel, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None, *,

@@ -38,7 +38,7 @@ from moss_npu.nano.reuse import PrefixCache
 from moss_npu.nano.tokenizer import TextTokenizer
 from moss_npu.output import save_audio
 from moss_npu.cpu.threads import set_threads
-from moss_npu.tts.loop import FrameLoop, Job, run_ahead
+from moss_npu.tts.loop import FrameLoop, Job
 from moss_npu.tts.prepare import Plan, PreparedRequest, Preparer, PromptAudio, SpeechRequest
 from moss_npu.tts.settings import LoadConfig, RunConfig
 from moss_npu.tempo import stretch
@@ -96,7 +96,6 @@ class MossTTSNano:
                         else DecoderWeights.build(model, compile, cache=True, label=name))
         self._decoder: Optional[FrameDecoder] = None
         self._idle_stream_codec: Optional[CodecRows] = None  # the last stream's codec state, for the next one
-        self._open_stream: Optional[Job] = None  # the job of a stream not closed yet (its frames may be over)
 
     @classmethod
     def from_pretrained(cls, model: str = DEFAULT_MODEL, codec: str = DEFAULT_CODEC, *, device: str = "auto",
@@ -174,7 +173,7 @@ class MossTTSNano:
         LoadConfig(decoder=way[0], graph=way[1], compile=way[2])  # validates
         other = copy.copy(self)
         other.algorithm, other.graph, other.compile = way
-        other._decoder, other._idle_stream_codec, other._open_stream = None, None, None
+        other._decoder, other._idle_stream_codec = None, None
         return other
 
     def decoder(self, slots: int, max_len: int, sampler: str = "official") -> FrameDecoder:
@@ -216,20 +215,15 @@ class MossTTSNano:
                  prompt_text: Optional[str]) -> PreparedRequest:
         return self.preparer.prepare(SpeechRequest(text, prompt_audio, None, prompt_text, settings))
 
-    def _check_idle(self, job: Job) -> None:
-        """Refuse to run ``job`` while another call or an open stream (its frames over or not) uses this pipeline."""
-        if self._open_stream not in (None, job) or (
-                self._decoder is not None and self._decoder.free_slots < self._decoder.slots):
-            raise InputError("this MossTTSNano is already generating (a synthesize_stream that is still open, or "
-                             "a call from another thread): finish or close that stream first, or use one "
-                             "MossTTSNano per thread (moss_npu.serve batches concurrent requests)")
-
     def _run(self, job: Job, settings: RunConfig, timer: Optional[PhaseTimer]) -> Iterator[tuple]:
         """Run ``job`` through a frame loop on this thread; yield its events (``tts.loop``, the one frame driver).
 
         Raises the job's error (NumericalError for non-finite logits the fallback could not cure).
         """
-        self._check_idle(job)
+        if self._decoder is not None and self._decoder.free_slots < self._decoder.slots:
+            raise InputError("this MossTTSNano is already generating (a synthesize_stream that is still open, or "
+                             "a call from another thread): finish or close that stream first, or use one "
+                             "MossTTSNano per thread (moss_npu.serve batches concurrent requests)")
         length = max(int(rows.shape[0]) for rows in job.prepared.rows) + settings.max_new_frames
         decoder = self.decoder(job.batch, length, "noise" if settings.host_rng else "official")
         decoder.timer = timer
@@ -345,27 +339,20 @@ class MossTTSNano:
                 for index, codes in enumerate(self._oracle(prepared, settings, generator, 1, timer)):
                     audio.start_chunk(index)
                     for frame in codes:
-                        audio.add(frame)
-                        yield from audio.decode_due()
+                        yield from audio.push(frame)
                     yield from audio.end_chunk(prepared.plan.chunks[index])
                 return
-            self._check_idle(job)  # here: a refused stream starts no thread
-            self._open_stream = job
-            for batch in run_ahead(self._run(job, settings, timer)):  # the codec here, beside the frames
-                for event in batch:
-                    if event[0] == "start":
-                        audio.start_chunk(event[2])
-                    for _, chunk, codes, final in (event[1] if event[0] == "frame" else ()):
-                        if codes is not None:
-                            audio.add(codes)
-                        if final:
-                            yield from audio.end_chunk(prepared.plan.chunks[chunk])
-                yield from audio.decode_due()
+            for event in self._run(job, settings, timer):
+                if event[0] == "start":
+                    audio.start_chunk(event[2])
+                for _, chunk, codes, final in (event[1] if event[0] == "frame" else ()):
+                    if codes is not None:
+                        yield from audio.push(codes)
+                    if final:
+                        yield from audio.end_chunk(prepared.plan.chunks[chunk])
             _warn(job)
         finally:
             self._idle_stream_codec = rows
-            if self._open_stream is job:
-                self._open_stream = None
 
     def _stream_codec(self, frames_per_step: int, timer: Optional[PhaseTimer]) -> CodecRows:
         """Return a one-row streaming codec state for a new stream: the last stream's, once it is over and if

@@ -18,9 +18,9 @@ class AudioStreamer:
 
     The codec keeps its transformer state between calls, so each call decodes only the new frames. The first
     call decodes as soon as one frame exists (budget 1), which sets the time to first audio. Pauses between
-    text chunks are zeros. Alone (``add``, ``decode_due``, ``end_chunk``) it decodes in its row of ``rows``; the
-    engine instead collects ``due`` frames of many streamers, decodes them in one ``CodecRows`` call and hands each
-    its audio through ``emit``.
+    text chunks are zeros. Alone (``push`` / ``end_chunk``) it decodes in its row of ``rows``; the engine instead
+    collects ``due`` frames of many streamers, decodes them in one ``CodecRows`` call and hands each its audio
+    through ``emit``.
 
     Alone, once audio is out, a decode takes every frame waiting (cheaper in one call than one by one), and behind
     playback (lead < 0) it waits for the largest budget instead of decoding each frame on its own, which never
@@ -46,6 +46,11 @@ class AudioStreamer:
         prime = codes[:, :self.plan.nq] if self.plan.mode == "continuation" and codes is not None else None
         self.rows.start(row, prime)
 
+    def push(self, codes: torch.Tensor) -> Iterator[AudioChunk]:
+        """Add one frame's codes (Q,); yield the audio the schedule says to decode now."""
+        self.add(codes)
+        return self.decode_due()
+
     def end_chunk(self, chunk: str) -> Iterator[AudioChunk]:
         """Decode what is left of the chunk, then its pause when more chunks follow."""
         yield from self.decode_due(final=True)
@@ -64,9 +69,7 @@ class AudioStreamer:
         lead, waiting = self.schedule.lead_s(self.emitted_s, since), len(self.pending)
         count = self.schedule.frames_to_decode(emitted_s=self.emitted_s, lead_s=lead, head_pending=waiting,
                                                max_pending=waiting, final=final)
-        if alone and since is None:  # the first audio as soon as one frame is there, even if all are
-            count = min(count, self.schedule.budgets[0])
-        elif alone and not final:
+        if alone and since is not None and not final:
             largest = self.schedule.budgets[-1]
             count = (waiting if waiting >= largest else 0) if lead < 0 else (waiting if count else 0)
         if not count or not self.pending:
@@ -90,5 +93,6 @@ class AudioStreamer:
 
     def decode_due(self, final: bool = False) -> Iterator[AudioChunk]:
         """Decode, in this streamer's row, what the schedule says to decode now (everything at a chunk's end)."""
-        while (codes := self.due(final, alone=True)) is not None:
+        codes = self.due(final, alone=True)
+        if codes is not None:
             yield self.emit(self.rows.decode({self.row: codes})[self.row])

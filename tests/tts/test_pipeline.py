@@ -2,7 +2,6 @@
 
 import contextlib
 import dataclasses
-import threading
 
 import pytest
 import soundfile as sf
@@ -111,24 +110,6 @@ def test_streaming_decodes_each_frame_once(tts, monkeypatch):
     assert audio == frames * tts.codec.frame_size
     assert sum(decoded) == frames
     assert len(chunks) > 1
-
-
-@needs_fixtures
-def test_a_stream_decodes_audio_beside_its_frames(tts, monkeypatch):
-    """The frames run on a thread of their own while the caller's thread decodes (and writes) the audio, so the
-    codec never sits between two frames; the audio is the same as the whole utterance's."""
-    from moss_npu.nano.decoder import FrameDecoder
-
-    where = {"frames": set(), "codec": set()}
-    step, decode = FrameDecoder.step, tts.codec.decode_step
-    monkeypatch.setattr(FrameDecoder, "step", lambda self: where["frames"].add(threading.get_ident()) or step(self))
-    monkeypatch.setattr(tts.codec, "decode_step",
-                        lambda *a, **k: where["codec"].add(threading.get_ident()) or decode(*a, **k))
-    settings = RunConfig(**GREEDY, max_new_frames=12)
-    streamed = torch.cat([c.waveform for c in tts.synthesize_stream("Beside.", settings=settings)], dim=1)
-    assert where["codec"] == {threading.get_ident()} and where["frames"] and not where["frames"] & where["codec"]
-    whole = tts.synthesize("Beside.", settings=settings).waveform
-    assert streamed.shape == whole.shape and torch.allclose(streamed, whole, atol=1e-4)
 
 
 def test_presets_reject_unknown_keys(tmp_path):
@@ -397,8 +378,7 @@ def test_a_second_call_while_a_stream_is_open_is_one_clear_error(tts):
     next(stream)
     with pytest.raises(InputError, match="already generating"):
         tts.synthesize("Another call.", settings=settings)
-    stream.close()  # stops its frame thread too
-    assert not [t for t in threading.enumerate() if t.name == "moss-npu-frames"]
+    stream.close()
     assert tts.synthesize("Another call.", settings=settings).codes.shape[0] > 0
 
 

@@ -73,9 +73,3 @@ def test_the_engine_keeps_the_official_counts():
     frames(audio, 5)
     assert audio.due().shape[0] == 1
 
-
-def test_the_first_audio_comes_from_one_frame_even_when_all_are_there():
-    """Frames that ran ahead of the codec (the whole chunk, say) still give the first audio from one frame."""
-    audio, rows = streamer(lambda: 0.0)
-    frames(audio, 6)
-    assert [c.waveform.shape[-1] for c in audio.end_chunk("text")] == [10, 50] and rows.calls == [{0: 1}, {0: 5}]
