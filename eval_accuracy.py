@@ -23,7 +23,7 @@ from typing import Optional
 from moss_npu.cli import ArgumentParser, check_utf8_text, device_spec, finite_float, int_in, read_utf8, run_cli
 from moss_npu.errors import InputError
 from moss_npu.hub import DEFAULT_CODEC, DEFAULT_MODEL
-from moss_npu.output import refuse_own_inputs, writable_file
+from moss_npu.output import refuse_own_inputs, writable_file, write_json
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -162,7 +162,7 @@ def run(argv: Optional[list[str]] = None) -> int:
     report = evaluate(request, on_event=progress)
     print(report.format_table(), flush=True)
     if out is not None:
-        report.write_json(out)
+        write_json(out, report.to_dict())
         if not args.quiet:
             print(f"wrote {out}", file=sys.stderr)
     return 0 if report.passed else 1

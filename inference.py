@@ -403,8 +403,9 @@ def _synthesize_upstream(args, load, settings, dev, text: str, target: AudioTarg
     with load_upstream(model, codec, device=dev, dtype=dtype, code_dir=args.upstream_code,
                        attn_implementation=args.attn_implementation) as tts:
         start = time.perf_counter()
-        wave, rate = tts.synthesize(text, mode=mode, prompt_audio_path=args.prompt_audio_path,
-                                    prompt_text=args.prompt_text, seed=settings.seed, **params)
+        result = tts.infer(text, mode=mode, prompt_audio_path=args.prompt_audio_path, prompt_text=args.prompt_text,
+                           seed=settings.seed, **params)
+        wave, rate = result.waveform, result.sample_rate
         elapsed = time.perf_counter() - start
     if wave.shape[-1] == 0:
         raise GenerationError(NO_AUDIO)

@@ -22,9 +22,9 @@ from typing import Any, Optional
 import torch
 
 from moss_npu_verify import goldens
-from moss_npu.codec.checkpoint import nano_codec_config, small_codec_overrides, write_random_codec
-from moss_npu.nano.checkpoint import random_state_dict, write_random_checkpoint
-from moss_npu.nano.config import NanoConfig, official_config_dict
+from moss_npu.nano.config import NanoConfig
+from moss_npu_verify.random_checkpoints import (nano_codec_config, official_config_dict, random_state_dict,
+                                                small_codec_overrides, write_random_checkpoint, write_random_codec)
 from moss_npu.nano.model import NanoTTSModel
 
 SIZES = ("real", "tiny")

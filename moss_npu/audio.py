@@ -1,14 +1,10 @@
 """Audio in for the Nano backend: reference recordings as tensors, resampled like torchaudio.
 
-Files are read by ``moss_npu.wavfile`` (torch-free, shared with the Delay fallback) and written by
-``moss_npu.output``. ``resample`` is the windowed-sinc algorithm of ``torchaudio.functional.resample`` with its
-defaults, written out so torchaudio is never needed. Its filter bank grows with the product of the two rates
-divided by their gcd squared: cheap for the common rates, but ~9 GB for 44099 Hz → 48 kHz. Where the bank would
-exceed ``OFFICIAL_KERNEL_LIMIT`` elements, ``resample_reference`` uses soxr instead (linear in the audio).
-
-Shapes: C channels, S samples.
-
-See docs/architecture.md#synthesis.
+Files are read by ``moss_npu.wavfile`` (torch-free) and written by ``moss_npu.output``. ``resample`` is
+``torchaudio.functional.resample`` with its defaults, written out so torchaudio is never needed and cloned voices
+get the official codes; its filter bank grows with the rates over their gcd squared, so where it would exceed
+``OFFICIAL_KERNEL_LIMIT`` elements ``resample_reference`` uses soxr instead (docs/serving.md). Shapes: C channels,
+S samples. See docs/architecture.md#synthesis.
 """
 
 from __future__ import annotations
@@ -29,29 +25,21 @@ from moss_npu.wavfile import PathLike, probe, read_wav, read_wav_bytes
 
 log = logging.getLogger(__name__)
 OFFICIAL_KERNEL_LIMIT = 2**20  # filter-bank elements (4 MiB in float32); 44.1 kHz → 48 kHz needs 25,760
+WIDTH, ROLLOFF = 6, 0.99  # torchaudio's defaults: sinc zero crossings per side, cutoff over the lower Nyquist
 
 # A recording as a file path, the bytes of such a file, or a (waveform (C, S) or (S,), sample_rate) pair.
 AudioSource = Union[str, Path, bytes, tuple]
 
 
 def read_audio(path: PathLike) -> tuple[torch.Tensor, int]:
-    """Read any soundfile-readable file as a float32 ``(C, S)`` tensor plus its sample rate (see ``read_wav``).
-
-    Raises:
-        AudioError: the file is missing or not decodable.
-    """
+    """Read any soundfile-readable file as a float32 ``(C, S)`` tensor plus its sample rate (see ``read_wav``)."""
     wave, rate = read_wav(path)
     return torch.from_numpy(wave), rate
 
 
 def read_audio_source(source: AudioSource) -> tuple[torch.Tensor, int, str]:
-    """Read a path, the bytes of an audio file, or a (waveform, sample_rate) pair as float32 ``(C, S)``.
-
-    Returns the waveform, its rate and how error messages name the source.
-
-    Raises:
-        AudioError: an unknown kind of source, an undecodable file, or a malformed waveform pair.
-    """
+    """Read a path, the bytes of an audio file, or a (waveform, sample_rate) pair as float32 ``(C, S)``; return it,
+    its rate and how error messages name the source (AudioError for anything else or anything unreadable)."""
     if isinstance(source, (str, Path)):
         return (*read_audio(source), str(source))
     if isinstance(source, (bytes, bytearray, memoryview)):
@@ -99,23 +87,28 @@ def audio_source_key(source: AudioSource) -> str:
     return digest.hexdigest()
 
 
-def _sinc_kernel(orig: int, new: int, lowpass_filter_width: int, rolloff: float,
-                 dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, int]:
+def _reduced(orig_hz: int, new_hz: int) -> tuple[int, int, float, int]:
+    """The rates over their gcd, the cutoff in units of them (below both Nyquists) and the filters' half width."""
+    gcd = math.gcd(int(orig_hz), int(new_hz))
+    orig, new = int(orig_hz) // gcd, int(new_hz) // gcd
+    cutoff = min(orig, new) * ROLLOFF
+    return orig, new, cutoff, math.ceil(WIDTH * orig / cutoff)
+
+
+def _sinc_kernel(orig: int, new: int, cutoff: float, width: int, dtype: torch.dtype,
+                 device: torch.device) -> torch.Tensor:
     """Polyphase Hann-windowed sinc filters ``(new, 1, 2*width + orig)`` for gcd-reduced rates."""
-    cutoff = min(orig, new) * rolloff  # in units of the reduced rates; below both Nyquists
-    width = math.ceil(lowpass_filter_width * orig / cutoff)
     taps = torch.arange(-width, width + orig, dtype=dtype, device=device)[None, None] / orig
     # Row j is output phase j: time of each input tap relative to output sample j/new, in input periods.
     t = torch.arange(0, -new, -1, dtype=dtype, device=device)[:, None, None] / new + taps
-    t = (t * cutoff).clamp(-lowpass_filter_width, lowpass_filter_width)
-    window = torch.cos(t * math.pi / lowpass_filter_width / 2) ** 2
+    t = (t * cutoff).clamp(-WIDTH, WIDTH)
+    window = torch.cos(t * math.pi / WIDTH / 2) ** 2
     t = t * math.pi
     kernel = torch.where(t == 0, torch.ones((), dtype=dtype, device=device), t.sin() / t)
-    return kernel * (window * (cutoff / orig)), width
+    return kernel * (window * (cutoff / orig))
 
 
-def resample(wave: torch.Tensor, orig_hz: int, new_hz: int, *, lowpass_filter_width: int = 6,
-             rolloff: float = 0.99) -> torch.Tensor:
+def resample(wave: torch.Tensor, orig_hz: int, new_hz: int) -> torch.Tensor:
     """Resample ``(..., S)`` like ``torchaudio.functional.resample`` with ``sinc_interp_hann``.
 
     Output length is ``ceil(S * new_hz / orig_hz)``. The filters are computed in the wave's dtype, as
@@ -127,9 +120,8 @@ def resample(wave: torch.Tensor, orig_hz: int, new_hz: int, *, lowpass_filter_wi
         return wave
     if not wave.is_floating_point():
         raise AudioError(f"resample: expected a float waveform, got {wave.dtype}")
-    gcd = math.gcd(int(orig_hz), int(new_hz))
-    orig, new = int(orig_hz) // gcd, int(new_hz) // gcd
-    kernel, width = _sinc_kernel(orig, new, lowpass_filter_width, rolloff, wave.dtype, wave.device)
+    orig, new, cutoff, width = _reduced(orig_hz, new_hz)
+    kernel = _sinc_kernel(orig, new, cutoff, width, wave.dtype, wave.device)
     shape = wave.shape
     flat = F.pad(wave.reshape(-1, shape[-1]), (width, width + orig))
     out = F.conv1d(flat[:, None], kernel, stride=orig)  # (N, new, blocks): phase j of each input block
@@ -137,21 +129,15 @@ def resample(wave: torch.Tensor, orig_hz: int, new_hz: int, *, lowpass_filter_wi
     return out.reshape(*shape[:-1], out.shape[-1])
 
 
-def official_kernel_size(orig_hz: int, new_hz: int, lowpass_filter_width: int = 6, rolloff: float = 0.99) -> int:
+def official_kernel_size(orig_hz: int, new_hz: int) -> int:
     """Elements of ``resample``'s filter bank for these rates (what it allocates and convolves with)."""
-    gcd = math.gcd(int(orig_hz), int(new_hz))
-    orig, new = int(orig_hz) // gcd, int(new_hz) // gcd
-    width = math.ceil(lowpass_filter_width * orig / (min(orig, new) * rolloff))
+    orig, new, _, width = _reduced(orig_hz, new_hz)
     return new * (2 * width + orig)
 
 
 def resample_reference(wave: torch.Tensor, orig_hz: int, new_hz: int, *, source: str = "audio") -> torch.Tensor:
-    """Resample a reference ``(C, S)`` as the official code does, unless its filter bank would be too large.
-
-    The official windowed sinc (``resample``) keeps voice-clone codes identical to the official ones; for
-    rates whose bank exceeds ``OFFICIAL_KERNEL_LIMIT`` (rates sharing few factors with ``new_hz``, e.g. 44099
-    Hz) soxr's very-high-quality resampler is used, with one log line saying so.
-    """
+    """Resample a reference ``(C, S)`` as the official code does (``resample``: the official codes), unless its filter
+    bank would exceed ``OFFICIAL_KERNEL_LIMIT``: then with soxr's very-high-quality resampler and one log line."""
     if orig_hz == new_hz or official_kernel_size(orig_hz, new_hz) <= OFFICIAL_KERNEL_LIMIT:
         return resample(wave, orig_hz, new_hz)
     log.warning("%s at %d Hz: the official resampler would need a %d-element filter bank; resampled with soxr "
@@ -177,17 +163,12 @@ def to_channels(wave: torch.Tensor, channels: int, *, source: str = "audio") -> 
 
 def load_reference_audio(source: AudioSource, sample_rate: int = 48000, channels: int = 2, *,
                          min_samples: int = 1) -> torch.Tensor:
-    """Load a voice prompt as float32 ``(channels, S)`` at ``sample_rate`` (the official reference path).
-
-    Args:
-        source: wav/flac/mp3 file (format detected from content), its bytes, or (waveform, sample_rate).
-        sample_rate: codec rate; other rates are resampled with ``resample``.
-        channels: codec channels; see ``to_channels``.
-        min_samples: shortest acceptable length after resampling, e.g. one codec frame (3840).
+    """Load a voice prompt (an ``AudioSource``) as float32 ``(channels, S)`` at ``sample_rate``, the official
+    reference path (``resample_reference``, ``to_channels``).
 
     Raises:
-        AudioError: missing, undecodable, non-finite, empty, shorter than ``min_samples``, all zeros or > 2
-            channels.
+        AudioError: missing, undecodable, non-finite, empty, shorter than ``min_samples`` after resampling (e.g.
+            one codec frame), all zeros or more than 2 channels.
     """
     wave, rate, path = read_audio_source(source)  # ``path`` names the source in messages
     if not bool(torch.isfinite(wave).all()):

@@ -1,6 +1,5 @@
-"""Layers whose parameters always come from a checkpoint, so they skip torch's random initialisation: the
-real model's ~100 M linear weights took ~0.5 s of every start to fill with numbers that the load then overwrote
-(``torch.nn.utils.skip_init`` avoids it too, but its first use costs ~0.25 s of importing meta-tensor support)."""
+"""Layers whose parameters always come from a checkpoint, so they skip torch's random initialisation: filling
+weights the load then overwrites slows every start (docs/performance.md#start-up)."""
 
 from __future__ import annotations
 

@@ -1,14 +1,10 @@
 """The device layer: the one module that knows about CPU, CUDA, Ascend NPU and Apple MPS.
 
-Everything else holds a ``torch.device`` plus a dtype and asks questions through ``backend(device)``;
-no other module names a device type (docs/architecture.md#devices). ``torch_npu`` is imported lazily, once,
-inside the NPU backend, because it cannot even import without Ascend CANN. Memory is in bytes, ``None``
-when unknown. Every fact about one kind of device lives on its ``Backend`` subclass (class attributes and
-methods), so adding a device is one subclass: defining it registers it. Real NPU runs are out of CI: the
-tests run ``NpuBackend``'s own code against a fake ``torch.npu`` with torch_npu's semantics, and the whole
-product on a stand-in ``npu`` device registered as torch_npu registers itself (docs/testing.md). torch
-itself is imported on first use, so the device names for llama.cpp and ONNX Runtime (``parse_device``,
-``onnx_provider``) also serve the torch-free Delay fallback.
+Everything else holds a ``torch.device`` plus a dtype and asks questions through ``backend(device)``
+(docs/architecture.md#devices). Every fact about one kind of device lives on its ``Backend`` subclass, so adding a
+device is one subclass: defining it registers it. ``torch_npu`` is imported lazily inside the NPU backend (it
+cannot import without Ascend CANN), and torch itself on first use, so the device names also serve the torch-free
+Delay fallback. Memory is in bytes, ``None`` when unknown. How the NPU code is tested without one: docs/testing.md.
 """
 
 from __future__ import annotations
@@ -59,7 +55,6 @@ class _TorchOnFirstUse:
 
 
 torch = _TorchOnFirstUse()
-ATTENTION_IMPLS = ("sdpa", "eager")
 _EXTENSION_FAILED = "Failed to load the backend extension: "  # torch's message (torch/__init__.py, torch >= 2.5)
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
           "float16": "float16", "fp16": "float16"}  # names of torch dtypes
@@ -68,11 +63,8 @@ _GIB = 1 << 30
 
 class GraphCapture:
     """A backend's device-graph API: ``capture(fn)`` records the kernels ``fn`` launches and returns a replay.
-
-    ``graph_type`` is ``torch.cuda.CUDAGraph`` or ``torch.npu.NPUGraph``, ``graph_context`` the matching
-    ``torch.cuda.graph`` / ``torch.npu.graph``. ``broken`` holds why a capture failed in this process (then
-    callers stop trying). Tests pass a stand-in with the same two members.
-    """
+    ``graph_type``/``graph_context`` are ``torch.cuda.CUDAGraph``/``torch.cuda.graph`` or the NPU's; ``broken``
+    holds why a capture failed in this process (then callers stop trying)."""
 
     def __init__(self, graph_type, graph_context) -> None:
         self.graph_type, self.graph_context = graph_type, graph_context
@@ -141,6 +133,7 @@ class Backend:
     onnx_wheel: Optional[str] = None  # the pip package that brings that provider
     ray_resource: Optional[str] = None  # the Ray resource one device of this kind is scheduled as (not CPUs)
     host = False  # this machine's CPU: memory numpy shares and files map into, cores every process shares
+    step_attention: Optional[str] = None  # the attention of a one-row decode step (None: the model's own)
     builtin: dict[str, type["Backend"]] = {}  # kind -> class, filled as subclasses are defined
 
     def __init_subclass__(cls, **kwargs) -> None:
@@ -223,9 +216,8 @@ class Backend:
         return {}
 
     def frame_step(self, model, compile_mode: str = "auto", **options):
-        """Return the step a ``FrameDecoder`` runs the blocks of a model (its parts: ``cpu.contract``) through on
-        this device, or None where the device has none of its own: the decoder then runs the model's own modules
-        (``nano.step.TorchStep``, chosen where the model is known: ``nano.prepared``). Only the CPU has one
+        """Return the step a ``FrameDecoder`` runs a model's blocks (its ``cpu.contract`` parts) through on this
+        device, or None where the model's own modules run (``nano.step.TorchStep``). Only the CPU has one
         (``moss_npu.cpu.step``; ``options`` go to its ``build``)."""
         if compile_mode == "on":
             raise InputError(f"--compile on compiles the float32 CPU step; this model is on {self.kind}: "
@@ -313,9 +305,8 @@ class CpuBackend(Backend):
         return dtype == torch.bfloat16
 
     def zeros(self, shape: tuple[int, ...], dtype, device):
-        """In fresh anonymous pages (``cpu.prepared.PageArena``), which the kernel hands out zeroed when first
-        touched: a server's cache for 8 slots of 1,536 rows is ~0.9 GB, which ``torch.zeros`` wrote page by page
-        at start-up (0.3-2.8 s here), while a request touches only the rows it fills."""
+        """In fresh anonymous pages (``cpu.prepared.PageArena``), which the kernel zeroes when first touched: a
+        request touches only the rows it fills, where ``torch.zeros`` would write the whole cache at start-up."""
         import math
 
         from moss_npu.cpu.prepared import PageArena
@@ -448,6 +439,9 @@ class NpuBackend(Backend):
     auto_rank = 0
     onnx_provider = "CANNExecutionProvider"
     onnx_wheel = "onnxruntime-cann"
+    # Written out (two products and a softmax: ops every torch_npu line has) rather than through the math
+    # decomposition sdpa takes on a device without a fused kernel for one query row (docs/performance.md).
+    step_attention = "eager"
 
     def __init__(self) -> None:
         self._module = None
@@ -532,14 +526,12 @@ class NpuBackend(Backend):
         return self._graphs
 
     def apply_process_settings(self) -> dict:
-        """Apply the eager-NPU process settings once; return them as torch_npu reads them back.
+        """Apply the eager-NPU process settings once; return them as torch_npu reads them back (DeviceError where
+        it holds another value than the one given).
 
         ``jit_compile=False`` runs prebuilt binary kernels instead of compiling an operator for every new shape
         (the growing KV length would otherwise compile each frame); internal formats off keeps tensors in ND
         layout. ``MOSS_NPU_JIT_COMPILE=1`` / ``MOSS_NPU_ALLOW_INTERNAL_FORMAT=1`` override them.
-
-        Raises:
-            DeviceError: torch_npu holds another value than the one given (the setting did not reach it).
         """
         if self._settings is None:
             npu = self._npu()
@@ -612,12 +604,8 @@ _PROBED: dict[tuple[str, torch.dtype], bool] = {}
 
 
 def import_torch():
-    """Import torch and return it, the way every command should first import it.
-
-    Raises:
-        DeviceError: an installed device extension broke ``import torch`` (``extension_failure``); raised again,
-            without a second import, on every later call.
-    """
+    """Import torch and return it, the way every command should first import it: DeviceError where an installed
+    device extension broke the import (``extension_failure``), raised again on every later call."""
     if isinstance(torch, _TorchOnFirstUse):
         return torch.module()
     import torch as module  # already imported: this asks sys.modules, which a caller may have emptied of torch
@@ -646,10 +634,8 @@ def extension_failure(exc: BaseException) -> Optional[DeviceError]:
 
 
 def register_backend(kind: str, obj: Optional[Backend]) -> None:
-    """Install ``obj`` as the backend for ``kind`` (None restores the built-in one).
-
-    This is the one hook tests use to inject a stand-in NPU, since real NPUs are out of CI.
-    """
+    """Install ``obj`` as the backend for ``kind`` (None restores the built-in one): how tests inject a stand-in
+    NPU."""
     if kind not in Backend.builtin:
         raise DeviceError(f"unknown device kind {kind!r}: use one of {', '.join(Backend.builtin)}")
     if obj is None:
@@ -674,10 +660,7 @@ def backend(device: torch.device | str) -> Backend:
 
 def parse_device(spec: Optional[str] = "auto") -> tuple[str, Optional[int]]:
     """Split a user's device string into (kind, index) without importing torch; None/"" mean ``auto``.
-
-    Raises:
-        DeviceError: the kind is unknown or the index is not a number.
-    """
+    DeviceError for an unknown kind or an index that is not a number."""
     text = (spec or "auto").strip().lower()
     if text == "auto":
         return "auto", None
@@ -694,11 +677,8 @@ def parse_device(spec: Optional[str] = "auto") -> tuple[str, Optional[int]]:
 def replica_device(kind: str, cpus: float) -> tuple[str, dict]:
     """The device a Ray Serve replica owning one device of ``kind`` uses, and the Ray actor options that reserve it.
 
-    Ray makes the one device it hands a replica visible as index 0 (it sets the visible-devices variable), so
-    the replica speaks on ``kind:0``; a CPU replica reserves ``cpus`` cores instead.
-
-    Raises:
-        DeviceError: Ray cannot schedule this kind of device (mps, auto).
+    Ray makes the one device it hands a replica visible as index 0, so the replica speaks on ``kind:0``; a CPU
+    replica reserves ``cpus`` cores instead. DeviceError for a kind Ray cannot schedule (mps, auto).
     """
     if kind == "cpu":
         return "cpu", {"num_cpus": cpus}

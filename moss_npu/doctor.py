@@ -3,11 +3,10 @@
     python -m moss_npu.doctor --device npu:0 --json doctor.json
     python -m moss_npu.doctor --device cuda --model models/MOSS-TTS-Nano --codec models/MOSS-Audio-Tokenizer-Nano
 
-Prints one line per check (``ok``, ``FAIL`` with its fix, or ``--`` for a check that does not apply or was not
-asked for) and writes them as JSON with ``--json``: attach that file to an issue. Without ``--model`` and
-``--codec`` it checks the installation and the device; with them it also times frames (eager, and replayed as
-device graphs where capture works), counts the host reads per frame, and runs eval_accuracy's tiers on two
-short texts against the CPU.
+Prints one line per check (``ok``, ``FAIL`` with its fix, or ``--``: not applicable or not asked for), and with
+``--json`` writes them for an issue. It checks the installation and the device; with ``--model`` and ``--codec``
+it also times frames (eager, and as device graphs where capture works), counts host reads per frame, and runs
+eval_accuracy's tiers on two short texts against the CPU.
 
 Exit codes: 0 nothing failed; 1 a check failed; 2 bad usage; 130 interrupted.
 """

@@ -1,8 +1,6 @@
-"""Model folders: a local path, or a Hugging Face hub id fetched with ``huggingface_hub``.
-
-Hub downloads honour ``HF_ENDPOINT`` (mirrors such as hf-mirror.com, common on Ascend servers in China)
-and ``HF_HUB_OFFLINE``; both are read by huggingface_hub itself. Nothing here runs at import time.
-Every download hint names this module's own command, which exists whatever huggingface_hub ships:
+"""Model folders: a local path, or a Hugging Face hub id fetched with ``huggingface_hub``, which itself honours
+``HF_ENDPOINT`` (mirrors such as hf-mirror.com) and ``HF_HUB_OFFLINE``. Download hints name this module's own
+command, which exists whatever huggingface_hub ships:
 
     python -m moss_npu.hub download OpenMOSS-Team/MOSS-TTS-Nano models/MOSS-TTS-Nano
     python -m moss_npu.hub download OpenMOSS-Team/MOSS-TTS weights/MOSS-TTS-GGUF --include config.json
@@ -35,13 +33,8 @@ def download_command(repo_id: str, folder: str = "DIR", include: Sequence[str] =
 
 def resolve_model_dir(spec: str | os.PathLike, *, required: tuple[str, ...] = ("config.json",),
                       role: str = "model", example: str = DEFAULT_MODEL) -> Path:
-    """Return a local folder for ``spec`` holding the ``required`` files, downloading hub ids when allowed.
-
-    ``role`` and ``example`` name what the folder is for in errors (e.g. ``codec``, ``DEFAULT_CODEC``).
-
-    Raises:
-        CheckpointError: the folder is missing, lacks required files, or the hub id cannot be fetched.
-    """
+    """Return a local folder for ``spec`` holding the ``required`` files, downloading hub ids when allowed;
+    CheckpointError names it by ``role`` and ``example`` (``codec``, ``DEFAULT_CODEC``) when it cannot."""
     text = str(spec)
     path = Path(text).expanduser()
     if path.exists() or not looks_like_hub_id(text):
@@ -60,9 +53,8 @@ def snapshot(repo_id: str, local_dir: Optional[Path] = None, include: Optional[S
     """Fetch ``repo_id`` (into the hub cache, or ``local_dir``) and return its folder.
 
     Raises:
-        CheckpointError: huggingface_hub is missing, the id is unknown or gated, or ``HF_HUB_OFFLINE`` is
-            set and the files are not cached.
-        DownloadError: the network or mirror failed on the way (exit code 1: a runtime failure).
+        CheckpointError: huggingface_hub is missing, the id is unknown or gated, or offline and not cached.
+        DownloadError: the network or mirror failed on the way (a runtime failure).
     """
     try:
         from huggingface_hub import snapshot_download

@@ -1,13 +1,10 @@
-"""Audio files out: the format follows the extension, only regular files are written, and atomically.
+"""Audio files out through soundfile: the format follows the extension (``FORMATS``), only regular files are
+written, and atomically.
 
-``.wav`` is float32 by default (unclipped, like the official ``torchaudio.save`` of a float tensor) or any
-``WAV_SUBTYPES`` entry; ``.flac`` is 24-bit, ``.ogg`` Vorbis, ``.opus`` Opus, ``.mp3`` MPEG layer III, all
-through soundfile (libsndfile >= 1.1 for MP3 and Opus). Integer and lossy formats clip to [-1, 1].
-
-Safety: an existing path must be a regular file; a folder, device file (``/dev/null``), FIFO or socket is
-refused. A symlink is written through: the file it points to is replaced, the link stays (as a shell
-redirect would), and its target must pass the same checks. Audio goes to a hidden temp file next to the
-target, which is renamed over it only when complete; any error or interruption removes the temp file.
+``.wav`` is float32 by default (unclipped, like the official ``torchaudio.save``); integer and lossy formats clip
+to [-1, 1]. A folder, device file, FIFO or socket is refused; a symlink is written through (its target replaced,
+as a shell redirect would). Audio goes to a hidden temp file beside the target, renamed over it only when
+complete; an error or interruption removes it.
 """
 
 from __future__ import annotations
@@ -68,12 +65,8 @@ class AudioTarget:
 
 
 def audio_target(path: PathLike, wav_subtype: Optional[str] = None, *, flag: str = "--output") -> AudioTarget:
-    """Check ``path`` before any model loads and return how it will be written.
-
-    Raises:
-        InputError: unknown extension, unsupported by this libsndfile, ``wav_subtype`` on a non-WAV file, or a
-            path that is not (or cannot become) a regular file in a writable folder.
-    """
+    """Check ``path`` before any model loads and return how it will be written (InputError: an unknown extension,
+    one this libsndfile cannot write, ``wav_subtype`` on a non-WAV file, or not a writable regular file)."""
     path = Path(path)
     real = writable_file(path, flag)
     suffix = path.suffix.lower()
@@ -96,12 +89,8 @@ def audio_target(path: PathLike, wav_subtype: Optional[str] = None, *, flag: str
 
 
 def writable_file(path: PathLike, flag: str = "--output") -> Path:
-    """Return the regular file that writing ``path`` will replace (symlinks resolved); refuse anything else.
-
-    Raises:
-        InputError: a folder, device, FIFO or socket; a symlink loop; a missing or read-only folder; a
-            read-only file.
-    """
+    """Return the regular file that writing ``path`` will replace (symlinks resolved); InputError for a folder,
+    device, FIFO or socket, a symlink loop, a missing or read-only folder, or a read-only file."""
     path = Path(path)
     if len(path.name.encode()) > _MAX_NAME_BYTES:
         raise InputError(f"{flag} {path.name[:40]}…: file name too long ({len(path.name.encode())} bytes, at most "
@@ -130,10 +119,8 @@ def writable_file(path: PathLike, flag: str = "--output") -> Path:
 
 
 def refuse_own_inputs(real: Path, shown: PathLike, inputs: dict[str, Optional[str]], flag: str = "--output") -> None:
-    """Refuse writing ``real`` (a resolved ``writable_file``) when it is one of the run's input files.
-
-    ``inputs`` maps each input flag (``--text-file``) to its value (None or ``-`` = not a file).
-    """
+    """Refuse writing ``real`` (a resolved ``writable_file``) when it is one of the run's ``inputs`` (each input
+    flag, ``--text-file``, to its value; None or ``-``: not a file)."""
     for input_flag, value in inputs.items():
         if value and value != "-" and os.path.realpath(value) == str(real):
             raise InputError(f"{flag} {shown}: is the {input_flag} file; choose another path")
@@ -154,11 +141,8 @@ def _probe(folder: Path, shown: str, flag: str) -> None:
 
 
 class AtomicAudioWriter:
-    """Write audio chunk by chunk to a temp file that replaces the target only on ``close()``.
-
-    Use as a context manager: leaving the block normally finalizes; an exception (including the
-    KeyboardInterrupt a signal becomes) deletes the temp file.
-    """
+    """Write audio chunk by chunk to a temp file that replaces the target only on ``close()``; as a context
+    manager, leaving the block normally finalizes and an exception (a signal's KeyboardInterrupt too) deletes it."""
 
     def __init__(self, target: AudioTarget, sample_rate: int, channels: int) -> None:
         import soundfile
@@ -265,10 +249,8 @@ def as_frames(wave: "torch.Tensor | np.ndarray") -> np.ndarray:
 
 def save_audio(path: PathLike, wave: "torch.Tensor", sample_rate: int, *, wav_subtype: Optional[str] = None,
                target: Optional[AudioTarget] = None) -> Path:
-    """Write ``(C, S)`` float audio to ``path`` in the format its extension names, atomically.
-
-    ``target`` (from ``audio_target``, checked earlier) skips the path checks being repeated.
-    """
+    """Write ``(C, S)`` float audio to ``path`` in the format its extension names, atomically; ``target`` (from
+    ``audio_target``, checked earlier) skips repeating the path checks."""
     target = target or audio_target(path, wav_subtype)
     channels = 1 if len(wave.shape) == 1 else wave.shape[0]
     with AtomicAudioWriter(target, sample_rate, channels) as writer:

@@ -20,8 +20,8 @@ def read_yaml_mapping(path: Union[str, Path], *, flag: str = "--config") -> dict
     """Return the top-level mapping of a YAML file (an empty file is an empty mapping).
 
     Raises:
-        ConfigError: missing, unreadable, not UTF-8 text, invalid YAML, not a mapping, non-string keys, or a
-            key given twice (YAML keeps the last value silently: the first would be a setting that does nothing).
+        ConfigError: missing, unreadable, not UTF-8 text, invalid YAML, not a mapping, non-string keys, or a key
+            given twice (YAML keeps the last silently: the first would be a setting that does nothing).
     """
     import yaml
 
@@ -79,14 +79,9 @@ def _unique_keys_loader() -> type:
 
 
 def check_types(values: Mapping[str, Any], settings: type, source: str) -> None:
-    """Check every known key of ``values`` against the field types of the dataclass ``settings``.
-
-    bool fields take only booleans, int fields integers (not booleans), float fields any real number,
-    tuple fields lists; ``Optional`` fields also take null. Unknown keys are left to the caller.
-
-    Raises:
-        ConfigError: naming the key, the expected type and the given type.
-    """
+    """Check every known key of ``values`` against the field types of the dataclass ``settings`` (bool takes only
+    booleans, int integers, float any real number, tuple lists, ``Optional`` also null); ConfigError names the key,
+    the expected and the given type. Unknown keys are left to the caller."""
     hints = typing.get_type_hints(settings)
     names = {f.name for f in dataclasses.fields(settings)}
     for key, value in values.items():

@@ -1,9 +1,6 @@
-"""Progress of a synthesis run on stderr, and the frame counts the CLI checks afterwards.
-
-Three displays: ``bar`` (a tqdm counter, only when stderr is a terminal), ``lines`` (one line per finished
-text chunk and a heartbeat at most every ``heartbeat_s`` on long chunks: for logs and pipes) and ``off``.
-Frames are counted per chunk in every display, so the caller can tell a run that hit the frame cap or
-produced nothing. In a batch, chunks advance together; a chunk is finished once a step passes without it.
+"""Progress of a synthesis run on stderr, and the frame counts per chunk the CLI checks afterwards (the frame cap
+hit, nothing produced). Displays: ``bar`` (tqdm, on a terminal only), ``lines`` (a line per finished chunk and a
+heartbeat on long ones: logs and pipes) and ``off``. A batch's chunk is finished once a step passes without it.
 """
 
 from __future__ import annotations

@@ -147,41 +147,85 @@ class SlotSampling:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in vars(self).values())
 
+    def rows(self, b: int, vocab: int, dtype: torch.dtype, seen: Optional[torch.Tensor] = None,
+             tokens: Optional[list[TokenParams]] = None) -> "RowSampling":
+        """Rows [0, b) ready for ``RowSampling.sample`` over ``vocab`` ids, derived once for every decision of a
+        frame. ``seen`` (b, C, vocab) bool: each of C decisions' presence mask. ``tokens``: the parameters of the
+        rows that matter, known on the host (an eager frame); the filters none of them asks for are left out
+        (they would not change those rows' picks). None: any row may ask for anything (a captured frame)."""
+        dtype = torch.promote_types(dtype, torch.float32)
+        drawn = None if tokens is None else [t for t in tokens if t.do_sample]
+
+        def wanted(asks) -> bool:
+            return drawn is None or any(asks(t) for t in drawn)
+
+        top_k, top_p = self.top_k[:b, None], self.top_p[:b, None]
+        return RowSampling(
+            wanted(lambda t: True), self.do_sample[:b] if drawn is None or len(drawn) < len(tokens) else None,
+            self.temperature[:b, None].to(dtype) if wanted(lambda t: t.temperature != 1.0) else None,
+            # The k-th largest score's index in the sorted row (the last one when top-k is off or k >= vocab).
+            torch.where((top_k > 0) & (top_k < vocab), top_k - 1, vocab - 1) if wanted(lambda t: 0 < t.top_k < vocab)
+            else None,
+            torch.where(top_p < 1.0, top_p.to(dtype), float("inf")) if wanted(lambda t: t.top_p < 1.0) else None,
+            # What a seen id's score is multiplied (negative) or divided (positive) by, per decision and id: x * 1
+            # and x / 1 are x exactly, so this equals penalising the seen ids only.
+            torch.where(seen, self.repetition_penalty[:b, None, None].to(dtype), 1.0)
+            if seen is not None and (tokens is None or any(t.repetition_penalty != 1.0 for t in tokens)) else None,
+            torch.arange(vocab, device=self.top_k.device), dtype)
+
+
+@dataclass
+class RowSampling:
+    """The parameters of B rows over V ids for ``sample`` (``SlotSampling.rows``); None: that step is left out."""
+
+    sampled: bool  # some row samples
+    do_sample: Optional[torch.Tensor]  # (B,) bool; None: every row samples (no greedy argmax)
+    temperature: Optional[torch.Tensor]  # (B, 1)
+    kth: Optional[torch.Tensor]  # (B, 1) int64: index of the top-k threshold in the sorted row
+    top_p: Optional[torch.Tensor]  # (B, 1): the top-p cut, inf where off
+    penalty: Optional[torch.Tensor]  # (B, C, V): the repetition factor of each decision's ids
+    ids: torch.Tensor  # (V,) int64
+    dtype: torch.dtype  # what the scores are computed in
+
+    def sample(self, logits: torch.Tensor, uniforms: torch.Tensor, decision: int = 0) -> torch.Tensor:
+        """Choose one id per row of (B, V) ``logits`` by the chain ``sample_with_noise`` states, with the
+        presence mask of ``decision`` (of the C given to ``SlotSampling.rows``) and a uniform per row (B,)."""
+        scores = logits.to(self.dtype)
+        if self.penalty is not None:
+            factor = self.penalty[:, decision]
+            scores = torch.where(scores < 0, scores * factor, scores / factor)
+        greedy = None if self.do_sample is None else scores.argmax(dim=-1)
+        if not self.sampled:
+            return greedy
+        if self.temperature is not None:
+            scores = scores / self.temperature
+        if self.kth is not None or self.top_p is not None:
+            ordered, order = torch.sort(scores, dim=-1, descending=True, stable=True)
+            if self.kth is not None:
+                ordered.masked_fill_(ordered < ordered.gather(1, self.kth), float("-inf"))
+            if self.top_p is not None:
+                mass = torch.softmax(ordered, dim=-1).cumsum(dim=-1)
+                ordered[:, 1:].masked_fill_(mass[:, :-1] > self.top_p, float("-inf"))  # keep the crossing token
+            scores = torch.empty_like(scores).scatter_(1, order, ordered)  # order is a permutation: all written
+        probs = torch.softmax(scores, dim=-1)
+        cdf = probs.cumsum(dim=-1)
+        target = uniforms[:, None].to(cdf.dtype) * cdf[:, -1:]
+        # Rounding can put the target on the total mass: never pick past the last id with probability.
+        last = ((probs > 0) * self.ids).amax(dim=-1)
+        picked = torch.minimum(torch.searchsorted(cdf, target, right=True)[:, 0], last)
+        return picked if greedy is None else torch.where(self.do_sample, picked, greedy)
+
 
 def sample_with_noise(logits: torch.Tensor, params: SlotSampling, uniforms: torch.Tensor,
-                      seen: Optional[torch.Tensor] = None, any_sampled: bool = True) -> torch.Tensor:
+                      seen: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Choose one id per row from (B, V) logits with per-row parameters and a given uniform per row; (B,) int64.
 
     The official filter chain (repetition penalty, greedy argmax or temperature → top-k with ties kept → top-p
     keeping the crossing token → softmax) then the inverse-CDF pick of ``uniforms`` (B,) in [0, 1) over the ids in
     index order, as the host-RNG mode of ``sample_token`` does. Tensor ops only (no host sync, no data-dependent
     shapes), so it runs inside a captured device graph. Computes in float32 at least (float64 stays float64).
-    ``params`` rows [0, B) are read; ``seen`` (B, V) bool is the repetition presence mask. ``any_sampled``
-    False says no row samples (the caller knows it): the greedy pick alone, without the sampled branch's sort.
+    ``params`` rows [0, B) are read; ``seen`` (B, V) bool is the repetition presence mask. A frame's decoder
+    derives the parameters once for all its decisions (``SlotSampling.rows``).
     """
     b, vocab = logits.shape
-    dtype = torch.promote_types(logits.dtype, torch.float32)
-    scores = logits.to(dtype)
-    penalty = params.repetition_penalty[:b, None].to(dtype)
-    if seen is not None:
-        scores = torch.where(seen, torch.where(scores < 0, scores * penalty, scores / penalty), scores)
-    greedy = scores.argmax(dim=-1)
-    if not any_sampled:
-        return greedy
-    scores = scores / params.temperature[:b, None].to(dtype)
-    ordered, order = torch.sort(scores, dim=-1, descending=True, stable=True)
-    top_k = params.top_k[:b]
-    kth = torch.where((top_k > 0) & (top_k < vocab), top_k - 1, torch.full_like(top_k, vocab - 1))
-    ordered = ordered.masked_fill(ordered < ordered.gather(1, kth[:, None]), float("-inf"))
-    mass = torch.softmax(ordered, dim=-1).cumsum(dim=-1)
-    top_p = params.top_p[:b, None].to(dtype)
-    remove = (mass > top_p) & (top_p < 1.0)
-    remove = torch.cat([torch.zeros_like(remove[:, :1]), remove[:, :-1]], dim=-1)  # keep the crossing token
-    ordered = ordered.masked_fill(remove, float("-inf"))
-    probs = torch.softmax(torch.full_like(scores, float("-inf")).scatter(1, order, ordered), dim=-1)
-    cdf = probs.cumsum(dim=-1)
-    target = uniforms[:b, None].to(dtype) * cdf[:, -1:]
-    # Rounding can put the target on the total mass: never pick past the last id with probability.
-    last = torch.where(probs > 0, torch.arange(vocab, device=probs.device), 0).amax(dim=-1)
-    picked = torch.minimum((cdf <= target).sum(dim=-1), last)
-    return torch.where(params.do_sample[:b], picked, greedy)
+    return params.rows(b, vocab, logits.dtype, None if seen is None else seen[:, None]).sample(logits, uniforms[:b])

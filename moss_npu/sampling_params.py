@@ -1,9 +1,8 @@
 """Sampling parameters of a generation, one set for the Nano and the Delay models: their names, defaults and
 ranges. Torch-free, so the Delay backend, the command line and the server schema read them without torch.
 
-The Nano model reads ``do_sample`` (False: greedy); the Delay sampler has no switch: a temperature of 0 is its
-greedy choice. The defaults are the official model API's (and the Delay runtime's); ``RUNTIME`` holds the
-official Nano runtime's (infer.py, the CLI, the server).
+The Nano model reads ``do_sample`` (False: greedy); the Delay sampler's greedy choice is a temperature of 0. The
+defaults are the official model API's; ``RUNTIME`` holds the official Nano runtime's (infer.py, the CLI, the server).
 """
 
 from __future__ import annotations
@@ -52,10 +51,8 @@ class TokenParams:
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """All sampling parameters of a generation; defaults are the official model-API ones (greedy).
-
-    ``SamplingParams.runtime_defaults()`` gives the official runtime's (infer.py, CLI, service) values.
-    """
+    """All sampling parameters of a generation; defaults are the official model-API ones (greedy), and
+    ``runtime_defaults()`` the official runtime's."""
 
     do_sample: bool = False
     text_temperature: float = 1.5

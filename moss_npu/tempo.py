@@ -1,15 +1,10 @@
-"""Speaking rate with the pitch kept: time-scale modification by Rubber Band (pylibrb), whole or streamed.
+"""Speaking rate with the pitch kept: time-scale modification by Rubber Band (pylibrb), whole or streamed
+(docs/serving-features.md#speaking-rate).
 
-``Stretcher`` is one stateful real-time stretcher: audio goes in in pieces of any size, as a stream produces
-it, and comes out ``1 / speed`` as long, so a stream is stretched across its chunk joins without restarting
-(no clicks) and the streamed result equals the whole one. ``stretch`` runs the same stretcher over one
-buffer. The R3 ("finer") engine is used: measured on a 220 Hz test tone it keeps the pitch within 0.1 % at
-0.5, 1.5 and 3.0, where the R2 engine was 2–8 % off. The start pad and delay Rubber Band asks for in
-real-time mode are applied, and the total length is made exactly ``round(n / speed)``, so durations and
-timestamps agree sample for sample. Speed 1.0 never reaches the library: the audio is left untouched.
-
-numpy only (no torch), so any backend can use it. pylibrb is an optional part (``.[tempo]``; the serve and
-dev extras include it).
+``Stretcher`` is one real-time stretcher fed pieces of any size, so a stream is stretched across its chunk
+joins without restarting and equals the whole result (``stretch``), exactly ``round(n / speed)`` long so
+durations and timestamps agree. The R3 ("finer") engine keeps the pitch (R2 does not). Speed 1.0 never reaches
+the library. numpy only (no torch); pylibrb is the optional part ``.[tempo]``.
 """
 
 from __future__ import annotations
@@ -64,26 +59,23 @@ class Stretcher:
         pieces = []
         for start in range(0, wave.shape[1], _BLOCK):
             self._rb.process(np.ascontiguousarray(wave[:, start:start + _BLOCK]))
-            pieces.append(self._retrieve())
+            if self._rb.available() > 0:
+                pieces.append(self._rb.retrieve_available())
         self.consumed += wave.shape[1]
         return self._take(pieces, limit=None)
 
     def flush(self) -> np.ndarray:
         """End the stream: return the rest, so that the whole output is exactly ``round(consumed / speed)`` long."""
         self._rb.process(np.zeros((self.channels, 0), np.float32), final=True)
-        pieces = [self._retrieve()]
+        pieces = []
         while self._rb.available() > 0:
-            pieces.append(self._retrieve())
+            pieces.append(self._rb.retrieve_available())
         target = int(round(self.consumed / self.speed))
         out = self._take(pieces, limit=target - self.produced)
         if self.produced < target:  # the stretcher's tail fell short: the rest is silence
             out = np.concatenate([out, np.zeros((self.channels, target - self.produced), np.float32)], axis=1)
             self.produced = target
         return out
-
-    def _retrieve(self) -> np.ndarray:
-        return self._rb.retrieve_available() if self._rb.available() > 0 else np.zeros((self.channels, 0),
-                                                                                      np.float32)
 
     def _take(self, pieces: list, limit) -> np.ndarray:
         """Join retrieved output, drop the start delay, cut at ``limit`` samples; count what is returned."""

@@ -1,11 +1,7 @@
-"""Audio files in without torch: read any soundfile-readable recording as a NumPy array.
-
-Reading goes through soundfile (libsndfile >= 1.1 reads WAV, FLAC, OGG and MP3 by content, whatever the file
-is called). Both backends, the CLI and the server read through here, so the Delay fallback never imports
-torch; ``moss_npu.output`` writes. A file is judged by its header first (``probe``: channels, rate, duration
-against ``moss_npu.limits``) and decoding then reads at most the frames the limit allows, so a small file
-that claims hours of 8-channel audio (a "decompression bomb") is refused before a sample is decoded.
-Shapes: C channels, S samples.
+"""Audio files in without torch (so the Delay fallback never imports it): any recording soundfile reads, by
+content whatever its name, as a NumPy array. A file is judged by its header first (``probe``, against
+``moss_npu.limits``) and decoding reads at most the frames the limit allows, so a small file that claims hours of
+8-channel audio is refused before a sample is decoded. Shapes: C channels, S samples.
 """
 
 from __future__ import annotations
@@ -65,32 +61,22 @@ def probe(fh: BinaryIO, name: str, max_seconds: float = MAX_REFERENCE_SECONDS) -
     return header
 
 
-def read_wav(path: PathLike, max_seconds: float = MAX_REFERENCE_SECONDS) -> tuple[np.ndarray, int]:
-    """Read any soundfile-readable file as float32 ``(C, S)`` in [-1, 1] plus its sample rate.
-
-    Integer PCM is scaled by 1/32768 (16-bit) etc., as torchaudio does. The format is detected from the
-    content, so FLAC or MP3 files named ``.wav`` read correctly.
-
-    Raises:
-        AudioError: the file is missing or not decodable.
-    """
+def read_wav(path: PathLike) -> tuple[np.ndarray, int]:
+    """Read any soundfile-readable file as float32 ``(C, S)`` in [-1, 1] (integer PCM scaled as torchaudio does)
+    plus its sample rate; AudioError when it is missing or not decodable."""
     path = Path(path)
     if not path.is_file():
         raise AudioError(f"reference audio {path}: file not found; pass an existing wav/flac/mp3 file")
     with open(path, "rb") as fh:
-        return _decode(fh, str(path), max_seconds)
+        return _decode(fh, str(path))
 
 
-def read_wav_bytes(data: bytes, max_seconds: float = MAX_REFERENCE_SECONDS) -> tuple[np.ndarray, int]:
-    """Read the bytes of a soundfile-readable file as ``read_wav`` reads a path (an upload, an HTTP body).
-
-    Raises:
-        AudioError: the bytes are not decodable.
-    """
-    return _decode(io.BytesIO(data), f"<{len(data)} bytes>", max_seconds)
+def read_wav_bytes(data: bytes) -> tuple[np.ndarray, int]:
+    """Read the bytes of a soundfile-readable file (an upload) as ``read_wav`` reads a path."""
+    return _decode(io.BytesIO(data), f"<{len(data)} bytes>")
 
 
-def _decode(fh: BinaryIO, name: str, max_seconds: float) -> tuple[np.ndarray, int]:
+def _decode(fh: BinaryIO, name: str, max_seconds: float = MAX_REFERENCE_SECONDS) -> tuple[np.ndarray, int]:
     """Probe, then decode an open binary file as float32 ``(C, S)``, reading at most ``max_seconds`` (a header
     may understate the length: MP3's is an estimate); ``name`` says in messages what it is."""
     header = probe(fh, f"reference audio {name}", max_seconds)

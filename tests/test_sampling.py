@@ -153,6 +153,30 @@ def test_noise_fed_sampler_equals_the_official_chain(seed):
         assert int(got[r]) == want, f"row {r}"
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_an_eager_frames_rows_pick_what_the_general_chain_picks(seed):
+    """``SlotSampling.rows`` given the held rows' parameters leaves out the filters none of them asks for (an eager
+    frame's fewer device ops) and still picks, for those rows, the ids the general chain (a captured frame) picks."""
+    g = torch.Generator().manual_seed(seed)
+    rows, vocab = 8, [2, 7, 50, 1024][seed]
+    kinds = [TokenParams(True, 1.0, 0, 1.0), TokenParams(True, 0.8, 25, 0.95, 1.2), TokenParams(False, 1.0, 50, 1.0),
+             TokenParams(True, 1.0, vocab + 3, 1.0, 0.7)]
+    for tokens in ([kinds[0]] * rows, [kinds[1]] * rows, [kinds[2]] * rows, [kinds[i % 4] for i in range(rows)]):
+        params = SlotSampling.allocate(rows, torch.device("cpu"))
+        for r, token in enumerate(tokens):
+            params.set(r, token)
+        logits = torch.round(torch.randn(rows, vocab, generator=g) * 4) / 2  # ties
+        seen = torch.rand(rows, 3, vocab, generator=g) < 0.3
+        u = torch.rand(rows, generator=g)
+        eager = params.rows(rows, vocab, logits.dtype, seen, tokens)
+        for c in range(3):
+            assert torch.equal(eager.sample(logits, u, c), sample_with_noise(logits, params, u, seen[:, c])), c
+    left_out = params.rows(rows, vocab, torch.float32, seen, [kinds[0]] * rows)
+    assert left_out.sampled and (left_out.do_sample, left_out.temperature, left_out.kth, left_out.top_p,
+                                 left_out.penalty) == (None,) * 5
+    assert not params.rows(rows, vocab, torch.float32, None, [kinds[2]]).sampled
+
+
 def test_noise_fed_sampler_never_picks_a_filtered_id():
     """A uniform just below 1 (float32 rounding puts the target on the total mass) stays inside the kept set."""
     logits = torch.tensor([[3.0, 2.0, -50.0, -60.0]])

@@ -1,15 +1,12 @@
-"""Codec model config: the official MOSS-Audio-Tokenizer-Nano ``config.json`` as frozen dataclasses.
-
-Field names are the official keys. The per-stage attention windows are derived here from the config
-(stream rate x ``context_duration``), never hard-coded: the real checkpoint gets 1600/1200/800/500 steps
-for the encoder and 500/800/1200/1600 for the decoder, a shrunk fixture gets whatever its config implies.
-
-See docs/architecture.md#codec-config.
+"""Codec model config: the official MOSS-Audio-Tokenizer-Nano ``config.json`` as frozen dataclasses, under the
+official keys. The per-stage attention windows are derived from it (stream rate x ``context_duration``), never
+hard-coded, so a shrunk fixture gets what its config implies. See docs/architecture.md#codec-config.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -132,15 +129,11 @@ class CodecConfig:
         return tuple(out)
 
     def __post_init__(self) -> None:
-        total = 1
-        for stage in self.encoder_kwargs:
-            total *= stage.ratio
+        total = math.prod(stage.ratio for stage in self.encoder_kwargs)
         if total != self.downsample_rate * self.interleave_factor:
             raise ConfigError(f"codec config: encoder patch sizes multiply to {total}, expected downsample_rate "
                               f"{self.downsample_rate} x {self.interleave_factor} interleaved channels; fix config.json")
-        back = 1
-        for stage in self.decoder_kwargs:
-            back *= stage.ratio
+        back = math.prod(stage.ratio for stage in self.decoder_kwargs)
         if back != total:
             raise ConfigError(f"codec config: decoder patch sizes multiply to {back}, but the encoder divides by "
                               f"{total}; the decoder must return to {self.stream_rate_hz} Hz; fix config.json")

@@ -1,10 +1,7 @@
 """The assembled Nano codec: waveform <-> codes, offline and streaming (docs/architecture.md#the-codec).
 
-Data flow: waveform ``(B, C, S)`` -> pad to whole frames -> interleave channels (L0 R0 L1 R1 ...) ->
-encoder stages -> residual LFQ -> codes ``(Q, B, F)``; and back through the quantizer decode, the decoder
-stages and de-interleave. The quantizer always runs in fp32 (as the official code forces); transformer
-stages run in the dtype the codec was loaded with. Build it with ``moss_npu.codec.load_codec``.
-
+Waveform ``(B, C, S)`` -> whole frames -> channels interleaved (L0 R0 L1 R1 ...) -> encoder stages -> residual
+LFQ (always fp32, as the official code forces) -> codes ``(Q, B, F)``, and back. Build it with ``load_codec``.
 Shapes: B batch, C channels, S samples, Q codebooks, F frames.
 """
 
@@ -94,17 +91,9 @@ class NanoCodec(nn.Module):
     @torch.no_grad()
     def encode(self, wave: torch.Tensor, lengths: Optional[torch.Tensor] = None,
                nq: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Encode waveforms into codes.
-
-        Args:
-            wave: ``(B, C, S)`` float, C = ``channels``, at ``sample_rate``; rows right-padded with zeros.
-            lengths: valid samples per row ``(B,)``; None = all S.
-            nq: codebooks to produce (default all).
-
-        Returns:
-            ``codes (Q, B, F)`` int64 with ``F = ceil(S / frame_size)`` and ``lengths (B,)`` =
-            ``floor(lengths / frame_size)`` (a trailing partial frame is not a valid frame).
-        """
+        """Encode ``wave (B, C, S)`` at ``sample_rate`` (rows right-padded; ``lengths (B,)`` valid samples, None: all)
+        into ``nq`` codebooks (None: all): ``codes (Q, B, F)`` int64, ``F = ceil(S / frame_size)``, and valid frames
+        per row ``floor(lengths / frame_size)`` (a trailing partial frame is not a valid frame)."""
         if wave.dim() != 3 or wave.shape[1] != self.channels:
             raise InputError(f"codec.encode: expected a (batch, {self.channels}, samples) waveform, "
                              f"got shape {tuple(wave.shape)}")
@@ -125,11 +114,19 @@ class NanoCodec(nn.Module):
         codes = self.quantizer.encode(h.float(), h_lengths, nq)
         return codes, h_lengths
 
-    def _restore_channels(self, audio: torch.Tensor) -> torch.Tensor:
-        b = audio.shape[0]
+    def _run_decoder(self, codes: torch.Tensor, lengths: torch.Tensor,
+                     state: Optional[CodecDecodeState] = None) -> torch.Tensor:
+        """Quantizer decode, the decoder stages (the transformers streamed against ``state`` when given) and the
+        channels taken apart again: ``(B, C, F * frame_size)`` float32."""
+        hidden, steps = self.quantizer.decode(codes).to(self._compute_dtype()), lengths
+        for i, module in enumerate(self.decoder):
+            if state is not None and isinstance(module, ProjectedTransformer):
+                hidden, steps = module.stream(hidden, steps, f"decoder.{i}", state)
+            else:
+                hidden, steps = module(hidden, steps)
         if self.config.interleave_factor > 1:
-            audio = audio.reshape(b, -1, self.channels).transpose(1, 2)
-        return audio.float().contiguous()
+            hidden = hidden.reshape(hidden.shape[0], -1, self.channels).transpose(1, 2)
+        return hidden.float().contiguous()
 
     @torch.no_grad()
     def decode(self, codes: torch.Tensor, lengths: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -138,11 +135,7 @@ class NanoCodec(nn.Module):
         ``lengths (B,)`` are valid frames per row (None = all F); returned lengths are in samples.
         """
         codes, lengths = self._check_codes(codes, lengths)
-        hidden = self.quantizer.decode(codes).to(self._compute_dtype())
-        steps = lengths
-        for module in self.decoder:
-            hidden, steps = module(hidden, steps)
-        return self._restore_channels(hidden), lengths * self.frame_size
+        return self._run_decoder(codes, lengths), lengths * self.frame_size
 
     def _check_codes(self, codes: torch.Tensor,
                      lengths: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -158,11 +151,8 @@ class NanoCodec(nn.Module):
         return codes.to(device=device, dtype=torch.long), lengths.to(device)
 
     def init_decode_state(self, batch_size: int = 1, max_frames_per_step: int = 8) -> CodecDecodeState:
-        """Create the streaming decode state for ``batch_size`` rows.
-
-        ``max_frames_per_step`` sizes the KV rings; ``decode_step`` splits larger calls into pieces of
-        at most this many frames, so any call size works.
-        """
+        """Create the streaming decode state for ``batch_size`` rows; ``max_frames_per_step`` sizes the KV rings
+        (``decode_step`` splits larger calls into pieces of that many frames)."""
         if batch_size < 1 or max_frames_per_step < 1:
             raise InputError(f"codec.init_decode_state: batch_size={batch_size} and max_frames_per_step="
                              f"{max_frames_per_step} must be >= 1")
@@ -177,17 +167,9 @@ class NanoCodec(nn.Module):
     @torch.no_grad()
     def decode_step(self, codes: torch.Tensor, state: CodecDecodeState,
                     lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Decode the next frames of a stream, reusing the state's caches: O(new frames) work.
-
-        Args:
-            codes: ``(Q, B, n)`` new frames of the state's rows [0, B), B <= ``state.batch_size`` (later rows
-                are left as they are).
-            state: from ``init_decode_state``; updated in place.
-            lengths: new frames per row ``(B,)`` when rows got fewer than n (None = n for all).
-
-        Returns:
-            ``(B, C, n * frame_size)`` float32 audio; samples past a row's ``lengths * frame_size`` are 0.
-        """
+        """Decode the next frames ``codes (Q, B, n)`` of the state's rows [0, B) (later rows are left as they are),
+        updating ``state`` in place: O(new frames) work. ``lengths (B,)``: new frames per row when some got fewer
+        than n. Returns ``(B, C, n * frame_size)`` float32 audio, zero past a row's ``lengths * frame_size``."""
         codes, lengths = self._check_codes(codes, lengths)
         if codes.shape[1] > state.batch_size:
             raise InputError(f"codec.decode_step: codes have batch {codes.shape[1]}, the state holds "
@@ -202,14 +184,7 @@ class NanoCodec(nn.Module):
         return torch.cat(pieces, dim=-1)
 
     def _decode_piece(self, codes: torch.Tensor, lengths: torch.Tensor, state: CodecDecodeState) -> torch.Tensor:
-        hidden = self.quantizer.decode(codes).to(self._compute_dtype())
-        steps = lengths
-        for i, module in enumerate(self.decoder):
-            if isinstance(module, ProjectedTransformer):
-                hidden, steps = module.stream(hidden, steps, f"decoder.{i}", state)
-            else:
-                hidden, steps = module(hidden, steps)
+        audio = self._run_decoder(codes, lengths, state)
         state.frames_processed += codes.shape[2]
-        audio = self._restore_channels(hidden)
         valid = torch.arange(audio.shape[-1], device=audio.device).view(1, -1) < (lengths * self.frame_size).view(-1, 1)
         return audio * valid[:, None, :]

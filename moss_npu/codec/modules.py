@@ -1,14 +1,9 @@
 """Codec building blocks: patch/unpatch, RoPE, sliding-window causal attention, transformer stages.
 
-Parameter names equal the official checkpoint keys (``transformer.layers.{j}.self_attn.in_proj.weight``,
-``norm1``, ``ffn.0``, ``layer_scale_1.scale``, ...). Every stage maps ``(x (B, D, T), lengths (B,))`` to the
-same pair, like the official modules. A transformer runs either offline (full sequence, windowed mask)
-or one chunk at a time against ``KVCache`` rings (``moss_npu.codec.streaming``); both compute the same
-sliding-window attention, so streaming equals one-shot decoding up to float rounding.
-
-Shapes: B batch, T steps, D channels, H heads, Dh head size.
-
-See docs/architecture.md#codec-stages.
+Parameter names are the official checkpoint keys; every stage maps ``(x (B, D, T), lengths (B,))`` to the same
+pair, like the official modules. A transformer runs offline (windowed mask) or one chunk at a time against
+``KVCache`` rings: the same attention, so streaming equals one-shot decoding up to float rounding.
+Shapes: B batch, T steps, D channels, H heads, Dh head size. See docs/architecture.md#codec-stages.
 """
 
 from __future__ import annotations

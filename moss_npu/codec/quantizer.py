@@ -1,10 +1,7 @@
 """Residual LFQ quantizer of the Nano codec (docs/architecture.md#quantizer): codes <-> 768-dim latents, always in fp32.
 
-The official 1x1 convolutions are weight-normed; the checkpoint loader folds ``g * v / ||v||`` into a plain
-``weight`` (``moss_npu.codec.checkpoint``), so here they are ordinary ``nn.Conv1d`` modules under the
-official names (``input_proj``, ``output_proj``, ``quantizers.{k}.in_proj/out_proj/codebook``).
-
-Shapes: B batch, F frames, Q codebooks, D channels.
+The official weight-normed 1x1 convolutions are plain ``nn.Conv1d`` here under the official names: the loader
+folds their weights (``moss_npu.codec.checkpoint``). Shapes: B batch, F frames, Q codebooks, D channels.
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
-"""Many audio streams decoded together: one row of a shared ``CodecDecodeState`` per stream.
-
-A server decodes several requests at once. Decoding each request's new frames with its own state costs one
-codec call per request; ``CodecRows`` decodes the frames due in every row with one ``decode_step`` over the
-leading rows (rows with nothing due are padded: their state does not move). Each row equals its own stream
-decoded alone, up to float rounding. Streams join with ``start`` (a continuation primes its row with the prompt
-audio's codes) and simply stop being passed when they leave.
-
-Shapes: Q codebooks, n frames, C channels.
-
+"""Many audio streams decoded together, one row of a shared ``CodecDecodeState`` each: one codec call for the
+frames due in every row instead of one per stream (rows with nothing due are padded and do not move). Each row
+equals its stream decoded alone, up to float rounding. Shapes: Q codebooks, n frames, C channels.
 See docs/architecture.md#streaming-decode.
 """
 

@@ -1,11 +1,8 @@
 """Streaming decode state and the official decode schedule (docs/architecture.md#streaming, #streaming-decode).
 
-``KVCache`` is one attention layer's ring of past keys/values; ``CodecDecodeState`` holds one per decoder
-layer, by module name, plus a count of decoded frames. Both are created by ``NanoCodec.init_decode_state``
-and passed explicitly to ``NanoCodec.decode_step``. ``DecodeSchedule`` decides, from the playback lead,
-how many frames to decode now; its thresholds are data so device presets can change them.
-
-Shapes: B batch, H heads, N ring slots, Dh head size.
+``CodecDecodeState`` holds a ``KVCache`` ring per decoder layer (``NanoCodec.init_decode_state`` makes it,
+``decode_step`` takes it). ``DecodeSchedule`` decides from the playback lead how many frames to decode now; its
+thresholds are data, so device presets can change them. Shapes: B batch, H heads, N ring slots, Dh head size.
 """
 
 from __future__ import annotations
@@ -36,10 +33,6 @@ class KVCache:
     chunk_capacity: int
     written: list[int] = field(default_factory=list)  # steps written per row (host): slots >= it are empty
 
-    def filled_slots(self, rows: int) -> int:
-        """Leading slots that may hold a key of rows [0, rows); the rest are empty, so attention skips them."""
-        return min(max(self.written[:rows], default=0), self.keys.shape[2])
-
     @classmethod
     def empty(cls, batch_size: int, num_heads: int, head_dim: int, context: int, chunk_capacity: int,
               device: torch.device, dtype: torch.dtype) -> "KVCache":
@@ -50,14 +43,6 @@ class KVCache:
                    positions=torch.full((batch_size, slots), -1, device=device, dtype=torch.long),
                    offsets=torch.zeros(batch_size, device=device, dtype=torch.long),
                    context=context, chunk_capacity=chunk_capacity, written=[0] * batch_size)
-
-    def reset(self) -> None:
-        """Forget everything (start a new stream)."""
-        self.keys.zero_()
-        self.values.zero_()
-        self.positions.fill_(-1)
-        self.offsets.zero_()
-        self.written = [0] * len(self.written)
 
     def next_positions(self, rows: int, steps: int) -> torch.Tensor:
         """Return the positions ``(rows, steps)`` the next ``steps`` steps of rows [0, rows) will take."""
@@ -83,8 +68,9 @@ class KVCache:
             self.written[row] += steps
 
     def filled(self, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Return keys, values ``(rows, H, n, Dh)`` and positions ``(rows, n)`` of the ``filled_slots`` of rows [0, rows)."""
-        n = self.filled_slots(rows)
+        """Return keys, values ``(rows, H, n, Dh)`` and positions ``(rows, n)`` of the leading slots that may hold a key
+        of rows [0, rows): the rest are empty, so attention skips them."""
+        n = min(max(self.written[:rows], default=0), self.keys.shape[2])
         return self.keys[:rows, :, :n], self.values[:rows, :, :n], self.positions[:rows, :n]
 
     def reset_row(self, row: int) -> None:
@@ -113,14 +99,9 @@ class KVCache:
 
 @dataclass
 class CodecDecodeState:
-    """Everything the streaming decoder remembers between ``decode_step`` calls.
-
-    ``caches`` maps a layer's module name (``decoder.1.transformer.layers.0``) to its ``KVCache``. Each of the
-    ``batch_size`` rows is its own stream: a row can be reset or loaded alone, and a call may decode only the
-    leading rows, so one state serves many requests that join and leave (moshi's batched streaming state).
-    ``frames_processed`` counts code frames pushed through the decoder (one per frame column per call),
-    so a caller can check that incremental decoding costs O(new frames).
-    """
+    """Everything the streaming decoder remembers between ``decode_step`` calls: a ``KVCache`` per layer by module
+    name (``decoder.1.transformer.layers.0``). Each row is its own stream, reset or loaded alone, so one state
+    serves requests that join and leave. ``frames_processed`` counts frame columns decoded (O(new frames) work)."""
 
     batch_size: int
     max_frames_per_step: int
@@ -128,9 +109,9 @@ class CodecDecodeState:
     frames_processed: int = 0
 
     def reset(self) -> None:
-        """Start a new stream with the same batch size (keeps the allocations)."""
-        for cache in self.caches.values():
-            cache.reset()
+        """Start a new stream in every row (keeps the allocations)."""
+        for row in range(self.batch_size):
+            self.reset_row(row)
         self.frames_processed = 0
 
     def reset_row(self, row: int) -> None:
@@ -154,13 +135,9 @@ class CodecDecodeState:
 
 @dataclass(frozen=True)
 class DecodeSchedule:
-    """When and how many frames the streaming pipeline decodes (official ``inference_stream`` policy).
-
-    ``lead_s`` is the audio already emitted minus the wall time since the first emission: how far
-    playback is ahead of real time. The budget is ``budgets[i]`` for the first threshold the lead is
-    below (``budgets[0]`` also before anything was emitted), else ``budgets[-1]``. The official CPU
-    policy is the default; the official service uses budgets 4/6/8/12 on CUDA (``configs/cuda.yaml``).
-    """
+    """When and how many frames the streaming pipeline decodes (official ``inference_stream`` policy, its CPU
+    defaults; ``configs/cuda.yaml`` holds its CUDA ones). The budget is ``budgets[i]`` for the first threshold the
+    playback lead (``lead_s``) is below (``budgets[0]`` before anything was emitted), else ``budgets[-1]``."""
 
     lead_thresholds_s: tuple[float, ...] = (0.20, 0.55, 1.10)
     budgets: tuple[int, ...] = (1, 2, 4, 8)
@@ -189,15 +166,8 @@ class DecodeSchedule:
 
     def frames_to_decode(self, *, emitted_s: float, lead_s: float, head_pending: int, max_pending: int,
                          final: bool = False) -> int:
-        """Return how many frames per row to decode now (0: wait for more frames).
-
-        Args:
-            emitted_s: audio emitted so far, seconds.
-            lead_s: playback lead from ``lead_s``.
-            head_pending: undecoded frames of the row being played now.
-            max_pending: most undecoded frames of any row.
-            final: generation ended; everything pending is decoded.
-        """
+        """Return how many frames per row to decode now (0: wait), given the seconds emitted, the playback lead, the
+        undecoded frames of the row playing now and of the row with most; ``final``: decode everything pending."""
         if max_pending <= 0:
             return 0
         if final:

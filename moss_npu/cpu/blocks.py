@@ -1,11 +1,9 @@
 """The transformer block's math on the CPU, for the frame step (``cpu.step``): the same as ``model.Block``.
 
-``block_step`` is one new row per slot in torch (written functionally, so that torch.compile can fuse its small
-ops: the weights are inputs), ``block_rows`` the new rows of one or more prompts (a prefill: one pass of
-products over all of them, attention per prompt), ``row_block`` one slot's row in numpy (a numpy operation on a
-few thousand floats costs a fraction of a torch one's dispatch) with its products through numpy's GEMV where the
-C library is missing (with the library the same row is one call: ``cpu.fused_block``). The decode steps use the
-tanh GELU. Results agree with the model's modules to float rounding.
+``block_step`` is one new row per slot in torch (functional, so that torch.compile can fuse its small ops),
+``block_rows`` the new rows of one or more prompts (a prefill), ``row_block`` one slot's row in numpy (cheaper per
+operation than torch at this size), where the C library is missing (with it: ``cpu.fused_block``). The decode
+steps use the tanh GELU; results agree with the model's modules to float rounding.
 Shapes: n slots, E hidden, H heads, D head dim, M cache rows, T keys attended.
 """
 
@@ -24,11 +22,8 @@ Matmul = Callable[..., torch.Tensor]
 
 def blas_matmul(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor,
                 residual: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Return ``x @ weight_t + bias (+ residual)`` for (n, in) fp32 ``x`` and (in, out) ``weight_t``.
-
-    One row is a GEMV through numpy's BLAS, the additions in place on its result (cheaper than torch ops at this
-    size); several rows are a GEMM, where torch's is as fast (compute-bound) and needs no copy.
-    """
+    """Return ``x @ weight_t + bias (+ residual)`` for (n, in) fp32 ``x`` and (in, out) ``weight_t``: one row through
+    numpy's GEMV (``gemv``: cheaper than torch ops at this size), several through torch's GEMM."""
     if x.shape[0] > 1:
         out = torch.addmm(bias, x, weight_t)
         return out if residual is None else out.add_(residual)
@@ -37,8 +32,8 @@ def blas_matmul(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor,
 
 def gemv(x: torch.Tensor, weight_t: np.ndarray, bias: np.ndarray,
          residual: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Return ``x @ weight_t + bias (+ residual)`` (1, out) for one fp32 row ``x`` (1, in) and numpy (in, out)
-    ``weight_t``, (out,) ``bias``: numpy's BLAS GEMV, the additions in place on its result."""
+    """Return ``x @ weight_t + bias (+ residual)`` (1, out) for one fp32 row ``x`` (1, in), numpy's GEMV with the
+    additions in place on its result."""
     out = x.numpy()[0] @ weight_t
     out += bias
     if residual is not None:
@@ -71,10 +66,9 @@ def block_step(x: torch.Tensor, rotation: torch.Tensor, kv: torch.Tensor, index:
                rotate: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = rotate_complex) -> torch.Tensor:
     """One pre-norm GPT-2 block on one new row per slot; return (n, E).
 
-    ``x`` (n, E); ``rotation`` (n, D/2) complex RoPE of each row's position (``rotations``); ``kv`` (2, S, H, M, D)
-    the layer's cache, whose flattened rows ``index`` (n·H,) receive the new keys/values; the first ``keys`` rows
-    are attended, under
-    ``mask`` (n, 1, 1, T) or all of them (None). ``qkv`` (n, 3E): ready-made ``c_attn(ln_1(x))`` or None.
+    ``x`` (n, E); ``rotation`` (n, D/2) complex RoPE of each row's position; ``kv`` (2, S, H, M, D) the layer's
+    cache, whose flattened rows ``index`` (n·H,) receive the new keys/values; its first ``keys`` rows are attended
+    under ``mask`` (n, 1, 1, T) or None. ``qkv`` (n, 3E): ready-made ``c_attn(ln_1(x))`` or None.
     ``weights``: ln_1 w, b; c_attn wᵀ, b; c_proj wᵀ, b; ln_2 w, b; fc_in wᵀ, b; fc_out wᵀ, b.
     """
     ln1_w, ln1_b, attn_w, attn_b = weights[:4]
@@ -104,15 +98,13 @@ class Segment:
 def block_rows(x: torch.Tensor, rotation: torch.Tensor, kv: torch.Tensor, segments: list[Segment],
                *weights: torch.Tensor, heads: int, eps: float, scale: float, matmul: Matmul,
                last_only: bool = False) -> torch.Tensor:
-    """The same block on the new rows of one or more prompts (a prefill), one after another in ``x``; return
-    their (ΣL, E), or (segments, E) for each prompt's last row alone with ``last_only`` (the final block: of the
-    other rows only their keys and values are read later, so their attention and MLP are skipped).
+    """The same block on the new rows of one or more prompts (a prefill), one after another in ``x`` (ΣL, E);
+    return their (ΣL, E), or with ``last_only`` (the final block, whose other rows only leave keys and values)
+    each prompt's last row (segments, E).
 
-    ``x`` (ΣL, E) holds each segment's rows at positions ``start`` .. ``start + rows - 1`` of its slot,
-    ``rotation`` (ΣL, D/2) theirs; ``kv`` (2, S, H, M, D) the layer's cache: each segment's keys/values are
-    written to its slot at those positions, and each row attends to its slot's keys up to its own position.
-    The products run once over every segment's rows (one pass over the weights for all prompts); only the
-    attention is per segment. ``weights`` as in ``block_step``.
+    Each segment's keys/values are written to its slot of ``kv`` (2, S, H, M, D) at its positions, and each row
+    attends to its slot's keys up to its own position. The products run once over all rows; only the attention
+    is per segment. ``rotation`` (ΣL, D/2); ``weights`` as in ``block_step``.
     """
     ln1_w, ln1_b, attn_w, attn_b = weights[:4]
     total, e = x.shape
@@ -143,14 +135,11 @@ def block_rows(x: torch.Tensor, rotation: torch.Tensor, kv: torch.Tensor, segmen
 def row_block(x: np.ndarray, rotation: np.ndarray, keys: np.ndarray, values: np.ndarray, position: int,
               attended: int, qkv: Optional[np.ndarray], block: "RowBlock", *, heads: int, eps: float,
               scale: float) -> np.ndarray:
-    """``block_step`` for one slot's one new row, in numpy; return (E,).
+    """``block_step`` for one slot's one new row, every operation in numpy; return (E,).
 
-    A one-row block is ~25 small operations around its four products, and a numpy operation on a few thousand
-    floats costs several times less than a torch one (dispatch, and SDPA's blocking for a single query): this
-    is that block with every operation in numpy. ``x`` (E,); ``rotation`` (D/2,) complex64 RoPE of the row's
-    position; ``keys``/``values`` (H, M, D) the slot's cache of this layer, which receives the row at
-    ``position``; the first ``attended`` rows are attended. ``qkv`` (3E,) ready-made or None; ``block`` its
-    norms and products (``RowBlock``).
+    ``x`` (E,); ``rotation`` (D/2,) complex64 RoPE of the row's position; ``keys``/``values`` (H, M, D) the slot's
+    cache of this layer, which receives the row at ``position``; its first ``attended`` rows are attended.
+    ``qkv`` (3E,) ready-made or None; ``block`` its norms and products.
     """
     e = x.shape[0]
     d = e // heads
@@ -197,8 +186,7 @@ def _gelu_tanh(x: np.ndarray) -> None:
 def _block_tail(attended: torch.Tensor, x: torch.Tensor, proj_w: torch.Tensor, proj_b: torch.Tensor,
                 ln2_w: torch.Tensor, ln2_b: torch.Tensor, in_w: torch.Tensor, in_b: torch.Tensor,
                 out_w: torch.Tensor, out_b: torch.Tensor, *, eps: float, matmul: Matmul) -> torch.Tensor:
-    """The block after attention, for ``block_step`` and ``block_rows``: ``x + c_proj(attended)``, then the
-    tanh-GELU MLP of its ``ln_2`` added; (rows, E)."""
+    """The block after attention: ``x + c_proj(attended)``, plus the tanh-GELU MLP of its ``ln_2``; (rows, E)."""
     x = matmul(attended, proj_w, proj_b, x)
     e = x.shape[-1]
     hidden = F.gelu(matmul(torch.layer_norm(x, (e,), ln2_w, ln2_b, eps), in_w, in_b), approximate="tanh")

@@ -1,11 +1,8 @@
 """One slot's transformer block on one new row in one call of the package's C library (``fused_block.c``).
 
-``blocks.row_block`` runs a block's ~25 small operations in numpy between its four one-row products; at batch 1
-they cost about a third of what the products do, on one thread whatever ``--num-threads`` says, so a second
-core bought a frame little. ``FusedRowBlock`` is the same block with those operations in C, its products through
-the same tiles and pool (``matvec``), the GELU finished inside fc_in's tiles and the attention shared out over the
-pool head by head. Used where every product of the block has tiles (the kernels are installed); results agree
-with ``row_block`` to float rounding (norm statistics summed in double, attention in another order).
+``FusedRowBlock`` is ``blocks.row_block`` with its small operations (norms, RoPE, the cache write, attention, GELU)
+in C beside the four products, which go through the same tiles and pool (``matvec``); the attention is shared
+over the pool head by head (docs/performance.md#cpu-speed). Results agree with ``row_block`` to float rounding.
 Shapes: E hidden, H heads, D head dim, F inner, M cache rows.
 """
 
@@ -42,10 +39,9 @@ class _Block(ctypes.Structure):
 class FusedRowBlock:
     """``blocks.row_block`` for one block whose four products are ``matvec`` tiles of one format, in one C call.
 
-    Built from the block's ``RowBlock`` (its norms and tiles, kept alive here: the library reads them);
-    ``heads``, ``eps`` and ``scale`` are the block's head count, norm epsilon and attention scale; ``final``
-    the decoder's final norm (weight, bias), applied to the output of its last block, or None. Raises
-    ValueError for a block it cannot run (products without tiles, mixed formats, shapes that do not chain).
+    ``block`` is kept alive here (the library reads its arrays); ``final`` is the decoder's final norm (weight,
+    bias) after its last block, or None. ValueError for a block it cannot run (no tiles, mixed formats, shapes
+    that do not chain).
     """
 
     def __init__(self, kernels: MatVecKernels, block: RowBlock, *, heads: int, eps: float, scale: float,
@@ -69,29 +65,21 @@ class FusedRowBlock:
         self._spec = _Block(kernels.target_index, FORMATS[formats.pop()], e, heads, f, eps, scale,
                             *(a.ctypes.data for a in norms[:4]), *(_Product(*p.fields()) for p in products),
                             *((a.ctypes.data for a in final) if final else (None, None)))
-        self._library = kernels.library  # its fused-block entries typed by MatVecKernels, but moss_block_rows:
+        self._library = kernels.library  # MatVecKernels typed its other fused-block entries
         self._library.moss_block_rows.argtypes = ([_POINTER, _POINTER, _LONG] + [_POINTER] * 4 + [_LONG] * 4
                                                   + [_POINTER] * 2)
         self._library.moss_block_rows.restype = _INT
 
     def __call__(self, x: np.ndarray, rotation: np.ndarray, keys: np.ndarray, values: np.ndarray, position: int,
                  attended: int, qkv: Optional[np.ndarray] = None) -> np.ndarray:
-        """Return the block's output (E,), after the final norm where given, for the row ``x`` (E,), and write its
-        key and value at ``position`` of ``keys``/``values`` (H, M, D), attending to their first ``attended`` rows;
-        ``rotation`` (D/2,) complex64 is RoPE at the row's position, ``qkv`` (3E,) a ready-made ``c_attn(ln_1(x))``
-        or None. Every array is checked first (ValueError), as are 0 <= position < attended <= M."""
-        e, heads, dim = self.embed, self.heads, self.dim
+        """Return the block's output (E,) for the row ``x`` (E,), writing its key and value at ``position`` of
+        ``keys``/``values`` (H, M, D) and attending to their first ``attended`` rows; ``rotation`` (D/2,)
+        complex64, ``qkv`` (3E,) as in ``row_block``. Every array and index is checked first (ValueError)."""
+        e = self.embed
         require(x, np.float32, (e,), "x")
-        require(rotation, np.complex64, (dim // 2,), "rotation")
         if not isinstance(keys, np.ndarray) or keys.ndim != 3:
             raise ValueError(f"keys: an (H, M, D) cache expected, got {getattr(keys, 'shape', type(keys))}")
-        rows = keys.shape[1]
-        require(keys, np.float32, (heads, rows, dim), "keys")
-        require(values, np.float32, (heads, rows, dim), "values")
-        if qkv is not None:
-            require(qkv, np.float32, (3 * e,), "qkv")
-        if not 0 <= position < attended <= rows:
-            raise ValueError(f"row {position} attending {attended} rows does not fit a cache of {rows}")
+        rows = self._check(rotation, keys, values, qkv, (3 * e,), position, attended)
         spec = ctypes.byref(self._spec)
         scratch = np.empty(self._library.moss_row_block_scratch(spec, attended), np.float32)
         out = x.copy()
@@ -106,21 +94,14 @@ class FusedRowBlock:
     def rows(self, x: np.ndarray, rotation: np.ndarray, keys: np.ndarray, values: np.ndarray, position: int,
              attended: int, qkv: Optional[np.ndarray] = None) -> np.ndarray:
         """``__call__`` for n rows ``x`` (n, E) at one ``position``, row r in slot r of ``keys``/``values``
-        (S >= n, H, M, D), in one call: the products read each tile once for all rows, and each row gets the bits
-        it gets alone. ``qkv`` (n, 3E) or None; return (n, E)."""
+        (S >= n, H, M, D), ``qkv`` (n, 3E) or None; each tile is read once for all rows, and each row gets the bits
+        it gets alone."""
         e, heads, dim = self.embed, self.heads, self.dim
         n = x.shape[0] if getattr(x, "ndim", 0) == 2 else -1
         require(x, np.float32, (n, e), "x")
-        require(rotation, np.complex64, (dim // 2,), "rotation")
         if not isinstance(keys, np.ndarray) or keys.ndim != 4 or keys.shape[0] < n:
             raise ValueError(f"keys: an (S >= {n}, H, M, D) cache expected, got {getattr(keys, 'shape', type(keys))}")
-        slots, rows = keys.shape[0], keys.shape[2]
-        require(keys, np.float32, (slots, heads, rows, dim), "keys")
-        require(values, np.float32, (slots, heads, rows, dim), "values")
-        if qkv is not None:
-            require(qkv, np.float32, (n, 3 * e), "qkv")
-        if not 0 <= position < attended <= rows:
-            raise ValueError(f"row {position} attending {attended} rows does not fit a cache of {rows}")
+        rows = self._check(rotation, keys, values, qkv, (n, 3 * e), position, attended)
         spec = ctypes.byref(self._spec)
         scratch = np.empty(n * self._library.moss_row_block_scratch(spec, attended), np.float32)
         out = x.copy()
@@ -131,3 +112,16 @@ class FusedRowBlock:
         if status != 0:
             raise ValueError(f"the fused block refused {n} rows of {e} at {position} attending {attended}")
         return out
+
+    def _check(self, rotation: np.ndarray, keys: np.ndarray, values: np.ndarray, qkv: Optional[np.ndarray],
+               qkv_shape: tuple[int, ...], position: int, attended: int) -> int:
+        """Check the arrays besides the rows (ValueError); return the cache's rows M."""
+        require(rotation, np.complex64, (self.dim // 2,), "rotation")
+        rows = keys.shape[-2]
+        require(keys, np.float32, (*keys.shape[:-3], self.heads, rows, self.dim), "keys")
+        require(values, np.float32, keys.shape, "values")
+        if qkv is not None:
+            require(qkv, np.float32, qkv_shape, "qkv")
+        if not 0 <= position < attended <= rows:
+            raise ValueError(f"row {position} attending {attended} rows does not fit a cache of {rows}")
+        return rows

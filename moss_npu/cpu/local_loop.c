@@ -4,14 +4,17 @@
  *   the local decoder's blocks on the row's input at local position start + c (the first block's qkv ready-made:
  *   the text decision's row for c = 0, then the table row of channel c - 1's code), its final norm on the last;
  *   channel c's head (its tiles: the logits); their float sum (finite or not: the decoder's check);
- *   the code: the repetition penalty on the ids the channel has produced, then greedy argmax (first on ties) or the
- *   noise-fed sampler, in sampling.py's sample_with_noise order (temperature, top-k with ties at the k-th value
- *   kept, top-p keeping the crossing token, softmax, the inverse-CDF pick of the row's uniform over ids in order);
+ *   the code: the repetition penalty on the ids the channel has produced, then greedy argmax (first on ties) or
+ *   sampling.py's filters (temperature, top-k with ties at the k-th value kept, top-p keeping the crossing token,
+ *   softmax) and a pick: the official sampler's (sample_token: torch.multinomial's, the first largest p / q over
+ *   the Exp(1) variates q that torch drew for the row) or the noise-fed one's (sample_with_noise: the inverse-CDF
+ *   pick of the row's uniform over ids in order);
  *   the next input: embedding c's row of the code, added to the next global row's embedding where c < nq.
  *
  * The blocks and heads are the one-slot step's (moss_block_rows, moss_product over n rows), so a row gets the bits it
- * gets alone. The sampler's sums differ from torch's in order (float rounding): a sampled code can differ from
- * sample_with_noise's only where the uniform falls within rounding of a CDF boundary or a top-p cut.
+ * gets alone. The sampler's exponentials and sums differ from torch's vectorized ones in the last bits: a sampled
+ * code can differ from torch's only where two ids' p / q, or the uniform and a CDF boundary, or the mass and top_p
+ * lie within float rounding of each other.
  * Shapes: n rows, E hidden, H heads, D head dim, M local cache rows (Q + 1), V_c channel c's codebook.
  */
 #include <math.h>
@@ -38,6 +41,8 @@ typedef struct {
     const int64_t *top_k;                        /* (n), 0: off */
     const float *noise;                          /* (n, noise_width): channel c's uniform at column c + 1 */
     long noise_width;
+    const float *exponential;                    /* NULL, or (n, Q, width): channel c's Exp(1) variates */
+    long exponential_width;
 } Sampling;
 
 typedef struct {
@@ -99,22 +104,24 @@ static float kth_score(const float *scores, long v, long k, Candidate *all) {
     return all[k - 1].score;
 }
 
-/* sample_with_noise's sampled branch for one row of penalized scores (V,) and its uniform: the picked id. */
-static long sample(float *scores, long v, float temperature, int64_t top_k, float top_p, float uniform,
-                   Candidate *kept, float *weights) {
+/* The official filters on one row of penalized scores (V,): temperature, top-k (ties at the k-th value kept), top-p
+ * (the crossing token kept). Leaves the kept ids in `kept` [0, m), highest score first (equal scores by id), with
+ * weights[j] = exp(score_j - the top score), their sum in *total; returns m (0: every score NaN). */
+static long filter(float *scores, long v, float temperature, int64_t top_k, float top_p, Candidate *kept,
+                   float *weights, double *total) {
     for (long i = 0; i < v; i++) scores[i] = scores[i] / temperature;
     const long k = top_k > 0 && top_k < v ? (long)top_k : v;
     const float threshold = kth_score(scores, v, k, kept);
     long m = 0;
     for (long i = 0; i < v; i++)
         if (scores[i] >= threshold) kept[m++] = (Candidate){scores[i], (int32_t)i};
-    if (m == 0) return 0;  /* every score NaN: the decoder's finiteness check drops the frame */
+    if (m == 0) return 0;
     qsort(kept, (size_t)m, sizeof(Candidate), descending);
     const float top = kept[0].score;
-    double total = 0.0;
-    for (long j = 0; j < m; j++) total += weights[j] = expf(kept[j].score - top);
+    *total = 0.0;
+    for (long j = 0; j < m; j++) *total += weights[j] = expf(kept[j].score - top);
     if (top_p < 1.0f) {  /* the smallest prefix whose mass exceeds top_p, the crossing token included */
-        const float inverse = 1.0f / (float)total;
+        const float inverse = 1.0f / (float)*total;
         double mass = 0.0;
         long cut = m;
         for (long j = 0; j + 1 < m; j++) {
@@ -125,9 +132,15 @@ static long sample(float *scores, long v, float temperature, int64_t top_k, floa
             }
         }
         m = cut;
-        total = 0.0;
-        for (long j = 0; j < m; j++) total += weights[j];
+        *total = 0.0;
+        for (long j = 0; j < m; j++) *total += weights[j];
     }
+    return m;
+}
+
+/* sample_with_noise's pick from filter's m kept ids: the inverse CDF of `uniform` over the kept ids in id order. */
+static long pick_uniform(Candidate *kept, const float *weights, long m, double total, float uniform) {
+    if (m == 0) return 0;  /* every score NaN: the decoder's finiteness check drops the frame */
     for (long j = 0; j < m; j++) kept[j].score = weights[j];  /* the kept rows' weights, now put in id order */
     qsort(kept, (size_t)m, sizeof(Candidate), by_id);
     const float inverse = 1.0f / (float)total;
@@ -145,16 +158,43 @@ static long sample(float *scores, long v, float temperature, int64_t top_k, floa
     return last;  /* rounding put the target on the total mass: the last id with probability */
 }
 
+/* sample_token's draw from filter's m kept ids, as torch.multinomial draws one sample on the CPU: the first id
+ * with the largest p / q, p the softmax (float32: each weight times the inverse of their sum), q (V,) the Exp(1)
+ * variates torch drew for the row. A top score that is not finite (or no kept id) softmaxes to NaN, which sample_token turns into 1.0 everywhere;
+ * a NaN ratio (0 / 0) wins, as in torch's argmax. `p` is scratch of V floats. */
+static long pick_exponential(const Candidate *kept, const float *weights, long m, double total, const float *q,
+                             long v, float *p) {
+    const int ones = m == 0 || !isfinite(kept[0].score);
+    for (long i = 0; i < v; i++) p[i] = ones ? 1.0f : 0.0f;
+    const float inverse = ones ? 1.0f : 1.0f / (float)total;
+    for (long j = 0; j < m && !ones; j++) p[kept[j].id] = weights[j] * inverse;
+    long best = 0;
+    float most = p[0] / q[0];
+    for (long i = 0; i < v && !isnan(most); i++) {
+        const float ratio = p[i] / q[i];
+        if (ratio > most || isnan(ratio)) most = ratio, best = i;
+    }
+    return best;
+}
+
 /* One row's code from logits (V,): the repetition penalty on the `seen` ids, then argmax (first on ties) or, where
- * `do_sample`, the sampler with `uniform`; scratch of 4 V floats. */
+ * `do_sample`, the official filters and the pick: with the Exp(1) variates `exponential` (V,) where given, else with
+ * `uniform`; scratch of 4 V floats. */
 static long decide(const float *logits, long v, const uint8_t *seen, int do_sample, float temperature,
-                   int64_t top_k, float top_p, float penalty, float uniform, float *scratch) {
+                   int64_t top_k, float top_p, float penalty, float uniform, const float *exponential,
+                   float *scratch) {
     float *scores = scratch, *weights = scores + v;
     for (long i = 0; i < v; i++) {
         const float x = logits[i];
         scores[i] = seen[i] ? (x < 0 ? x * penalty : x / penalty) : x;
     }
-    if (do_sample) return sample(scores, v, temperature, top_k, top_p, uniform, (Candidate *)(weights + v), weights);
+    if (do_sample) {
+        Candidate *kept = (Candidate *)(weights + v);
+        double total = 0.0;
+        const long m = filter(scores, v, temperature, top_k, top_p, kept, weights, &total);
+        return exponential != NULL ? pick_exponential(kept, weights, m, total, exponential, v, scores)
+                                   : pick_uniform(kept, weights, m, total, uniform);
+    }
     long best = 0;
     for (long i = 1; i < v; i++)
         if (scores[i] > scores[best]) best = i;
@@ -163,9 +203,10 @@ static long decide(const float *logits, long v, const uint8_t *seen, int do_samp
 
 /* decide, as the checks call it (tests/native/check_kernels.c, moss_npu/cpu/local_loop.py). */
 long moss_local_decide(const float *logits, long v, const uint8_t *seen, int do_sample, float temperature,
-                       int64_t top_k, float top_p, float penalty, float uniform, float *scratch) {
+                       int64_t top_k, float top_p, float penalty, float uniform, const float *exponential,
+                       float *scratch) {
     if (v < 1 || !(temperature > 0.0f)) return BAD_CALL;
-    return decide(logits, v, seen, do_sample, temperature, top_k, top_p, penalty, uniform, scratch);
+    return decide(logits, v, seen, do_sample, temperature, top_k, top_p, penalty, uniform, exponential, scratch);
 }
 
 /* Channels [0, channels) of a frame for rows [0, n) (see the file's comment). `cache` is the local decoder's
@@ -185,7 +226,7 @@ int moss_local_audio(void *pool, const LocalLoop *loop, long n, long start, long
         return BAD_CALL;
     const Block *head_block = &loop->blocks[0];
     const long e = head_block->embed, heads = head_block->heads, dim = e / heads, v_max = largest_vocab(loop);
-    if (seen_width < v_max) return BAD_CALL;
+    if (seen_width < v_max || (sampling->exponential != NULL && sampling->exponential_width < v_max)) return BAD_CALL;
     for (long c = 0; c < channels; c++)
         if (loop->heads[c].in != e || loop->heads[c].columns != padded(loop->vocab[c])) return BAD_CALL;
     const long slot_stride = heads * rows * dim, layer_stride = 2 * slots * slot_stride;
@@ -212,9 +253,12 @@ int moss_local_audio(void *pool, const LocalLoop *loop, long n, long start, long
             float sum = 0.0f;
             for (long i = 0; i < v; i++) sum += row[i];
             if (within && !isfinite(sum)) finite[r] = 0;
-            long code = decide(row, v, seen + (r * loop->channels + c) * seen_width, sampling->do_sample[r],
-                               sampling->temperature[r], sampling->top_k[r], sampling->top_p[r], sampling->penalty[r],
-                               sampling->noise[r * sampling->noise_width + c + 1], decisions);
+            const long at = r * loop->channels + c;
+            long code = decide(row, v, seen + at * seen_width, sampling->do_sample[r], sampling->temperature[r],
+                               sampling->top_k[r], sampling->top_p[r], sampling->penalty[r],
+                               sampling->noise[r * sampling->noise_width + c + 1],
+                               sampling->exponential ? sampling->exponential + at * sampling->exponential_width : NULL,
+                               decisions);
             code = code < 0 ? 0 : code >= v ? v - 1 : code;
             codes[r * channels + c] = code;
             const float *embedding = loop->embeddings[c] + code * e;

@@ -4,16 +4,17 @@ Each of a frame's 16 audio channels is a local block step, a head, a sampling de
 in Python each is a handful of calls between kernels, and on one thread those calls cost about as much as the
 local layer's products (docs/performance.md). ``LocalLoop`` runs all channels of a frame, for one slot or a
 batch, in one call: the blocks through ``FusedRowBlock``'s C code over n rows, the heads through their tiles, the
-repetition penalty and greedy argmax or the noise-fed sampler (``sampling.sample_with_noise``'s order) in C.
+repetition penalty and greedy argmax or sampling in C (``sampling.py``'s filters, then ``torch.multinomial``'s
+pick with the Exp(1) variates torch drew, or ``sample_with_noise``'s with a uniform).
 A row's blocks and heads give the bits the one-slot step gives (so greedy codes are today's); sampled codes differ
-from ``sample_with_noise``'s only where a uniform lies within float rounding of a CDF boundary or a top-p cut.
+from torch's only where two ids' p / q, a uniform and a CDF boundary, or the mass and top_p lie within rounding.
 Shapes: n rows, S slots, E hidden, Q channels, V codebook size, M local cache rows (Q + 1).
 """
 
 from __future__ import annotations
 
 import ctypes
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -36,25 +37,29 @@ class _Sampling(ctypes.Structure):
     """local_loop.c's Sampling: per-row parameters and uniforms."""
 
     _fields_ = [("do_sample", _POINTER), ("temperature", _POINTER), ("top_p", _POINTER), ("penalty", _POINTER),
-                ("top_k", _POINTER), ("noise", _POINTER), ("noise_width", _LONG)]
+                ("top_k", _POINTER), ("noise", _POINTER), ("noise_width", _LONG), ("exponential", _POINTER),
+                ("exponential_width", _LONG)]
 
 
-def decide(kernels: MatVecKernels, logits: np.ndarray, seen: np.ndarray, params: TokenParams, uniform: float) -> int:
+def decide(kernels: MatVecKernels, logits: np.ndarray, seen: np.ndarray, params: TokenParams, uniform: float,
+           exponential: Optional[np.ndarray] = None) -> int:
     """Return the library's code for one row of float32 ``logits`` (V,) whose ids ``seen`` (V,) bool the channel
-    has produced: what a frame's channel decides (``LocalLoop``), one row at a time, for the checks against
-    ``sampling``."""
+    has produced, drawn with ``exponential`` (V,) float32 Exp(1) variates where given, else with ``uniform``: what
+    a frame's channel decides (``LocalLoop``), one row at a time, for the checks against ``sampling``."""
     library = kernels.library
     library.moss_local_decide.argtypes = ([_POINTER, _LONG, _POINTER, _INT, ctypes.c_float, ctypes.c_int64]
-                                          + [ctypes.c_float] * 3 + [_POINTER])
+                                          + [ctypes.c_float] * 3 + [_POINTER] * 2)
     library.moss_local_decide.restype = _LONG
     vocab = logits.shape[0] if getattr(logits, "ndim", 0) == 1 else -1
     require(logits, np.float32, (vocab,), "logits")
     require(seen, np.bool_, (vocab,), "seen")
+    if exponential is not None:
+        require(exponential, np.float32, (vocab,), "exponential")
     scratch = np.empty(4 * vocab, np.float32)
     temperature = params.temperature if params.do_sample else 1.0
     return library.moss_local_decide(logits.ctypes.data, vocab, seen.ctypes.data, params.do_sample, temperature,
                                      params.top_k, params.top_p, params.repetition_penalty, uniform,
-                                     scratch.ctypes.data)
+                                     None if exponential is None else exponential.ctypes.data, scratch.ctypes.data)
 
 
 def _pointers(arrays: Sequence[np.ndarray]) -> ctypes.Array:
@@ -112,8 +117,8 @@ class LocalLoop:
 
     def __call__(self, first: np.ndarray, first_qkv: np.ndarray, tables: Sequence[np.ndarray], cache: np.ndarray,
                  rotation: np.ndarray, start: int, channels: int, sampling: dict[str, np.ndarray],
-                 noise: np.ndarray, seen: np.ndarray, nq: np.ndarray,
-                 embed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                 noise: np.ndarray, seen: np.ndarray, nq: np.ndarray, embed: np.ndarray,
+                 exponential: Optional[np.ndarray] = None) -> tuple[np.ndarray, np.ndarray]:
         """Decide channels [0, ``channels``) for rows [0, n) and return their codes (n, channels) int64 (also past a
         row's ``nq``: the caller pads those) and whether every logits row below ``nq`` was finite (n,) bool.
 
@@ -121,7 +126,8 @@ class LocalLoop:
         ``cache`` (layers, 2, S, H, M, D) the local keys/values, row r in slot r, written at local positions
         ``start`` onwards; ``rotation`` (M, D/2) complex64 the local RoPE table; ``sampling`` the rows' arrays
         ``do_sample`` (bool), ``temperature``, ``top_p``, ``penalty`` (float32), ``top_k`` (int64);
-        ``noise`` (n, Q + 1) float32 uniforms (channel c at c + 1); ``seen`` (S, Q, W >= V) bool; ``nq`` (n,)
+        ``noise`` (n, Q + 1) float32 uniforms (channel c at c + 1), or ``exponential`` (n, Q, W >= V) float32 the
+        official sampler's Exp(1) variates; ``seen`` (S, Q, W >= V) bool; ``nq`` (n,)
         int64. Each code's embedding below ``nq`` is added to ``embed`` (n, E) in place. Every array is checked
         first (ValueError)."""
         n, e = first.shape[0] if getattr(first, "ndim", 0) == 2 else -1, self.embed
@@ -133,6 +139,9 @@ class LocalLoop:
         require(rotation, np.complex64, (rows, self.dim // 2), "rotation")
         require(noise, np.float32, (n, self.channels + 1), "noise")
         require(nq, np.int64, (n,), "nq")
+        if exponential is not None:
+            require(exponential, np.float32, (n, self.channels, max(max(self.vocab), exponential.shape[-1])),
+                    "exponential")
         if seen.ndim != 3 or seen.shape[2] < max(self.vocab):
             raise ValueError(f"seen: (S, {self.channels}, >= {max(self.vocab)}) expected, got {seen.shape}")
         require(seen, np.bool_, (slots, self.channels, seen.shape[2]), "seen")
@@ -143,8 +152,10 @@ class LocalLoop:
             raise ValueError(f"{n} rows, channels {start}..{start + channels} do not fit {slots} slots of {rows} "
                              f"local rows and {self.channels} channels")
         self._qkv_tables(tables)
+        drawn = (None, 0) if exponential is None else (exponential.ctypes.data, exponential.shape[-1])
         rates = _Sampling(*(sampling[name].ctypes.data for name in ("do_sample", "temperature", "top_p", "penalty",
-                                                                     "top_k")), noise.ctypes.data, noise.shape[1])
+                                                                     "top_k")), noise.ctypes.data, noise.shape[1],
+                          *drawn)
         spec = ctypes.byref(self._spec)
         scratch = np.empty(self._library.moss_local_audio_scratch(spec, n, start + channels), np.float32)
         codes, finite = np.empty((n, channels), np.int64), np.empty(n, np.bool_)

@@ -1,25 +1,18 @@
 """One-row products y = x · W + b for the CPU frame step: float32, bf16 or int8 weights, float32 arithmetic.
 
-A one-slot frame is bound by the bytes its ~116 matrix-vector products read, so its speed is how fast one core
-streams them and how few there are. ``matvec.c`` stores each weight in tiles of 64 output columns, row after
-row, and keeps a tile's sums in registers: the weights are read once, front to back, in one stream, at about
-this core's read bandwidth, faster than numpy's OpenBLAS GEMV on a transposed copy or torch's ``linear`` (MKL's
-GEMM). bf16 (half the bytes) and int8 (a quarter, with per-column scales) are widened to float32 in registers,
-so their sums and activations keep float32 precision; neither torch nor oneDNN has a one-row kernel for them
-that beats the float32 GEMV on twice the bytes, and torch's int8 weight-only kernel rounds the activations to
-bf16. The measurements: docs/performance.md#measurements-behind-the-cpu-steps-choices.
-
-The kernels are compiled when the package is built, once per instruction set (AVX-512, AVX2 with FMA, NEON, portable
-C), into the package's one C library (``moss_npu.native``), which picks the set this CPU runs; a product's tiles
-are shared out over a small pool of threads inside the library (``KernelThreads``). Every entry checks the arrays
-it hands over (``native.library.require``). Where the library is missing ``MatVecKernels.load`` raises
-``KernelUnavailable`` saying why; the CPU step then keeps numpy's GEMV (``BlasGemv``).
+A one-slot frame is bound by the bytes its products read. ``matvec.c`` stores each weight in tiles of 64 output
+columns, row after row, and keeps a tile's sums in registers, so the weights stream once, front to back; bf16 and
+int8 are widened to float32 in registers. Why and by how much: docs/performance.md#cpu-speed. The kernels live in
+the package's C library (``moss_npu.native``), which picks the instruction set this CPU runs and shares a
+product's tiles over its own thread pool (``KernelThreads``). Without the library ``MatVecKernels.load`` raises
+``KernelUnavailable`` and the CPU step keeps numpy's GEMV (``BlasGemv``).
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import math
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -41,10 +34,8 @@ Prepare = Callable[[tuple, type, Callable[[np.ndarray], None]], np.ndarray]
 
 
 class KernelThreads:
-    """A pool of threads inside the library that shares a product's tiles out (``matvec.c``): ``size`` threads in
-    all, the caller included, of which the products use ``use(n)``; grown when more are asked for than it has (so
-    a large machine run on a few threads starts no idle ones), freed with this object. One caller thread at a
-    time: growing replaces the pool."""
+    """The library's pool of threads that shares a product's tiles out (``matvec.c``): ``size`` threads, the caller
+    included, of which the products use ``use(n)``; grown on demand, freed with this object; one caller thread."""
 
     def __init__(self, library: ctypes.CDLL, size: int) -> None:
         self._library = library
@@ -78,9 +69,8 @@ class KernelThreads:
 
 
 class MatVecKernels:
-    """The kernels of the package's C library (``load``), called by ``Fp32Tiles``, ``Bf16Tiles`` and ``Int8Tiles``:
-    ``target`` names the instruction set they run (``targets.choose_target``), ``threads`` the pool they share
-    products over."""
+    """The C library's kernels (``load``) behind the ``Tiles``: ``target`` is the instruction set they run
+    (``targets.choose_target``), ``threads`` the pool they share products over."""
 
     def __init__(self, library: ctypes.CDLL, built: Optional[str] = None, threads: int = 1) -> None:
         self.library = library
@@ -103,9 +93,8 @@ class MatVecKernels:
 
     @classmethod
     def load(cls, cache: Optional[Path] = None, threads: int = 1) -> "MatVecKernels":
-        """Return the kernels with a pool of ``threads`` threads (``native.library.load_library``: the installed library, or
-        the one built for this CPU into ``cache/kernels`` where asked). Raises KernelUnavailable where there is
-        none."""
+        """Return the kernels of ``native.library.load_library(cache)`` with a pool of ``threads`` threads; raises
+        KernelUnavailable where there is no library."""
         library, built = load_library(cache)
         return cls(library, built, threads)
 
@@ -126,15 +115,9 @@ def _padded(columns: int) -> int:
     return -(-columns // TILE) * TILE
 
 
-def table_bytes(weight: torch.Tensor, itemsize: int) -> int:
-    """Return the bytes of the kernel's table for an (out, in) ``weight`` of ``itemsize``-byte values."""
-    return weight.shape[1] * _padded(weight.shape[0]) * itemsize
-
-
 def tile_bytes(weight: torch.Tensor, format: str) -> int:
-    """Return the arena bytes (``prepared.PageArena.room``) of ``weight``'s tiles in ``format``, int8's scales
-    included."""
-    table = PageArena.room(table_bytes(weight, np.dtype(STORED[format]).itemsize))
+    """Return the arena bytes of ``weight``'s tiles in ``format``, int8's scales included."""
+    table = PageArena.room(weight.shape[1] * _padded(weight.shape[0]) * np.dtype(STORED[format]).itemsize)
     return table + (PageArena.room(_padded(weight.shape[0]) * 4) if format == "int8" else 0)
 
 
@@ -153,8 +136,7 @@ def _pad_vector(values: Optional[torch.Tensor], columns: int) -> np.ndarray:
 
 
 def _fitted(residual: np.ndarray, length: int) -> np.ndarray:
-    """Return ``residual`` (..., out) as contiguous float32 rows of the padded ``length`` (a copy only where
-    needed)."""
+    """Return ``residual`` (..., out) as contiguous float32 rows of the padded ``length`` (copied where needed)."""
     if residual.shape[-1] == length and residual.dtype == np.float32 and residual.flags.c_contiguous:
         return residual
     padded = np.zeros((*residual.shape[:-1], length), np.float32)
@@ -165,11 +147,9 @@ def _fitted(residual: np.ndarray, length: int) -> np.ndarray:
 class Tiles:
     """A weight in one of the library's tiled formats, multiplied by one float32 row at a time (``__call__``).
 
-    ``values()`` gives the (out, in) stored values (float32, bf16, int8) of a weight of ``shape``; they are
-    laid out as tiles (out / TILE, in, TILE), the columns padded with zeros, in an array from ``prepare``
-    (``prepared.PreparedArena.array``: huge pages, or a cached arena that holds them already, and then
-    ``values`` is never called); ``order`` rearranges each tile row's columns (bf16's interleave). ``extra`` are
-    the kernel's per-column vectors before the bias (int8's scales).
+    ``values()`` gives the (out, in) stored values, laid out as zero-padded tiles (out / TILE, in, TILE) in an
+    array from ``prepare`` (a cached arena holds them already: ``values`` is then never called); ``order``
+    rearranges each tile row's columns (bf16's interleave); ``extra`` are per-column vectors before the bias.
     """
 
     def __init__(self, kernels: MatVecKernels, format: str, shape: tuple[int, int],
@@ -186,7 +166,7 @@ class Tiles:
             rows = order(weight.view(tiled[0], TILE, self.in_features).transpose(1, 2))  # (tiles, in, TILE)
             bits = rows.dtype == torch.bfloat16
             target = torch.from_numpy(out.view(np.int16) if bits else out)
-            target.copy_(rows.view(torch.int16) if bits else rows)  # torch's blocked transpose: numpy's strided copy is far slower
+            target.copy_(rows.view(torch.int16) if bits else rows)  # torch's blocked transpose: faster than numpy's
 
         self.values = prepare(tiled, STORED[format], fill)
         require(self.values, STORED[format], tiled, "tiles")
@@ -194,27 +174,30 @@ class Tiles:
         self._kernels, self.format = kernels, format
 
     def fields(self) -> tuple[int, Optional[int], int, int, int]:
-        """Return what the library's fused block reads of this product (``fused_block``): the tiles' address,
-        the scales' (int8) or None, the bias's, the inputs and the padded outputs."""
+        """Return what ``fused_block`` reads of this product: the addresses of the tiles, the scales (int8) or None
+        and the bias, the inputs and the padded outputs."""
         scale = self._vectors[0].ctypes.data if len(self._vectors) == 2 else None
         return self.values.ctypes.data, scale, self._vectors[-1].ctypes.data, self.in_features, self._columns
 
     def __call__(self, x: np.ndarray, residual: Optional[np.ndarray] = None) -> np.ndarray:
         """Return the (out,) product of a float32 row ``x`` (in,); ``residual`` (out,) is added. Both must be
         C-contiguous float32 (ValueError otherwise)."""
-        require(x, np.float32, (self.in_features,), "x")
+        return self._product(x, residual, ())
+
+    def _product(self, x: np.ndarray, residual: Optional[np.ndarray], rows: tuple[int, ...]) -> np.ndarray:
+        """The products of ``x`` (*rows, in), ``rows`` () for one row or (n,) for n."""
+        require(x, np.float32, (*rows, self.in_features), "x")
         if residual is not None:
-            require(residual, np.float32, (self.out_features,), "residual")
+            require(residual, np.float32, (*rows, self.out_features), "residual")
             residual = _fitted(residual, self._columns)
-        y = np.empty(self._columns, np.float32)
-        self._kernels.multiply(self.format, x, self.values, self._vectors, residual, y, 1, self.in_features,
-                               self._columns)
-        return y[:self.out_features]
+        y = np.empty((*rows, self._columns), np.float32)
+        self._kernels.multiply(self.format, x, self.values, self._vectors, residual, y, math.prod(rows),
+                               self.in_features, self._columns)
+        return y if self._columns == self.out_features else np.ascontiguousarray(y[..., :self.out_features])
 
 
 class Fp32Tiles(Tiles):
-    """``x @ weightᵀ + bias (+ residual)`` for one float32 row, the (out, in) weight in float32 tiles: one stream
-    through the weights, at this core's read bandwidth."""
+    """``x @ weightᵀ + bias (+ residual)`` for one float32 row, the (out, in) weight in float32 tiles."""
 
     def __init__(self, kernels: MatVecKernels, weight: torch.Tensor, bias: Optional[torch.Tensor],
                  prepare: Prepare = filled) -> None:
@@ -248,8 +231,8 @@ class Int8Tiles(Tiles):
     @classmethod
     def rounded(cls, kernels: MatVecKernels, weight: torch.Tensor, bias: Optional[torch.Tensor],
                 prepare: Prepare = filled) -> "Int8Tiles":
-        """Return the tiles of float ``weight`` rounded to int8 (``quantize.int8_rows``), rounded only where
-        ``prepare`` fills them (a cached arena holds the values and scales already)."""
+        """Return the tiles of float ``weight`` rounded to int8 (``quantize.int8_rows``) where ``prepare`` fills
+        them."""
         tiles = cls.__new__(cls)
         tiles._tile(kernels, tuple(weight.shape), functools.cache(lambda: int8_rows(weight.detach())), bias, prepare)
         return tiles
@@ -268,20 +251,12 @@ class Int8Tiles(Tiles):
         for that row alone; ``residual`` (n, out) is added. Both must be C-contiguous float32."""
         if not isinstance(x, np.ndarray) or x.ndim != 2:
             raise ValueError(f"x: (n, {self.in_features}) rows expected, got {getattr(x, 'shape', type(x))}")
-        n = x.shape[0]
-        require(x, np.float32, (n, self.in_features), "x")
-        if residual is not None:
-            require(residual, np.float32, (n, self.out_features), "residual")
-            residual = _fitted(residual, self._columns)
-        y = np.empty((n, self._columns), np.float32)
-        self._kernels.multiply(self.format, x, self.values, self._vectors, residual, y, n, self.in_features,
-                               self._columns)
-        return y if self._columns == self.out_features else np.ascontiguousarray(y[:, :self.out_features])
+        return self._product(x, residual, x.shape[:1])
 
 
 class BlasGemv:
-    """``x @ weight_t + bias (+ residual)`` for one float32 row through numpy's BLAS GEMV, ``weight_t`` (in, out)
-    as the weight arena holds it: what one slot's products fall back to where the tiles' kernels cannot be built."""
+    """``x @ weight_t + bias (+ residual)`` for one float32 row through numpy's GEMV, ``weight_t`` (in, out): one
+    slot's products where the kernels cannot be built."""
 
     def __init__(self, weight_t: np.ndarray, bias: np.ndarray) -> None:
         self.weight_t, self.bias = weight_t, bias

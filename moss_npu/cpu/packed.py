@@ -1,12 +1,9 @@
 """Linear weights pre-packed for oneDNN: the fastest fp32 CPU product of a few rows by a weight matrix.
 
-For 2–16 rows (a batch of decode slots, a prompt's new rows, a codec chunk) torch's ``F.linear`` on the CPU goes to
-MKL's GEMM, which on AMD and other non-Intel CPUs runs a generic path. oneDNN with the weight reordered once into
-its blocked layout runs the same product markedly faster (docs/performance.md). The packed copy is one more copy
-of the weight (same bytes), so callers pack only what they multiply that way. These are the operators inductor's
-weight freezing emits (``torch.ops.mkldnn``); a torch built without them, or without oneDNN, has
-``packing_available() == False`` and callers keep their plain product. One row is not worth packing: a BLAS
-GEMV streams plain weights faster (``cpu.step``).
+The packed copy (one more copy of the weight, so callers pack only what they multiply that way) goes through the
+operators inductor's weight freezing emits (``torch.ops.mkldnn``); a torch without them has ``packing_available()
+== False`` and callers keep their plain product. One row is not packed: the one-row kernels stream plain weights
+faster (docs/performance.md#cpu-speed).
 """
 
 from __future__ import annotations
@@ -21,9 +18,8 @@ from moss_npu.checkpoint_layers import CheckpointLinear
 
 
 def packing_available() -> bool:
-    """Whether this torch can pack fp32 weights for oneDNN: built with it, exposing inductor's packing operators,
-    and computing a small packed product right (a probe: a build that has the operators but not the kernel
-    for this CPU, as some ARM builds may, raises or differs there instead of in a request)."""
+    """Whether this torch can pack fp32 weights for oneDNN: it has inductor's packing operators and computes a
+    small packed product right (a build without the kernel for this CPU fails this probe, not a request)."""
     ops = torch.ops.mkldnn
     if not (torch.backends.mkldnn.is_available() and hasattr(ops, "_reorder_linear_weight")
             and hasattr(ops, "_linear_pointwise")):
@@ -36,11 +32,8 @@ def packing_available() -> bool:
         return False
 
 
-# oneDNN runs one and two rows through a slower kernel than its blocked one, so fewer rows are padded up to this
-# many (docs/performance.md#cpu-speed).
-MIN_ROWS = 4
-# The layout hint for every packing: 16 rows ran as fast as an exact hint at 2-32 rows, and faster than 1.
-ROWS_HINT = 16
+MIN_ROWS = 4  # fewer rows are padded up to this many: oneDNN runs one and two rows through a slower kernel
+ROWS_HINT = 16  # the row count every packing is laid out for (as fast as an exact hint at 2-32 rows)
 
 
 def pack_linear(weight: torch.Tensor) -> torch.Tensor:
@@ -58,11 +51,10 @@ def packed_matmul(x: torch.Tensor, packed: torch.Tensor, bias: Optional[torch.Te
 
 
 class PackedLinear(nn.Module):
-    """An ``nn.Linear``'s parameters (the same tensors, under the same names) multiplied through a packed copy of the
-    weight, made on the first call and again after the weight changes (edited in place: its version counter
-    moves; or given other storage: ``weight.data = …``, a dtype round trip). Inputs that are not fp32 on the CPU,
-    a weight moved off it, a product that needs gradients (the packed kernel has no backward) and a weight made
-    in inference mode (no version counter to see edits by) take ``F.linear``."""
+    """An ``nn.Linear``'s parameters (the same tensors and names) multiplied through a packed copy of the weight,
+    packed again after the weight changes (its version counter or storage moves). Inputs that are not fp32 on the
+    CPU, a product that needs gradients (no backward) and an inference-mode weight (no version counter) take
+    ``F.linear``."""
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()

@@ -1,24 +1,17 @@
 """Prepared CPU weights: the arrays a CPU decoder derives from a checkpoint's weights (the one-row kernels' tiles,
 the local decoder's first-layer tables), built once per checkpoint and CPU into the user cache and mapped into
-memory by every later start instead of being computed again (docs/performance.md#start-up).
+memory by every later start (docs/performance.md#start-up).
 
-An arena (``PreparedArena``) hands out its arrays one after another, in the order a frame reads them, each
-filled by its maker only when the arena is built here (a ``PageArena`` on huge pages). ``WeightCache.save``
-writes a built arena to ``root/prepared/<key>-<name>.bin`` (``root``: ``cache_dir.default_cache_dir()``) through
-a temporary file and ``os.replace``: a reader sees the whole file or none. The key names everything the bytes
-depend on (the checkpoint's identity, the weight format, ``FORMAT_VERSION``, the package's version and a digest
-of the code that lays the arrays out and reads them, the kernels' instruction set, torch, numpy and this CPU:
-``entry_key``), so a changed checkpoint, build or source never meets an old entry. A later start maps
-the file (copy-on-write, shared with the page cache and with every other process mapping it: one copy in memory
-for several workers), checks its header (the key, the name, the sizes) and a CRC-32 of the whole payload, and
-then hands out views of it; each request must match the layout stored (dtype, shape, offset) or the entry is
-refused as stale. A missing, damaged, truncated or stale entry is built again with one warning line;
-a folder or file that another user owns or others can write is not read, nor written (one warning line,
-``cache_dir.open_trusted_folder``). The ``KEEP`` most recently used entries of each name are kept.
+An arena (``PreparedArena``) hands out its arrays in the order a frame reads them, each filled by its maker only
+when the arena is built here. ``WeightCache`` writes a built arena atomically to ``root/prepared/<key>-<name>.bin``
+under a key naming everything its bytes depend on (``entry_key``), and maps it back after checking its header,
+layout and CRC-32; a missing, damaged or stale entry, or one in a folder others can write, is built again with one
+warning line.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -54,11 +47,9 @@ class StaleEntry(ValueError):
 
 
 class PageArena:
-    """One anonymous memory map of ``nbytes`` on transparent huge pages where the kernel offers them
-    (``madvise``), handing out arrays one after another (``array``) in the order a frame reads them: a frame
-    streams hundreds of MB of weights, and 2 MB pages spare the page walks of 4 KB ones. ``huge_pages=False``
-    asks for 4 KB pages instead (``MADV_NOHUGEPAGE``), for memory first touched a little at a time in many
-    places (a KV cache: a slot's first rows touch every layer and head, and each touch zeroes a whole page)."""
+    """One anonymous memory map of ``nbytes`` handing out arrays one after another (``array``), on transparent huge
+    pages where offered (a frame streams hundreds of MB: fewer page walks), or with ``huge_pages=False`` on 4 KB
+    pages, for memory first touched a little at a time in many places (a KV cache: each touch zeroes a page)."""
 
     ALIGN = 64  # a cache line: every array starts on one
 
@@ -70,10 +61,8 @@ class PageArena:
                      else mmap.mmap(-1, size, flags=private | mmap.MAP_ANONYMOUS))
         advice = getattr(mmap, "MADV_HUGEPAGE" if huge_pages else "MADV_NOHUGEPAGE", None)
         if advice is not None:
-            try:
+            with contextlib.suppress(OSError):  # no transparent huge pages here: 4 KB pages work the same
                 self._map.madvise(advice)
-            except OSError:
-                pass  # no transparent huge pages here: 4 KB pages work the same, a little slower
         self._used = 0
 
     @classmethod
@@ -107,14 +96,10 @@ class Slot:
     shape: tuple[int, ...]
     offset: int
 
-    def public(self) -> list:
-        return [self.dtype, list(self.shape), self.offset]
-
 
 class PreparedArena:
-    """Arrays handed out one after another (``array``): filled by their makers in a ``PageArena`` of ``nbytes``
-    (built here: ``cached`` False), or views of a cached entry's payload (``cached`` True), whose stored layout
-    every request must match (``StaleEntry`` otherwise)."""
+    """Arrays handed out one after another (``array``): filled by their makers in a ``PageArena`` of ``nbytes``, or
+    views of a cached entry's payload (``cached``), whose stored layout every request must match."""
 
     def __init__(self, nbytes: int = 0, *, mapped: Optional[mmap.mmap] = None, start: int = 0,
                  layout: Optional[list[Slot]] = None, payload: int = 0) -> None:
@@ -131,9 +116,8 @@ class PreparedArena:
         return self._expected is not None
 
     def array(self, shape: tuple, dtype, fill: Fill) -> np.ndarray:
-        """Return the next array of ``shape`` and ``dtype``: ``fill`` writes it when the arena is built here; a
-        cached arena returns its stored values instead. Raises ValueError when full, StaleEntry when a cached
-        arena's next array is another one."""
+        """Return the next array of ``shape`` and ``dtype``, written by ``fill`` unless the arena is cached; ValueError
+        when full, StaleEntry when a cached arena's next array is another one."""
         shape, kind = tuple(int(n) for n in shape), np.dtype(dtype)
         count = math.prod(shape)
         nbytes = count * kind.itemsize
@@ -171,9 +155,8 @@ def fresh_arena(nbytes: int) -> PreparedArena:
 
 
 def code_digest() -> str:
-    """Return a digest of the code that decides what the prepared bytes are: the C library's sources (which read
-    the tiles) and the CPU package's Python modules (which lay them out and fill them). An edited checkout keeps
-    its version, so the version alone would serve tiles computed the old way."""
+    """Return a digest of the code that decides what the prepared bytes are (the C sources and this package's
+    modules): an edited checkout keeps its version, which alone would serve tiles computed the old way."""
     digest = hashlib.sha256()
     for path in [*native_build.SOURCES, *sorted(Path(__file__).parent.glob("*.py"))]:
         digest.update(path.read_bytes() + b"\0")
@@ -181,18 +164,16 @@ def code_digest() -> str:
 
 
 def entry_key(parts: Mapping[str, str]) -> str:
-    """Return the name of the entries prepared from ``parts`` (what their bytes depend on; see the module
-    docstring)."""
+    """Return the name of the entries prepared from ``parts`` (what their bytes depend on) by this code."""
     text = json.dumps({**parts, "format": FORMAT_VERSION, "package": __version__, "code": code_digest()},
                       sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 class WeightCache:
-    """The prepared-weights folder (``root/prepared``; ``root`` default ``default_cache_dir()``) for the entries of
-    one key. ``arena`` maps an entry or starts building it (the first build says so in one line), ``save``
-    writes it; ``sources`` records what each arena was: ``cache``, ``built`` (and written), or ``built, not
-    cached`` (no usable folder)."""
+    """The prepared-weights folder (``root/prepared``) for the entries of one key: ``arena`` maps an entry or
+    starts building it, ``save`` writes it; ``sources`` says where each came from (``cache``, ``built``, ``built,
+    not cached``)."""
 
     def __init__(self, key: str, root: Optional[Path] = None) -> None:
         root = root if root is not None else default_cache_dir()
@@ -203,8 +184,8 @@ class WeightCache:
         self._announced = False
 
     def arena(self, name: str, nbytes: int, label: str) -> PreparedArena:
-        """Return entry ``name``'s arena of ``nbytes``: the cached one if it holds, else one to build (after one
-        line saying that ``label`` is being prepared into the cache, the first time for this key)."""
+        """Return entry ``name``'s arena of ``nbytes``: the cached one if it holds, else one to build (the first
+        for this key says in one line that ``label`` is being prepared)."""
         found = self._read(name, nbytes)
         if found is not None:
             self.sources[name] = "cache"
@@ -252,10 +233,8 @@ class WeightCache:
         except (OSError, ValueError, KeyError, TypeError) as exc:  # a header that is not what this code writes
             log.warning("prepared weights %s are damaged or stale (%s); building them again", self._file(name), exc)
             return None
-        try:
+        with contextlib.suppress(OSError):
             os.utime(fd)  # most recently used: kept by the pruning of later saves
-        except OSError:
-            pass
         return PreparedArena(mapped=mapped, start=start, layout=layout, payload=payload)
 
     def _open_folder(self) -> Optional[int]:
@@ -267,8 +246,7 @@ class WeightCache:
         return fd
 
     def save(self, name: str, arena: PreparedArena) -> None:
-        """Write a built arena as entry ``name``, whole or not at all; one warning where it cannot be written.
-        A cached arena is left as it is."""
+        """Write a built arena as entry ``name``, whole or not at all (one warning where it cannot)."""
         if arena.cached:
             return
         folder_fd = self._open_folder()
@@ -289,10 +267,7 @@ class WeightCache:
             self.sources[name] = "built, not cached"
             log.warning("cannot write the prepared weights %s into %s (%s); every start prepares them again (set "
                         "$%s to a writable folder of your own)", target, self.folder, exc, CACHE_ENV)
-            try:
-                os.unlink(temporary, dir_fd=folder_fd)
-            except OSError:
-                pass
+            _unlink(folder_fd, temporary)
         finally:
             os.close(folder_fd)
 
@@ -301,7 +276,7 @@ def _header(key: str, name: str, arena: PreparedArena, crc: int) -> bytes:
     """The file's bytes before the payload: magic, header length, the JSON header, padding to ``PAGE``."""
     body = json.dumps({"format": FORMAT_VERSION, "key": key, "name": name, "payload": len(arena.payload()),
                        "nbytes": arena.nbytes(), "crc32": crc,
-                       "arrays": [slot.public() for slot in arena.layout]}).encode()
+                       "arrays": [[s.dtype, list(s.shape), s.offset] for s in arena.layout]}).encode()
     head = MAGIC + len(body).to_bytes(8, "little") + body
     return head + bytes(-len(head) % PAGE)
 
@@ -329,8 +304,7 @@ def _check(mapped: mmap.mmap, key: str, name: str, nbytes: int) -> tuple[int, li
 
 
 def _prune(folder_fd: int, name: str) -> None:
-    """Remove all but the ``KEEP`` most recently used entries named ``name``, and temporary files of writers
-    that died more than an hour ago."""
+    """Remove all but the ``KEEP`` most recently used entries named ``name``, and hour-old temporary files."""
     suffix, entries, now = f"-{name}.bin", [], time.time()
     for file in os.listdir(folder_fd):
         try:
@@ -346,7 +320,5 @@ def _prune(folder_fd: int, name: str) -> None:
 
 
 def _unlink(folder_fd: int, file: str) -> None:
-    try:
+    with contextlib.suppress(OSError):
         os.unlink(file, dir_fd=folder_fd)
-    except OSError:
-        pass

@@ -1,22 +1,9 @@
-"""Reduced-precision weights on the CPU, measured opt-ins: int8 (``--quantize int8``) and bf16 (``--dtype bfloat16``).
+"""Reduced-precision weights on the CPU, opt-ins: int8 (``--quantize int8``) and bf16 (``--dtype bfloat16``).
 
-Int8 weight-only quantization of the LM's transformer blocks:
-
-Each block's linear weights (q|k|v, output projection, MLP; both decoders) are rounded to a symmetric int8 grid
-with one scale per output channel (``scale = max|w| / 127``), and the rounded values are written back into the
-float32 parameters: every path (prefill, the reference algorithm, ``eval_accuracy.py``'s tier A) then computes
-with exactly the quantized weights. The embeddings, the tied heads and the norms stay as loaded. On the CPU
-the frame step (``cpu.step``) multiplies with the int8 weights themselves (a quarter of the fp32 weight
-bytes per frame): frames, one slot or a batch, through ``cpu.matvec``'s kernel in float32 arithmetic (a
-request decodes in a batch what it decodes alone), a prompt's prefill through torch's ``_weight_int8pack_mm``,
-which rounds its activations to bf16 (faster on many rows).
-Needs a torch with ``torch.ops.aten._weight_int8pack_mm`` (2.4+); older ones are refused with one line.
-
-bf16 on the CPU (``store_bf16``) means bf16 *weights* and float32 arithmetic: every parameter is rounded to bf16
-(what the official bf16 release holds already, so with it nothing changes) and the model stays float32, so
-activations, sums and the cache keep float32 precision; the frame step reads the weights as bf16 (half the
-bytes, ``cpu.matvec``). Torch's own bf16 arithmetic would be no faster here (see ``cpu.matvec``) and less
-accurate.
+int8 rounds each block linear of both decoders to a symmetric int8 grid (one scale per output channel) and writes
+the rounded values back into the float32 parameters, so every path computes with exactly the quantized weights;
+the CPU step then reads the int8 values themselves. bf16 rounds every parameter to bf16 and keeps the model
+float32: bf16 weights, float32 arithmetic. docs/performance.md#reduced-precision-on-the-cpu says what each runs.
 """
 
 from __future__ import annotations
@@ -53,11 +40,8 @@ def check_int8(device: torch.device, dtype: torch.dtype) -> None:
 
 
 def quantize_int8(model: nn.Module) -> None:
-    """Round the block weights of ``model`` (a module that hands over its ``parts()``: ``cpu.contract``) to int8 in
-    place (see the module docstring); mark it ``int8``.
-
-    Raises InputError unless the model is float32 on the CPU and this torch has the int8 kernel.
-    """
+    """Round the block weights of ``model`` (one with ``parts()``: ``cpu.contract``) to int8 in place; mark it
+    ``int8``. InputError unless the model is float32 on the CPU and this torch has the int8 kernel."""
     parts = model.parts()
     check_int8(parts.local_norm.weight.device, parts.local_norm.weight.dtype)
     origin = origin_identity(model)
@@ -72,7 +56,7 @@ def quantize_int8(model: nn.Module) -> None:
 
 def store_bf16(model: nn.Module) -> None:
     """Round every parameter of a float32 CPU ``model`` to its nearest bf16 value in place; mark it
-    ``weight_dtype = "bfloat16"`` (see the module docstring)."""
+    ``weight_dtype = "bfloat16"``."""
     weight = next(model.parameters())
     if weight.device.type != "cpu" or weight.dtype != torch.float32:
         raise InputError(f"bf16 weights with float32 arithmetic are a CPU float32 model's; this one is "

@@ -394,12 +394,13 @@ class CpuStep:
         return rotations(cos, sin)
 
     def local_audio(self, first: torch.Tensor, first_qkv: torch.Tensor, tables: Sequence[torch.Tensor],
-                    rotation: torch.Tensor, state, n: int, start: int, channels: int,
-                    pad: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                    rotation: torch.Tensor, state, n: int, start: int, channels: int, pad: int,
+                    exponential: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Decide a frame's audio channels [0, ``channels``) for slots [0, n) in one call (``local_loop``): return
         the frame (n, Q) (pad from each slot's nq on), the next global row's embedding (n, E) and whether every
-        logits row below nq was finite (n,), as ``FrameDecoder._audio`` computes them with the greedy or the
-        noise-fed sampler.
+        logits row below nq was finite (n,), as ``FrameDecoder._audio`` computes them: greedy, or sampled with the
+        official sampler's Exp(1) variates ``exponential`` (n, Q, W >= V) where given, else with the noise-fed
+        sampler's uniforms.
 
         ``first`` (n, E) and ``first_qkv`` (n, 3E) are channel 0's input (the text decision's embedding, also
         the start of the row's embedding) and its first-block qkv; ``tables`` the Q - 1 audio qkv tables
@@ -417,7 +418,8 @@ class CpuStep:
         codes, finite = self.local_loop(first.numpy(), first_qkv.numpy(), self._qkv_tables[1],
                                         state.local_kv.numpy(), rotation.numpy(), start, channels,
                                         {k: v.numpy() for k, v in sampling.items()}, state.noise[:n].numpy(),
-                                        state.seen.numpy(), nq.numpy(), embed.numpy())
+                                        state.seen.numpy(), nq.numpy(), embed.numpy(),
+                                        None if exponential is None else exponential.numpy())
         within = torch.arange(channels)[None] < nq[:, None]
         frame = torch.full((n, self.local_loop.channels), pad, dtype=torch.long)
         frame[:, :channels] = torch.where(within, torch.from_numpy(codes), pad)

@@ -1,12 +1,9 @@
 """CPU threads: how many threads torch's intra-op pool, numpy's BLAS and the one-row kernels' pool (``cpu.matvec``)
-use. One process-wide setting, made by the command lines (``--num-threads``).
+use. One process-wide setting, made by the command lines (``--num-threads``; 0: ``default_threads``).
 
-Default (``--num-threads 0``): 1 thread on machines with at most 2 usable physical cores (the batch-1 frame is
-memory-bound, and a 2-thread pool waits at every parallel region for a thread another process took), else one
-per usable physical core. A one-slot frame runs torch on one thread in its own thread (``this_thread_limited``),
-so torch's spinning workers leave the cores to the kernels' pool, which shares the frame's products tile by tile
-over the setting's threads; prefill and the codec (compute-bound) keep the setting. numpy's BLAS has one count
-per process, set once when the CPU step is built. The measurements behind each choice: docs/performance.md#threads.
+A one-slot frame runs torch on one thread in its own thread (``this_thread_limited``) while the kernels' pool
+shares the products over the setting's threads; prefill and the codec keep the setting; numpy's BLAS count is
+set once, when the CPU step is built. Why: docs/performance.md#threads.
 """
 
 from __future__ import annotations
@@ -47,8 +44,7 @@ def set_threads(count: int = 0) -> int:
 
 def use_threads(count: int) -> None:
     """Run this thread's torch ops on ``count`` intra-op threads. Call it first in every thread that runs torch
-    ops: the count belongs to each OpenMP thread, so a thread started after ``set_threads`` otherwise runs its
-    ops on OpenMP's default (every core) while ``torch.get_num_threads()`` still reports the setting."""
+    ops: the count is each OpenMP thread's own, and a new thread would otherwise use every core."""
     torch.set_num_threads(count)
 
 
@@ -59,9 +55,8 @@ def limit_blas(count: int) -> None:
 
 @contextlib.contextmanager
 def this_thread_limited(count: int) -> Iterator[None]:
-    """Run the block with at most ``count`` torch intra-op threads in the calling thread only (an OpenMP thread's
-    own count, ``use_threads``); numpy's BLAS has one count for the whole process, which other threads may be
-    using, so it is set when the decoder is built (``cpu.step``), never around a frame."""
+    """Run the block with at most ``count`` torch intra-op threads in the calling thread only (``use_threads``);
+    numpy's BLAS count is process-wide, so it is set when the decoder is built, never around a frame."""
     before = torch.get_num_threads()
     if before <= count:
         yield

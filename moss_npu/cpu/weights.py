@@ -1,7 +1,5 @@
-"""The CPU step's copies of the linear weights, one interface (``linear(layer) -> (weight, bias)``) over
-each layout the products read: transposed float32 in a page arena (``WeightArena``), the model's own weights
-(``ModelWeights``), int8 values and scales for torch's int8 kernel (``Int8Weights``) or the one-row kernels' int8
-tiles (``Int8TileWeights``), and the products that multiply several rows by the int8 ones.
+"""The CPU step's linear weights behind one interface (``linear(layer) -> (weight, bias)``) in each layout its
+products read (transposed float32, the model's own, int8 for torch's kernel or the tiles), and the int8 products.
 """
 
 from __future__ import annotations
@@ -58,9 +56,8 @@ class ModelWeights:
 
 
 class Int8Weights:
-    """The int8 values, float32 scales and bias of each block linear of an int8-quantized model (``quantize``),
-    for ``int8_matmul``: a quarter of the fp32 weight bytes a frame streams. Values and scales are arrays from
-    ``prepare`` (``matvec.Prepare``), rounded only where it fills them."""
+    """The int8 values, float32 scales and bias of each block linear of an int8-quantized model, for
+    ``int8_matmul``; values and scales are arrays from ``prepare``, rounded only where it fills them."""
 
     def __init__(self, layers: list[nn.Linear], prepare: Prepare = filled) -> None:
         self._weights = {}
@@ -99,8 +96,8 @@ def int8_matmul(x: torch.Tensor, weight: tuple[torch.Tensor, ...], bias: torch.T
 
 
 class Int8TileWeights:
-    """``Int8Weights``' interface over the int8 tiles (``matvec.Int8Tiles``, bias included) that one-slot
-    frames multiply by: several rows then go through the same kernel, row for row the same sums."""
+    """``Int8Weights``' interface over the one-slot frames' int8 tiles (``matvec.Int8Tiles``, bias included), so
+    that several rows get row for row the same sums."""
 
     def __init__(self, tiles: dict) -> None:
         self._tiles = tiles

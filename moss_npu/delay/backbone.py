@@ -1,9 +1,6 @@
-"""The Qwen3 backbone of the Delay model, run by llama.cpp through llama-cpp-python's low-level API.
-
-Implements docs/delay.md#backbone: embeddings go in (``llama_batch.embd``) at explicit positions, the
-prompt in ``n_batch`` chunks with an output only for the last row, and each step returns the
-post-final-RMSNorm hidden state (``llama_get_embeddings_ith``) plus the GGUF head's text logits. One
-sequence (id 0); ``clear()`` empties the KV cache per utterance. H hidden size, V text vocabulary.
+"""The Qwen3 backbone of the Delay model, run by llama.cpp through llama-cpp-python's low-level API
+(docs/delay.md#backbone): embedding rows in at explicit positions, the post-norm hidden state and the GGUF head's
+text logits out. One sequence (id 0). H hidden size, V text vocabulary.
 """
 
 from __future__ import annotations
@@ -12,17 +9,14 @@ import ctypes
 import logging
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 
+from moss_npu.delay.config import FLASH_ATTN_MODES, KV_CACHE_TYPES, DelayRunConfig
 from moss_npu.errors import CheckpointError, DeviceError, InputError, MissingDependency
 from moss_npu.extras import LLAMA_INSTALL
 
 log = logging.getLogger(__name__)
-
-GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
-FLASH_ATTN = {"auto": -1, "disabled": 0, "enabled": 1}
 
 
 def import_llama_cpp():
@@ -62,24 +56,22 @@ _native_log = None
 class LlamaBackbone:
     """One GGUF model + context; feeds embedding rows and reads hidden states and text logits."""
 
-    def __init__(self, gguf: Path, *, n_ctx: int, n_batch: int, n_threads: int, n_gpu_layers: int,
-                 kv_cache_type_k: str, kv_cache_type_v: str, flash_attn: str, verbose: bool = False,
-                 device_index: Optional[int] = None) -> None:
+    def __init__(self, gguf: Path, run: DelayRunConfig) -> None:
         global _native_log
         self._lib = lib = import_llama_cpp()
         if _native_log is None:
             _native_log = _NativeLog(lib)
-        _native_log.verbose = verbose
+        _native_log.verbose = run.verbose
         gguf = Path(gguf)
         if not gguf.is_file():
             raise CheckpointError(f"GGUF backbone {gguf} does not exist; download or convert it first")
         self._stack = ExitStack()
         lib.llama_backend_init()
         model_params = lib.llama_model_default_params()
-        model_params.n_gpu_layers = n_gpu_layers
-        if device_index is not None:  # one given accelerator holds the whole model
+        model_params.n_gpu_layers = run.n_gpu_layers
+        if run.device_index is not None:  # one given accelerator holds the whole model
             model_params.split_mode = lib.LLAMA_SPLIT_MODE_NONE
-            model_params.main_gpu = device_index
+            model_params.main_gpu = run.device_index
         self._model = lib.llama_model_load_from_file(str(gguf).encode("utf-8"), model_params)
         if not self._model:
             raise CheckpointError(f"llama.cpp could not load {gguf} (not a GGUF, an unsupported quantisation for "
@@ -87,29 +79,27 @@ class LlamaBackbone:
         self._stack.callback(lib.llama_model_free, self._model)
 
         params = lib.llama_context_default_params()
-        params.n_ctx = n_ctx
-        params.n_batch = n_batch
-        params.n_ubatch = n_batch  # every prompt chunk must fit one physical batch
-        params.n_threads = n_threads
-        params.n_threads_batch = n_threads
+        params.n_ctx = run.n_ctx
+        params.n_batch = params.n_ubatch = run.n_batch  # every prompt chunk must fit one physical batch
+        params.n_threads = params.n_threads_batch = run.n_threads
         params.embeddings = True
         params.pooling_type = lib.LLAMA_POOLING_TYPE_NONE
-        params.type_k = GGML_TYPES[kv_cache_type_k]
-        params.type_v = GGML_TYPES[kv_cache_type_v]
-        params.flash_attn_type = FLASH_ATTN[flash_attn]
+        params.type_k = KV_CACHE_TYPES[run.kv_cache_type_k]
+        params.type_v = KV_CACHE_TYPES[run.kv_cache_type_v]
+        params.flash_attn_type = FLASH_ATTN_MODES[run.flash_attn]
         self._ctx = lib.llama_init_from_model(self._model, params)
         if not self._ctx:
             self.close()
-            raise DeviceError(f"llama.cpp could not create a context (n_ctx={n_ctx}, n_batch={n_batch}, "
-                              f"kv {kv_cache_type_k}/{kv_cache_type_v}, flash_attn={flash_attn}); lower n_ctx or "
-                              "n_gpu_layers, or pick a KV type this build supports")
+            raise DeviceError(f"llama.cpp could not create a context (n_ctx={run.n_ctx}, n_batch={run.n_batch}, "
+                              f"kv {run.kv_cache_type_k}/{run.kv_cache_type_v}, flash_attn={run.flash_attn}); lower "
+                              "n_ctx or n_gpu_layers, or pick a KV type this build supports")
         self._stack.callback(lib.llama_free, self._ctx)
         self.n_embd = int(lib.llama_model_n_embd(self._model))
         self.n_vocab = int(lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(self._model)))
         self.n_ctx = int(lib.llama_n_ctx(self._ctx))
-        self.n_batch = n_batch
-        self._step_batch = lib.llama_batch_init(1, self.n_embd, 1)
-        self._stack.callback(lib.llama_batch_free, self._step_batch)
+        self.n_batch = run.n_batch
+        self._batch = lib.llama_batch_init(self.n_batch, self.n_embd, 1)  # one prompt chunk, or one step's row
+        self._stack.callback(lib.llama_batch_free, self._batch)
 
     def clear(self) -> None:
         """Empty the KV cache (start of an utterance)."""
@@ -120,15 +110,11 @@ class LlamaBackbone:
         rows = embeddings.shape[0]
         for start in range(0, rows, self.n_batch):
             chunk = embeddings[start: start + self.n_batch]
-            batch = self._lib.llama_batch_init(chunk.shape[0], self.n_embd, 1)
-            try:
-                self._decode(batch, chunk, start, output_last=start + chunk.shape[0] == rows)
-            finally:
-                self._lib.llama_batch_free(batch)
+            self._decode(chunk, start, output_last=start + chunk.shape[0] == rows)
 
     def step(self, embedding: np.ndarray, position: int) -> None:
         """Feed one row's embedding ``(H,)`` at ``position`` and output it."""
-        self._decode(self._step_batch, embedding[None, :], position, output_last=True)
+        self._decode(embedding[None, :], position, output_last=True)
 
     def hidden_state(self) -> np.ndarray:
         """Return the post-final-norm hidden state of the last output row, ``(H,)`` float32 (a copy)."""
@@ -139,17 +125,11 @@ class LlamaBackbone:
         return self._read(self._lib.llama_get_logits_ith(self._ctx, -1), self.n_vocab, "logits")
 
     def close(self) -> None:
-        """Free the context, the model and the step batch."""
+        """Free the context, the model and the batch."""
         self._stack.close()
 
-    def __enter__(self) -> "LlamaBackbone":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def _decode(self, batch, rows: np.ndarray, first_position: int, output_last: bool) -> None:
-        n = rows.shape[0]
+    def _decode(self, rows: np.ndarray, first_position: int, output_last: bool) -> None:
+        n, batch = rows.shape[0], self._batch
         if rows.shape[1] != self.n_embd:
             raise InputError(f"embeddings of width {rows.shape[1]}, the backbone expects {self.n_embd}")
         if first_position + n > self.n_ctx:

@@ -1,10 +1,6 @@
-"""The MOSS-Audio-Tokenizer codec of the Delay model, run by ONNX Runtime (24 kHz mono, 12.5 frames/s).
-
-Implements docs/delay.md#codec: ``encoder.onnx`` takes ``(B, 1, S)`` float32 + a 0-d int64 ``n_quantizers``
-and returns codes ``(Q, B, T)`` + lengths ``(B,)``; ``decoder.onnx`` takes codes ``(Q, B, T)`` + the same
-scalar and returns audio ``(B, 1, T * 1920)`` + lengths. Outputs are read by position (their names are
-not fixed upstream). The execution provider is chosen by config and a missing one is an error.
-Here the API is always ``(T, Q)`` frames-first, so a (32, 32) block is never ambiguous. S samples.
+"""The MOSS-Audio-Tokenizer codec of the Delay model, run by ONNX Runtime (docs/delay.md#codec: 24 kHz mono,
+12.5 frames/s, graph inputs and outputs read by position). Here codes are always ``(T, Q)`` frames-first, so a
+(32, 32) block is never ambiguous. S samples.
 """
 
 from __future__ import annotations
@@ -19,7 +15,6 @@ from moss_npu.errors import AudioError, CheckpointError, DeviceError, InputError
 
 log = logging.getLogger(__name__)
 
-SAMPLE_RATE_HZ = 24000
 FRAME_SAMPLES = 1920
 N_QUANTIZERS = 32
 CODEBOOK_SIZE = 1024
@@ -36,14 +31,9 @@ def import_onnxruntime():
 
 
 def resolve_provider(kind: str) -> str:
-    """Map ``auto`` or a device kind (``cpu``, ``cuda``, ``npu``/``cann``) to an installed execution provider.
-
-    Provider names come from the device layer. ``auto`` takes the first installed accelerator provider,
-    else the CPU one, and logs the choice.
-
-    Raises:
-        DeviceError: the kind is unknown, or its provider is not in this onnxruntime build.
-    """
+    """Map ``auto`` or a device kind (``cpu``, ``cuda``, ``npu``/``cann``) to an installed execution provider (names
+    from the device layer): ``auto`` takes the first installed accelerator provider, else the CPU one, and logs the
+    choice. ``DeviceError`` for an unknown kind or a provider this onnxruntime build lacks."""
     from moss_npu.device import ONNX_PROVIDERS, onnx_provider, onnx_provider_wheel
 
     available = import_onnxruntime().get_available_providers()
@@ -98,30 +88,16 @@ class OnnxSession:
 class OnnxCodec:
     """Encoder and decoder sessions of the MOSS audio tokenizer."""
 
-    sample_rate_hz = SAMPLE_RATE_HZ
-    frame_samples = FRAME_SAMPLES
-    n_quantizers = N_QUANTIZERS
+    sample_rate_hz = 24000
 
-    def __init__(self, encoder: Path, decoder: Path, provider: str = "auto", device_id: Optional[int] = None) -> None:
-        self.provider = resolve_provider(provider)
-        self.encoder = OnnxSession(encoder, self.provider, device_id)
-        self.decoder = OnnxSession(decoder, self.provider, device_id)
-
-    @classmethod
-    def from_dir(cls, folder: Path | str, provider: str = "auto", device_id: Optional[int] = None) -> "OnnxCodec":
+    def __init__(self, folder: Path | str, provider: str = "auto", device_id: Optional[int] = None) -> None:
         """Open ``encoder.onnx`` and ``decoder.onnx`` in ``folder`` (on accelerator ``device_id`` if given)."""
-        folder = Path(folder)
-        return cls(folder / "encoder.onnx", folder / "decoder.onnx", provider, device_id)
+        provider = resolve_provider(provider)
+        self.encoder = OnnxSession(Path(folder) / "encoder.onnx", provider, device_id)
+        self.decoder = OnnxSession(Path(folder) / "decoder.onnx", provider, device_id)
 
     def encode(self, wave: np.ndarray) -> np.ndarray:
-        """Encode a mono 24 kHz waveform.
-
-        Args:
-            wave: ``(S,)`` float; right-padded with zeros to a whole number of frames.
-
-        Returns:
-            ``(T, Q)`` int64 codes.
-        """
+        """Encode a mono 24 kHz waveform ``(S,)`` (zero-padded to whole frames) to ``(T, Q)`` int64 codes."""
         wave = np.asarray(wave, dtype=np.float32)
         if wave.ndim != 1 or wave.size == 0:
             raise AudioError(f"reference waveform of shape {wave.shape}; expected a non-empty mono (samples,) array")
@@ -133,14 +109,7 @@ class OnnxCodec:
         return np.ascontiguousarray(codes[:, 0, : int(lengths[0])].T, dtype=np.int64)
 
     def decode(self, codes: np.ndarray) -> np.ndarray:
-        """Decode frames to a waveform.
-
-        Args:
-            codes: ``(T, Q)`` integer codes in 0..1023 (frames first, no pad codes).
-
-        Returns:
-            ``(T * 1920,)`` float32 samples at 24 kHz.
-        """
+        """Decode ``(T, Q)`` integer codes in 0..1023 (frames first, no pad) to ``(T * 1920,)`` float32 samples."""
         codes = np.asarray(codes)
         if codes.ndim != 2 or codes.shape[1] != N_QUANTIZERS or codes.shape[0] == 0 or codes.dtype.kind not in "iu":
             raise InputError(f"codes: {codes.dtype} array of shape {codes.shape}, expected integer "

@@ -1,15 +1,12 @@
-"""Configs of the Delay backend: the model's special ids and sizes, and the run preset.
-
-``DelayModelConfig`` is read from the weights folder's ``config.json`` (the MOSS-TTS top-level keys,
-docs/delay.md#special-ids: special ids are never hard-coded). ``DelayRunConfig`` holds the run values of
-``configs/llama_cpp/*.yaml`` (docs/delay.md#presets; paths are CLI arguments, not preset keys). Precedence:
-dataclass default < YAML preset < explicit override, merged in ``load_run_config``.
+"""Configs of the Delay backend: ``DelayModelConfig``, the model's special ids and sizes from the weights folder's
+``config.json`` (docs/delay.md#special-ids), and ``DelayRunConfig``, the run values a ``configs/llama_cpp/*.yaml``
+preset may set (docs/delay.md#presets), merged defaults < preset < overrides by ``load_run_config``.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
@@ -18,25 +15,17 @@ from moss_npu.hub import download_command
 from moss_npu.presets import check_types, read_yaml_mapping
 from moss_npu.sampling_params import VALUES, SamplingParams, sampling_fields
 
-SPECIAL_ID_KEYS = (
-    "pad_token_id",
-    "im_start_token_id",
-    "im_end_token_id",
-    "audio_start_token_id",
-    "audio_end_token_id",
-    "audio_user_slot_token_id",
-    "audio_assistant_gen_slot_token_id",
-    "audio_assistant_delay_slot_token_id",
-)
-KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
-FLASH_ATTN_MODES = ("auto", "enabled", "disabled")
+# The KV cache types and flash attention modes, with llama.cpp's numbers for them (ggml_type, llama_flash_attn_type).
+KV_CACHE_TYPES = {"f32": 0, "f16": 1, "bf16": 30, "q8_0": 8, "q5_1": 7, "q5_0": 6, "q4_1": 3, "q4_0": 2}
+FLASH_ATTN_MODES = {"auto": -1, "enabled": 1, "disabled": 0}
 HEADS_BACKENDS = ("auto", "numpy", "torch")
 AUDIO_BACKENDS = ("onnx",)
 
 
 @dataclass(frozen=True)
 class DelayModelConfig:
-    """Sizes and special ids of a MOSS-TTS Delay checkpoint (names as in its ``config.json``)."""
+    """Sizes and special ids (the ``*_token_id`` fields) of a MOSS-TTS Delay checkpoint (names as in its
+    ``config.json``)."""
 
     pad_token_id: int
     im_start_token_id: int
@@ -51,42 +40,28 @@ class DelayModelConfig:
     audio_pad_code: int = 1024
     sampling_rate: int = 24000
     hidden_size: Optional[int] = None
-    vocab_size: Optional[int] = None
-    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.n_vq < 1 or self.audio_vocab_size < 1:
-            raise CheckpointError(
-                f"config.json: n_vq={self.n_vq}, audio_vocab_size={self.audio_vocab_size}; both must be >= 1"
-            )
-        if self.audio_pad_code != self.audio_vocab_size:
-            # The tables have audio_vocab_size + 1 rows and the pad is the last one.
-            raise CheckpointError(
-                f"config.json: audio_pad_code={self.audio_pad_code} but audio_vocab_size={self.audio_vocab_size}; "
-                "the pad code must be the row after the last real code"
-            )
-
-    @property
-    def special_ids(self) -> dict[str, int]:
-        """Return the eight special token ids by their config key."""
-        return {key: getattr(self, key) for key in SPECIAL_ID_KEYS}
+            raise CheckpointError(f"config.json: n_vq={self.n_vq}, audio_vocab_size={self.audio_vocab_size}; both "
+                                  "must be >= 1")
+        if self.audio_pad_code != self.audio_vocab_size:  # the tables' last row (audio_vocab_size + 1 rows) is the pad
+            raise CheckpointError(f"config.json: audio_pad_code={self.audio_pad_code} but audio_vocab_size="
+                                  f"{self.audio_vocab_size}; the pad code must be the row after the last real code")
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str) -> "DelayModelConfig":
         """Build from a MOSS config dict; ``source`` names the file in errors."""
         missing = [key for key in SPECIAL_ID_KEYS if not isinstance(data.get(key), int)]
         if missing:
-            raise CheckpointError(
-                f"{source}: special ids missing or not integers: {', '.join(missing)}; "
-                "use the config.json of the MOSS-TTS checkpoint the weights were converted from"
-            )
+            raise CheckpointError(f"{source}: special ids missing or not integers: {', '.join(missing)}; use the "
+                                  "config.json of the MOSS-TTS checkpoint the weights were converted from")
         lang = data.get("language_config") or {}
-        known = {f.name for f in fields(cls)} - {"raw"}
+        known = {f.name for f in fields(cls)}
         values = {k: data[k] for k in known if k in data and data[k] is not None}
         values.setdefault("audio_pad_code", values.get("audio_vocab_size", cls.audio_vocab_size))
         values.setdefault("hidden_size", lang.get("hidden_size"))
-        values.setdefault("vocab_size", lang.get("vocab_size"))
-        return cls(**values, raw=dict(data))
+        return cls(**values)
 
     @classmethod
     def from_weights_dir(cls, weights_dir: Path) -> "DelayModelConfig":
@@ -99,10 +74,12 @@ class DelayModelConfig:
             meta = _read_json(meta_path)
             if isinstance(meta.get("moss_config"), dict):
                 return cls.from_dict(meta["moss_config"], f"{meta_path} (moss_config)")
-        raise CheckpointError(
-            f"{weights_dir}: no config.json with the special token ids; copy config.json of the MOSS-TTS "
-            f"checkpoint into it (e.g. `{download_command('OpenMOSS-Team/MOSS-TTS', str(weights_dir), ['config.json'])}`)"
-        )
+        fetch = download_command("OpenMOSS-Team/MOSS-TTS", str(weights_dir), ["config.json"])
+        raise CheckpointError(f"{weights_dir}: no config.json with the special token ids; copy config.json of the "
+                              f"MOSS-TTS checkpoint into it (e.g. `{fetch}`)")
+
+
+SPECIAL_ID_KEYS = tuple(f.name for f in fields(DelayModelConfig) if f.name.endswith("_token_id"))
 
 
 def _read_json(path: Path) -> dict:
@@ -145,7 +122,7 @@ class DelayRunConfig(sampling_fields(SamplingParams())):
             "audio_backend": AUDIO_BACKENDS,
         }
         for key, allowed in choices.items():
-            if getattr(self, key) not in allowed:
+            if getattr(self, key) not in tuple(allowed):  # a tuple: an unhashable value is refused too
                 raise ConfigError(f"{key}={getattr(self, key)!r}: not one of {', '.join(allowed)}")
         for key in ("n_ctx", "n_batch", "n_threads", "max_new_tokens"):
             if not isinstance(getattr(self, key), int) or getattr(self, key) < 1:
@@ -166,12 +143,8 @@ class DelayRunConfig(sampling_fields(SamplingParams())):
 
 
 def load_run_config(path: Optional[Path | str] = None, overrides: Optional[Mapping[str, Any]] = None) -> DelayRunConfig:
-    """Merge defaults < YAML preset at ``path`` < ``overrides`` (keys whose value is None are not set).
-
-    Raises:
-        ConfigError: the file is unreadable, not a mapping, holds a value out of range (even one that
-            ``overrides`` replaces), or either source has unknown keys.
-    """
+    """Merge defaults < YAML preset at ``path`` < ``overrides`` (keys whose value is None are not set). ``ConfigError``
+    for a file unreadable or not a mapping, a value out of range (even one ``overrides`` replaces), unknown keys."""
     values: dict[str, Any] = {}
     if path is not None:
         data = read_yaml_mapping(path)

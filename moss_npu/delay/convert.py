@@ -1,11 +1,6 @@
-"""Convert an official MOSS-TTS (Delay) checkpoint into the llama.cpp weights layout, tensor by tensor.
-
-``python -m moss_npu.delay.convert --model DIR --output DIR`` writes (docs/delay.md#building-a-cann-backbone):
-``embeddings/`` (text + 32 audio tables, float16 .npy), ``lm_heads/`` (text + 32 audio heads, float16 .npy),
-``qwen3_backbone/`` (a Qwen3ForCausalLM safetensors checkpoint in the source dtype + config.json +
-tokenizer files, the input of llama.cpp's ``convert_hf_to_gguf.py``), ``tokenizer/``, ``config.json``
-and ``extraction_meta.json``. Every tensor is read alone (``safe_open``) and written out before the
-next, and backbone shards are streamed, so peak memory stays about one tensor.
+"""Convert an official MOSS-TTS (Delay) checkpoint into the llama.cpp weights layout
+(docs/delay.md#building-a-cann-backbone), tensor by tensor: each is read alone (``safe_open``) and written out
+before the next, so peak memory stays about one tensor.
 """
 
 from __future__ import annotations
@@ -27,6 +22,7 @@ from moss_npu.delay.config import DelayModelConfig
 from moss_npu.cli import ArgumentParser, run_cli
 from moss_npu.errors import CheckpointError, DeviceError
 from moss_npu.hub import download_command
+from moss_npu.output import write_json
 
 log = logging.getLogger(__name__)
 
@@ -72,14 +68,8 @@ def read_index(model_dir: Path) -> dict[str, Tensor]:
 
 
 def plan(tensors: dict[str, Tensor], n_vq: int) -> tuple[dict[str, Tensor], list[tuple[str, Tensor]]]:
-    """Map source tensors to ``.npy`` files and backbone keys.
-
-    Returns:
-        ``(npy, backbone)``: relative ``.npy`` path -> tensor, and ordered (Qwen3 key, tensor) pairs.
-
-    Raises:
-        CheckpointError: a tensor matches no rule, or a table or head is missing.
-    """
+    """Map source tensors to ``(npy, backbone)``: relative ``.npy`` path -> tensor, and ordered (Qwen3 key, tensor)
+    pairs. ``CheckpointError`` when a tensor matches no rule, or a table or head is missing."""
     npy: dict[str, Tensor] = {}
     backbone: list[tuple[str, Tensor]] = []
     unknown = []
@@ -155,11 +145,8 @@ def shard(entries: list[tuple[str, Tensor]], max_bytes: int) -> list[list[tuple[
 
 
 def write_safetensors(path: Path, entries: list[tuple[str, Tensor]], handles: ExitStack, opened: dict) -> None:
-    """Write a safetensors file whose header is known up front, streaming one tensor at a time.
-
-    The ``safetensors`` library only saves whole dicts in memory; this writes the same format
-    (8-byte header length, JSON header padded to 8 bytes, raw little-endian data) incrementally.
-    """
+    """Write a safetensors file one tensor at a time (the ``safetensors`` library saves only whole dicts in memory):
+    the same format, an 8-byte header length, the JSON header padded to 8 bytes, the raw little-endian data."""
     import torch
 
     header: dict = {"__metadata__": {"format": "pt"}}
@@ -190,12 +177,8 @@ def backbone_config(moss: dict) -> dict:
 
 
 def convert(model_dir: Path | str, output_dir: Path | str, max_shard_bytes: int = MAX_SHARD_BYTES) -> Path:
-    """Convert a checkpoint folder; return the output folder.
-
-    Raises:
-        CheckpointError: files missing, tensors unknown or missing, special ids absent from config.json.
-        DeviceError: torch or safetensors is not installed.
-    """
+    """Convert a checkpoint folder; return the output folder. ``CheckpointError`` for files missing, tensors unknown
+    or missing, special ids absent from config.json; ``DeviceError`` when torch or safetensors is not installed."""
     try:
         import safetensors  # noqa: F401
         import torch  # noqa: F401  (bf16 tensors are cast through torch)
@@ -228,25 +211,20 @@ def convert(model_dir: Path | str, output_dir: Path | str, max_shard_bytes: int 
     if len(groups) > 1:
         index = {"metadata": {"total_size": sum(t.nbytes for _, t in backbone)},
                  "weight_map": {key: name for name, group in zip(names, groups) for key, _ in group}}
-        _write_json(qwen_dir / "model.safetensors.index.json", index)
-    _write_json(qwen_dir / "config.json", backbone_config(moss))
+        write_json(qwen_dir / "model.safetensors.index.json", index)
+    write_json(qwen_dir / "config.json", backbone_config(moss))
     for folder in (qwen_dir, out / "tokenizer"):
         folder.mkdir(parents=True, exist_ok=True)
         for name in TOKENIZER_FILES:
             if (model_dir / name).is_file():
                 shutil.copyfile(model_dir / name, folder / name)
-    _write_json(out / "config.json", moss)
+    write_json(out / "config.json", moss)
     text = tensors["language_model.embed_tokens.weight"].shape
-    _write_json(out / "extraction_meta.json", {
+    write_json(out / "extraction_meta.json", {
         "source_model": str(model_dir), "n_vq": config.n_vq, "hidden_size": text[1], "vocab_size": text[0],
         "audio_vocab_size": config.audio_vocab_size, "backbone_dir": "qwen3_backbone",
         "embedding_dir": "embeddings", "lm_head_dir": "lm_heads", "moss_config": moss})
     return out
-
-
-def _write_json(path: Path, data: dict) -> None:
-    with _atomic(path) as tmp:
-        tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -1,9 +1,5 @@
-"""Input embeddings of the Delay model (NumPy): one text row plus Q audio rows, summed in float32.
-
-Implements docs/delay.md#embeddings: ``e = E_text[t] + sum_q E_audio_q[a_q]``, text first then channels in order
-(the order fixes the float32 rounding the goldens hold). Tables stay float16 on disk and are
-memory-mapped; only gathered rows are cast. The pad code has a learned row like any other code.
-S rows, Q codebooks, H hidden size.
+"""Input embeddings of the Delay model (docs/delay.md#embeddings): one text row plus Q audio rows, summed in
+float32 in that order from memory-mapped float16 tables. S rows, Q codebooks, H hidden size.
 """
 
 from __future__ import annotations
@@ -20,17 +16,9 @@ class DelayEmbeddings:
     def __init__(self, weights: DelayWeights) -> None:
         self.text = load_table(weights.embed_tokens)
         self.audio = [load_table(path) for path in weights.emb_ext]
-        self.hidden_size = self.text.shape[1]
 
     def __call__(self, rows: np.ndarray) -> np.ndarray:
-        """Embed rows.
-
-        Args:
-            rows: ``(S, 1 + Q)`` or ``(1 + Q,)`` integer ids.
-
-        Returns:
-            ``(S, H)`` (or ``(H,)``) float32.
-        """
+        """Embed integer rows ``(S, 1 + Q)`` (or one row ``(1 + Q,)``) as float32 ``(S, H)`` (or ``(H,)``)."""
         rows = np.asarray(rows)
         single = rows.ndim == 1
         rows = np.atleast_2d(rows)

@@ -1,10 +1,6 @@
-"""What the CLI's flags mean for the Delay backend: each one acts on the run, or is refused with one line.
-
-``delay_request(args, defaults)`` turns parsed ``inference.py`` flags into a ``DelayRequest``: the run
-config (preset < flags), the seed, the frame cap and the reference recording. A flag set to something
-other than its default that the Delay model cannot honour raises ``InputError`` naming the flag and why;
-nothing is ignored. ``--device`` places llama.cpp (GPU layers, which accelerator) and the ONNX codec
-(execution provider) and, when torch is there, the torch audio heads. No torch import here.
+"""What the CLI's flags mean for the Delay backend: ``delay_request(args, defaults)`` turns parsed ``inference.py``
+flags into a ``DelayRequest``; a flag set to something other than its default that the Delay model cannot honour
+raises ``InputError`` naming the flag and why, so nothing is ignored. No torch import here.
 """
 
 from __future__ import annotations
@@ -19,6 +15,8 @@ from moss_npu.delay.config import DelayRunConfig, load_run_config
 from moss_npu.errors import DeviceError, InputError
 from moss_npu.sampling_params import VALUES
 
+_ONE_PASS = "the Delay backend speaks the whole text in one pass (no chunks)"
+_AS_GIVEN = "text normalization is the Nano pipeline's (official infer.py); the Delay model reads the text as given"
 # Flag (argparse dest) -> why the Delay backend cannot honour it.
 REFUSED = {
     "prompt_text": "the Delay model clones a reference voice but has no continuation mode; drop --prompt-text",
@@ -32,31 +30,27 @@ REFUSED = {
     "attn_implementation": "llama.cpp picks attention kernels itself; set flash_attn in the preset",
     "host_rng": "the Delay sampler always draws on the host (NumPy), so --host-rng changes nothing",
     "nq": "the Delay model always generates all 32 codebooks",
-    "voice_clone_max_text_tokens": "the Delay backend speaks the whole text in one pass (no chunks)",
-    "tts_max_batch_size": "the Delay backend speaks the whole text in one pass (no chunks)",
+    "voice_clone_max_text_tokens": _ONE_PASS,
+    "tts_max_batch_size": _ONE_PASS,
     "decoder": "--decoder picks a Nano algorithm; the Delay backend has one",
     "speed": "the speaking rate is applied by the Nano pipeline (its streams and its server); the Delay fallback "
              "speaks at its own pace",
     "graph": "--graph captures the Nano frame decoder; llama.cpp runs the Delay backbone itself",
     "compile": "--compile compiles the Nano CPU frame step; llama.cpp runs the Delay backbone itself",
     "quantize": "the GGUF's quantisation sets the backbone's precision (choose another .gguf)",
-    "no_text_normalization": "text normalization is the Nano pipeline's (official infer.py); the Delay model "
-                             "reads the text as given",
-    "no_wetext": "text normalization is the Nano pipeline's (official infer.py); the Delay model reads the text "
-                 "as given",
+    "no_text_normalization": _AS_GIVEN,
+    "no_wetext": _AS_GIVEN,
     "print_normalized": "the Delay model reads the text as given (no normalization to print)",
     "timestamps": "the Delay model speaks the whole text in one pass, so it has no chunk times to write",
 }
-# Flags that set a DelayRunConfig key of the same meaning.
-SAMPLING_KEYS = VALUES
-# The official infer.py's legacy flags: they fill text and audio values left unset (as for Nano).
-LEGACY = {"temperature": ("text_temperature", "audio_temperature"), "top_p": ("text_top_p", "audio_top_p"),
-          "top_k": ("text_top_k", "audio_top_k"), "repetition_penalty": ("audio_repetition_penalty",)}
+# The official infer.py's legacy flags: each fills the sampling values of its name left unset (as for Nano).
+LEGACY = {name: tuple(key for key in VALUES if key.endswith(name))
+          for name in ("temperature", "top_p", "top_k", "repetition_penalty")}
 
 # Flags the Delay backend acts on (inference.py reads text, output and the backend choice itself).
 ACTING = frozenset({"text", "text_file", "output", "wav_subtype", "backend", "config", "weights", "codec_onnx_dir", "device",
                     "prompt_audio_path", "mode", "seed", "greedy", "max_new_frames", "num_threads", "quiet", "verbose",
-                    *SAMPLING_KEYS, *LEGACY})
+                    *VALUES, *LEGACY})  # the sampling values set DelayRunConfig keys of the same name
 
 
 @dataclass(frozen=True)
@@ -87,7 +81,7 @@ def refuse_unsupported(args: argparse.Namespace, defaults: Mapping[str, Any]) ->
 
 def sampling_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """Return the sampling keys set by flags; ``--greedy`` sets both temperatures to 0 (argmax, no draw)."""
-    values = {key: getattr(args, key) for key in SAMPLING_KEYS}
+    values = {key: getattr(args, key) for key in VALUES}
     for legacy, targets in LEGACY.items():
         for target in targets:
             if values[target] is None:
@@ -103,11 +97,8 @@ def sampling_overrides(args: argparse.Namespace) -> dict[str, Any]:
 def place_on_device(run: DelayRunConfig, spec: Optional[str]) -> DelayRunConfig:
     """Apply ``--device``: ``cpu`` keeps everything on the host; an accelerator offloads llama.cpp's layers
     (all of them unless the preset names a count), runs the codec on that kind's ONNX provider and the torch
-    heads there; ``N`` in ``kind:N`` picks the card. ``auto``/unset leaves the preset as it is.
-
-    Raises:
-        DeviceError: the device string is unknown, or llama-cpp-python was built without GPU offload.
-    """
+    heads there; ``N`` in ``kind:N`` picks the card. ``auto``/unset leaves the preset as it is. ``DeviceError`` for
+    an unknown device string, or a llama-cpp-python built without GPU offload."""
     from moss_npu.device import get_backend, parse_device
 
     kind, index = parse_device(spec)
@@ -126,12 +117,8 @@ def place_on_device(run: DelayRunConfig, spec: Optional[str]) -> DelayRunConfig:
 
 def delay_request(args: argparse.Namespace, defaults: Mapping[str, Any]) -> DelayRequest:
     """Build the Delay run from ``inference.py`` flags (``defaults``: what each flag is when not given).
-
-    Raises:
-        InputError: a flag the Delay backend cannot honour, a contradiction, a missing folder or a bad value.
-        ConfigError: the preset or a resulting value is invalid.
-        DeviceError: see ``place_on_device``.
-    """
+    ``InputError`` for a flag the Delay backend cannot honour, a contradiction, a missing folder or a bad value;
+    ``ConfigError`` for an invalid preset or resulting value; ``DeviceError`` as ``place_on_device``."""
     refuse_unsupported(args, defaults)
     if not args.weights:
         raise InputError("--backend llama-cpp needs --weights DIR (the MOSS-TTS-GGUF folder)")

@@ -1,34 +1,30 @@
-"""The 32 audio heads of the Delay model: post-norm hidden state ``(H,)`` -> logits ``(Q, A)``.
-
-Implements docs/delay.md#heads. The text logits come from the GGUF's own output head (llama.cpp), so only the
-audio heads live here, in NumPy (float32, one stacked matmul as upstream) or in torch on the device
-layer's device. The pad column (the last of A) is forced to -inf: the pad is never sampled.
-Q codebooks, A = audio vocabulary + 1, H hidden size.
+"""The 32 audio heads of the Delay model (docs/delay.md#heads): post-norm hidden state ``(H,)`` -> logits ``(Q, A)``,
+in NumPy or in torch on the device layer's device. Q codebooks, A = audio vocabulary + 1, H hidden size.
 """
 
 from __future__ import annotations
 
-from typing import Optional, Protocol
+from typing import Callable
 
 import numpy as np
 
 from moss_npu.delay.weights import DelayWeights, load_table
 from moss_npu.errors import ConfigError
 
+AudioHeads = Callable[[np.ndarray], np.ndarray]  # hidden state (H,) float32 -> audio logits (Q, A) float32
 
-class AudioHeads(Protocol):
-    """Anything that maps a hidden state ``(H,)`` float32 to audio logits ``(Q, A)`` float32 (NumPy)."""
 
-    def __call__(self, hidden: np.ndarray) -> np.ndarray: ...
+def _stacked(weights: DelayWeights) -> tuple[np.ndarray, int, int]:
+    """The audio heads as one ``(Q * A, H)`` float32 matrix, with Q and A."""
+    tables = [load_table(path) for path in weights.lm_head_audio]
+    return np.concatenate([np.asarray(t, dtype=np.float32) for t in tables], axis=0), len(tables), tables[0].shape[0]
 
 
 class NumpyAudioHeads:
     """Audio heads as one stacked ``(Q * A, H)`` float32 matrix."""
 
     def __init__(self, weights: DelayWeights) -> None:
-        tables = [load_table(path) for path in weights.lm_head_audio]
-        self.n_vq, self.audio_size = len(tables), tables[0].shape[0]
-        self.stacked = np.concatenate([np.asarray(t, dtype=np.float32) for t in tables], axis=0)
+        self.stacked, self.n_vq, self.audio_size = _stacked(weights)
 
     def __call__(self, hidden: np.ndarray) -> np.ndarray:
         """Return ``(Q, A)`` float32 logits for one hidden state ``(H,)``."""
@@ -44,9 +40,7 @@ class TorchAudioHeads:
     def __init__(self, weights: DelayWeights, device) -> None:
         import torch
 
-        tables = [load_table(path) for path in weights.lm_head_audio]
-        self.n_vq, self.audio_size = len(tables), tables[0].shape[0]
-        stacked = np.concatenate([np.asarray(t, dtype=np.float32) for t in tables], axis=0)
+        stacked, self.n_vq, self.audio_size = _stacked(weights)
         self.device = device
         self.weight = torch.from_numpy(stacked).to(device)
 
@@ -62,30 +56,20 @@ class TorchAudioHeads:
 
 
 def build_audio_heads(weights: DelayWeights, backend: str, device_spec: str = "auto") -> AudioHeads:
-    """Build the heads for ``backend`` (``numpy``, ``torch`` or ``auto``).
-
-    ``auto`` takes torch when it imports and the device layer resolves ``device_spec`` to an accelerator,
-    else NumPy. ``torch`` without torch installed is an error, never a quiet NumPy run.
-    """
+    """Build the heads for ``backend``: ``numpy``, ``torch`` (without torch an error, never a quiet NumPy run), or
+    ``auto``: torch when it imports and the device layer resolves ``device_spec`` to an accelerator, else NumPy."""
     if backend == "numpy":
         return NumpyAudioHeads(weights)
-    device = _torch_device(device_spec, required=backend == "torch")
-    if device is None:
-        return NumpyAudioHeads(weights)
-    return TorchAudioHeads(weights, device)
-
-
-def _torch_device(device_spec: str, required: bool) -> Optional[object]:
     try:
         import torch  # noqa: F401  (importable at all: a torch build for another CUDA fails here)
     except Exception as exc:  # absent, or a build for another CUDA that fails with OSError at import
-        if required:
+        if backend == "torch":
             raise ConfigError("heads_backend=torch but torch is not importable; install torch or use "
                               "heads_backend: numpy") from exc
-        return None
-    from moss_npu.device import backend, resolve_device
+        return NumpyAudioHeads(weights)
+    from moss_npu.device import backend as device_backend, resolve_device
 
     device = resolve_device(device_spec)
-    if not required and backend(device).host:
-        return None  # on the CPU the NumPy heads are as fast and match upstream's rounding
-    return device
+    if backend == "auto" and device_backend(device).host:
+        return NumpyAudioHeads(weights)  # on the CPU the NumPy heads are as fast and match upstream's rounding
+    return TorchAudioHeads(weights, device)

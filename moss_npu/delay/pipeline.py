@@ -1,10 +1,5 @@
-"""The Delay text-to-speech pipeline: text (+ reference voice) -> 24 kHz waveform via llama.cpp.
-
-Wires docs/delay.md#pipeline: prompt rows -> NumPy embeddings -> llama.cpp prefill -> per step (text logits from
-the GGUF head, audio heads on the hidden state, delay state machine + sampler, next row embedded and fed
-at the next position) -> de-delay -> ONNX codec decode -> loudness normalisation. Guards the official
-code lacks: ``max_new_tokens`` capped by what ``n_ctx`` leaves after the prompt, frames holding a pad code
-never reach the codec, codes always frames-first. S prompt rows, Q codebooks, H hidden size.
+"""The Delay text-to-speech pipeline: text (+ reference voice) -> 24 kHz waveform via llama.cpp
+(docs/delay.md#pipeline, with the guards the official code lacks). S prompt rows, Q codebooks, H hidden size.
 """
 
 from __future__ import annotations
@@ -12,13 +7,13 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Union
+from typing import Callable, Optional, Union
 
 import numpy as np
 
 from moss_npu.delay.backbone import LlamaBackbone
 from moss_npu.delay.codec_onnx import OnnxCodec
-from moss_npu.delay.config import DelayRunConfig, load_run_config
+from moss_npu.delay.config import DelayRunConfig
 from moss_npu.sampling_params import SamplingParams
 from moss_npu.delay.embeddings import DelayEmbeddings
 from moss_npu.delay.heads import build_audio_heads
@@ -62,31 +57,18 @@ class DelayPipeline:
         self.tokenizer = DelayTokenizer(weights.tokenizer_json, self.config)
         self.embeddings = DelayEmbeddings(weights)
         self.heads = build_audio_heads(weights, run.heads_backend, run.heads_device)
-        self.backbone = LlamaBackbone(weights.gguf, n_ctx=run.n_ctx, n_batch=run.n_batch, n_threads=run.n_threads,
-                                      n_gpu_layers=run.n_gpu_layers, kv_cache_type_k=run.kv_cache_type_k,
-                                      kv_cache_type_v=run.kv_cache_type_v, flash_attn=run.flash_attn,
-                                      verbose=run.verbose, device_index=run.device_index)
+        self.backbone = LlamaBackbone(weights.gguf, run)
         if self.backbone.n_embd != weights.hidden_size:
             self.backbone.close()
             raise CheckpointError(f"{weights.gguf}: hidden size {self.backbone.n_embd} but the embedding tables have "
                                   f"{weights.hidden_size}; GGUF and .npy files come from different checkpoints")
 
     @classmethod
-    def from_config(cls, config_path: Optional[Union[str, Path]], weights_dir: Union[str, Path],
-                    codec_onnx_dir: Optional[Union[str, Path]] = None,
-                    overrides: Optional[Mapping[str, Any]] = None) -> "DelayPipeline":
-        """Build from a YAML preset (None = defaults), a weights folder and an optional codec folder.
-
-        ``overrides`` holds preset keys set on the command line; None values are ignored.
-        """
-        return cls.open(load_run_config(config_path, overrides), weights_dir, codec_onnx_dir)
-
-    @classmethod
     def open(cls, run: DelayRunConfig, weights_dir: Union[str, Path],
              codec_onnx_dir: Optional[Union[str, Path]] = None) -> "DelayPipeline":
         """Build from a finished run config, a weights folder and an optional codec folder."""
         weights = DelayWeights.open(weights_dir, run.backbone_gguf)
-        codec = (OnnxCodec.from_dir(codec_onnx_dir, run.audio_provider, run.device_index)
+        codec = (OnnxCodec(codec_onnx_dir, run.audio_provider, run.device_index)
                  if codec_onnx_dir is not None else None)
         return cls(weights, run, codec)
 
@@ -103,24 +85,18 @@ class DelayPipeline:
     def generate(self, text: str, reference_codes: Optional[np.ndarray] = None, *, instruction: Optional[str] = None,
                  tokens: Optional[int] = None, quality: Optional[str] = None, language: Optional[str] = None,
                  max_new_tokens: Optional[int] = None, seed: Optional[int] = None,
-                 rng: Optional[np.random.RandomState] = None, sampling: Optional[SamplingParams] = None,
-                 record: bool = False, on_step: Optional[Callable[[int], None]] = None) -> Generation:
-        """Generate the codes of one utterance (no codec involved).
+                 sampling: Optional[SamplingParams] = None, record: bool = False,
+                 on_step: Optional[Callable[[int], None]] = None) -> Generation:
+        """Generate the codes of one utterance (no codec), in the voice of ``reference_codes`` ``(T, Q)`` if given.
 
-        Args:
-            reference_codes: ``(T, Q)`` codes of the voice to clone.
-            seed: seeds a fresh ``RandomState`` (same stream as upstream's ``np.random.seed``); ignored if ``rng``.
-            sampling: overrides the run config's sampling parameters for this call.
-            record: also return the hidden states and text logits of every step.
-            on_step: called with the number of steps taken after each step (progress display).
-
-        Raises:
-            InputError: the prompt alone does not fit ``n_ctx``.
+        ``seed`` seeds a fresh ``RandomState`` (upstream's ``np.random.seed`` stream); ``sampling`` overrides the
+        run's for this call; ``record`` keeps every step's hidden state and text logits; ``on_step`` is called with
+        the steps taken after each (progress). ``InputError`` when the prompt alone does not fit ``n_ctx``.
         """
         prompt = build_prompt(self.tokenizer, text, reference_codes, instruction=instruction, tokens=tokens,
                               quality=quality, language=language)
         limit = self._cap_new_tokens(prompt.shape[0], max_new_tokens)
-        rng = rng if rng is not None else np.random.RandomState(seed)
+        rng = np.random.RandomState(seed)
         sampling = sampling if sampling is not None else self.run.sampling
         state = init_state(prompt, self.config)
         self.backbone.clear()
@@ -151,20 +127,13 @@ class DelayPipeline:
                    language: Optional[str] = None, max_new_tokens: Optional[int] = None,
                    max_new_frames: Optional[int] = None, seed: Optional[int] = None,
                    on_step: Optional[Callable[[int], None]] = None) -> tuple[np.ndarray, int]:
-        """Speak ``text``, optionally in the voice of ``reference_audio`` (a file, or 24 kHz mono samples).
+        """Speak ``text``, optionally in the voice of ``reference_audio`` (a file, or 24 kHz mono samples); return
+        ``(waveform, sample_rate)``, ``(1, S)`` float32 at 24 kHz, loudness-normalised like upstream.
 
-        ``max_new_frames`` caps the audio at that many frames (12.5 per second): frame ``t`` is complete
-        once the delay staircase has produced its last codebook, so it allows ``frames + Q - 1`` steps
-        (the smaller of that and ``max_new_tokens`` when both are given).
-
-        Returns:
-            ``(waveform, sample_rate)``: ``(1, S)`` float32 at 24 kHz, loudness-normalised like upstream.
-
-        Raises:
-            ConfigError: no codec folder was given.
-            GenerationError: the model ended the utterance before its first audio frame.
-            InputError: the step cap ended the run before any audio frame (``max_new_tokens`` below the
-                staircase).
+        ``max_new_frames`` caps the audio at that many frames: a frame is complete once the staircase has produced
+        its last codebook, so it allows ``frames + Q - 1`` steps (at most ``max_new_tokens`` when both are given).
+        Raises ``ConfigError`` without a codec, ``GenerationError`` when the model ends before its first audio
+        frame, ``InputError`` when the step cap does (``max_new_tokens`` below the staircase).
         """
         codec = self._need_codec()
         codes = None if reference_audio is None else codec.encode(self._reference_wave(reference_audio))

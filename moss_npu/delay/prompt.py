@@ -1,9 +1,6 @@
-"""Prompt rows of the Delay model: text + optional reference codes -> ``(S, 1 + Q)`` int64.
-
-Implements docs/delay.md#prompt: the 18-line ``<user_inst>`` block in a hard-wired ChatML wrapper, the
-reference audio as a delay staircase under user-slot tokens, and one final ``<|audio_start|>`` row so
-generation starts in audio mode. Special token strings come from the tokenizer by id (the ids from
-``config.json``). S prompt rows, T reference frames, Q codebooks (32).
+"""Prompt rows of the Delay model (docs/delay.md#prompt): text + optional reference codes -> ``(S, 1 + Q)`` int64.
+Special token strings come from the tokenizer by id (the ids from ``config.json``). S prompt rows, T reference
+frames, Q codebooks.
 """
 
 from __future__ import annotations
@@ -19,6 +16,9 @@ from moss_npu.delay.state import apply_delay_pattern
 from moss_npu.errors import CheckpointError, InputError
 
 AUDIO_PLACEHOLDER = "<|audio|>"
+# The instruction's fields between the reference and the text, in order: keyword -> the label upstream writes.
+FIELDS = {"instruction": "Instruction", "tokens": "Tokens", "quality": "Quality", "sound_event": "Sound Event",
+          "ambient_sound": "Ambient Sound", "language": "Language"}
 
 
 class DelayTokenizer:
@@ -54,23 +54,13 @@ class DelayTokenizer:
         return self._tok.decode(ids)
 
 
-def user_block(text: str, reference: str, instruction: Optional[str], tokens: Optional[int],
-               quality: Optional[str], sound_event: Optional[str], ambient_sound: Optional[str],
-               language: Optional[str]) -> str:
-    """Return the 18-line user instruction; absent fields read ``None`` exactly as upstream's ``str()``."""
-    lines = [
-        "<user_inst>",
-        "- Reference(s):", reference,
-        "- Instruction:", str(instruction),
-        "- Tokens:", str(tokens),
-        "- Quality:", str(quality),
-        "- Sound Event:", str(sound_event),
-        "- Ambient Sound:", str(ambient_sound),
-        "- Language:", str(language),
-        "- Text:", text,
-        "</user_inst>",
-    ]
-    return "\n".join(lines)
+def user_block(text: str, reference: str, **fields: Optional[object]) -> str:
+    """Return the 18-line user instruction: ``- Label:`` then its value, each on its line, the ``FIELDS`` between
+    the reference and the text; absent fields read ``None`` exactly as upstream's ``str()``."""
+    lines = ["<user_inst>", "- Reference(s):", reference]
+    for key, label in FIELDS.items():
+        lines += [f"- {label}:", str(fields.get(key))]
+    return "\n".join(lines + ["- Text:", text, "</user_inst>"])
 
 
 def check_reference_codes(codes: np.ndarray, config: DelayModelConfig) -> np.ndarray:
@@ -85,7 +75,7 @@ def check_reference_codes(codes: np.ndarray, config: DelayModelConfig) -> np.nda
     return codes.astype(np.int64)
 
 
-def build_prompt_text(tokenizer: DelayTokenizer, text: str, n_ref_frames: int = 0, **fields: Optional[str]) -> str:
+def build_prompt_text(tokenizer: DelayTokenizer, text: str, n_ref_frames: int = 0, **fields: Optional[object]) -> str:
     """Return the full ChatML string that is tokenised in one call (the ``<|audio_start|>`` row comes apart)."""
     s = tokenizer.strings
     n_vq = tokenizer.config.n_vq
@@ -96,8 +86,7 @@ def build_prompt_text(tokenizer: DelayTokenizer, text: str, n_ref_frames: int = 
         reference = "[S1]:\n" + block
     else:
         reference = "None"
-    content = user_block(text, reference, fields.get("instruction"), fields.get("tokens"), fields.get("quality"),
-                         fields.get("sound_event"), fields.get("ambient_sound"), fields.get("language"))
+    content = user_block(text, reference, **fields)
     im_start, im_end = s["im_start_token_id"], s["im_end_token_id"]
     return f"{im_start}user\n{content}{im_end}\n{im_start}assistant\n"
 
@@ -106,14 +95,8 @@ def build_prompt(tokenizer: DelayTokenizer, text: str, reference_codes: Optional
                  instruction: Optional[str] = None, tokens: Optional[int] = None, quality: Optional[str] = None,
                  language: Optional[str] = None, sound_event: Optional[str] = None,
                  ambient_sound: Optional[str] = None) -> np.ndarray:
-    """Build the prompt rows.
-
-    Args:
-        reference_codes: ``(T, Q)`` int codes of the voice to clone, or None.
-
-    Returns:
-        ``(S, 1 + Q)`` int64: column 0 text ids, columns 1..Q audio codes (pad outside the reference).
-    """
+    """Build the prompt rows ``(S, 1 + Q)`` int64, in the voice of ``reference_codes`` ``(T, Q)`` if given: column 0
+    the text ids, columns 1..Q the audio codes (pad outside the reference)."""
     if not isinstance(text, str) or not text.strip():
         raise InputError(f"text={text!r}: give a non-empty string to speak")
     cfg = tokenizer.config

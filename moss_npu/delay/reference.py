@@ -1,12 +1,5 @@
-"""Reference recordings for the Delay codec, prepared as the official llama.cpp pipeline prepares them.
-
-docs/delay.md#reference-audio: ``soundfile`` reads the file as float32, several channels become their mean, a rate other
-than the codec's goes through ``librosa.resample`` with its defaults, then the loudness normalisation
-(``loudness_normalize`` below, also applied to the decoded output). librosa's defaults
-(``librosa.resample(y, orig_sr=, target_sr=, res_type="soxr_hq", fix=True, scale=False)``, librosa >= 0.10)
-call ``soxr.resample(y, orig_sr, target_sr, quality="soxr_hq")`` and then ``librosa.util.fix_length`` to
-``ceil(len(y) * target_sr / orig_sr)`` samples (zero-padded or cut at the end). The ``soxr`` package is
-that resampler without librosa's weight. No torch anywhere. S samples.
+"""Reference recordings for the Delay codec, prepared as the official llama.cpp pipeline prepares them
+(docs/delay.md#reference-audio), and the loudness normalisation applied to them and to the decoded output. S samples.
 """
 
 from __future__ import annotations
@@ -20,8 +13,6 @@ import numpy as np
 from moss_npu.errors import AudioError
 from moss_npu.wavfile import read_wav
 
-SOXR_QUALITY = "HQ"  # librosa's default res_type "soxr_hq"
-
 
 def resample_like_librosa(wave: np.ndarray, orig_hz: int, new_hz: int) -> np.ndarray:
     """Resample mono ``(S,)`` float32 as ``librosa.resample`` does with its defaults (soxr HQ, fixed length)."""
@@ -29,18 +20,15 @@ def resample_like_librosa(wave: np.ndarray, orig_hz: int, new_hz: int) -> np.nda
 
     if orig_hz == new_hz:
         return wave
-    out = soxr.resample(np.ascontiguousarray(wave, dtype=np.float32), orig_hz, new_hz, quality=SOXR_QUALITY)
+    out = soxr.resample(np.ascontiguousarray(wave, dtype=np.float32), orig_hz, new_hz, quality="HQ")  # "soxr_hq"
     length = math.ceil(wave.shape[-1] * float(new_hz) / orig_hz)
     out = out[:length] if out.shape[-1] >= length else np.pad(out, (0, length - out.shape[-1]))
     return np.asarray(out, dtype=np.float32)
 
 
 def load_reference(path: Union[str, Path], sample_rate: int) -> np.ndarray:
-    """Read a voice recording as mono float32 ``(S,)`` at ``sample_rate`` (before loudness normalisation).
-
-    Raises:
-        AudioError: the file is missing, undecodable, non-finite, empty or silent.
-    """
+    """Read a voice recording as mono float32 ``(S,)`` at ``sample_rate`` (before loudness normalisation);
+    ``AudioError`` for a file missing, undecodable, non-finite, empty or silent."""
     wave, rate = read_wav(path)
     if not np.isfinite(wave).all():  # NaN would pass the silence check below and poison the codec
         raise AudioError(f"reference audio {path}: holds non-finite samples (NaN or infinity); re-export the "

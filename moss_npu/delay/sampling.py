@@ -1,10 +1,7 @@
-"""The Delay sampler (NumPy): repetition penalty, top-k, top-p and an inverse-CDF draw.
-
-Implements docs/delay.md#sampling exactly as the upstream llama.cpp backend computes it, because the goldens
-compare sampled ids: top-k candidates stay in ``np.argpartition`` order (not sorted), probabilities are
-float32, and each call draws one uniform per row from the caller's ``np.random.RandomState`` (the same
-stream as upstream's ``np.random.seed(s); np.random.random(n)``). Greedy draws nothing. This is a
-different algorithm from the nano torch sampler in ``moss_npu/sampling.py``. N rows, V vocabulary.
+"""The Delay sampler (NumPy), exactly as the upstream llama.cpp backend computes it (docs/delay.md#sampling),
+because the goldens compare sampled ids: top-k candidates in ``np.argpartition`` order, float32 probabilities, one
+uniform per row from the caller's ``np.random.RandomState``. Not the Nano sampler (``moss_npu/sampling.py``).
+N rows, V vocabulary.
 """
 
 from __future__ import annotations
@@ -15,11 +12,8 @@ import numpy as np
 
 
 def apply_repetition_penalty(logits: np.ndarray, history: Optional[np.ndarray], penalty: float) -> np.ndarray:
-    """Penalise ids seen in ``history`` (CTRL rule: positive logits divided, others multiplied).
-
-    ``(N, V)`` logits: the whole history is pooled and applies to every row. ``(B, Q, V)`` logits: head q
-    sees only ``history[..., q]``. Returns a new array (the input is untouched).
-    """
+    """Penalise ids seen in ``history`` (CTRL rule: positive logits divided, others multiplied), in a new array.
+    ``(N, V)`` logits: the whole history applies to every row; ``(B, Q, V)``: head q sees ``history[..., q]``."""
     if history is None or penalty == 1.0:
         return logits
     history = np.asarray(history)
@@ -48,10 +42,8 @@ def softmax(logits: np.ndarray) -> np.ndarray:
 
 
 def apply_top_p(logits: np.ndarray, top_p: float) -> np.ndarray:
-    """Set to -inf every logit outside the smallest prefix (by probability) whose mass reaches ``top_p``.
-
-    The token that crosses ``top_p`` is kept, and the most likely token always is.
-    """
+    """Set to -inf every logit outside the smallest prefix (by probability) whose mass reaches ``top_p``: the
+    token that crosses ``top_p`` is kept, and the most likely token always is."""
     probs = softmax(logits)
     order = np.argsort(-probs, axis=-1)
     cumulative = np.cumsum(np.take_along_axis(probs, order, axis=-1), axis=-1)
@@ -65,12 +57,8 @@ def apply_top_p(logits: np.ndarray, top_p: float) -> np.ndarray:
 
 
 def candidates(logits: np.ndarray, top_k: Optional[int], top_p: Optional[float]) -> tuple[Optional[np.ndarray], np.ndarray]:
-    """Return the candidate ids and the distribution the draw walks.
-
-    Returns:
-        ``(ids, probs)``: with top-k, ids ``(N, k)`` in argpartition order and probs ``(N, k)`` over them;
-        without, ids None and probs ``(N, V)`` over the whole vocabulary.
-    """
+    """Return ``(ids, probs)``, the candidates and the distribution the draw walks: with top-k, ids ``(N, k)`` in
+    argpartition order and probs over them; without, ids None and probs ``(N, V)`` over the whole vocabulary."""
     if top_k is not None and top_k > 0:
         k = min(top_k, logits.shape[-1])
         ids = np.argpartition(logits, -k, axis=-1)[:, -k:]
@@ -94,17 +82,9 @@ def draw(probs: np.ndarray, rng: np.random.RandomState) -> np.ndarray:
 def sample_token(logits: np.ndarray, rng: np.random.RandomState, history: Optional[np.ndarray] = None,
                  repetition_penalty: float = 1.0, top_p: Optional[float] = None, top_k: Optional[int] = None,
                  do_sample: bool = True) -> np.ndarray:
-    """Sample one id per row.
-
-    Args:
-        logits: ``(N, V)`` float32 (or ``(..., V)``), temperature already applied and masked ids at -inf.
-        rng: source of the uniforms (one ``random_sample(N)`` call when sampling, none when greedy).
-        history: ids whose logits get the repetition penalty, pooled over all its entries.
-        do_sample: False takes the argmax after the penalty.
-
-    Returns:
-        ``(N,)`` (or ``logits.shape[:-1]``) int64 ids.
-    """
+    """Return one int64 id per row of ``(..., V)`` float32 logits (temperature applied, masked ids at -inf):
+    penalised for the ids in ``history``, then the argmax (``do_sample`` False, no uniform drawn) or a draw (one
+    ``rng.random_sample(N)`` call)."""
     logits = apply_repetition_penalty(logits, history, repetition_penalty)
     if not do_sample:
         return np.argmax(logits, axis=-1).astype(np.int64)

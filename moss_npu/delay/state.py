@@ -1,9 +1,6 @@
-"""The delay pattern and the per-step state machine of Delay generation.
-
-Implements docs/delay.md#the-delay-pattern: channel q of a frame is emitted q steps late (a staircase), the text column
-switches gen slot -> delay slot -> ``<|audio_end|>`` -> text, and ``DelayState`` tracks which channels
-are active. ``step`` turns one step's text logits ``(V,)`` and audio logits ``(Q, A)`` into the next row
-``(1 + Q,)``. Q codebooks, A audio vocabulary incl. pad, T frames, M delayed rows (= T + Q - 1).
+"""The delay pattern and the per-step state machine of Delay generation (docs/delay.md#the-delay-pattern).
+``step`` turns one step's text logits ``(V,)`` and audio logits ``(Q, A)`` into the next row ``(1 + Q,)``.
+Q codebooks, A audio vocabulary incl. pad, T frames, M delayed rows (= T + Q - 1).
 """
 
 from __future__ import annotations
@@ -48,45 +45,27 @@ def extract_segments(delayed: np.ndarray, pad_code: int) -> list[np.ndarray]:
 
 @dataclass
 class DelayState:
-    """Where one utterance is in the staircase (batch 1).
-
-    ``audio_length``: rows since the audio block began (channels below it are active);
-    ``delayed_length``: steps since the first delay slot, ``NOT_DRAINING`` before it;
-    ``audio_history()``: ``(rows, Q)`` audio codes of prompt + generated rows, for the repetition penalty
-    (kept in a buffer that doubles when full).
-    """
+    """Where one utterance is in the staircase (batch 1): ``audio_length``, rows since the audio block began
+    (channels below it are active); ``delayed_length``, steps since the first delay slot (``NOT_DRAINING`` before);
+    ``audio_history()``, the audio codes of prompt and generated rows for the repetition penalty."""
 
     audio_length: int = 0
     delayed_length: int = NOT_DRAINING
     is_audio: bool = False
     is_stopping: bool = False
     time_step: int = 0
-    _buffer: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.int64), repr=False)
-    _rows: int = 0
-
-    def reset(self) -> None:
-        """Forget everything (a new utterance)."""
-        self.audio_length, self.delayed_length = 0, NOT_DRAINING
-        self.is_audio = self.is_stopping = False
-        self.time_step = 0
-        self._rows = 0
+    _history: list = field(default_factory=list, repr=False)  # (n, Q) int64 blocks, joined when read
 
     def append_audio(self, codes: np.ndarray) -> None:
         """Add rows ``(n, Q)`` of audio codes to the history."""
-        codes = np.atleast_2d(codes)
-        needed = self._rows + codes.shape[0]
-        if self._rows == 0 and self._buffer.shape[1] != codes.shape[1]:
-            self._buffer = np.empty((0, codes.shape[1]), dtype=np.int64)
-        if needed > self._buffer.shape[0]:
-            grown = np.empty((max(2 * needed, 256), codes.shape[1]), dtype=np.int64)
-            grown[: self._rows] = self._buffer[: self._rows]
-            self._buffer = grown
-        self._buffer[self._rows: needed] = codes
-        self._rows = needed
+        self._history.append(np.atleast_2d(codes).astype(np.int64, copy=False))
 
     def audio_history(self) -> np.ndarray:
-        """Return the audio codes seen so far, ``(rows, Q)`` int64 (a view, valid until the next append)."""
-        return self._buffer[: self._rows]
+        """Return the audio codes seen so far, ``(rows, Q)`` int64 (read only with a repetition penalty, whose
+        ``np.unique`` over it costs more than joining it)."""
+        if len(self._history) != 1:
+            self._history = [np.concatenate(self._history) if self._history else np.zeros((0, 0), np.int64)]
+        return self._history[0]
 
 
 def init_state(prompt: np.ndarray, config: DelayModelConfig) -> DelayState:
@@ -157,15 +136,8 @@ def _choose_audio(state: DelayState, audio_logits: np.ndarray, sampling: Samplin
 
 def step(state: DelayState, text_logits: np.ndarray, audio_logits: np.ndarray, sampling: SamplingParams,
          config: DelayModelConfig, rng: np.random.RandomState) -> np.ndarray:
-    """Choose the next row from one step's logits and advance the state.
-
-    Args:
-        text_logits: ``(V,)`` float32 from the backbone's text head.
-        audio_logits: ``(Q, A)`` float32 from the audio heads (pad column already -inf or not; it is masked here).
-
-    Returns:
-        ``(1 + Q,)`` int64: text id, then Q codes (pad for inactive channels).
-    """
+    """Choose the next row ``(1 + Q,)`` int64 (text id, then Q codes, pad for inactive channels) from one step's
+    text logits ``(V,)`` and audio logits ``(Q, A)`` (their pad column is masked here), and advance the state."""
     cfg = config
     if state.is_stopping:
         row = np.full(1 + cfg.n_vq, cfg.audio_pad_code, dtype=np.int64)
@@ -194,21 +166,8 @@ def step(state: DelayState, text_logits: np.ndarray, audio_logits: np.ndarray, s
     return np.concatenate([[text], codes]).astype(np.int64)
 
 
-def phase(text_id: int, config: DelayModelConfig) -> str:
-    """Name a generated row by its text id (``gen_slot``, ``delay_slot``, ``audio_end``, ``im_end``, ``text``)."""
-    names = {config.audio_assistant_gen_slot_token_id: "gen_slot",
-             config.audio_assistant_delay_slot_token_id: "delay_slot",
-             config.audio_end_token_id: "audio_end", config.im_end_token_id: "im_end"}
-    return names.get(int(text_id), "text")
-
-
 def frames_from_rows(rows: np.ndarray, config: DelayModelConfig) -> np.ndarray:
-    """Turn generated rows ``(steps, 1 + Q)`` into codec frames ``(T, Q)``: segments joined, pad frames dropped.
-
-    A frame that still holds a pad code in some channel (a run cut mid-staircase) never reaches the codec.
-    """
-    segments = extract_segments(rows[:, 1:], config.audio_pad_code)
-    if not segments:
-        return np.zeros((0, config.n_vq), dtype=np.int64)
-    frames = np.concatenate(segments, axis=0)
+    """Turn generated rows ``(steps, 1 + Q)`` into codec frames ``(T, Q)``: de-delayed, and every frame that holds a
+    pad code dropped (the all-pad frames between segments, and a frame of a run cut mid-staircase)."""
+    frames = de_delay(rows[:, 1:])
     return frames[~np.any(frames == config.audio_pad_code, axis=1)]

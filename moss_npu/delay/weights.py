@@ -1,9 +1,5 @@
-"""The Delay weights folder: finds and checks every file before anything heavy loads.
-
-Layout (docs/delay.md#weights-folder, what ``OpenMOSS-Team/MOSS-TTS-GGUF`` ships plus the checkpoint's
-``config.json``): one ``*.gguf`` backbone, ``embeddings/embed_tokens.npy`` + ``emb_ext_XX.npy``,
-``lm_heads/lm_head_text.npy`` + ``lm_head_audio_XX.npy``, ``tokenizer/tokenizer.json``. Shapes are read
-from the ``.npy`` headers (memory-mapped), never assumed. H hidden size, V text vocab, A = audio vocab + 1.
+"""The Delay weights folder (docs/delay.md#weights-folder): finds and checks every file before anything heavy
+loads; shapes come from the ``.npy`` headers, never assumed. H hidden size, V text vocab, A = audio vocab + 1.
 """
 
 from __future__ import annotations
@@ -22,12 +18,10 @@ from moss_npu.errors import CheckpointError
 class DelayWeights:
     """Checked paths and sizes of one weights folder."""
 
-    root: Path
     config: DelayModelConfig
     gguf: Path
     embed_tokens: Path
     emb_ext: tuple[Path, ...]
-    lm_head_text: Path
     lm_head_audio: tuple[Path, ...]
     tokenizer_json: Path
     hidden_size: int
@@ -35,15 +29,9 @@ class DelayWeights:
 
     @classmethod
     def open(cls, root: Path | str, backbone_gguf: Optional[str] = None) -> "DelayWeights":
-        """Locate and check the files of a weights folder.
-
-        Args:
-            root: the folder (``--weights``).
-            backbone_gguf: GGUF file name inside it; None picks the only ``*.gguf`` there.
-
-        Raises:
-            CheckpointError: a file is missing, or a table has the wrong shape or dtype.
-        """
+        """Locate and check the files of the weights folder ``root`` (``--weights``); ``backbone_gguf`` names the GGUF
+        inside it (None: the only ``*.gguf`` there). ``CheckpointError`` for a missing file or a table's wrong shape
+        or dtype."""
         root = Path(root).expanduser()
         if not root.is_dir():
             raise CheckpointError(f"weights folder {root} does not exist; download OpenMOSS-Team/MOSS-TTS-GGUF "
@@ -69,8 +57,7 @@ class DelayWeights:
         if _shape2(lm_head_text) != (vocab_size, hidden_size):
             raise CheckpointError(f"{lm_head_text}: shape {_shape2(lm_head_text)}, expected "
                                   f"{(vocab_size, hidden_size)} like embed_tokens.npy")
-        return cls(root, config, gguf, embed_tokens, emb_ext, lm_head_text, lm_head_audio, tokenizer_json,
-                   hidden_size, vocab_size)
+        return cls(config, gguf, embed_tokens, emb_ext, lm_head_audio, tokenizer_json, hidden_size, vocab_size)
 
 
 def _need(path: Path) -> Path:

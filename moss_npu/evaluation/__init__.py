@@ -1,16 +1,7 @@
-"""Device accuracy comparison behind ``eval_accuracy.py`` (docs/accuracy.md#tiers).
+"""Device accuracy comparison behind ``eval_accuracy.py`` (docs/accuracy.md#tiers): ``sides`` runs one model on
+one device, ``run`` the reference side then the target side (never both at once), ``tiers`` compares the two
+captures, ``report`` holds the outcome."""
 
-``sides`` runs one model (native or official code) on one device over fixed inputs and keeps every result on
-the host; ``run`` loads the reference side, captures, frees it, then does the same for the target side (never
-both at once); ``tiers`` compares the two captures in three tiers; ``report`` prints and writes the outcome.
-"""
-
-from moss_npu.evaluation.report import Report
 from moss_npu.evaluation.run import EvalRequest, SideSpec, evaluate, generation_settings
-from moss_npu.evaluation.sides import DEFAULT_INPUTS, EvalInput, GenerationSettings, load_side
+from moss_npu.evaluation.sides import DEFAULT_INPUTS, EvalInput, load_side
 from moss_npu.evaluation.tiers import Thresholds
-
-__all__ = [
-    "DEFAULT_INPUTS", "EvalInput", "EvalRequest", "GenerationSettings", "Report", "SideSpec", "Thresholds",
-    "evaluate", "generation_settings", "load_side",
-]

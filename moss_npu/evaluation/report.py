@@ -1,4 +1,4 @@
-"""The outcome of an accuracy comparison: a readable table for stdout and a JSON report written atomically.
+"""The outcome of an accuracy comparison: a readable table for stdout and a JSON-ready report.
 
 The JSON holds, per tier, every item's metrics and pass/fail, the thresholds used, both sides (implementation,
 dtype, device name from ``moss_npu.device.describe``) and the library versions. JSON has no infinity, so
@@ -12,12 +12,10 @@ import math
 import platform
 from dataclasses import dataclass
 from importlib import metadata
-from pathlib import Path
 from typing import Any
 
 from moss_npu import __version__
 from moss_npu.evaluation.tiers import Item, Thresholds, TierResult
-from moss_npu.output import write_json
 
 VERSIONED = ("torch", "torch_npu", "numpy", "transformers")
 
@@ -56,10 +54,6 @@ class Report:
         }
         return _finite(data)
 
-    def write_json(self, path: Path | str) -> Path:
-        """Write the report to ``path`` atomically (a temp file in the same folder, then a rename)."""
-        return write_json(path, self.to_dict())
-
     def format_table(self) -> str:
         """Return the human-readable summary: both sides, one block per tier, one line per item."""
         lines = [f"reference: {_side(self.reference)}", f"target:    {_side(self.target)}",
@@ -80,10 +74,8 @@ class Report:
 
 
 def versions() -> dict[str, str]:
-    """Versions of Python and of the installed packages that decide the numbers (absent ones left out).
-
-    Read from package metadata, so that torch_npu is never imported just to report its version.
-    """
+    """Versions of Python and of the installed packages that decide the numbers (absent ones left out), from their
+    metadata: torch_npu is never imported just to report its version."""
     out = {"python": platform.python_version(), "moss_npu": __version__}
     for name in VERSIONED:
         try:
@@ -105,9 +97,7 @@ def _side(info: dict[str, Any]) -> str:
 def _num(x: Any) -> str:
     if x is None:
         return "-"
-    if isinstance(x, float) and math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    return f"{x:.3g}" if isinstance(x, float) else str(x)
+    return f"{x:.3g}" if isinstance(x, float) else str(x)  # "inf", "-inf" and "nan" format as themselves
 
 
 def _summary(item: Item) -> str:

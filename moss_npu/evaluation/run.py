@@ -1,9 +1,6 @@
-"""The serial comparison: reference side first, freed, then the target side; never both loaded at once.
-
-``evaluate`` loads the reference (normally native fp32 on the CPU), captures every check on the host, frees the
-model and the device memory, then loads and captures the target on the reference's fixed inputs and compares.
-Loading goes through an injectable ``load`` function and every step is announced to ``on_event``, so callers
-can show progress and tests can check the order.
+"""The serial comparison: the reference side (normally native fp32 on the CPU) captured on the host and freed,
+then the target side on the reference's fixed inputs; never both loaded at once. Loading goes through an
+injectable ``load`` and every step is announced to ``on_event``, so callers show progress and tests check the order.
 """
 
 from __future__ import annotations
@@ -45,12 +42,9 @@ class EvalRequest:
 
 def generation_settings(reference: SideSpec, target: SideSpec, *, max_new_frames: int, seed: int,
                         greedy: bool) -> GenerationSettings:
-    """Choose tier C's sampling and random source so that both sides can draw the same tokens.
-
-    Sampled runs use the official runtime defaults. Two native sides share a seeded host generator; the
-    official code draws on the device only, so against it both sides seed their device generator the same
-    way, which matches only on one device. Elsewhere a sampled comparison would be meaningless, and is refused.
-    """
+    """Choose tier C's sampling (greedy, or the official runtime defaults) and random source so that both sides draw
+    the same tokens: two native sides share a seeded host generator; the official code draws on the device only, so
+    against it both seed their device generator, which matches on one device only (elsewhere: refused)."""
     if max_new_frames < 1:
         raise InputError(f"--max-new-frames {max_new_frames}: use at least 1 (12.5 frames per second)")
     if seed < 0:

@@ -1,10 +1,8 @@
 """One side of an accuracy comparison: a model on one device, run over fixed inputs, results kept on the host.
 
-The reference side builds the fixed inputs (prompt rows, voice-reference codes, the tokens of one
-teacher-forced frame, codes for the codec) and generates the codes that tier B decodes; the target side reuses
-all of them, so both compute the same functions of the same inputs. ``NativeSide`` runs this package;
-``UpstreamSide`` runs the official code through ``moss_npu.upstream.UpstreamTTS`` (its ``teacher_forced``,
-``generate_codes``, ``decode_codes`` and ``prompt_rows``).
+The reference side builds the fixed inputs (prompt rows, voice-reference codes, one teacher-forced frame, codec
+codes) and the codes tier B decodes; the target side reuses them, so both compute the same functions of the same
+inputs. ``NativeSide`` runs this package, ``UpstreamSide`` the official code (``moss_npu.upstream.UpstreamTTS``).
 Shapes: L prompt rows, E hidden, Q = n_vq channels, V codebook size, F frames, C channels, S samples.
 """
 
@@ -50,10 +48,8 @@ DEFAULT_INPUTS = (
 
 @dataclass(frozen=True)
 class SideSpec:
-    """Which implementation to load where: ``role`` is ``reference`` or ``target``, ``impl`` native or upstream.
-
-    ``code_dir``: where the official ``*.py`` code lives for an upstream side (None: the model folders).
-    """
+    """Which implementation to load where: ``role`` is ``reference`` or ``target``, ``impl`` native or upstream;
+    ``code_dir``: where an upstream side's official ``*.py`` code lives (None: the model folders)."""
 
     role: str
     impl: str
@@ -73,11 +69,9 @@ class SideSpec:
 
 @dataclass(frozen=True)
 class GenerationSettings:
-    """Free-running generation of tier C: frame limit, sampling, seed, and where random numbers come from.
-
-    ``rng`` is ``host`` (a seeded CPU generator: identical draws on every device), ``device`` (each side seeds its
-    device generator like the official runtime: comparable on one device only) or ``none`` (greedy).
-    """
+    """Free-running generation of tier C. ``rng`` is where random numbers come from: ``host`` (a seeded CPU
+    generator: identical draws on every device), ``device`` (each side's, seeded like the official runtime: one
+    device only) or ``none`` (greedy)."""
 
     max_new_frames: int
     sampling: SamplingParams
@@ -187,7 +181,8 @@ class NativeSide:
         self._generate(cap, settings)
         if ref is None:
             # Tier B decodes greedy codes: they exist whatever the sampled run of tier C did (it may stop at once).
-            cap.fixed_codes = cap.codes if settings.rng == "none" else self._greedy_codes(cap.rows, settings)
+            cap.fixed_codes = (cap.codes if settings.rng == "none"
+                               else self._codes(cap.rows, settings.max_new_frames, sampling=SamplingParams())[0])
             if cap.codes is not None and len(cap.codes):
                 cap.tensors["generated_wave"] = self._decode(cap.codes)
         else:
@@ -232,31 +227,25 @@ class NativeSide:
         generator = torch.Generator().manual_seed(settings.seed) if settings.rng == "host" else None
         if settings.rng == "device":
             devices.seed_everything(settings.seed, model.device)
-        try:
-            result = generate(model, cap.rows.to(model.device), sampling=settings.sampling,
-                              max_new_frames=settings.max_new_frames, generator=generator,
-                              host_rng=settings.rng == "host", logits_hook=record)
-        except RuntimeError as exc:  # low precision can overflow; that is a finding, not a crash
-            if "Non-finite" not in str(exc):
-                raise
-            cap.error = str(exc)
+        cap.codes, cap.error = self._codes(cap.rows, settings.max_new_frames, sampling=settings.sampling,
+                                           generator=generator, host_rng=settings.rng == "host", logits_hook=record)
+        if cap.codes is None:
             return
-        cap.codes = result.codes[0].cpu()
         vocab = model.config.audio_codebook_sizes[0]
         cap.text_logits = torch.stack(seen["text"]) if seen["text"] else torch.zeros(0, 2)
         cap.audio_logits = torch.stack(seen["audio"]) if seen["audio"] else torch.zeros(0, vocab)
 
-    def _greedy_codes(self, rows: torch.Tensor, settings: GenerationSettings) -> Optional[torch.Tensor]:
-        """Greedy codes (F, Q) for the prompt rows, or None when low precision made the logits non-finite."""
+    def _codes(self, rows: torch.Tensor, max_new_frames: int,
+               **options: Any) -> tuple[Optional[torch.Tensor], Optional[str]]:
+        """Codes (F, Q) generated from the prompt rows, or None and the message where low precision made the logits
+        non-finite (a finding, not a crash)."""
         model = self.tts.model
         try:
-            result = generate(model, rows.to(model.device), sampling=SamplingParams(),
-                              max_new_frames=settings.max_new_frames)
+            return generate(model, rows.to(model.device), max_new_frames=max_new_frames, **options).codes[0].cpu(), None
         except RuntimeError as exc:
             if "Non-finite" not in str(exc):
                 raise
-            return None
-        return result.codes[0].cpu()
+            return None, str(exc)
 
     def _decode(self, codes: torch.Tensor) -> torch.Tensor:
         """Decode codes (F, Q) in one call; return (C, S) on the host."""

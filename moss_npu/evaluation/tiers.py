@@ -122,12 +122,9 @@ def token_item(name: str, label: str, a: Optional[torch.Tensor], b: Optional[tor
 
 
 def comparable_decisions(codes: torch.Tensor, ref_codes: torch.Tensor, nq: int) -> tuple[int, int, str]:
-    """Return how many (text, audio) decisions both runs made from identical histories, and the kind of the
-    divergent one (``text``, ``audio`` or ``none``).
-
-    Decisions come in order: per frame the continue/stop choice, then channels 0..nq-1. Every decision up to
-    and including the first divergent one saw the same prefix, so its logits are comparable.
-    """
+    """Return how many (text, audio) decisions both runs made from identical histories (per frame the continue/stop
+    choice, then channels 0..nq-1; up to and including the first divergent one, whose logits are still comparable)
+    and that one's kind (``text``, ``audio`` or ``none``)."""
     k = accuracy.first_divergent_frame(codes.numpy(), ref_codes.numpy())
     if k is None:
         return len(codes) + 1, len(codes) * nq, "none"  # + 1: a stop decision may follow the last frame

@@ -1,24 +1,21 @@
-"""Load and write official-format MOSS-TTS-Nano checkpoints (docs/architecture.md#checkpoints).
+"""Load official-format MOSS-TTS-Nano checkpoints (docs/architecture.md#checkpoints).
 
 A model folder holds ``config.json``, ``model.safetensors`` or ``pytorch_model.bin`` and ``tokenizer.model``.
-Files differ in which tied copies they store and in their dtype (the official release is a bf16 ``.bin`` with
-the audio-head copies and a stray ``local_transformer.wte.weight``). The tables below say what happens to such
-keys; everything else must match the model exactly (strict load).
+Files differ in their dtype and in which tied copies and stray keys they store; the tables below say what
+happens to those, and everything else must match the model exactly (strict load).
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
-import shutil
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Mapping
 
 import torch
 
 from moss_npu.errors import CheckpointError
-from moss_npu.nano.config import NanoConfig, load_config, official_config_dict
+from moss_npu.nano.config import NanoConfig, load_config
 from moss_npu.nano.model import NanoTTSModel
 from moss_npu.origin import stamp_origin
 
@@ -77,14 +74,9 @@ def load_model(
     dtype: torch.dtype = torch.float32,
     attn_impl: str = "sdpa",
 ) -> NanoTTSModel:
-    """Build the model from a folder's ``config.json`` and weights; return it in eval mode on ``device``.
-
-    Any stored dtype is cast to ``dtype``. ``attn_impl`` ("sdpa" or "eager") applies to both decoders; the
-    config's ``attn_implementation`` is ignored.
-    Raises:
-        CheckpointError: missing files, unreadable weights, missing or unknown keys, wrong shapes.
-        ConfigError: an invalid config.json.
-    """
+    """Build the model from a folder's ``config.json`` and weights, cast to ``dtype``; return it in eval mode on
+    ``device``. ``attn_impl`` ("sdpa" or "eager") applies to both decoders (the config's is ignored).
+    CheckpointError for missing, unreadable or mismatched weights, ConfigError for an invalid config.json."""
     model_dir = Path(model_dir)
     config = load_config(model_dir)
     identity = checkpoint_identity(model_dir)
@@ -114,16 +106,9 @@ def load_model(
 
 
 def checkpoint_identity(model_dir: Path) -> str:
-    """Return a name for the content of a model folder's weights and config without reading the weights whole
-    (hashing 0.5-2 GB at every start would cost seconds): the weights file's size, inode, device, modification
-    and change times in nanoseconds, and a SHA-256 of its first and last MiB (a safetensors header, the
-    names, shapes and offsets of every tensor, is at the start) and of ``config.json``.
-
-    Rewriting the file sets its modification and change times, and replacing it gives another inode or change
-    time; tools that carry a modification time over (``cp -p``, rsync, tar) still set the change time, which
-    only a changed system clock can set back. So two different contents share a name only when the same inode
-    of the same size is rewritten under a clock set back to the nanosecond, with the same first and last MiB.
-    A folder moved or copied gets a new name (its entries are prepared once more), which is safe.
+    """Return a name for the content of a model folder's weights and config without reading the weights whole:
+    the weights file's size, inode, device, modification and change times in nanoseconds, and a SHA-256 of its
+    first and last MiB and of ``config.json``. Why that is safe: docs/performance.md#start-up.
     """
     path = weights_file(model_dir).resolve()
     digest = hashlib.sha256()
@@ -145,73 +130,3 @@ def _names(keys: list[str], limit: int = 8) -> str:
         return "none"
     more = f" (+{len(keys) - limit} more)" if len(keys) > limit else ""
     return ", ".join(keys[:limit]) + more
-
-
-def _merge(base: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in overrides.items():
-        out[key] = _merge(out[key], value) if isinstance(value, Mapping) and isinstance(out.get(key), dict) else value
-    return out
-
-
-def random_state_dict(config: NanoConfig, seed: int = 0, std: Optional[float] = None) -> dict[str, torch.Tensor]:
-    """Return random fp32 weights with the unique official keys (normal(0, std), norms 1/0)."""
-    std = config.gpt2_config.initializer_range if std is None else std
-    model = NanoTTSModel(config)
-    gen = torch.Generator().manual_seed(seed)
-    state: dict[str, torch.Tensor] = {}
-    for key, p in model.state_dict().items():
-        if key in tied_keys(config):
-            continue
-        if ".ln_" in key or key.endswith("ln_f.weight") or key.endswith("ln_f.bias"):
-            fill = 1.0 if key.endswith("weight") else 0.0
-            state[key] = torch.full(p.shape, fill)
-        elif key.endswith(".bias"):
-            state[key] = torch.zeros(p.shape)
-        else:
-            state[key] = torch.randn(p.shape, generator=gen) * std
-    return state
-
-
-def write_random_checkpoint(
-    folder: Path | str,
-    config_overrides: Optional[Mapping[str, Any]] = None,
-    *,
-    seed: int = 0,
-    fmt: str = "safetensors",
-    dtype: torch.dtype = torch.float32,
-    tied_copies: bool = False,
-    stray_local_wte: bool = False,
-    tokenizer_model: Optional[Path | str] = None,
-    state: Optional[Mapping[str, torch.Tensor]] = None,
-) -> Path:
-    """Write an official-format model folder with random (or given) weights; return the folder.
-
-    The config is the real MOSS-TTS-Nano one (12 × 768, 16 × 1024 codebooks) updated with ``config_overrides``
-    (nested dicts merge, e.g. ``{"gpt2_config": {"n_layer": 2}}``). ``fmt`` is "safetensors" or "bin";
-    ``tied_copies`` also stores the head aliases, ``stray_local_wte`` adds the key upstream ignores, as the
-    official release file does. ``tokenizer_model`` is copied in as ``tokenizer.model`` when given.
-    """
-    if fmt not in ("safetensors", "bin"):
-        raise ValueError(f"fmt={fmt!r}; use 'safetensors' or 'bin'")
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    data = _merge(official_config_dict(), config_overrides or {})
-    config = NanoConfig.from_dict(data)
-    (folder / "config.json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    weights = dict(random_state_dict(config, seed) if state is None else state)
-    weights = {k: v.to(dtype).contiguous() for k, v in weights.items()}
-    if tied_copies:
-        for alias, source in tied_keys(config).items():
-            weights[alias] = weights[source].clone()
-    if stray_local_wte:
-        weights["local_transformer.wte.weight"] = weights["transformer.wte.weight"].clone()
-    if fmt == "safetensors":
-        from safetensors.torch import save_file
-
-        save_file(weights, str(folder / "model.safetensors"))
-    else:
-        torch.save(weights, str(folder / "pytorch_model.bin"))
-    if tokenizer_model is not None:
-        shutil.copyfile(tokenizer_model, folder / "tokenizer.model")
-    return folder

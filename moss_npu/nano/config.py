@@ -8,7 +8,7 @@ ignored: the attention function is chosen by the caller of ``load_model``.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
@@ -53,10 +53,6 @@ class GPT2Config:
         if self.activation_function not in ACTIVATIONS:
             raise ConfigError(f"gpt2_config.activation_function={self.activation_function!r} is not supported; "
                               f"use one of {list(ACTIVATIONS)}")
-
-    @property
-    def hidden_size(self) -> int:
-        return self.n_embd
 
     @property
     def head_dim(self) -> int:
@@ -142,23 +138,7 @@ class NanoConfig:
         gpt2 = data.pop("gpt2_config", None) or {}
         if not isinstance(gpt2, Mapping):
             raise ConfigError(f"config.json: gpt2_config must be an object, got {type(gpt2).__name__}")
-        gpt2_config = _build(GPT2Config, gpt2)
-        try:
-            return cls(gpt2_config=gpt2_config, **_split(cls, data))
-        except (TypeError, ValueError) as exc:  # a value of the wrong type in the file
-            raise ConfigError(f"config.json: {exc}; fix the file") from exc
-
-    def to_dict(self) -> dict[str, Any]:
-        """Return the official ``config.json`` layout (extra keys included, derived copies refreshed)."""
-        out = {k: v for k, v in asdict(self).items() if k not in ("extra", "gpt2_config")}
-        out["audio_codebook_sizes"] = list(self.audio_codebook_sizes)
-        gpt2 = {k: v for k, v in asdict(self.gpt2_config).items() if k != "extra"}
-        gpt2.update(self.gpt2_config.extra)
-        out["gpt2_config"] = gpt2
-        out.update(self.extra)
-        out.update(vocab_size=self.vocab_size, hidden_size=self.hidden_size,
-                   max_position_embeddings=self.gpt2_config.n_positions)
-        return out
+        return _build(cls, data, gpt2_config=_build(GPT2Config, gpt2))
 
 
 def _split(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
@@ -169,10 +149,10 @@ def _split(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
     return known
 
 
-def _build(cls: type, data: Mapping[str, Any]):
+def _build(cls: type, data: Mapping[str, Any], **parts: Any):
     try:
-        return cls(**_split(cls, data))
-    except TypeError as exc:  # a value of the wrong type in the file
+        return cls(**_split(cls, data), **parts)
+    except (TypeError, ValueError) as exc:  # a value of the wrong type in the file
         raise ConfigError(f"config.json: {exc}; fix the file") from exc
 
 
@@ -188,58 +168,3 @@ def load_config(path: Path | str) -> NanoConfig:
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path}: not valid JSON ({exc}); re-download the checkpoint") from exc
     return NanoConfig.from_dict(data)
-
-
-def official_config_dict() -> dict[str, Any]:
-    """Return the real MOSS-TTS-Nano config (12 × 768 global, 1 local layer, 16 × 1024 codebooks)."""
-    return {
-        "architectures": ["MossTTSNanoForCausalLM"],
-        "model_type": "moss_tts_nano",
-        "n_vq": 16,
-        "audio_vocab_size": 1024,
-        "audio_codebook_sizes": [1024] * 16,
-        "audio_pad_token_id": 1024,
-        "pad_token_id": 3,
-        "im_start_token_id": 4,
-        "im_end_token_id": 5,
-        "audio_start_token_id": 6,
-        "audio_end_token_id": 7,
-        "audio_user_slot_token_id": 8,
-        "audio_assistant_slot_token_id": 9,
-        "attn_implementation": "flash_attention_2",
-        "local_transformer_attn_implementation": "flash_attention_2",
-        "local_transformer_layers": 1,
-        "model_architecture": "global_local_transformer",
-        "audio_tokenizer_type": "moss-audio-tokenizer-nano",
-        "audio_tokenizer_pretrained_name_or_path": "OpenMOSS-Team/MOSS-Audio-Tokenizer-Nano",
-        "audio_tokenizer_sample_rate": 48000,
-        "tokenizer_class": "MossTTSNanoSentencePieceTokenizer",
-        "tokenizer_use_fast": False,
-        "initializer_range": 0.02,
-        "dtype": "float32",
-        "gpt2_config": {
-            "model_type": "gpt2",
-            "n_embd": 768,
-            "n_head": 12,
-            "n_layer": 12,
-            "n_inner": 3072,
-            "n_positions": 32768,
-            "n_ctx": 32768,
-            "vocab_size": 16384,
-            "activation_function": "gelu_new",
-            "layer_norm_epsilon": 1e-5,
-            "position_embedding_type": "rope",
-            "rope_base": 10000.0,
-            "scale_attn_weights": True,
-            "scale_attn_by_inverse_layer_idx": False,
-            "reorder_and_upcast_attn": False,
-            "attn_pdrop": 0.0,
-            "embd_pdrop": 0.0,
-            "resid_pdrop": 0.0,
-            "bos_token_id": 1,
-            "eos_token_id": 2,
-            "pad_token_id": 3,
-            "initializer_range": 0.02,
-            "tie_word_embeddings": True,
-        },
-    }

@@ -34,7 +34,7 @@ from moss_npu.nano.model import KVCache, NanoTTSModel
 from moss_npu.nano.prepared import DecoderWeights
 from moss_npu.nano.reuse import LocalTables, PrefixCache
 from moss_npu.nano.state import DecodeState
-from moss_npu.sampling import SamplingParams, SlotSampling, TokenParams, sample_token, sample_with_noise
+from moss_npu.sampling import SamplingParams, TokenParams, sample_token
 
 SAMPLERS = ("official", "noise")
 
@@ -90,9 +90,11 @@ class FrameDecoder:
             self.tables = LocalTables.build(model, max_len, self.weights.audio_qkv)
             self._key_range = torch.arange(max_len, device=model.device)
             self._channel_range = torch.arange(cfg.n_vq, device=model.device)
+            self._pad_codes = torch.full((cfg.n_vq,), self.pad, device=model.device)
             # Flattened cache row of each (slot, head) at position 0 (+ position: its new key), local and global.
             heads = torch.arange(slots * cfg.gpt2_config.n_head, device=model.device)
-            self._local_rows = heads * self.state.local_kv.shape[4]
+            local = self.state.local_kv.shape[4]  # (position, slot/head) -> its new key's flat row in the local cache
+            self._local_rows = heads * local + torch.arange(local, device=model.device)[:, None]
             self._global_rows = (heads * max_len).view(slots, -1)
         self.frame_step = self.weights.frame_step
         self._params: list[Optional[tuple[TokenParams, TokenParams]]] = [None] * slots
@@ -359,11 +361,11 @@ class FrameDecoder:
         with phase(split, "local"):  # the 17 local steps and their decisions
             u = self._local_step(local, st.hidden[:n], None)
             candidates = F.linear(u, t.text_rows)  # only the 2 candidates are read; a non-finite u poisons the rest
-            text_finite = torch.isfinite(u).all(-1) & torch.isfinite(candidates).all(-1)
+            text_finite = torch.isfinite(torch.cat([u, candidates], dim=-1)).all(-1)
             self._hook("text", self.frame_index, candidates)
-            pick = self._sample(candidates, st.text, n, 0, None)  # 0 = continue, 1 = stop
+            pick = self._sample(candidates, self._rows(0, n, 2, None), 0)  # 0 = continue, 1 = stop
             frame, embed, audio_finite = self._audio(local, pick, n, channels, masked)
-            self._commit(n, pick == 0, frame, torch.stack([text_finite, audio_finite], dim=1))
+            self._commit(n, pick, frame, torch.stack([text_finite, audio_finite], dim=1))
         if defer:
             return embed, n, keys, exact
         with phase(split, "global"):
@@ -383,13 +385,17 @@ class FrameDecoder:
         within = self._channel_range[None, :channels] < st.nq[:n, None] if masked else None  # (n, channels)
         prev = t.text_embed.index_select(0, pick)
         qkv, embed = t.text_qkv.index_select(0, pick), prev
+        rows = {}  # codebook size -> the audio decisions' parameters, derived once per frame
         sums, codes = [], []  # per channel: each row's logits summed (non-finite iff a logit is), the codes
         for c in range(channels):
             u = self._local_step(local, prev, qkv)
             logits = self.frame_step.head(c, u)
             sums.append(logits.sum(-1, dtype=torch.float32))
             self._hook("audio", c, logits)
-            code = self._sample(logits, st.audio, n, c + 1, st.seen[:n, c, :logits.shape[-1]])
+            vocab = logits.shape[-1]
+            if vocab not in rows:
+                rows[vocab] = self._rows(1, n, vocab, st.seen[:n, :channels, :vocab])
+            code = self._sample(logits, rows[vocab], c + 1)
             codes.append(code)
             prev = model.audio_embeddings[c](code).to(model.dtype)
             embed = embed + (prev if within is None else prev * within[:, c, None].to(model.dtype))
@@ -397,43 +403,46 @@ class FrameDecoder:
                 qkv = t.audio_qkv[c].index_select(0, code)
         ok, decided = torch.isfinite(torch.stack(sums, dim=1)), torch.stack(codes, dim=1)  # (n, channels)
         if within is not None:
-            ok, decided = ok | ~within, torch.where(within, decided, self.pad)
-        frame = torch.full((n, model.config.n_vq), self.pad, dtype=torch.long, device=self.device)
-        frame[:, :channels] = decided
-        return frame, embed, ok.all(-1)
+            ok, decided = ok | ~within, torch.where(within, decided, self._pad_codes[:channels])
+        if channels < model.config.n_vq:
+            decided = torch.cat([decided, self._pad_codes[channels:].expand(n, -1)], dim=1)
+        return decided, embed, ok.all(-1)
 
     def _native_audio(self, local: KVCache, pick: torch.Tensor, n: int, channels: int) -> Optional[tuple]:
         """``_audio``'s result from the CPU step's one library call per frame (``CpuStep.local_audio``), or None
         where it does not apply: several slots, a step without the library's loop (``TorchStep``, or no kernels),
-        a logits hook (it sees each channel's logits), or the official sampler drawing (``torch.multinomial``; its
-        greedy argmax is the library's)."""
+        or a logits hook (it sees each channel's logits). The official sampler's draws are ``torch.multinomial``'s
+        for one sample: the first largest p / q, q Exp(1) variates of the row's shape drawn from the generator;
+        they are drawn here, channel after channel as ``_sample`` would, and the library picks with them."""
         step = self.frame_step
         # Several slots' local steps read each packed weight once for all rows (oneDNN); the library's loop reads
         # its tiles once per row, which measured slower from two slots up (docs/performance.md).
         if n > 1 or step.local_loop is None or self.logits_hook is not None:
             return None
-        if self.sampler == "official" and any(p is not None and p[1].do_sample for p in self._params[:n]):
-            return None
+        exponential, vocab = None, step.local_loop.vocab
+        if self.sampler == "official" and self._params[0] is not None and self._params[0][1].do_sample:
+            exponential = torch.ones(1, len(vocab), max(vocab))
+            for c in range(channels):
+                exponential[0, c, :vocab[c]] = torch.empty(1, vocab[c]).exponential_(generator=self.generator)
         start, t = local.length, self.tables
         local.advance(channels)
         return step.local_audio(t.text_embed.index_select(0, pick), t.text_qkv.index_select(0, pick), t.audio_qkv,
-                                self._rotations[1], self.state, n, start, channels, self.pad)
+                                self._rotations[1], self.state, n, start, channels, self.pad, exponential)
 
-    def _commit(self, n: int, cont: torch.Tensor, frame: torch.Tensor, finite: torch.Tensor) -> None:
-        """Record the frame's outcome per slot: codes, presence mask, step count, stop, finiteness, activity."""
+    def _commit(self, n: int, pick: torch.Tensor, frame: torch.Tensor, finite: torch.Tensor) -> None:
+        """Record the frame's outcome per slot (``pick``: the text decision, 0 = continue): codes, presence mask,
+        step count, stop, finiteness, activity."""
         st = self.state
         active = st.active[:n]
-        ok = finite.all(-1)
-        produce = active & cont & ok
-        frame = frame.masked_fill(~produce[:, None], self.pad)
-        st.codes[:n] = frame
-        vocab = st.seen.shape[-1] - 1
-        st.seen[:n].scatter_(2, frame.masked_fill(frame == self.pad, vocab)[:, :, None], True)
-        st.stopped[:n] |= active & ~cont & ok
+        live = active & finite.all(-1)
+        produce = torch.logical_and(live, pick == 0, out=st.produced[:n])
+        codes = torch.where(produce[:, None], frame, self._pad_codes, out=st.codes[:n])
+        # The pad id lies past every codebook (config), so clamping sends it to the absorbing last column.
+        st.seen[:n].scatter_(2, codes.clamp(max=st.seen.shape[-1] - 1)[:, :, None], True)
+        st.stopped[:n] |= live ^ produce  # live and chose to stop
         st.finite[:n] &= finite | ~active[:, None]
         st.steps[:n] += active.long()
-        st.produced[:n] = produce
-        st.active[:n] = produce & (st.steps[:n] < st.max_frames[:n])
+        torch.logical_and(produce, st.steps[:n] < st.max_frames[:n], out=st.active[:n])
 
     def _global_step(self, embed: torch.Tensor, n: int, keys: int, exact: bool) -> None:
         """Run each slot's new row (n, E) through the global decoder at its own position; store the hidden state."""
@@ -449,25 +458,34 @@ class FrameDecoder:
     def _local_step(self, local: KVCache, x: torch.Tensor, qkv: Optional[torch.Tensor]) -> torch.Tensor:
         """Append (n, E) ``x`` to the local sequence; return the local hidden state there (n, E)."""
         p, n = local.length, x.shape[0]
-        index = self._local_rows[:n * self.state.local_kv.shape[3]] + p
+        index = self._local_rows[p, :n * self.state.local_kv.shape[3]]
         local.advance(1)
         return self.frame_step.run(True, x, self._rotations[1][p:p + 1].expand(n, -1), self.state.local_kv, index,
                                    p + 1, None, qkv)
 
-    def _sample(self, logits: torch.Tensor, params: SlotSampling, n: int, column: int,
-                seen: Optional[torch.Tensor]) -> torch.Tensor:
-        """Choose one id per slot: the noise-fed sampler, or the official one per group of equal parameters."""
-        which = 0 if column == 0 else 1
+    def _rows(self, which: int, n: int, vocab: int, seen: Optional[torch.Tensor]):
+        """The parameters of the text (``which`` 0) or audio (1) decisions of this frame for slots [0, n): the
+        noise sampler's ``RowSampling`` (an eager frame leaves out the filters no held slot asks for), or the
+        official sampler's ``TokenParams`` per slot with ``seen``."""
+        params = (self.state.text, self.state.audio)[which]
         if self.sampler == "noise":
             # A captured frame must serve any mix of requests; an eager one skips sampling nobody asked for.
-            sampled = self.graphs is not None or any(p is not None and p[which].do_sample for p in self._params[:n])
-            return sample_with_noise(logits, params, self.state.noise[:n, column], seen, sampled)
+            tokens = None if self.graphs is not None else [p[which] for p in self._params[:n] if p is not None]
+            return params.rows(n, vocab, self.model.dtype, seen, tokens)
         fallback = next(p for p in self._params if p is not None)
-        token = [(self._params[s] or fallback)[which] for s in range(n)]
+        return [(self._params[s] or fallback)[which] for s in range(n)], seen
+
+    def _sample(self, logits: torch.Tensor, rows, column: int) -> torch.Tensor:
+        """Choose one id per slot for decision ``column`` (0: the text decision, c + 1: channel c): the
+        noise-fed sampler, or the official one per group of equal parameters."""
+        if self.sampler == "noise":
+            return rows.sample(logits, self.state.noise[:logits.shape[0], column], max(column - 1, 0))
+        token, seen = rows
+        seen = None if seen is None else seen[:, column - 1, :logits.shape[-1]]
         if all(p == token[0] for p in token):
             return sample_token(logits, token[0], seen=seen, generator=self.generator)
-        out = torch.empty(n, dtype=torch.long, device=logits.device)
-        for s in range(n):  # mixed parameters: one official draw per slot, in slot order
+        out = torch.empty(len(token), dtype=torch.long, device=logits.device)
+        for s in range(len(token)):  # mixed parameters: one official draw per slot, in slot order
             out[s:s + 1] = sample_token(logits[s:s + 1], token[s], seen=None if seen is None else seen[s:s + 1],
                                         generator=self.generator)
         return out

@@ -1,8 +1,5 @@
-"""What frame generation hands out, shared by the frame decoder and the reference oracle.
-
-B batch rows or S decoder slots, L prompt rows, F frames, Q = n_vq channels.
-
-See docs/architecture.md#generation.
+"""What frame generation hands out, shared by the frame decoder and the reference oracle
+(docs/architecture.md#generation). B batch rows or S decoder slots, L prompt rows, F frames, Q = n_vq channels.
 """
 
 from __future__ import annotations
@@ -48,11 +45,8 @@ class GenerationResult:
 
 
 class PhaseTimer:
-    """Wall time per phase ("prefill", "frame", "codec", ...).
-
-    Pass ``sync`` (e.g. ``moss_npu.device.backend(dev).synchronize``) for device-honest times; that adds host
-    syncs, so use it for benchmarks only.
-    """
+    """Wall time per phase ("prefill", "frame", "codec", ...); ``sync`` (``backend(dev).synchronize``) makes the
+    times device-honest at the cost of host syncs, for benchmarks."""
 
     def __init__(self, sync: Optional[Callable[[], None]] = None) -> None:
         self.sync = sync
@@ -122,10 +116,8 @@ def check_budget(nq: Optional[int], max_new_frames: int, config: NanoConfig) -> 
 
 
 def non_finite_error(what: str, step: int, dtype: torch.dtype) -> NumericalError:
-    """Return the error upstream raises (its message starts "Non-finite", which its fp32 fallback looks for).
-
-    The fix depends on the dtype: float32 for low precision; in float32 precision is not the cause.
-    """
+    """Return the error upstream raises (its message starts "Non-finite", which its fp32 fallback looks for),
+    with the fix for ``dtype``."""
     if dtype == torch.float32:
         return NumericalError(f"Non-finite {what} by frame {step} in float32, so precision is not the cause: the "
                               "model weights are likely damaged (NaN/inf); download the model folder again")

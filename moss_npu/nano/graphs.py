@@ -1,9 +1,8 @@
 """Device graphs of the frame step: warm up eagerly, capture once per slot-count bucket, replay after.
 
-The capture API comes from the device layer (``backend(device).graph_capture()``: CUDA graphs, NPU graphs, none
-on the CPU). Whether a driver can capture shows only when capturing: ``--graph on`` tries one trial capture when
-the decoder is built and refuses with its reason; with ``auto`` a failed capture logs one line and turns graphs
-off for the process (the frame then runs eagerly, with the same result); it never crashes a request.
+The capture API comes from the device layer (``backend(device).graph_capture()``). ``--graph on`` tries one trial
+capture when the decoder is built and refuses with its reason; with ``auto`` a failed capture logs one line and
+the frames run eagerly for the rest of the process, with the same result.
 """
 
 from __future__ import annotations
@@ -24,12 +23,9 @@ WARMUP_FRAMES = 2  # eager frames per bucket before capture (lazy kernel/workspa
 
 
 def resolve_graph(mode: str, device: torch.device, sampler: str, has_hook: bool) -> Optional[devices.GraphCapture]:
-    """Return the capture API to use for ``mode`` on ``device``, or None to run eagerly.
-
-    "on" refuses what cannot be captured (no capture API, a failed trial capture, the official device-RNG
-    sampler, a logits hook);
-    "auto" captures where the backend can and the sampler is the noise-fed one.
-    """
+    """Return the capture API to use for ``mode`` on ``device``, or None to run eagerly: "on" refuses what cannot
+    be captured (no capture API, a failed trial capture, the device-RNG sampler, a logits hook), "auto" captures
+    where the backend can and the sampler is the noise-fed one."""
     if mode not in GRAPH_MODES:
         raise InputError(f"--graph {mode}: unknown; use one of {', '.join(GRAPH_MODES)}")
     if mode == "off":
@@ -63,10 +59,7 @@ class FrameGraphs:
 
     def bucket(self, n: int) -> int:
         """Return the smallest bucket holding ``n`` slots: the next power of two, at most ``slots``."""
-        b = 1
-        while b < n:
-            b *= 2
-        return min(b, self.slots)
+        return min(1 << max(n - 1, 0).bit_length(), self.slots)
 
     def reset(self) -> None:
         """Drop every captured graph (the state or weights they read were replaced)."""

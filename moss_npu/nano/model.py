@@ -61,9 +61,11 @@ def sdpa_attention(q, k, v, mask, query_valid, scale):
 
 def eager_attention(q, k, v, mask, query_valid, scale):
     """Attention written out: masked scores filled with the dtype's minimum, softmax, weighted sum."""
-    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    scores = torch.matmul(q, k.transpose(-1, -2))
+    if scale != 1.0:
+        scores = scores * scale
     if mask is not None:
-        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+        scores.masked_fill_(~mask, torch.finfo(scores.dtype).min)
     return torch.matmul(torch.softmax(scores, dim=-1), v)
 
 
@@ -122,8 +124,18 @@ class RotaryEmbedding(nn.Module):
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate feature pairs (2i, 2i+1) of (B, L, ..., D) by the position angle (cos/sin broadcast to x)."""
-    rotated = torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).reshape_as(x)
-    return x * cos + rotated * sin
+    return rotate(x, cos, signed_sin(sin))
+
+
+def signed_sin(sin: torch.Tensor) -> torch.Tensor:
+    """``sin`` (..., D) with its even features negated: the form ``rotate`` takes."""
+    return torch.stack((-sin[..., ::2], sin[..., 1::2]), dim=-1).flatten(-2)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``apply_rope`` with ``signed_sin(sin)`` given: x·cos + x with each pair swapped·sin, the same values
+    (x₁·(−s) is −(x₁·s) exactly) in four kernels where the stacked form takes five."""
+    return x * cos + x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2) * sin
 
 
 class Attention(nn.Module):
@@ -137,14 +149,13 @@ class Attention(nn.Module):
         scale = 1.0 / math.sqrt(self.head_dim) if cfg.scale_attn_weights else 1.0
         self.scale = scale / (layer_idx + 1) if cfg.scale_attn_by_inverse_layer_idx else scale
 
-    def forward(self, x, cos, sin, mask, query_valid, attn_fn, cache: Optional[KVCache], layer_idx: int,
-                qkv: Optional[torch.Tensor] = None):
-        """Attend (B, L, E) ``x``; or, when ``qkv`` (B, L, 3E) = ``c_attn(x)`` is given ready-made, x is unused."""
-        qkv = self.c_attn(x) if qkv is None else qkv
+    def forward(self, x, cos, sin, mask, query_valid, attn_fn, cache: Optional[KVCache], layer_idx: int):
+        """Attend (B, L, E) ``x``."""
+        qkv = self.c_attn(x)
         b, l, e = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
         qkv = qkv.view(b, l, 3, self.n_head, self.head_dim)
         # q and k rotate in one go (same element-wise math as two calls, half the kernel launches).
-        qk = apply_rope(qkv[:, :, :2], cos[:, :, None], sin[:, :, None])
+        qk = rotate(qkv[:, :, :2], cos[:, :, None], sin[:, :, None])
         q, k = qk[:, :, 0].transpose(1, 2), qk[:, :, 1].transpose(1, 2)  # (B, H, L, D)
         v = qkv[:, :, 2].transpose(1, 2)
         if cache is not None:
@@ -163,8 +174,8 @@ class MLP(nn.Module):
         self.act = ACTIVATION_FUNCTIONS[cfg.activation_function]
         self.fused_act = FUSED_ACTIVATIONS.get(cfg.activation_function, self.act)
 
-    def forward(self, x: torch.Tensor, fused: bool = False) -> torch.Tensor:
-        return self.fc_out((self.fused_act if fused else self.act)(self.fc_in(x)))
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc_out(self.act(self.fc_in(x)))
 
 
 class Block(nn.Module):
@@ -177,11 +188,9 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, mask, query_valid, attn_fn, cache, layer_idx, qkv=None, fused=False):
-        """``qkv``: ready-made ``c_attn(ln_1(x))`` (decode steps); ``fused``: one-kernel activation."""
-        x = x + self.attn(self.ln_1(x) if qkv is None else None, cos, sin, mask, query_valid, attn_fn, cache,
-                          layer_idx, qkv)
-        return x + self.mlp(self.ln_2(x), fused)
+    def forward(self, x, cos, sin, mask, query_valid, attn_fn, cache, layer_idx):
+        x = x + self.attn(self.ln_1(x), cos, sin, mask, query_valid, attn_fn, cache, layer_idx)
+        return x + self.mlp(self.ln_2(x))
 
 
 def _embedding(num: int, dim: int) -> nn.Embedding:
@@ -215,6 +224,7 @@ class Decoder(nn.Module):
         query_valid = attention_mask[:, -lq:]
         positions = (attention_mask.long().cumsum(-1) - 1).masked_fill(~attention_mask, 0)[:, -lq:]
         cos, sin = self.rotary(positions, x.dtype)
+        sin = signed_sin(sin)
         # Causal mask aligned bottom-right (new rows are the last ones) combined with key validity.
         key_pos = torch.arange(lk, device=x.device)
         query_pos = torch.arange(lq, device=x.device) + (lk - lq)
@@ -233,35 +243,6 @@ class Decoder(nn.Module):
         w = self.ln_f.weight
         cos, sin = self.rotary(torch.arange(length, device=w.device)[None], w.dtype)
         return cos[0, :, 0], sin[0, :, 0]
-
-    def step(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache,
-             key_mask: Optional[torch.Tensor] = None, query_valid: Optional[torch.Tensor] = None,
-             qkv: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Run one new row per batch entry against ``cache``; return its (B, 1, E) hidden state after ``ln_f``.
-
-        The decode fast path: ``forward`` on a single row computes the same, but rebuilds positions, RoPE and
-        masks every call; here the caller passes them ready-made (a few dozen fewer kernels per call).
-        Args:
-            x: (B, 1, E) inputs.
-            cos, sin: (B, D) rotation of each row's position (rows of ``rope_table``).
-            key_mask: (B, T) bool over cached + new rows; None = every key is visible.
-            query_valid: (B, 1) bool, False where the new row is padding; None = every new row is real.
-            qkv: (B, 1, 3E) first layer's ``c_attn(ln_1(x))`` when already known (``first_qkv`` of a table row;
-                only with ``query_valid`` None, as padding would have to zero it first).
-        """
-        cos, sin = cos[:, None, None, :], sin[:, None, None, :]
-        mask = None if key_mask is None else key_mask[:, None, None, :]
-        attn_fn = ATTENTION_FUNCTIONS[self.attn_impl]
-        keep = None if query_valid is None else query_valid[..., None].to(x.dtype)
-        if keep is not None:
-            x = x * keep
-        for i, block in enumerate(self.h):
-            x = block(x, cos, sin, mask, query_valid, attn_fn, cache, i, qkv if i == 0 else None, fused=True)
-            if keep is not None:
-                x = x * keep
-        cache.advance(1)
-        x = self.ln_f(x)
-        return x if keep is None else x * keep
 
 
 class NanoTTSModel(nn.Module):

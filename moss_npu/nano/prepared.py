@@ -1,13 +1,10 @@
 """What a frame decoder derives from the model's weights, prepared once per loaded model: the local decoder's
-first-layer tables (``reuse.audio_qkv_tables``) and, for a float32 CPU model, the CPU step (``cpu.step``: the one-row
-kernels' tiles, int8 copies, packed prefill weights).
+first-layer tables (``reuse.audio_qkv_tables``) and, for a float32 CPU model, the CPU step (``cpu.step``).
 
-A pipeline prepares them when it loads (``DecoderWeights.build`` with ``cache``), so that the first synthesis of
-a process costs what the second costs, and hands them to every decoder it makes; a decoder made without them,
-or after the weights changed (``current``), builds its own. For a model loaded from a checkpoint
-(``origin.origin_identity``) the CPU arrays come from the prepared-weights cache (``cpu.prepared``), keyed by
-everything they depend on (``cache_parts``); oneDNN's packed copies are opaque tensors that cannot be written
-out, so they are packed again at every start (~0.2 s for the real model's global blocks here).
+A pipeline prepares them when it loads and hands them to every decoder it makes; a decoder made without them, or
+after the weights changed (``current``), builds its own. For a model loaded from a checkpoint the CPU arrays come
+from the prepared-weights cache (``cpu.prepared``), keyed by ``cache_key``; oneDNN's packed copies cannot be
+written out and are packed again at every start (docs/performance.md#start-up).
 """
 
 from __future__ import annotations
@@ -38,10 +35,8 @@ Arenas = Callable[[str, int], PreparedArena]  # (entry name, bytes) -> the arena
 
 @dataclass(frozen=True)
 class DecoderWeights:
-    """The weight-derived parts of a frame decoder (see the module docstring). ``source`` says where the CPU
-    arrays came from, for reports: ``cache``, ``built`` (and cached), ``built, not cached`` (no usable cache
-    folder), ``computed`` (no cache asked for, or a model not loaded from a checkpoint) or ``none`` (not a CPU
-    model)."""
+    """The weight-derived parts of a frame decoder. ``source`` says where the CPU arrays came from, for reports:
+    ``WeightCache.sources``' words, ``computed`` (not cached) or ``none`` (not a CPU model)."""
 
     audio_qkv: tuple[torch.Tensor, ...]
     frame_step: "CpuStep | TorchStep"  # what the decoder's blocks run through (``Backend.frame_step``)
@@ -99,24 +94,14 @@ def _source(store: WeightCache, names: list[str]) -> str:
     return sources.pop() if len(sources) == 1 else ", ".join(sorted(sources))
 
 
-def cache_parts(model: NanoTTSModel, compile_mode: str) -> Optional[dict[str, str]]:
-    """Return what the prepared CPU arrays of ``model`` depend on, or None where they are not to be cached: a model
-    whose weights are not (or no longer) a checkpoint's as loaded, or compiled blocks (a measurement mode).
-
-    The arrays are the checkpoint's weights in another layout (``cpu.matvec``'s tiles), rounded by the weight
-    format (bf16, int8), and tables computed by torch's products, whose rounding can depend on the torch build
-    and the CPU's instruction set: all of those are named, with the instruction set the kernels run.
-    """
+def cache_key(model: NanoTTSModel, compile_mode: str) -> Optional[str]:
+    """Return the prepared-weights cache key of ``model``, naming what its prepared CPU arrays depend on (the
+    checkpoint, the weight format, and torch's and the CPU's rounding), or None where they are not cached: weights
+    that are no longer a checkpoint's as loaded, or compiled blocks (a measurement mode)."""
     identity = origin_identity(model)
     if identity is None or compile_mode == "on":
         return None
-    return {"checkpoint": identity, "weights": getattr(model, "weight_dtype", "float32"),
-            "quantization": getattr(model, "quantization", "none"), "kernels": kernels_in_use(),
-            "tiles": f"{TILE}x{GROUP}", "torch": torch.__version__, "numpy": np.__version__,
-            "machine": platform.machine(), "cpu": cpu_identity()}
-
-
-def cache_key(model: NanoTTSModel, compile_mode: str) -> Optional[str]:
-    """Return the prepared-weights cache key of ``model`` (``cache_parts``), or None where it is not cached."""
-    parts = cache_parts(model, compile_mode)
-    return None if parts is None else entry_key(parts)
+    return entry_key({"checkpoint": identity, "weights": getattr(model, "weight_dtype", "float32"),
+                      "quantization": getattr(model, "quantization", "none"), "kernels": kernels_in_use(),
+                      "tiles": f"{TILE}x{GROUP}", "torch": torch.__version__, "numpy": np.__version__,
+                      "machine": platform.machine(), "cpu": cpu_identity()})

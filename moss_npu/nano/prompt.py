@@ -2,8 +2,6 @@
 
 Column 0 is a text id, columns 1..n_vq are audio codes (``audio_pad_token_id`` = absent). Each template string is
 encoded on its own and the id lists are concatenated, as upstream does (each segment gets its own ``▁``).
-L rows, Q = n_vq channels, F prompt frames.
-
 See docs/architecture.md#rows, #prompt-layouts.
 """
 
@@ -75,12 +73,13 @@ def audio_rows(codes: torch.Tensor, slot_token_id: int, config: NanoConfig) -> t
 
 
 def check_codes(codes: torch.Tensor, config: NanoConfig) -> torch.Tensor:
-    """Validate prompt codes (F, Q): integer, Q = n_vq, each code inside its codebook or the pad id."""
+    """Return prompt codes (F, Q) as int64 on the CPU after checking them: integer, F >= 1, Q = n_vq, each code
+    inside its codebook or the pad id."""
     codes = torch.as_tensor(codes)
     if codes.dtype.is_floating_point or codes.dtype == torch.bool:
         raise InputError(f"prompt codes have dtype {codes.dtype}; pass integer codes (frames, {config.n_vq})")
-    if codes.ndim != 2 or codes.shape[1] != config.n_vq:
-        raise InputError(f"prompt codes have shape {tuple(codes.shape)}; expected (frames, {config.n_vq})")
+    if codes.ndim != 2 or codes.shape[1] != config.n_vq or codes.shape[0] == 0:
+        raise InputError(f"prompt codes have shape {tuple(codes.shape)}; expected (frames >= 1, {config.n_vq})")
     codes = codes.to(device="cpu", dtype=torch.long)
     sizes = torch.tensor(config.audio_codebook_sizes, dtype=torch.long)
     bad = ((codes < 0) | (codes >= sizes)) & (codes != config.audio_pad_token_id)
@@ -102,24 +101,11 @@ def mask_unused_channels(codes: torch.Tensor, nq: int, config: NanoConfig) -> to
     return codes
 
 
-def build_prompt_rows(
-    tokenizer: TextTokenizer,
-    config: NanoConfig,
-    text: str,
-    mode: str = "continuation",
-    prompt_text: Optional[str] = None,
-    prompt_codes: Optional[torch.Tensor] = None,
-) -> torch.Tensor:
-    """Build the prompt rows of one request; return (L, n_vq + 1) int64 on the CPU.
-
-    Args:
-        text: the text to speak (in voice_clone with several chunks: one chunk).
-        mode: ``continuation`` (plain TTS, or continuing ``prompt_text`` spoken as ``prompt_codes``) or
-            ``voice_clone`` (``prompt_codes`` is a reference recording of the voice; no prompt_text).
-        prompt_codes: (F, n_vq) codec codes of the prompt/reference audio; channels >= nq already padded.
-    Raises:
-        InputError: bad mode combination or codes.
-    """
+def build_prompt_rows(tokenizer: TextTokenizer, config: NanoConfig, text: str, mode: str = "continuation",
+                      prompt_text: Optional[str] = None, prompt_codes: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Build the prompt rows (L, n_vq + 1) int64 of one request (one chunk of ``text``): ``continuation`` speaks
+    ``text`` after ``prompt_text`` spoken as ``prompt_codes`` (F, n_vq) where given, ``voice_clone`` speaks it in
+    the voice of the reference ``prompt_codes``. InputError for a bad mode combination or codes."""
     mode = resolve_mode(mode, prompt_text is not None, prompt_codes is not None)
     codes = None if prompt_codes is None else check_codes(prompt_codes, config)
     if mode == "voice_clone":

@@ -33,12 +33,9 @@ def reference_generate(
     logits_hook: Optional[LogitsHook] = None,
     timer: Optional[PhaseTimer] = None,
 ) -> GenerationResult:
-    """Generate codes for (B, L, Q + 1) or (L, Q + 1) prompt rows (``attention_mask`` (B, L) False on left padding).
-
-    Arguments as the official ``generate``; ``generator``/``host_rng`` choose the random source
-    (``moss_npu.sampling``), ``logits_hook`` sees every logits row the sampler sees; ``timer`` gets the first
-    global pass as "prefill", all else as "frame".
-    """
+    """Generate codes for (B, L, Q + 1) or (L, Q + 1) prompt rows (``attention_mask`` (B, L) False on left padding),
+    with the official ``generate``'s arguments; ``generator``/``host_rng`` choose the random source, ``logits_hook``
+    sees every logits row the sampler sees, ``timer`` times the first global pass as "prefill", all else "frame"."""
     cfg, device = model.config, model.device
     nq = check_budget(nq, max_new_frames, cfg)
     rows = (input_ids[None] if input_ids.ndim == 2 else input_ids).to(device)

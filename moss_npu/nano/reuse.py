@@ -1,13 +1,11 @@
 """What the frame decoder computes once and reuses: tables derived from the weights, and recent prompt prefixes.
 
-* ``LocalTables``: the 2 candidate rows of the text head, their embeddings, and the local decoder's first-layer
-  q|k|v of every embedding row it can be fed (all but the first input): a row lookup instead of a 3E x E
-  projection per channel; (Q - 1)·V·3E values (~140 MB fp32 for the real model).
+* ``LocalTables``: the text head's 2 candidate rows, their embeddings, and the local decoder's first-layer q|k|v of
+  every embedding row it can be fed: a row lookup instead of a 3E x E projection per channel.
 * ``PrefixCache``: the global keys/values of recent prompts; a new prefill starts after the longest prefix it
   shares with one of them (the prompt template, a voice-clone reference across the chunks of a text).
-Both belong to one ``FrameDecoder`` and are built from the weights at that time: after editing the weights call
-``FrameDecoder.refresh()`` (or build a new decoder). Shapes: L prompt rows, Q channels, V codebook size, E hidden,
-N layers, H heads, D head dim.
+Both are built from the weights of one ``FrameDecoder``: after editing them call ``FrameDecoder.refresh()``.
+Shapes: L prompt rows, Q channels, V codebook size, E hidden, N layers, H heads, D head dim.
 """
 
 from __future__ import annotations
@@ -44,7 +42,7 @@ class LocalTables:
     def build(cls, model: NanoTTSModel, max_len: int,
               audio_qkv: Optional[tuple[torch.Tensor, ...]] = None) -> "LocalTables":
         """Compute every table from the model's current weights; ``audio_qkv``: the large ones ready-made
-        (``audio_qkv_tables``, computed once per weights: about half a second for the real model)."""
+        (``audio_qkv_tables``, computed once per weights)."""
         cfg = model.config
         ids = torch.tensor([cfg.audio_assistant_slot_token_id, cfg.audio_end_token_id], device=model.device)
         embed = model.transformer.wte(ids).to(model.dtype)
@@ -61,9 +59,8 @@ def audio_qkv_bytes(model: NanoTTSModel) -> int:
 
 @torch.inference_mode()
 def audio_qkv_tables(model: NanoTTSModel, prepare: Optional[Prepare] = None) -> tuple[torch.Tensor, ...]:
-    """Return ``LocalTables.audio_qkv``: ``first_qkv`` of audio embedding c's rows for c < Q - 1, (V_c, 3E) each.
-    With ``prepare`` (a float32 CPU model; ``prepared.PreparedArena.array``) they are arrays of its arena,
-    computed only where it fills them."""
+    """Return ``LocalTables.audio_qkv``: ``first_qkv`` of audio embedding c's rows for c < Q - 1, (V_c, 3E) each;
+    with ``prepare`` (a float32 CPU model) arrays of its arena, computed only where it fills them."""
     if prepare is None:
         return tuple(model.first_qkv(e.weight) for e in model.audio_embeddings[:-1])
     width = model.local_transformer.h[0].attn.c_attn.weight.shape[0]

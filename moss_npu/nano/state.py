@@ -1,8 +1,7 @@
 """The frame decoder's state: one dataclass of tensors preallocated for S slots (docs/architecture.md#frame-decoder).
 
-Like transformers' ``StaticCache`` the global keys/values live in one tensor written at each slot's own position
-(``index_copy_``), so every frame reads and writes the same storage: what a captured device graph needs. Like
-moshi's ``_LMGenState`` it holds everything a step changes and nothing else; the decoder owns it.
+The global keys/values live in one tensor written at each slot's own position, so every frame reads and writes
+the same storage (what a captured device graph needs); it holds everything a step changes and nothing else.
 Shapes: S slots, M max_len (global rows per slot), N layers, H heads, D head dim, E hidden, Q channels,
 V codebook size.
 """

@@ -7,14 +7,14 @@ Token counts use the model's own tokenizer.
 
 from __future__ import annotations
 
+import re
+
 from moss_npu.errors import InputError
 from moss_npu.nano.tokenizer import TextTokenizer
 
 SENTENCE_END = frozenset(".!?。！？；;")
 CLAUSE_SPLIT = frozenset(",，、；;：:")
 CLOSING = frozenset("\"'”’)]}）】》」』")
-PAUSE_SHORT_S = 0.40  # after a chunk of at most 4 whitespace-separated words
-PAUSE_LONG_S = 0.24
 BOUNDARY_LOOKBACK = 24  # characters scanned back for a clause/space boundary in the token-budget cut
 
 
@@ -29,9 +29,7 @@ def prepare_text(text: str) -> str:
     prepared = str(text).strip()
     if not prepared:
         raise InputError("text is empty; pass the text to speak")
-    prepared = prepared.replace("\n", " ").replace("\r", " ")
-    while "  " in prepared:
-        prepared = prepared.replace("  ", " ")
+    prepared = re.sub(" {2,}", " ", prepared.replace("\n", " ").replace("\r", " "))
     if contains_cjk(prepared):
         return prepared if prepared[-1] in SENTENCE_END else prepared + "。"
     if not prepared[0].isupper():
@@ -45,27 +43,9 @@ def prepare_text(text: str) -> str:
 
 def split_by_punctuation(text: str, marks: frozenset[str]) -> list[str]:
     """Split after each mark (plus closing quotes/brackets right after it); return stripped non-empty parts."""
-    parts: list[str] = []
-    current: list[str] = []
-    i = 0
-    while i < len(text):
-        current.append(text[i])
-        if text[i] in marks:
-            j = i + 1
-            while j < len(text) and text[j] in CLOSING:
-                current.append(text[j])
-                j += 1
-            if "".join(current).strip():
-                parts.append("".join(current).strip())
-            current = []
-            while j < len(text) and text[j].isspace():
-                j += 1
-            i = j
-            continue
-        i += 1
-    if "".join(current).strip():
-        parts.append("".join(current).strip())
-    return parts
+    mark, closing = (re.escape("".join(sorted(chars))) for chars in (marks, CLOSING))
+    parts = re.findall(f"[^{mark}]*[{mark}][{closing}]*|[^{mark}]+", text)
+    return [part.strip() for part in parts if part.strip()]
 
 
 def split_by_token_budget(tok: TextTokenizer, text: str, max_tokens: int) -> list[str]:
@@ -156,11 +136,6 @@ def voice_clone_chunks(tok: TextTokenizer, text: str, max_tokens: int) -> list[s
     return chunks if len(chunks) > 1 else [text]
 
 
-def pause_seconds(chunk: str) -> float:
-    """Silence inserted after a chunk (except the last): 0.40 s for <= 4 words, else 0.24 s."""
-    return PAUSE_SHORT_S if len(str(chunk).strip().split()) <= 4 else PAUSE_LONG_S
-
-
 def pause_samples(chunk: str, sample_rate_hz: int) -> int:
-    """Length of the pause after ``chunk`` in samples (``round(rate · pause)``)."""
-    return max(0, int(round(float(sample_rate_hz) * pause_seconds(chunk))))
+    """Samples of the silence inserted after a chunk (except the last): 0.40 s after at most 4 words, else 0.24 s."""
+    return round(sample_rate_hz * (0.40 if len(str(chunk).split()) <= 4 else 0.24))

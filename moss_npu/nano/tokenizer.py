@@ -1,11 +1,9 @@
 """Text tokenizer of MOSS-TTS-Nano: SentencePiece with the HF slow-tokenizer wrapping (docs/architecture.md#tokenizer).
 
-Upstream calls ``tokenizer.encode(text, add_special_tokens=False)`` on a transformers ``PreTrainedTokenizer``.
-That equals plain SentencePiece except for literal special-token strings (``<unk>``, ``<s>``, ``</s>``,
-``<pad>``): they become single ids and the fragments between them are encoded separately (each fragment gets its
-own leading ``▁``; whitespace at fragment ends vanishes in SentencePiece's normaliser). Whitespace next to a token
-is stripped only where ``tokenizer_config.json`` sets ``lstrip``/``rstrip`` (transformers' rule; the official
-files set neither). ``TextTokenizer.encode`` reproduces exactly that.
+Upstream's ``encode(text, add_special_tokens=False)`` equals plain SentencePiece except for literal special-token
+strings (``<unk>``, ``<s>``, ``</s>``, ``<pad>``): they become single ids and the fragments between them are
+encoded separately; whitespace next to a token is stripped only where ``tokenizer_config.json`` sets
+``lstrip``/``rstrip`` (the official files set neither). ``TextTokenizer.encode`` reproduces exactly that.
 """
 
 from __future__ import annotations
@@ -28,12 +26,8 @@ class TextTokenizer:
 
     def __init__(self, model_file: Path | str, added_tokens: Sequence[str] = (),
                  strip: Optional[dict[str, tuple[bool, bool]]] = None) -> None:
-        """Load ``tokenizer.model``.
-
-        Args:
-            added_tokens: extra strings that encode to single ids (besides the four special tokens).
-            strip: token -> (lstrip, rstrip) flags of ``tokenizer_config.json``; absent means no stripping.
-        """
+        """Load ``tokenizer.model``; ``added_tokens`` encode to single ids besides the special tokens, ``strip``
+        maps a token to its (lstrip, rstrip) flags of ``tokenizer_config.json`` (absent: no stripping)."""
         self.model_file = Path(model_file)
         if not self.model_file.is_file():
             raise CheckpointError(f"{self.model_file}: tokenizer.model not found; the model folder must hold the "
@@ -44,7 +38,7 @@ class TextTokenizer:
         except (OSError, RuntimeError) as exc:
             raise CheckpointError(f"{self.model_file}: not a SentencePiece model ({exc}); re-download it") from exc
         tokens = list(dict.fromkeys([*SPECIAL_TOKENS, *added_tokens]))
-        self.added_ids = {t: self._piece_id(t) for t in tokens}
+        self.added_ids = {t: int(self.sp.piece_to_id(t)) for t in tokens}
         self.strip = dict(strip or {})
         # Longest match first, like transformers' trie.
         self._split_re = re.compile("(" + "|".join(re.escape(t) for t in sorted(tokens, key=len, reverse=True))
@@ -62,13 +56,6 @@ class TextTokenizer:
                 if isinstance(entry, dict) and "content" in entry:
                     strip[str(entry["content"])] = (bool(entry.get("lstrip")), bool(entry.get("rstrip")))
         return cls(model_dir / "tokenizer.model", list(strip), strip)
-
-    def _piece_id(self, piece: str) -> int:
-        return int(self.sp.piece_to_id(piece))
-
-    @property
-    def vocab_size(self) -> int:
-        return int(self.sp.get_piece_size())
 
     def encode(self, text: str) -> list[int]:
         """Return the ids upstream gets from ``encode(text, add_special_tokens=False)``."""
@@ -91,7 +78,3 @@ class TextTokenizer:
     def count(self, text: str) -> int:
         """Return the number of tokens of ``text`` (the unit of the long-text splitter's budget)."""
         return len(self.encode(text))
-
-    def decode(self, ids: Sequence[int]) -> str:
-        """Return the text of ``ids`` (for display and debugging)."""
-        return str(self.sp.decode([int(i) for i in ids]))

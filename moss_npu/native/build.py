@@ -1,10 +1,7 @@
-"""How the package's C library (``LIBRARY``: the one-row products and the text search) is compiled.
-
-One recipe for the three places that build it: the package's build (``setup.py``, so a wheel carries the
-library), the opt-in build for this very CPU (``moss_npu.native.library``, ``$MOSS_NPU_NATIVE_BUILD``) and the
-aarch64 cross build of the tests. The tile kernels are compiled once per instruction set of the target architecture,
-each with its own flags, and linked with the rest into one shared library; the library picks the set the CPU
-runs at run time (``matvec.c``). Standard library only: ``setup.py`` runs it before anything is installed.
+"""How the package's C library (``LIBRARY``: the one-row products and the text search) is compiled: one recipe
+for ``setup.py``, the opt-in build for this very CPU (``native.library``) and the tests' aarch64 cross build.
+The tile kernels are compiled once per instruction set of the architecture (``matvec.c`` picks one at run time).
+Standard library only: ``setup.py`` runs it before anything is installed.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """The package's C library (the one-row products of ``cpu.matvec``, the text search of ``text.lattice``), loaded
-with ctypes.
+with ctypes (docs/native.md).
 
-The library is compiled when the package is built (``setup.py`` through ``native.build``: a wheel carries it,
-an editable install builds it into the source tree) and loaded from the package folder, the folder the
-package's Python modules come from: whoever can replace it there can replace those too. It holds the tile
-kernels once per instruction set of the architecture, one of which ``cpu.targets`` picks at run time.
-
-``$MOSS_NPU_NATIVE_BUILD=1`` asks for a build for this very CPU instead (``-march=native``: the last percent,
-where a compiler is installed): compiled at first use into the user cache (``cache_dir``, ``kernels/``), named
-by the sources, the compiler and this CPU, once. That folder and the file are used only
-when this user owns them and nobody else can write them (a shared or group-writable cache could hand this
-process someone else's code); otherwise the build goes to a private temporary folder, for this process. A
-build that fails falls back to the installed library with one warning.
-
-Where no library can be loaded, ``load_library`` raises ``KernelUnavailable`` saying why; each caller then has
+The installed library is loaded from the package folder, which only whoever can replace the package's Python
+modules can write. ``$MOSS_NPU_NATIVE_BUILD=1`` compiles one for this very CPU at first use into the user cache,
+used only while this user alone can write it (else into a private temporary folder); a failed build falls back
+to the installed library. Where none loads, ``load_library`` raises ``KernelUnavailable`` and each caller takes
 its own slower path.
 """
 
@@ -188,9 +179,8 @@ def load_library(cache: Optional[Path] = None) -> tuple[ctypes.CDLL, Optional[st
 
 @functools.lru_cache(maxsize=None)
 def _installed(path: str) -> ctypes.CDLL:
-    """Load the installed library at ``path`` once per process, with one warning when it was built from other
-    sources than those beside it (an editable install whose C sources changed since: ``pip install -e .`` builds
-    it again)."""
+    """Load the installed library at ``path`` once per process, warning once when it was built from other sources
+    than those beside it (an editable install after a pull)."""
     try:
         library = ctypes.CDLL(path)
     except OSError as exc:

@@ -1,20 +1,15 @@
-"""The HTTP API: OpenAI's ``/v1/audio/speech`` plus voices, models, health and metrics.
+"""The HTTP API: OpenAI's ``/v1/audio/speech`` plus voices, models, health, metrics and the WebSocket session.
 
-What the headers decide (host, origin, key, body limits) is decided before the body is read, by
-``moss_npu.serve.edge``. Handlers then check a request completely before it takes a slot, and wait for its
-first audio before answering, so every failure before audio exists, a model that stops before any audio
-included, still gets its proper status. After the first audio has left, a failure ends the stream (SSE: an
-``error`` event; raw audio: the connection closes without the final chunk, so a client never mistakes a cut
-stream for a whole one). A client that goes away frees its slot at the next frame, whole-file or streamed.
-Everything that costs time in proportion to what a client sent (JSON parsing, checks, voice reads, recording
-probes) runs off the event loop, after the edge has bounded its size. On a stop signal the server drains
-(``moss_npu.serve.drain``).
+A request is checked completely (off the event loop, once the edge has bounded its size) before it takes a slot,
+and its first audio is awaited before the status line goes out, so every failure before audio gets its status;
+after it a failure cuts the stream (docs/serving.md#request-body). A client that leaves frees its slot.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import io
 import json
 import logging
 import time
@@ -24,53 +19,41 @@ from pathlib import Path
 from typing import AsyncIterator, Callable, Optional
 
 import torch
-from fastapi import FastAPI, File, Form, Request, UploadFile
+from fastapi import FastAPI, File, Form, Request, UploadFile, WebSocket
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from fastapi.staticfiles import StaticFiles
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
 
-from moss_npu.serve import live, page
-from moss_npu.serve.drain import Drain, shutting_down
+from moss_npu.errors import AudioError, AudioTooLong
+from moss_npu.serve import live
+from moss_npu.serve.drain import Deadline, Drain
 from moss_npu.serve.edge import Edge, EdgePolicy
 from moss_npu.serve.errors import ApiError, from_engine
 from moss_npu.serve.formats import MEDIA_TYPES, StreamConverter, encode_file, pcm16, wav_stream_header
-from moss_npu.serve.metrics import CONTENT_TYPE, Metrics
+from moss_npu.serve.metrics import Metrics
 from moss_npu.serve.pool import Ticket, WorkerPool
-from moss_npu.serve.recordings import probe_recording
 from moss_npu.serve.schema import (DEFAULT_VOICE, SpeechBody, check_body, check_text, decode_ref_audio, parse_json,
-                                   run_config, speech_body)
+                                   run_config, speech_body, validation_error)
 from moss_npu.serve.voices import VoiceStore
+from moss_npu.wavfile import probe
 
 log = logging.getLogger("moss_npu.serve")
+STATIC = Path(__file__).resolve().parent / "static"
 
 
-@dataclass(frozen=True)
-class ServerConfig:
-    """Limits, names and the access policy of one server."""
+@dataclass(frozen=True, kw_only=True)
+class ServerConfig(EdgePolicy):
+    """Limits and names of one server, beside what its edge enforces (``EdgePolicy``)."""
 
     voices_dir: Path
     model_names: tuple[str, ...] = ("moss-tts-nano",)
-    api_key: Optional[str] = None
     max_input_chars: int = 4096
     max_new_frames: int = 375
     request_timeout_s: float = 300.0
-    max_upload_bytes: int = 10 * 2**20
     max_voice_seconds: float = 30.0
-    body_timeout_s: float = 60.0
-    bind_host: str = "127.0.0.1"
-    allowed_hosts: tuple[str, ...] = ()
-    cors_origins: tuple[str, ...] = ()
-
-    @property
-    def max_body_bytes(self) -> int:
-        """Largest request body: an upload in base64 plus room for the other fields."""
-        return self.max_upload_bytes * 4 // 3 + 2**16
-
-    def policy(self) -> EdgePolicy:
-        """What the edge enforces before a body is read."""
-        return EdgePolicy(api_key=self.api_key, max_body_bytes=self.max_body_bytes, body_timeout_s=self.body_timeout_s,
-                          bind_host=self.bind_host, allowed_hosts=self.allowed_hosts, cors_origins=self.cors_origins)
 
 
 class Disconnected(Exception):
@@ -98,7 +81,7 @@ def create_app(config: ServerConfig, pool: WorkerPool, metrics: Metrics,
     app = FastAPI(title="moss-npu speech server", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
     _install_error_handlers(app)
-    app.add_middleware(Edge, policy=config.policy(), metrics=metrics, drain=drain)
+    app.add_middleware(Edge, policy=config, metrics=metrics, drain=drain)
     if config.cors_origins:  # outermost: preflights are answered, and refusals carry the CORS headers
         app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["*"],
                            allow_headers=["Authorization", "Content-Type"],
@@ -109,8 +92,8 @@ def create_app(config: ServerConfig, pool: WorkerPool, metrics: Metrics,
         ready = pool.ready and not drain.draining
         status = "draining" if drain.draining else "ready" if ready else "starting"
         extra = await asyncio.to_thread(health_extra) if health_extra is not None else {}
-        return _json({"status": status, "workers": [w.describe() for w in pool.workers], **extra},
-                     200 if ready else 503)
+        return JSONResponse({"status": status, "workers": [w.describe() for w in pool.workers], **extra},
+                            200 if ready else 503)
 
     @app.get("/favicon.ico")
     async def favicon() -> Response:
@@ -118,30 +101,30 @@ def create_app(config: ServerConfig, pool: WorkerPool, metrics: Metrics,
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:
-        return _json({"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "moss-npu"}
-                                                 for name in config.model_names]})
+        return JSONResponse({"object": "list", "data": [
+            {"id": name, "object": "model", "created": 0, "owned_by": "moss-npu"} for name in config.model_names]})
 
     @app.get("/metrics")
     async def prometheus() -> Response:
         metrics.workers_ready.set(sum(w.state == "ready" for w in pool.workers))
-        return Response(metrics.render(), media_type=CONTENT_TYPE)
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/audio/voices")
     async def list_voices() -> JSONResponse:
         voices = await asyncio.to_thread(store.list)
-        return _json({"object": "list", "data": [v.public() for v in voices]})
+        return JSONResponse({"object": "list", "data": [v.public() for v in voices]})
 
     @app.get("/v1/audio/voices/{voice_id}")
     async def get_voice(voice_id: str) -> JSONResponse:
         check_text(voice_id, "voice_id")
         voice, _ = await asyncio.to_thread(store.find, voice_id)
-        return _json(voice.public())
+        return JSONResponse(voice.public())
 
     @app.delete("/v1/audio/voices/{voice_id}")
     async def delete_voice(voice_id: str) -> JSONResponse:
         check_text(voice_id, "voice_id")
         voice = await asyncio.to_thread(store.delete, voice_id)
-        return _json({"id": voice.id, "name": voice.name, "object": "voice", "deleted": True})
+        return JSONResponse({"id": voice.id, "name": voice.name, "object": "voice", "deleted": True})
 
     @app.post("/v1/audio/voices")
     async def add_voice(name: str = Form(...), audio: UploadFile = File(...),
@@ -155,7 +138,7 @@ def create_app(config: ServerConfig, pool: WorkerPool, metrics: Metrics,
         duration = await asyncio.to_thread(probe_recording, data, config.max_voice_seconds, param="audio")
         codes = await pool.encode(data, config.request_timeout_s)
         voice = await asyncio.to_thread(store.add, name, torch.from_numpy(codes), duration, transcript)
-        return _json(voice.public())
+        return JSONResponse(voice.public())
 
     @app.post("/v1/audio/speech")
     async def speech(request: Request) -> Response:
@@ -191,13 +174,23 @@ def create_app(config: ServerConfig, pool: WorkerPool, metrics: Metrics,
         headers.update({"X-Audio-Frames": str(info["frames"]), "X-Codes-SHA256": info["codes_sha256"]})
         return Response(data, media_type=MEDIA_TYPES[body.response_format], headers=headers)
 
-    live.install(app, pool, lambda body: _job(body, store, config), config, drain)  # WS /v1/audio/speech/stream
-    page.install(app, config)  # the page at /
+    @app.websocket("/v1/audio/speech/stream")
+    async def speech_stream(ws: WebSocket) -> None:
+        await ws.accept()  # the edge already checked host, origin and key
+        await live.Session(ws, pool, lambda body: _job(body, store, config), config, drain).run()
+
+    @app.get("/")
+    async def page() -> FileResponse:  # try voices in a browser: static/ holds the page (no build step, no CDN)
+        return FileResponse(STATIC / "index.html", media_type="text/html; charset=utf-8",
+                            headers={"Cache-Control": "no-cache"})
+
+    @app.get("/page/config.json")
+    async def page_config() -> JSONResponse:  # what the page must know before it calls the API
+        return JSONResponse({"key_required": config.api_key is not None, "models": list(config.model_names),
+                             "max_input_chars": config.max_input_chars})
+
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
     return app
-
-
-def _json(body: dict, status: int = 200, headers: Optional[dict] = None) -> JSONResponse:
-    return JSONResponse(body, status_code=status, headers=headers)
 
 
 def _parse_and_check(raw: bytes, content_type: Optional[str], store: VoiceStore, config: ServerConfig, rate: int,
@@ -217,23 +210,6 @@ def _is_json(content_type: str) -> bool:
     return kind == "application/json" or (kind.startswith("application/") and kind.endswith("+json"))
 
 
-@dataclass(frozen=True)
-class Deadline:
-    """When a request must be done: its own timeout (then 504), or the end of the server's drain (then 503)."""
-
-    at: float  # the event loop's time
-    drain: Drain
-
-    def remaining(self) -> float:
-        return min(self.at - asyncio.get_running_loop().time(), self.drain.remaining_s())
-
-    def overdue(self) -> ApiError:
-        if self.drain.expired():
-            return shutting_down()
-        return ApiError(504, "the request took longer than the server's timeout; shorten the text or raise "
-                        "--request-timeout", code="timeout")
-
-
 def _job(body: SpeechBody, store: VoiceStore, config: ServerConfig) -> dict:
     """Turn a checked body into the worker's job: text, voice (stored codes or a recording) and settings."""
     job: dict = {"text": body.input, "prompt_text": body.ref_text}
@@ -251,15 +227,15 @@ def _job(body: SpeechBody, store: VoiceStore, config: ServerConfig) -> dict:
     return job
 
 
-async def _next(ticket: Ticket, deadline: Deadline) -> tuple:
-    """The ticket's next event before ``deadline`` (504 after the request's timeout, 503 after the drain's)."""
-    remaining = deadline.remaining()
-    while remaining > 0:
-        try:  # in steps, so a drain that starts meanwhile shortens the wait
-            return await ticket.next(min(remaining, 1.0))
-        except asyncio.TimeoutError:
-            remaining = deadline.remaining()
-    raise deadline.overdue()
+def probe_recording(data: bytes, max_seconds: float, *, param: str) -> float:
+    """Return an uploaded recording's duration in seconds; 400 when it is not audio a worker can decode, 413 when
+    too long. Only its header is read (``moss_npu.wavfile.probe``, the check the worker's decoding repeats)."""
+    try:
+        return probe(io.BytesIO(data), param, max_seconds).seconds
+    except AudioTooLong as exc:
+        raise ApiError(413, str(exc), param=param, code="audio_too_long") from None
+    except AudioError as exc:
+        raise ApiError(400, str(exc), param=param, code="invalid_audio") from None
 
 
 async def _watch_disconnect(request: Request, ticket: Ticket) -> None:
@@ -279,7 +255,7 @@ async def _first_audio(ticket: Ticket, deadline: Deadline) -> list[tuple]:
     """
     head: list[tuple] = []
     while True:
-        event = await _next(ticket, deadline)
+        event = await deadline.next_event(ticket)
         if event[0] == "gone":
             raise Disconnected()
         if event[0] == "error":
@@ -329,45 +305,43 @@ class _Reply:
                 yield event
             event = head[-1]
             while event[0] not in ("done", "error"):
-                event = await _next(self.ticket, self.deadline)
+                event = await self.deadline.next_event(self.ticket)
                 if event[0] == "gone":
                     return
                 yield event
         finally:
             self.close()
 
-    async def audio(self, head: list[tuple]) -> AsyncIterator[bytes]:
-        """Raw PCM chunks (after a streaming WAV header for ``wav``)."""
+    async def _stream(self, head: list[tuple]) -> AsyncIterator[tuple]:
+        """The request's events with each chunk made ``("pcm", bytes)``: a streaming WAV header first for ``wav``,
+        the resampler's tail before ``done``."""
         if self.body.response_format == "wav":
-            yield wav_stream_header(self.out_rate, self.out_channels)
+            yield "pcm", wav_stream_header(self.out_rate, self.out_channels)
         async for event in self._events(head):
             if event[0] == "chunk":
-                data = pcm16(self._convert(event[1]))
-                if data:
-                    yield data
-            elif event[0] == "done":
-                yield pcm16(self.converter.flush())
+                yield "pcm", pcm16(self._convert(event[1]))
+                continue
+            if event[0] == "done":
                 self._finish()
+                yield "pcm", pcm16(self.converter.flush())
+            yield event
+
+    async def audio(self, head: list[tuple]) -> AsyncIterator[bytes]:
+        """Raw PCM chunks (after a streaming WAV header for ``wav``)."""
+        async for event in self._stream(head):
+            if event[0] == "pcm" and event[1]:
+                yield event[1]
             elif event[0] == "error":
                 log.warning("stream cut: %s", event[2])
                 raise ConnectionAbortedError(event[2])
 
     async def sse(self, head: list[tuple]) -> AsyncIterator[bytes]:
         """``speech.audio.delta`` events (base64 audio), then ``speech.audio.done`` with usage."""
-        if self.body.response_format == "wav":
-            yield _sse({"type": "speech.audio.delta", "audio": _b64(wav_stream_header(self.out_rate,
-                                                                                      self.out_channels))})
         try:
-            async for event in self._events(head):
-                if event[0] == "chunk":
-                    data = pcm16(self._convert(event[1]))
-                    if data:
-                        yield _sse({"type": "speech.audio.delta", "audio": _b64(data)})
+            async for event in self._stream(head):
+                if event[0] == "pcm" and event[1]:
+                    yield _sse({"type": "speech.audio.delta", "audio": base64.b64encode(event[1]).decode("ascii")})
                 elif event[0] == "done":
-                    tail = pcm16(self.converter.flush())
-                    if tail:
-                        yield _sse({"type": "speech.audio.delta", "audio": _b64(tail)})
-                    self._finish()
                     for message in event[1].get("warnings", ()):  # a text chunk the model spoke nothing of
                         yield _sse({"type": "speech.audio.warning", "message": message})
                     tokens, frames = int(event[1]["input_tokens"]), int(event[1]["frames"])
@@ -375,25 +349,21 @@ class _Reply:
                         "input_tokens": tokens, "output_tokens": frames, "total_tokens": tokens + frames}})
                 elif event[0] == "timestamp":  # a text chunk's start and end in this audio (speed included)
                     yield _sse({"type": "speech.audio.timestamp", **event[1]})
-                else:
+                elif event[0] == "error":
                     yield _sse({"type": "error", **from_engine(event[1], event[2]).body()})
         except ApiError as exc:  # the timeout, or the end of the drain
             yield _sse({"type": "error", **exc.body()})
 
     async def whole(self, head: list[tuple]) -> tuple[bytes, dict]:
         """Collect the whole utterance and encode it; return (file bytes, the worker's summary)."""
-        pieces, event = [], head[-1]
-        for early in head:
-            if early[0] == "chunk":
-                pieces.append(self._convert(early[1]))
-        while event[0] not in ("done", "error"):
-            event = await _next(self.ticket, self.deadline)
-            if event[0] == "gone":
-                raise Disconnected()
+        pieces = []
+        async for event in self._events(head):
             if event[0] == "chunk":
                 pieces.append(self._convert(event[1]))
         if event[0] == "error":
             raise from_engine(event[1], event[2])
+        if event[0] != "done":  # the events stopped early: the client left
+            raise Disconnected()
         pieces.append(self.converter.flush())
         self._finish()
         wave = torch.cat(pieces, dim=1)
@@ -405,33 +375,21 @@ def _sse(obj: dict) -> bytes:
     return f"data: {json.dumps(obj)}\n\n".encode()
 
 
-def _b64(data: bytes) -> str:
-    return base64.b64encode(data).decode("ascii")
-
-
 def _install_error_handlers(app: FastAPI) -> None:
     """Every failure answers in the OpenAI error shape; no traceback reaches a client."""
 
     @app.exception_handler(ApiError)
     async def api_error(_request: Request, exc: ApiError) -> JSONResponse:
-        return _json(exc.body(), exc.status, exc.headers)
+        return JSONResponse(exc.body(), exc.status, exc.headers)
 
-    @app.exception_handler(RequestValidationError)
+    @app.exception_handler(RequestValidationError)  # a voice upload's form: FastAPI's loc starts "body"
     async def invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        problems = exc.errors()
-        first = problems[0] if problems else {"loc": (), "msg": "invalid request"}
-        if first.get("type") == "json_invalid":
-            return _json(ApiError(422, f"the body is not valid JSON ({first.get('ctx', {}).get('error', 'syntax')})",
-                                  code="invalid_json").body(), 422)
-        loc = [str(part) for part in first.get("loc", ()) if part not in ("body", "query", "path")]
-        param = ".".join(loc) or None
-        message = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
-        return _json(ApiError(422, message, param=param, code="invalid_request").body(), 422)
+        return await api_error(_request, validation_error([{**p, "loc": p["loc"][1:]} for p in exc.errors()]))
 
     @app.exception_handler(HTTPException)
     async def http_error(_request: Request, exc: HTTPException) -> JSONResponse:
-        return _json(ApiError(exc.status_code, str(exc.detail), code="not_found" if exc.status_code == 404
-                              else None).body(), exc.status_code, getattr(exc, "headers", None))
+        code = "not_found" if exc.status_code == 404 else None
+        return await api_error(_request, ApiError(exc.status_code, str(exc.detail), code=code, headers=exc.headers))
 
     @app.exception_handler(Disconnected)
     async def gone(_request: Request, _exc: Disconnected) -> Response:
@@ -440,4 +398,5 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def internal(_request: Request, exc: Exception) -> JSONResponse:
         log.exception("internal error")
-        return _json(ApiError(500, "internal server error; see the server log", code="internal_error").body(), 500)
+        return await api_error(_request, ApiError(500, "internal server error; see the server log",
+                                                  code="internal_error"))

@@ -1,20 +1,9 @@
-"""Connection hygiene for uvicorn: a header-read timeout, the keep-alive timeout and a connection cap.
+"""Connection hygiene for uvicorn: a header-read timeout, lingering closes, the keep-alive timeout and a cap.
 
-uvicorn bounds an idle kept-alive connection but not one whose request headers never finish: a client that
-sends a byte every few seconds (slowloris) holds a connection, and a file descriptor, forever. ``HeaderTimeout``
-closes a connection whose request line and headers have not all arrived ``header_timeout_s`` after the
-connection opened or the previous response ended; a connection upgraded to a WebSocket is no longer timed
-by it (WebSocket pings and the session's idle timeout take over). Body reads are bounded separately
-(``edge.Edge``).
-
-A connection closed while the client is still sending (a body refused at its limit) would be reset by the
-kernel, and a reset can reach the client before it has read the answer: it then sees "connection reset" instead
-of the 413. So closes linger (``LingeringTransport``): the server ends its side (FIN), stops reading, and closes
-for good ``LINGER_S`` later, as nginx's lingering close does, without reading what the client still sends.
-
-``HeaderTimeout`` extends uvicorn's ``H11Protocol`` (its ``cycle``, ``on_response_complete``,
-``handle_websocket_upgrade`` and ``send_400_response``), internals that may change between releases: setup.py
-pins the uvicorn range the tests ran on.
+uvicorn bounds an idle kept-alive connection but not one whose headers never finish (slowloris):
+``HeaderTimeout`` closes it. A close while the client still sends becomes a reset that can overtake the answer
+(a 413), so closes linger as nginx's do. ``HeaderTimeout`` extends uvicorn's ``H11Protocol``, whose internals
+may change between releases: setup.py pins the uvicorn range the tests ran on.
 """
 
 from __future__ import annotations
@@ -39,10 +28,8 @@ class ConnectionLimits:
     max_connections: int = 1000  # past it, uvicorn answers 503 at once
 
     def raise_file_limit(self) -> None:
-        """Raise this process's open-file limit (within its hard limit) so the cap, not the limit, is met first.
-
-        Past the file limit, accepting a connection fails, which the cap exists to prevent.
-        """
+        """Raise this process's open-file limit (within its hard limit) so the cap, not the limit, is met first:
+        past the file limit, accepting a connection fails, which the cap exists to prevent."""
         try:
             import resource
         except ImportError:  # not on POSIX
@@ -55,12 +42,8 @@ class ConnectionLimits:
 
     def uvicorn_options(self) -> dict[str, Any]:
         """Keyword arguments for ``uvicorn.Config``."""
-        timeout = self.header_timeout_s
-
-        class Protocol(HeaderTimeout):
-            header_timeout_s = timeout
-
-        return {"http": Protocol, "timeout_keep_alive": self.keep_alive_s, "limit_concurrency": self.max_connections,
+        protocol = type("Protocol", (HeaderTimeout,), {"header_timeout_s": self.header_timeout_s})
+        return {"http": protocol, "timeout_keep_alive": self.keep_alive_s, "limit_concurrency": self.max_connections,
                 "h11_max_incomplete_event_size": 16 * 1024, "ws_ping_interval": WS_PING_S, "ws_ping_timeout": WS_PING_S}
 
 

@@ -1,11 +1,7 @@
-"""The server's stop: a drain, so a rolling update loses no request.
+"""The server's stop: a drain, so a rolling update loses no request (docs/serving.md#operations).
 
-On the first SIGTERM or Ctrl-C the server keeps listening but drains: ``/health`` answers 503 ``draining`` at
-once (a load balancer takes the server out), every new request gets 503 ``shutting_down`` with
-``Retry-After`` in the OpenAI shape, WebSocket sessions stop reading text, speak the sentences they hold and
-end with an error event and a close frame, and requests in flight finish. The server exits when nothing is in
-flight, or when ``grace_s`` (``--shutdown-grace``) has passed; requests still running then are answered 503
-``shutting_down`` too (streams are cut), never a bare 500. A second signal stops at once.
+The first signal starts it: ``/health`` turns 503, new requests get 503 ``shutting_down``, sessions end after the
+sentences they hold, and requests in flight finish within ``grace_s``, after which they too get 503.
 """
 
 from __future__ import annotations
@@ -14,7 +10,8 @@ import asyncio
 import math
 import time
 from contextlib import contextmanager
-from typing import Callable, Iterator, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Optional
 
 from moss_npu.serve.errors import ApiError
 
@@ -83,3 +80,25 @@ def shutting_down() -> ApiError:
     """The answer to a request that arrives, or is still running, while the server stops."""
     return ApiError(503, "the server is shutting down; retry the request (another replica will take it)",
                     code="shutting_down", headers={"Retry-After": str(RETRY_AFTER_S)})
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """When a request (or a session's sentence) must be done: its own timeout (then 504), or the end of the
+    server's drain (then 503)."""
+
+    at: float  # the event loop's time
+    drain: Drain
+
+    async def next_event(self, ticket: Any) -> tuple:
+        """The ticket's next event (``moss_npu.serve.pool.Ticket``) before the deadline, else its answer."""
+        loop = asyncio.get_running_loop()
+        while (remaining := min(self.at - loop.time(), self.drain.remaining_s())) > 0:
+            try:  # in steps, so a drain that starts meanwhile shortens the wait
+                return await ticket.next(min(remaining, 1.0))
+            except asyncio.TimeoutError:
+                pass
+        if self.drain.expired():
+            raise shutting_down()
+        raise ApiError(504, "the request took longer than the server's timeout; shorten the text or raise "
+                       "--request-timeout", code="timeout")

@@ -1,24 +1,9 @@
-"""The server's front edge: what is decided from the headers alone, before a body byte is read.
+"""The server's front edge: ASGI middleware deciding from the headers alone, before a body byte is read.
 
-``Edge`` is plain ASGI middleware around the FastAPI app. For every HTTP request it checks, in order:
-
-0. **Framing**: ``Content-Length`` together with ``Transfer-Encoding`` is answered 400 and the connection
-   closed, so bytes smuggled after such a body are never read as a request (conflicting lengths and folded
-   header lines are refused below it, in ``moss_npu.serve.connections``).
-1. **Host** (keyless servers, or when ``--allowed-hosts`` is set): the ``Host`` header must name this server
-   (its bind address, a loopback name, or an allowed host). A page on another site that re-points its own
-   name at 127.0.0.1 (DNS rebinding) is refused here.
-2. **Origin** (keyless servers): a browser write (POST, PUT, PATCH, DELETE) from another origin is refused
-   unless ``--cors-origins`` lists it, so a form on a foreign page cannot store voices or spend compute.
-3. **API key**: every route but the public ones needs ``Authorization: Bearer KEY``, checked here, so an
-   unauthenticated upload is refused without reading it.
-4. **Body size and time**: a declared ``Content-Length`` over the limit is answered 413 at once; body bytes are
-   counted as they arrive (chunked bodies have no length) and the request is answered 413 at the limit; a
-   body that takes longer than ``body_timeout_s`` to arrive is answered 408. Either way the rest of the body
-   is never read.
-
-While the server drains (``moss_npu.serve.drain``) every request but ``/health`` and ``/metrics`` is answered
-503 ``shutting_down``. Refusals use the OpenAI error shape. Every answer is counted by route and status.
+In order: ambiguous framing (``Content-Length`` with ``Transfer-Encoding``; the rest is refused below, in
+``connections``), the ``Host`` (against DNS rebinding), the ``Origin`` of a browser write (keyless servers), the
+API key, then the body's size and arrival time (413, 408: the rest is never read). A draining server answers 503
+to all but ``/health`` and ``/metrics``. Refusals use the OpenAI error shape (docs/serving.md#operations).
 """
 
 from __future__ import annotations
@@ -26,9 +11,11 @@ from __future__ import annotations
 import asyncio
 import hmac
 import ipaddress
-import json
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Optional
+from typing import Optional
+
+from starlette.datastructures import Headers
+from starlette.responses import JSONResponse
 
 from moss_npu.serve.drain import Drain, shutting_down
 from moss_npu.serve.errors import ApiError, shown
@@ -39,19 +26,23 @@ PUBLIC_ROUTES = ("/health", "/", "/page", "/static")  # the page loads without t
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 STAY_OPEN_ROUTES = ("/health", "/metrics")  # answered while the server drains
 CLOSING_STATUSES = (400, 503)  # ambiguous framing (the rest of the stream cannot be trusted); a server stopping
-LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EdgePolicy:
     """What the edge lets through: key, hosts, origins, body limits."""
 
-    api_key: Optional[str]
-    max_body_bytes: int
+    api_key: Optional[str] = None
+    max_upload_bytes: int = 10 * 2**20
     body_timeout_s: float = 60.0
     bind_host: str = "127.0.0.1"
     allowed_hosts: tuple[str, ...] = ()  # extra Host names; "*" allows any
     cors_origins: tuple[str, ...] = ()  # origins allowed to write from a browser; "*" allows any
+
+    @property
+    def max_body_bytes(self) -> int:
+        """Largest request body: an upload in base64 plus room for the other fields."""
+        return self.max_upload_bytes * 4 // 3 + 2**16
 
     def checks_host(self) -> bool:
         """Hosts are checked on keyless servers, and whenever an allow-list was given."""
@@ -60,12 +51,10 @@ class EdgePolicy:
     def host_allowed(self, host: str) -> bool:
         """Whether a ``Host`` header value (name or address, with or without port) names this server."""
         name = _host_name(host)
-        if name is None:
-            return False
-        allowed = {*LOOPBACK_NAMES, *(h.lower() for h in self.allowed_hosts)}
-        if not _is_wildcard(self.bind_host):
+        allowed = {"localhost", *(h.lower() for h in self.allowed_hosts)}
+        if self.bind_host not in ("", "0.0.0.0", "::", "[::]"):  # a wildcard bind names no host
             allowed.add(self.bind_host.lower().strip("[]"))
-        return name in allowed or _is_loopback(name)
+        return name is not None and (name in allowed or _is_loopback(name))
 
     def origin_allowed(self, origin: str, host: str) -> bool:
         """Whether a browser ``Origin`` may write: the same origin as ``Host``, or one listed in ``cors_origins``."""
@@ -87,10 +76,6 @@ def _host_name(host: str) -> Optional[str]:
     if port and not port.isdigit():
         return None
     return name or None
-
-
-def _is_wildcard(host: str) -> bool:
-    return host in ("", "0.0.0.0", "::", "[::]")
 
 
 def _is_loopback(name: str) -> bool:
@@ -128,7 +113,7 @@ class Edge:
             if refusal is None and self.drain.draining and route_of(scope["path"]) not in STAY_OPEN_ROUTES:
                 refusal = shutting_down()
             if refusal is not None:
-                await answer(counted, refusal, close=refusal.status in CLOSING_STATUSES)
+                await answer(refusal, close=refusal.status in CLOSING_STATUSES)(scope, receive, counted)
                 return
             with self.drain.tracked():
                 await self._serve(scope, receive, counted, status)
@@ -147,11 +132,10 @@ class Edge:
     def _refusal(self, scope, *, write: Optional[bool] = None, body: bool = True) -> Optional[ApiError]:
         """The answer for a request its headers already rule out, or None."""
         policy = self.policy
-        names = [name for name, _ in scope["headers"]]
-        if b"transfer-encoding" in names and b"content-length" in names:
+        headers = Headers(scope=scope)
+        if "transfer-encoding" in headers and "content-length" in headers:
             return ApiError(400, "Content-Length and Transfer-Encoding together make the body's end ambiguous; "
                             "send one of them", code="invalid_http")
-        headers = _headers(scope)
         host = headers.get("host", "")
         if policy.checks_host() and not policy.host_allowed(host):
             return ApiError(403, f"host {shown(host)} is not this server; a server without an API key answers only to "
@@ -211,23 +195,13 @@ class Edge:
             if state["refused"] is None:
                 raise
         if state["refused"] is not None and status[0] == 0:
-            await answer(send, state["refused"], close=True)
-
-
-def _headers(scope) -> dict[str, str]:
-    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+            await answer(state["refused"], close=True)(scope, receive, send)
 
 
 def _too_large(limit: int) -> ApiError:
     return ApiError(413, f"request body is larger than {limit} bytes", code="request_too_large")
 
 
-async def answer(send: Callable[[dict], Awaitable[None]], error: ApiError, close: bool = False) -> None:
-    """Send ``error`` as a whole JSON response (``close``: the unread body ends the connection)."""
-    body = json.dumps(error.body()).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    headers += [(k.lower().encode(), v.encode()) for k, v in error.headers.items()]
-    if close:
-        headers.append((b"connection", b"close"))
-    await send({"type": "http.response.start", "status": error.status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+def answer(error: ApiError, close: bool = False) -> JSONResponse:
+    """``error`` as a whole JSON response, an ASGI app (``close``: the unread body ends the connection)."""
+    return JSONResponse(error.body(), error.status, {**error.headers, **({"connection": "close"} if close else {})})

@@ -42,11 +42,11 @@ class ApiError(Exception):
 SHOWN_CHARS = 64  # how much of a client's value an error message repeats
 
 
-def shown(value: object, limit: int = SHOWN_CHARS) -> str:
-    """``repr(value)`` cut to ``limit`` characters with an ellipsis: an answer never echoes a hostile value whole
-    (a 13 MB ``model`` would come back as a 13 MB error), and only the part shown is ever copied."""
-    text = repr(value[: limit + 1] if isinstance(value, str) else value)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+def shown(value: object) -> str:
+    """``repr(value)`` cut to ``SHOWN_CHARS`` characters with an ellipsis: an answer never echoes a hostile value
+    whole (a 13 MB ``model`` would come back as a 13 MB error), and only the part shown is ever copied."""
+    text = repr(value[: SHOWN_CHARS + 1] if isinstance(value, str) else value)
+    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 1] + "…"
 
 
 def from_engine(kind: str, message: str) -> ApiError:

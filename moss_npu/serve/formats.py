@@ -1,12 +1,8 @@
-"""Audio out of the server: resample / downmix on the fly, then PCM, streaming WAV, or a whole encoded file.
+"""Audio out of the server: resample / downmix chunk by chunk, then PCM, streaming WAV, or a whole encoded file.
 
-The model speaks 48 kHz stereo float. A request may ask for any rate from 8 kHz to 192 kHz (mp3 and opus: the
-rates their encoders take) and mono or stereo; the conversion runs chunk by chunk (``StreamConverter``), so a
-whole file is the joined stream.
-Formats: ``pcm`` (s16le, interleaved, no header), ``wav`` (a streaming header with unknown sizes when
-streamed), ``flac``, ``mp3``, ``opus`` (Ogg) through soundfile, whole files only. WAV and FLAC are 16-bit, as
-OpenAI's are and every player reads; a request's ``sample_format`` asks for 24-bit (``s24``: WAV, FLAC) or 32-bit
-float (``f32``: WAV, what the CLI writes by default) in whole files.
+The conversion runs on the stream (``StreamConverter``), so a whole file is the joined stream. ``pcm`` is s16le
+without a header; ``wav`` streams with a header of open sizes; ``flac``, ``mp3`` and ``opus`` (Ogg) are whole
+files through soundfile; ``sample_format`` asks for 24-bit or float whole files (docs/serving.md#request-body).
 """
 
 from __future__ import annotations
@@ -42,11 +38,14 @@ def check_output(fmt: str, sample_rate: int, channels: int, sample_format: str =
     """Return why ``fmt`` at ``sample_rate`` / ``channels`` / ``sample_format`` cannot be produced, or None."""
     if fmt not in FORMATS:
         return f"response_format {shown(fmt)}: unsupported; use one of {', '.join(FORMATS)}"
+    if streamed and fmt not in STREAMABLE:
+        return (f"response_format {fmt} cannot stream; use pcm or wav, or ask for whole files (stream false; "
+                "stream_audio false in a session)")
     if sample_format not in SAMPLE_FORMATS:
         return f"sample_format {shown(sample_format)}: use one of {', '.join(SAMPLE_FORMATS)}"
     if sample_format != "s16" and (streamed or fmt not in DEEPER[sample_format]):
         return (f"sample_format {sample_format}: only whole {' or '.join(DEEPER[sample_format])} files hold it "
-                "(streams are s16)")
+                "(streams are s16; ask for whole files with stream false, or stream_audio false in a session)")
     if channels not in (1, 2):
         return f"channels {channels}: use 1 (mono) or 2 (stereo)"
     if not MIN_RATE <= sample_rate <= MAX_RATE:

@@ -1,29 +1,8 @@
-"""Text in as it is written: the WebSocket ``/v1/audio/speech/stream`` in vLLM-Omni's protocol.
+"""A session of the WebSocket ``/v1/audio/speech/stream``: text in as it is written, audio out per sentence.
 
-Client → server (JSON text frames): ``{"type": "session.config", …}`` first (``model``, ``voice``,
-``response_format``, ``speed``, ``stream_audio`` and the extension fields of ``POST /v1/audio/speech``), then
-any number of ``{"type": "input.text", "text": …}`` pieces, then ``{"type": "input.done"}``.
-
-Server → client: per sentence ``audio.start`` (``sentence_index``, ``sentence_text``, format), binary audio
-frames, ``audio.done`` (its bytes and its start/end second in the session's audio, with the timestamps of its
-text chunks), before it an ``audio.warning`` for a text chunk of the sentence that gave no audio; at the end
-``session.done`` with the sentence count and usage; ``error`` events in the OpenAI
-error shape (a bad ``session.config`` or sentence ends the session after its error event). The handshake
-passes the edge's host, origin and key checks first (``moss_npu.serve.edge``; a refused one sees 403).
-
-A session lasts as long as its client keeps it: the connection's header timer ends at the upgrade
-(``moss_npu.serve.connections``), the WebSocket's pings find dead peers, and a session that sends nothing for
-``--request-timeout`` seconds gets a ``timeout`` error event and a close frame. A message longer than
-``MAX_MESSAGE_CHARS`` is refused before it is parsed, and parsing and sentence splitting run off the event loop.
-When the server drains (``moss_npu.serve.drain``) a session stops reading, speaks the sentences it has, and
-ends with a ``shutting_down`` error event and close code 1001.
-
-A sentence is complete when one of the official splitter's sentence marks (``moss_npu.nano.text``: ``.!?;``
-and their full-width forms, plus closing quotes or brackets) is followed by whitespace, or at once for a
-full-width mark, so a piece ending in "3." waits for "14" and the split never depends on where the pieces
-were cut. Each complete sentence is submitted at once (at most ``LOOKAHEAD`` ahead of the one playing) and
-its audio streams as it is generated; the pause the pipeline puts between text chunks goes before every
-sentence but the first, so the session's audio equals the same text sent whole in one piece.
+vLLM-Omni's protocol, as docs/serving-features.md describes it. A sentence is submitted once it is complete (the
+splitter of ``moss_npu.tts.prepare``), at most ``LOOKAHEAD`` ahead of the one playing, and the pipeline's pause
+goes before every sentence but the first, so a session's audio equals the same text sent whole.
 """
 
 from __future__ import annotations
@@ -35,20 +14,18 @@ from typing import Any, Awaitable, Callable, Optional
 import torch
 from fastapi import WebSocket, WebSocketDisconnect
 
-from moss_npu.serve.drain import Drain, shutting_down
+from moss_npu.serve.drain import Deadline, Drain, shutting_down
 from moss_npu.serve.errors import ApiError, from_engine, shown
-from moss_npu.serve.formats import STREAMABLE, StreamConverter, encode_file, pcm16, wav_stream_header
+from moss_npu.serve.formats import StreamConverter, encode_file, pcm16, wav_stream_header
 from moss_npu.serve.pool import Ticket, WorkerPool
 from moss_npu.serve.schema import SpeechBody, check_body, parse_json, speech_body
 from moss_npu.tts.prepare import split_sentences
 from moss_npu.tts.timeline import pause
 
 log = logging.getLogger("moss_npu.serve")
-PATH = "/v1/audio/speech/stream"
 LOOKAHEAD = 2  # sentences of one session generating at once (the one playing and the next)
 HTTP_ONLY = ("input", "stream", "stream_format")  # SpeechBody fields a session does not take
 MAX_MESSAGE_CHARS = 2**20  # one client message; far above any piece an LLM streams
-GOING_AWAY = 1001  # the WebSocket close code of a server that stops
 
 
 class Session:
@@ -139,15 +116,7 @@ class Session:
         if refused:
             raise ApiError(400, f"{refused[0]}: not a session setting (the text comes as input.text messages)",
                            param=refused[0], code="invalid_value")
-        fields.setdefault("response_format", "pcm")
-        if self.stream_audio and fields["response_format"] not in STREAMABLE:
-            raise ApiError(400, f"response_format {fields['response_format']} cannot stream; use pcm or wav, or "
-                           "set stream_audio false (one file per sentence)", param="response_format",
-                           code="invalid_value")
-        if self.stream_audio and fields.get("sample_format", "s16") != "s16":
-            raise ApiError(400, "sample_format: streamed audio is s16; set stream_audio false for s24 or f32 files",
-                           param="sample_format", code="invalid_value")
-        self.fields = fields
+        self.fields = {"response_format": "pcm", **fields, "stream": self.stream_audio}
         self._body("x")  # every setting checked now, with a placeholder text
 
     def _body(self, text: str) -> SpeechBody:
@@ -257,9 +226,9 @@ class Session:
         if previous is not None:
             await audio(torch.zeros(channels, pause(previous, rate, body.speed)))
         offset, stamps = self.samples / rate, []
-        deadline = asyncio.get_running_loop().time() + self.config.request_timeout_s
+        deadline = Deadline(asyncio.get_running_loop().time() + self.config.request_timeout_s, self.drain)
         while True:
-            event = await _event(ticket, deadline)
+            event = await deadline.next_event(ticket)
             if event[0] == "chunk":
                 await audio(torch.from_numpy(event[1]))
             elif event[0] == "timestamp":
@@ -291,29 +260,11 @@ class Session:
         return len(data)
 
     async def _fail(self, exc: ApiError) -> None:
-        """Send the error event and close: 1008 for a request the client can fix, 1001 for a server that stops,
-        1011 for a server failure."""
-        code = 1008 if exc.status < 500 else GOING_AWAY if exc.code == "shutting_down" else 1011
+        """Send the error event and close: 1008 for a request the client can fix, 1001 (going away) for a server
+        that stops, 1011 for a server failure."""
+        code = 1008 if exc.status < 500 else 1001 if exc.code == "shutting_down" else 1011
         try:
             await self.ws.send_json({"type": "error", **exc.body()})
             await self.ws.close(code=code)
         except (WebSocketDisconnect, RuntimeError):
             pass
-
-
-async def _event(ticket: Ticket, deadline: float) -> tuple:
-    remaining = deadline - asyncio.get_running_loop().time()
-    try:
-        return await ticket.next(max(0.0, remaining))
-    except asyncio.TimeoutError:
-        raise ApiError(504, "the sentence took longer than the server's timeout; shorten it or raise "
-                       "--request-timeout", code="timeout") from None
-
-
-def install(app, pool: WorkerPool, make_job: Callable[[SpeechBody], dict], config: Any, drain: Drain) -> None:
-    """Add the WebSocket route to ``app``."""
-
-    @app.websocket(PATH)
-    async def speech_stream(ws: WebSocket) -> None:
-        await ws.accept()  # the edge (moss_npu.serve.edge) already checked host, origin and key
-        await Session(ws, pool, make_job, config, drain).run()

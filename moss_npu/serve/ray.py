@@ -26,7 +26,6 @@ from moss_npu.errors import DeviceError, InputError, MissingDependency
 from moss_npu.serve import cli as server_cli
 from moss_npu.serve.ray_app import APP_NAME, ReplicaSettings, Scaling, application
 
-RAY_INSTALL = "pip install -e '.[ray]'"
 PROXY_OWNED = {"header_timeout": 10.0, "keep_alive": 5, "max_connections": 1000}  # flag -> the server's default
 
 
@@ -65,7 +64,7 @@ def settings_from_args(args: Union[argparse.Namespace, dict]):
         raise one_kind
     try:
         kind, index = parse_device(args.device)
-        replica_device(kind, args.cpus_per_replica)
+        device, _ = replica_device(kind, args.cpus_per_replica)
     except DeviceError as exc:
         raise InputError(str(exc)) from None
     if index is not None:
@@ -84,7 +83,6 @@ def settings_from_args(args: Union[argparse.Namespace, dict]):
         raise InputError("--num-cpus sizes a local cluster; a running one (--address) has its own")
     server_cli._check(args)  # the server's own checks: ranges, key, hosts, voices folder, model folders
     threads = args.num_threads or max(1, int(args.cpus_per_replica))
-    device, _ = replica_device(kind, args.cpus_per_replica)
     settings = ReplicaSettings(config=server_cli.server_config(args), max_queue=args.max_queue,
                                spec=replace(server_cli.worker_spec(args, device), num_threads=threads))
     scaling = Scaling(device_kind=kind, min_replicas=args.min_replicas, max_replicas=args.max_replicas,
@@ -130,24 +128,20 @@ def serve(args: argparse.Namespace) -> int:
         import ray
         from ray import serve as ray_serve
     except ImportError as exc:
-        raise MissingDependency(f"Ray Serve is not installed ({exc.name} is missing); run {RAY_INSTALL}") from None
+        raise MissingDependency(f"Ray Serve is not installed ({exc.name} is missing); "
+                                "run pip install -e '.[ray]'") from None
     ray.init(address=args.address, num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=True)
     try:
         ray_serve.start(http_options={"host": args.host, "port": args.port})
         ray_serve.run(application(settings, scaling), name=APP_NAME, route_prefix="/")
         print(f"serving on http://{args.host}:{args.port} ({scaling.min_replicas}..{scaling.max_replicas} "
               f"{scaling.device_kind} replicas)", file=sys.stderr, flush=True)
-        _block()
+        threading.Event().wait()  # until Ctrl-C (run_cli turns it into exit 130)
     finally:
         if args.address is None:
             ray_serve.shutdown()
             ray.shutdown()
     return 0
-
-
-def _block() -> None:
-    """Wait for Ctrl-C (run_cli turns it into exit 130)."""
-    threading.Event().wait()
 
 
 if __name__ == "__main__":

@@ -1,21 +1,8 @@
 """The speech server as a Ray Serve application: one replica per device, autoscaled on requests in flight.
 
-Each speech replica is the single-host server's own FastAPI app (``create_app``) around a ``WorkerPool`` of one
-worker on the one device Ray reserved for the replica. Ray's HTTP proxy hands requests to a small gateway
-deployment (``moss_npu.serve.ray_gateway``), which forwards each to a speech replica over a
-``DeploymentHandle``; the replica runs it through the app and streams back what the app sends, so every route,
-error shape and streaming format is the same. The gateway answers for a replica that is lost mid-request
-(503 in the OpenAI shape, or the request sent to another replica when nothing was answered yet). Ray scales
-the replicas between ``min_replicas`` and ``max_replicas`` on ongoing requests per replica (what a replica
-has queued plus generating), and a replica takes traffic only once its worker has loaded and warmed up.
-
-Voices live in one folder every replica shares (``--voices-dir``, a network file system across machines): the
-folder is the truth, each replica's index refreshes when the folder changes and on a miss, and name claims are
-exclusive file creations, so a voice uploaded through one replica is usable through every other at once and
-deleted everywhere (``moss_npu.serve.voices``).
-
-Answers carry ``X-Moss-Replica`` (the replica's id) and ``/health`` adds the deployment's replica counts as
-Ray reports them, so a restarting replica shows there.
+Each speech replica is the single-host server's app (``create_app``) around a pool of one worker on the device
+Ray reserved for it; a gateway deployment (``moss_npu.serve.ray_gateway``) forwards requests to the replicas.
+How it scales, shares voices and survives a lost replica: docs/scaling.md.
 """
 
 from __future__ import annotations
@@ -74,12 +61,7 @@ class Scaling:
         return {
             "ray_actor_options": actor_options,
             "max_ongoing_requests": max_ongoing,
-            "autoscaling_config": {"min_replicas": self.min_replicas, "max_replicas": self.max_replicas,
-                                   "initial_replicas": self.min_replicas,
-                                   "target_ongoing_requests": self.target_ongoing_requests,
-                                   "upscale_delay_s": self.upscale_delay_s,
-                                   "downscale_delay_s": self.downscale_delay_s,
-                                   "look_back_period_s": self.look_back_s},
+            "autoscaling_config": self._autoscaling(self.min_replicas, self.target_ongoing_requests),
             "health_check_period_s": 5.0,
             "health_check_timeout_s": 30.0,
             "graceful_shutdown_timeout_s": 10.0,
@@ -91,30 +73,14 @@ class Scaling:
         return {
             "ray_actor_options": {"num_cpus": 0},
             "max_ongoing_requests": max_ongoing * self.max_replicas,
-            "autoscaling_config": {"min_replicas": 1, "max_replicas": self.max_replicas, "initial_replicas": 1,
-                                   "target_ongoing_requests": max_ongoing,
-                                   "upscale_delay_s": self.upscale_delay_s,
-                                   "downscale_delay_s": self.downscale_delay_s,
-                                   "look_back_period_s": self.look_back_s},
+            "autoscaling_config": self._autoscaling(1, max_ongoing),
         }
 
-
-class ReplicaHeader:
-    """ASGI middleware: every HTTP answer names the replica that gave it (``X-Moss-Replica``)."""
-
-    def __init__(self, app, replica: str) -> None:
-        self.app, self.replica = app, replica.encode("ascii", "replace")
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-
-        async def tagged(message) -> None:
-            if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", []), (b"x-moss-replica", self.replica)]}
-            await send(message)
-
-        await self.app(scope, receive, tagged)
+    def _autoscaling(self, low: int, target: float) -> dict:
+        """Ray's autoscaling config: ``low`` to ``max_replicas`` replicas, aiming at ``target`` requests each."""
+        return {"min_replicas": low, "max_replicas": self.max_replicas, "initial_replicas": low,
+                "target_ongoing_requests": target, "upscale_delay_s": self.upscale_delay_s,
+                "downscale_delay_s": self.downscale_delay_s, "look_back_period_s": self.look_back_s}
 
 
 class SpeechReplica:
@@ -136,14 +102,17 @@ class SpeechReplica:
                                on_fatal=lambda message, _user_fault: self.fatal.append(message))
         self.pool.start()  # here, not in the app's lifespan: Ray routes to a replica once __init__ returns
         await self._until_ready(settings.spec.device)
-        app = create_app(settings.config, self.pool, self.metrics, health_extra=self._deployment_health)
-        self.app = ReplicaHeader(app, self.replica_id)
+        self.app = create_app(settings.config, self.pool, self.metrics, health_extra=self._deployment_health)
 
     async def http(self, scope: dict, body: bytes):
-        """One forwarded HTTP request through the app: the ASGI messages it sends."""
+        """One forwarded HTTP request through the app: the ASGI messages it sends, the answer naming this replica
+        (``X-Moss-Replica``)."""
         from moss_npu.serve.ray_gateway import body_receive, run_app
 
         async for message in run_app(self.app, scope, body_receive(body)):
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []),
+                                                  (b"x-moss-replica", self.replica_id.encode("ascii", "replace"))]}
             yield message
 
     async def websocket(self, scope: dict, inbox, key: str):

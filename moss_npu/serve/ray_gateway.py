@@ -1,21 +1,9 @@
 """The Ray application's HTTP entry: a gateway that forwards each request to a speech replica's own app.
 
-Ray's HTTP proxy hands every request to the gateway deployment. The gateway reads the body through the
-server's edge (``moss_npu.serve.edge``: the same key, host, origin, size and time checks and refusals, so
-nothing unbounded is buffered) and sends the request over a ``DeploymentHandle`` to a speech replica, which
-runs it through the single-host server's app and streams back what the app sends (its ASGI messages): every
-route, error and streaming format is the server's own. The gateway adds only what a replica cannot say once
-it is gone:
-
-- **Lost before the status line** (a whole file being made, a stream still waiting for its first audio): a
-  request that is harmless to repeat (GET, HEAD, speech) is sent once more, and Ray's router, which drops a
-  replica whose actor died, gives it to a live one. Otherwise, or when that one is lost too, the client gets
-  503 ``replica_unavailable`` in the OpenAI shape with ``Retry-After``.
-- **Lost after the status line** (a stream under way): the connection ends without the final chunk, as the
-  server ends a stream it cannot complete, so a cut stream never looks whole.
-- **WebSocket sessions** are relayed both ways: a handle call carries its arguments one way only, so the
-  client's messages wait in an ``Inbox`` actor the gateway owns until the replica serving the session takes
-  them. A replica lost mid-session closes the socket with 1011.
+The gateway reads the body through the server's edge (``moss_npu.serve.edge``), sends the request over a
+``DeploymentHandle`` to a replica, which runs it through its app (``run_app``) and streams back the ASGI
+messages, so every route, error and streaming format is the server's own. The gateway answers only for a
+replica lost mid-request, and relays WebSocket sessions through an ``Inbox`` actor (docs/scaling.md#failures).
 """
 
 from __future__ import annotations
@@ -23,11 +11,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from typing import Any, AsyncIterator, Awaitable, Callable, Optional
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 import ray
 from ray.exceptions import RayActorError
 from ray.serve.exceptions import DeploymentUnavailableError, ReplicaUnavailableError
+from starlette.requests import ClientDisconnect, Request
 
 from moss_npu.serve.edge import SAFE_METHODS, Edge, answer
 from moss_npu.serve.errors import ApiError
@@ -48,13 +37,6 @@ def replica_lost(exc: BaseException) -> bool:
     return isinstance(exc, LOST) or isinstance(getattr(exc, "cause", None), LOST)
 
 
-def lost_error() -> ApiError:
-    """The answer to a request whose replica was lost before it answered (and that was not, or could not be,
-    sent again)."""
-    return ApiError(503, "the replica serving this request stopped before it answered; send the request again",
-                    code="replica_unavailable", headers={"Retry-After": "1"})
-
-
 class StreamCut(Exception):
     """A replica was lost after the answer's status line: the gateway ends the connection mid-body."""
 
@@ -71,7 +53,7 @@ class Gateway:
         self.inbox = ray.remote(num_cpus=0)(Inbox).remote()  # lives and dies with this replica
 
     def __serve_build_asgi_app__(self):
-        return Edge(self._asgi, policy=self.config.policy(), metrics=Metrics())
+        return Edge(self._asgi, policy=self.config, metrics=Metrics())
 
     async def _asgi(self, scope, receive, send) -> None:
         if scope["type"] == "lifespan":
@@ -83,8 +65,9 @@ class Gateway:
 
     async def _http(self, scope, receive, send) -> None:
         """Forward one request; send it again once if its replica is lost before answering and that is harmless."""
-        body = await _read_body(receive)
-        if body is None:
+        try:
+            body = await Request(scope, receive).body()
+        except ClientDisconnect:
             return  # the client left, or the edge refused the body (and answers)
         tries = 2 if scope["method"] in SAFE_METHODS or scope["path"] in REPEATABLE_PATHS else 1
         for attempt in range(1, tries + 1):
@@ -98,11 +81,14 @@ class Gateway:
                                     "the connection ends without the final chunk") from exc
                 if not replica_lost(exc):
                     log.error("%s %s failed in the replica: %s", scope["method"], scope["path"], exc)
-                    await answer(send, ApiError(500, "internal error; see the server log", code="internal_error"))
+                    failed = ApiError(500, "internal error; see the server log", code="internal_error")
+                    await answer(failed)(scope, receive, send)
                     return
                 log.warning("%s %s: the replica was lost before answering (try %d of %d)", scope["method"],
                             scope["path"], attempt, tries)
-        await answer(send, lost_error())
+        lost = ApiError(503, "the replica serving this request stopped before it answered; send the request again",
+                        code="replica_unavailable", headers={"Retry-After": "1"})
+        await answer(lost)(scope, receive, send)
 
     async def _websocket(self, scope, receive, send) -> None:
         """Relay one session: the client's messages through the inbox, the replica's straight back."""
@@ -132,7 +118,7 @@ class Gateway:
 
 class Inbox:
     """A Ray actor holding the messages WebSocket clients sent a gateway, by session, until the replica serving
-    the session takes them."""
+    the session takes them (a handle call carries its arguments one way only)."""
 
     def __init__(self) -> None:
         self.sessions: dict[str, asyncio.Queue] = {}
@@ -163,18 +149,6 @@ async def _pipe(stream, send, sent: list[str]) -> None:
     except BaseException:
         stream.cancel()
         raise
-
-
-async def _read_body(receive) -> Optional[bytes]:
-    """The whole request body, or None when the client disconnected (or the edge refused the body)."""
-    chunks = []
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return None
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            return b"".join(chunks)
 
 
 async def _lifespan(receive, send) -> None:

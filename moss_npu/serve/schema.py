@@ -21,7 +21,7 @@ from moss_npu.errors import MissingDependency, MossNpuError, SettingError
 from moss_npu.limits import MAX_SEED
 from moss_npu.sampling_params import MAX_PENALTY, MAX_TEMPERATURE, MAX_TOP_K, VALUES
 from moss_npu.serve.errors import ApiError, shown
-from moss_npu.serve.formats import FORMATS, STREAMABLE, check_output
+from moss_npu.serve.formats import check_output
 from moss_npu.tempo import check_speed, rubberband
 from moss_npu.tts.settings import RunConfig
 
@@ -151,9 +151,6 @@ def check_body(body: SpeechBody, *, model_names: tuple[str, ...], max_chars: int
     if body.stream_format not in ("audio", "sse"):
         raise ApiError(400, f"stream_format {shown(body.stream_format)}: use audio or sse", param="stream_format",
                        code="invalid_value")
-    if body.streams() and body.response_format not in STREAMABLE and body.response_format in FORMATS:
-        raise ApiError(400, f"response_format {body.response_format} cannot stream; use pcm or wav, or drop "
-                       "stream / stream_format sse", param="response_format", code="invalid_value")
     problem = check_output(body.response_format, body.sample_rate or sample_rate,
                            channels if body.channels is None else body.channels, body.sample_format, body.streams())
     if problem:
@@ -189,10 +186,15 @@ def speech_body(fields: Any) -> SpeechBody:
     try:
         return SpeechBody(**fields)
     except ValidationError as exc:
-        problem = exc.errors(include_url=False, include_input=False)[0]
-        param = shown(".".join(str(p) for p in problem.get("loc", ()))).strip("'") or None
-        message = f"{param}: {problem.get('msg')}" if param else str(problem.get("msg"))
-        raise ApiError(422, message, param=param, code="invalid_request") from None
+        raise validation_error(exc.errors(include_url=False, include_input=False)) from None
+
+
+def validation_error(problems: list) -> ApiError:
+    """422 ``invalid_request`` naming the first field pydantic found wrong or unknown."""
+    first = problems[0] if problems else {"msg": "invalid request"}
+    param = shown(".".join(str(p) for p in first.get("loc", ()))).strip("'")
+    message = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
+    return ApiError(422, message, param=param or None, code="invalid_request")
 
 
 def decode_ref_audio(text: str, max_bytes: int) -> bytes:

@@ -1,14 +1,8 @@
 """Stored voices: a recording's codes plus metadata, one safetensors file per voice under ``--voices-dir``.
 
-A voice is encoded once when it is uploaded; requests then reuse its codes. Several servers may share the
-folder (a network file system behind a load balancer), so the folder is the truth and each server keeps an
-index of it in memory: metadata only, refreshed when the folder's modification time changes and on a miss,
-so a lookup reads no file. Codes are read when a voice is used, and kept (least recently used).
-
-Writes are safe between servers: a voice file appears whole (temp file in the same folder, then rename),
-and a name is claimed by creating ``.name-<hash>`` exclusively (``O_EXCL``), so two servers adding the same
-name at once get one voice and one 409. Ids are generated here and checked against a strict pattern before
-they touch a path, so no request can reach outside the folder.
+The folder is the truth and servers may share it (docs/scaling.md#voices-shared-by-every-replica): each keeps
+an index of its metadata, refreshed when the folder changes and on a miss; a voice file appears whole (temp file,
+then rename) and a name is claimed by an exclusive create. Ids match a strict pattern before they touch a path.
 """
 
 from __future__ import annotations
@@ -89,7 +83,7 @@ class VoiceStore:
     def _read_meta(path: Path) -> Voice:
         with safe_open(str(path), framework="pt") as fh:
             meta = fh.metadata() or {}
-        return Voice(id=path.name[: -len(_SUFFIX)], name=meta["name"], transcript=meta.get("transcript") or None,
+        return Voice(id=path.stem, name=meta["name"], transcript=meta.get("transcript") or None,
                      frames=int(meta["frames"]), duration_s=float(meta["duration_s"]),
                      created_at=int(meta["created_at"]))
 
@@ -102,8 +96,7 @@ class VoiceStore:
         with self._lock:
             if not force and mtime is not None and mtime == self._seen_mtime:
                 return
-            names = {e.name for e in os.scandir(self.root) if e.name.startswith("voice_") and e.name.endswith(_SUFFIX)}
-            ids = {n[: -len(_SUFFIX)] for n in names if _ID.match(n[: -len(_SUFFIX)])}
+            ids = {p.stem for p in self.root.glob(f"voice_*{_SUFFIX}") if _ID.match(p.stem)}
             for gone in set(self._index) - ids:
                 del self._index[gone]
                 self._codes.pop(gone, None)
@@ -163,8 +156,7 @@ class VoiceStore:
             raise _name_taken(name)
         voice = Voice(id=f"voice_{uuid.uuid4().hex[:16]}", name=name, transcript=transcript or None,
                       frames=int(codes.shape[0]), duration_s=round(duration_s, 3), created_at=int(time.time()))
-        meta = {"name": voice.name, "transcript": voice.transcript or "", "frames": str(voice.frames),
-                "duration_s": str(voice.duration_s), "created_at": str(voice.created_at)}
+        meta = {k: "" if v is None else str(v) for k, v in asdict(voice).items() if k != "id"}  # safetensors: strings
         fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".voice-", suffix=".tmp")
         os.close(fd)
         try:

@@ -1,12 +1,7 @@
-"""Text normalization before synthesis, as the official command line does it (docs/text-normalization.md).
-
-``TextNormalizer().prepare(text, prompt_text)`` returns what the model will read: the robust cleanup
-(``robust``), WeTextProcessing's reading of numbers, dates, units and symbols in Chinese or English
-(``wetext``), and the robust cleanup again.
+"""Text normalization before synthesis, as the official command line does it (docs/text-normalization.md):
+``TextNormalizer().prepare(text, prompt_text)`` returns what the model will read.
 """
 
-from moss_npu.text.language import choose_language, guard_chinese_hyphens
 from moss_npu.text.normalize import NormalizedText, TextNormalizer
-from moss_npu.text.robust import clean_for_speech
 
-__all__ = ["NormalizedText", "TextNormalizer", "choose_language", "clean_for_speech", "guard_chinese_hyphens"]
+__all__ = ["NormalizedText", "TextNormalizer"]

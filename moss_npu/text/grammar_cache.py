@@ -1,17 +1,13 @@
-"""The user cache of prepared grammars: built once per grammar file, never inside the installed package.
+"""The user cache of prepared grammars (docs/text-normalization.md#grammar-cache), never inside the package.
 
-``$MOSS_NPU_CACHE_DIR`` (else ``$XDG_CACHE_HOME/moss-npu``, else ``~/.cache/moss-npu``) holds, under
-``grammars/``, each grammar file prepared for the compiled search (``lattice.prepare``: its arcs by label, its
-first sets) as one ``.npz`` named by the grammar file's name, the SHA-256 of its content and
-``lattice.FORMAT_VERSION``, holding that hash too. A file that is missing, truncated, damaged (the archive's CRCs,
-then every index the search follows, are checked) or built from something else is built again; a cache folder
-that cannot be written gives one warning and the grammars are prepared in memory on each load.
+Each grammar file prepared for the compiled search (``lattice.prepare``) is one ``.npz`` under ``grammars/`` of the
+cache folder, named by the file's name, the SHA-256 of its content (held inside too) and ``lattice.FORMAT_VERSION``.
+An entry missing, damaged (the archive's CRCs, then ``lattice.check``) or built from something else is built again.
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
 import logging
 import os
 import tempfile
@@ -72,15 +68,21 @@ class GrammarCache:
             return None
 
     def _write(self, path: Path, arrays: Arrays) -> bool:
-        """Write ``arrays`` as one archive, whole or not at all; False, after one warning, if the folder cannot be
-        written."""
+        """Write ``arrays`` as one archive through a temporary file beside it, so that a reader never sees half of
+        it; False, after one warning, if the folder cannot be written."""
         try:
             if self.folder is None:
                 raise OSError("no folder for it: $HOME is not set and this user has no home directory")
             self.folder.mkdir(parents=True, exist_ok=True)
-            buffer = io.BytesIO()
-            np.savez(buffer, **arrays)
-            _replace(path, buffer.getvalue())
+            handle, temporary = tempfile.mkstemp(dir=self.folder, prefix=path.name + ".", suffix=".part")
+            try:
+                with os.fdopen(handle, "wb") as out:
+                    np.savez(out, **arrays)
+                os.chmod(temporary, 0o644)  # as ``open`` writes under the usual umask: a shared cache serves every user
+                os.replace(temporary, path)
+            except BaseException:
+                Path(temporary).unlink(missing_ok=True)
+                raise
         except OSError as exc:
             if not self._warned:
                 self._warned = True
@@ -89,17 +91,3 @@ class GrammarCache:
                             "" if self.folder is None else f" in {self.folder}", exc, CACHE_ENV)
             return False
         return True
-
-
-def _replace(path: Path, data: bytes) -> None:
-    """Write ``path`` through a temporary file beside it, so that a reader never sees half of it (readable by
-    all, as a file written by ``open`` under the usual umask: a shared cache folder serves every user)."""
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".part")
-    try:
-        with os.fdopen(handle, "wb") as out:
-            out.write(data)
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise

@@ -1,34 +1,11 @@
 """An FST's lightest path over a text, compiled (``lattice.c``): the answer of OpenFst's ``ShortestPath`` over the
-text composed with the grammar, which is what the official runtime (pynini) takes, found in milliseconds.
-
-Why it is the very same answer, arc for arc (OpenFst 1.8, as pynini and kaldifst build it):
-
-- The lattice. Composing the text's byte chain with the grammar gives states (position, grammar state) and, out
-  of each, the grammar state's arcs in their order that read nothing or the byte at that position (the chain has
-  no epsilons, so the composition filter adds nothing; matching on either side keeps the grammar state's order).
-  Composition trims it (``connect``) to the states on a path from the start to a final state at the end.
-- Building it. ``lattice.c`` follows an arc only where the state it reaches can read the next byte (or, at the
-  end, reach a final state) through epsilon arcs alone, and the byte after it once that one is read: its first
-  set and its pair set, worked out once per grammar (the pair set hashed into 512 bits: a collision keeps a
-  state it could have dropped, never drops one). A state not followed so is on no complete path, so the trimmed
-  lattice, its states and its arcs in their order, is the same; the pairs halve the English lattice.
-- The queue. ``ShortestPath`` takes OpenFst's ``AutoQueue``. A lattice known to be acyclic, which composition
-  knows when the grammar is known to be (its file says so: ``kAcyclic`` among the properties in its header), is
-  taken in topological order: reverse depth-first finishing order. Otherwise (the WeTextProcessing grammars have
-  loops) it is decomposed into strongly connected components; the lattice is acyclic all the same (the grammars
-  have no epsilon cycle), so each is one state, numbered in that same order, and with some arc weighing neither 0
-  nor infinity the states are taken in that (topological) order, with none last in, first out.
-- Depth first over the trimmed lattice is depth first over the whole one with the dead states left out: a dead
-  state leads only to dead states, so a pass through them finishes the live ones in the same order.
-- Sums. ``SingleShortestPath`` adds weights in float32 from the start, arc by arc, keeps a state's first way in
-  among equally light ones (it replaces only a strictly lighter one) and the first final state taken among equally
-  light ends; the output is the output labels along that path.
+text composed with the grammar, which is what the official runtime (pynini) takes, found in milliseconds. Why it is
+the very same answer, arc for arc: docs/text-normalization.md#why-the-search-gives-openfsts-answer.
 
 The grammar's arrays (``prepare``: read from the FST file as pynini's ``optimize()`` gives it, epsilons and arcs
 by label, first sets) are kept in the user cache (``grammar_cache``). The search is part of the package's C library
-(``moss_npu.native``, built with the package); where it is missing ``LatticeKernels.load`` raises
-``KernelUnavailable`` and the grammar is searched with kaldifst (OpenFst itself), the same answers at ~2 s per
-2,000 English characters.
+(``moss_npu.native``); where it is missing ``LatticeKernels.load`` raises ``KernelUnavailable`` and the grammar is
+searched with kaldifst (OpenFst itself) instead: the same answers, slower.
 """
 
 from __future__ import annotations

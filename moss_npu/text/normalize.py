@@ -1,10 +1,6 @@
-"""The official text preparation of ``infer.py``: robust cleanup → WeTextProcessing → robust cleanup again.
-
-Both the text and the prompt text go through the same stages, in the language chosen from the text
-(``prepare_tts_request_texts`` of the official ``text_normalization_pipeline.py``; see
-docs/text-normalization.md#what-happens). When
-WeTextProcessing cannot be loaded, one warning line says why and how to install it, and the robust cleanup
-alone runs (method ``robust``): never a crash, never a silent skip.
+"""The official text preparation of ``infer.py`` (docs/text-normalization.md#what-happens): robust cleanup →
+WeTextProcessing → robust cleanup again, on the text and the prompt text, in the language chosen from the text.
+Without WeTextProcessing, one warning line says how to install it and the robust cleanup alone runs.
 """
 
 from __future__ import annotations

@@ -1,46 +1,14 @@
 """pynini's ``optimize()`` of a grammar FST, reproduced with kaldifst: the same states, numbered the same.
 
-The official WeTextProcessing runtime loads each grammar file as ``pynini.Fst.read(path).optimize()``. For
-the wheel's grammars that returns an isomorphic FST (same states, same arcs) numbered differently; as
-every state's arcs end up sorted by (ilabel, olabel, nextstate), the numbering decides the arc order
-within a state, and so which of two equally light paths a search keeps. ``optimize_order`` rebuilds that
-FST, state for state and arc for arc, without pynini.
-
-The rule is pynini's own pipeline for a transducer (``Optimize`` in pynini's ``optimize.h``), with each
-property test read, as there, from the properties stored in the FST (``compute_props=False``):
-
-1. If the FST is not known to be epsilon-free: OpenFst's ``RmEpsilon`` (kaldifst's ``rmepsilon``). On an
-   FST with no epsilon:epsilon arc it keeps the states and reverses each state's arc list (it re-adds the
-   arcs it gathered last to first), and that reversed order is what step 2 sees.
-2. If it is not known to be input-deterministic and not known to be acyclic, unweighted or free of
-   weighted cycles: encode labels and weights (``OptimizeAs(kEncodeLabels | kEncodeWeights)``). OpenFst's
-   ``EncodeMapper`` gives each distinct (ilabel, olabel, weight) the next code, from 1, in the order it
-   first meets them: states 0, 1, 2... and within a state its arcs in order, then its final weight,
-   which is encoded as (0, 0, weight) on an arc to a superfinal state added after the last state.
-3. ``Determinize`` (kaldifst's ``determinize``) of that unweighted acceptor, then ``Minimize`` (kaldifst's
-   ``minimize``): these number the result's states, and are the very OpenFst algorithms pynini runs.
-4. ``Decode``: codes back to (ilabel, olabel, weight); ``RmFinalEpsilon`` turns the epsilon arcs into the
-   superfinal state back into final weights (a state reached by two of them, merged from states of
-   different final weights, gets their tropical sum, the least), and its ``Connect`` drops the superfinal
-   state, each later state moving down by one.
-5. ``ArcSumMapper``: each state's arcs sorted by (ilabel, olabel, nextstate), arcs equal in all three
-   merged into one of their least weight (the tropical sum).
-
-Why it is exact: steps 1 and 3 are the OpenFst operations themselves, run by kaldifst on the same input
-pynini gives them (passed as files, ``fst_file``: arrays in and out, no arc added from Python); steps 2, 4
-and 5 only relabel arcs, move final weights and drop one state, by the rules just given, which fix every
-number they produce, and are done on numpy arrays. Checked against pynini 2.1.7 (as an oracle, never
-imported here): for the three grammar files WeTextProcessing 1.2.0 ships (zh tagger, en tagger, en
-verbalizer) the result has pynini's numbering, every state's arcs and final weight equal, where the files
-as shipped differ in the arc order of 66, 95 and 13 states; so it is for 997 random weighted cyclic
-transducers (with and without epsilon arcs; the other 3 took a refused branch), kaldifst's bundled OpenFst
-and pynini's agreeing on every one. Branches of pynini's rule that these files do not take (an acceptor,
-an FST known to be deterministic, acyclic or unweighted) are refused, not guessed.
+The official WeTextProcessing runtime loads each grammar file as ``pynini.Fst.read(path).optimize()``, which
+renumbers the states; as every state's arcs end up sorted by (ilabel, olabel, nextstate), the numbering decides the
+arc order within a state, and so which of two equally light paths a search keeps. ``optimize_order`` rebuilds that
+FST without pynini: OpenFst's own ``RmEpsilon``, ``Determinize`` and ``Minimize`` run by kaldifst (passed as files,
+``fst_file``), and the relabelling around them (``_encode``, ``_decode``) on numpy arrays. The rule step by step,
+why it is exact and how it was checked: docs/text-normalization.md#pyninis-optimize-step-by-step.
 """
 
 from __future__ import annotations
-
-from typing import Any, Callable
 
 import numpy as np
 
@@ -63,34 +31,32 @@ def optimize_order(fst: FstArrays) -> FstArrays:
     An FST taking a branch of pynini's rule that is not reproduced here raises ``ValueError``."""
     if fst.properties & _ACCEPTOR:
         raise ValueError("optimize_order reproduces pynini's optimize() of a transducer, not of an acceptor")
-    work = fst if fst.properties & _NO_EPSILONS else _through_kaldifst(fst, _rmepsilon)
+    work = fst if fst.properties & _NO_EPSILONS else _rmepsilon(fst)
     if work.properties & (_I_DETERMINISTIC | _DO_NOT_ENCODE_WEIGHTS):
         raise ValueError("optimize_order reproduces pynini's optimize() with labels and weights encoded; this FST "
                          f"is known to be deterministic, acyclic or unweighted (properties {work.properties:#x})")
     encoded, codes = _encode(work)
-    minimal = _through_kaldifst(encoded, _determinize_minimize)
+    minimal = _determinize_minimize(encoded)
     return _decode(minimal, codes)
 
 
-def _rmepsilon(fst: Any) -> Any:
+def _rmepsilon(fst: FstArrays) -> FstArrays:
+    """OpenFst's ``RmEpsilon`` by kaldifst, read back with the properties kaldifst then knows (pynini's next step
+    reads them too)."""
     import kaldifst
 
-    kaldifst.rmepsilon(fst)
-    return fst
+    work = fst.to_kaldifst()
+    kaldifst.rmepsilon(work)
+    return FstArrays.from_kaldifst(work)
 
 
-def _determinize_minimize(fst: Any) -> Any:
+def _determinize_minimize(fst: FstArrays) -> FstArrays:
+    """OpenFst's ``Determinize`` then ``Minimize`` by kaldifst."""
     import kaldifst
 
-    minimal = kaldifst.determinize(fst)
+    minimal = kaldifst.determinize(fst.to_kaldifst())
     kaldifst.minimize(minimal)
-    return minimal
-
-
-def _through_kaldifst(fst: FstArrays, operate: Callable[[Any], Any]) -> FstArrays:
-    """``operate`` (kaldifst operations: an FST in, an FST out) applied to ``fst``, read back with the properties
-    kaldifst then knows, as the operations pynini chains see them."""
-    return FstArrays.from_kaldifst(operate(fst.to_kaldifst()))
+    return FstArrays.from_kaldifst(minimal)
 
 
 def _encode(fst: FstArrays) -> tuple[FstArrays, np.ndarray]:

@@ -1,11 +1,7 @@
-"""The official robust cleanup of TTS input (``normalize_tts_text``): layout and noise, never meaning.
-
-It rewrites what a reader would not say and keeps what it cannot judge: markdown prefixes and line breaks
-become sentence ends, brackets become double quotes, repeated punctuation collapses, spaces follow the
-script (none inside Chinese/Japanese runs, one between them and Latin tokens), and every line ends with a
-punctuation mark. URLs, e-mail addresses, @mentions, r/… and u/… names, #hashtags, dot tokens (``.env``) and
-file-like tokens (``app.js.map``, ``v2.3.1``) are shielded from all of it. Numbers, dates and units stay as
-written: reading them is WeTextProcessing's job (``moss_npu.text.wetext``).
+"""The official robust cleanup of TTS input (``normalize_tts_text``; docs/text-normalization.md#what-happens):
+layout and noise, never meaning. It rewrites what a reader would not say, shields what it cannot judge (URLs,
+addresses, names, tags, file-like tokens: ``_SHIELDED_KINDS``) and leaves numbers, dates and units as written for
+WeTextProcessing (``moss_npu.text.wetext``).
 """
 
 from __future__ import annotations

@@ -59,8 +59,7 @@ def parse_tokens(tagged: str) -> list[Token]:
 
 def _parse_well_formed(tagged: str) -> list[Token] | None:
     """Parse the tagger's own layout (``name { key: "value" } `` after one another, fields one or more spaces
-    apart) with regular expressions;
-    None for anything else, which the character reader takes."""
+    apart) with regular expressions; None for anything else, which the character reader takes."""
     tokens, end = [], 0
     for match in _TOKEN.finditer(tagged):
         if match.start() != end:

@@ -1,29 +1,22 @@
 """WeTextProcessing's compiled grammars, run without pynini: numbers, dates, units, money… to words.
 
-The official pipeline runs WeTextProcessing 1.2.0 (pynini): English with its default grammar, Chinese with a
-custom build (``remove_interjections=False, remove_erhua=False, full_to_half=False``). Those options change
-only the Chinese *verbalizer*: the custom build's tagger is byte-identical to the ``zh_tn_tagger.fst`` that
-the WeTextProcessing wheel ships, and the custom verbalizer only concatenates the tagged values (keeping
-儿, interjections and full-width marks), which ``verbalize_chinese`` does directly. So this module needs
-no grammar compiler: it reads the wheel's tagger FSTs and its English verbalizer, and pynini (no aarch64 wheel)
-is never imported. Each FST's lightest path over a text is found by the compiled search (``lattice``: OpenFst's
-very answer, in milliseconds), its arrays prepared once per grammar file and kept in the user cache
-(``grammar_cache``); without the package's C library (``moss_npu.native``), by kaldifst (OpenFst itself, wheels for x86-64 and aarch64), slower.
-The official runtime loads the files with pynini's ``optimize()``, which renumbers their states and so reorders
-the arcs of a few; the search here reads them so too (``optimize_order``), or in rare ties it would break them
-otherwise (``foo@example.org, CO2`` would be tagged ``example.or`` + ``g, Colorado`` instead of
-``example.o`` + ``rg, Colorado``; ``¥192.168.1.1``, two readings of weight 2.11, ``一元`` +
-``九二点一六八点一点一`` instead of ``十九元`` + ``二点一六八点一点一``).
+The official pipeline runs WeTextProcessing 1.2.0 on pynini: English with its default grammar, Chinese with a
+custom build whose tagger is byte-identical to the wheel's ``zh_tn_tagger.fst`` and whose verbalizer only joins the
+tagged values, which ``verbalize_chinese`` does (docs/text-normalization.md#what-happens). So nothing is compiled:
+the wheel's tagger FSTs and English verbalizer are searched by ``lattice`` (compiled, arrays kept by
+``grammar_cache``) or else by kaldifst, read as pynini's ``optimize()`` numbers them (``optimize_order``, so that
+ties break as officially: docs/text-normalization.md#tie-order).
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import logging
+import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Protocol
+from typing import Optional, Protocol
 
 from moss_npu.text.grammar_cache import GrammarCache
 from moss_npu.text.fst_file import FstArrays, FstFileError
@@ -32,6 +25,7 @@ from moss_npu.text.optimize_order import optimize_order
 from moss_npu.text.tokens import Token, parse_tokens, reorder, serialize
 
 log = logging.getLogger(__name__)
+_ESCAPED = re.compile(r'\\([\\"])')
 
 DISTRIBUTION = "WeTextProcessing"
 OFFICIAL_VERSION = "1.2.0"  # the version the official outputs were produced with
@@ -90,10 +84,8 @@ class Grammar:
         """Read ``language``'s FSTs: for the compiled search (``kernels``) through ``cache`` (the user cache unless
         given), else with kaldifst; raise ``WeTextUnavailable`` when they cannot be read."""
         cache = GrammarCache() if cache is None else cache
-        tagger_rel, verbalizer_rel = GRAMMAR_FILES[language]
-        searches = [_load_search(grammars.root / rel, cache, kernels) if rel else None
-                    for rel in (tagger_rel, verbalizer_rel)]
-        return cls(language, searches[0], searches[1])
+        return cls(language, *(_load_search(grammars.root / rel, cache, kernels) if rel else None
+                               for rel in GRAMMAR_FILES[language]))  # the tagger, then the verbalizer
 
     def normalize(self, text: str) -> str:
         """Return ``text`` read out in words (the official ``Normalizer.normalize``); ``""`` stays ``""``."""
@@ -139,18 +131,12 @@ def optimized(path: Path) -> FstArrays:
         raise WeTextUnavailable(f"cannot read {path} ({exc}); reinstall it: {INSTALL_HINT}") from None
     try:
         return optimize_order(fst)
+    except ImportError:
+        raise WeTextUnavailable(f"kaldifst is not installed ({INSTALL_HINT})") from None
     except ValueError as exc:
         log.warning("text normalization: %s is searched as read, not as pynini's optimize() gives it (%s); "
                     "equally light readings may be broken otherwise than officially", path.name, exc)
         return fst
-
-
-def _kaldifst() -> Any:
-    try:
-        import kaldifst
-    except ImportError:
-        raise WeTextUnavailable(f"kaldifst is not installed ({INSTALL_HINT})") from None
-    return kaldifst
 
 
 class WholeTextSearch:
@@ -158,7 +144,11 @@ class WholeTextSearch:
     pynini takes it): where the compiled search cannot be built; the same answers, a hundred times slower."""
 
     def __init__(self, fst: FstArrays) -> None:
-        self._kaldifst = _kaldifst()
+        try:
+            import kaldifst
+        except ImportError:
+            raise WeTextUnavailable(f"kaldifst is not installed ({INSTALL_HINT})") from None
+        self._kaldifst = kaldifst
         try:
             self._fst = fst.to_kaldifst()
         except FstFileError as exc:
@@ -180,24 +170,10 @@ def verbalize_chinese(tokens: list[Token]) -> str:
     分之 between a fraction's denominator and numerator and 每 before a measure's denominator."""
     out = []
     for token in tokens:
-        fields = dict(token.fields())
-        if token.name == "measure" and "denominator" in fields:
+        if token.name == "measure" and "denominator" in token.values:  # every parsed key is in its order too
             out.append("每")
         for key, value in token.fields():
-            out.append(_unescape(value))
+            out.append(_ESCAPED.sub(r"\1", value))  # the tagger escapes a backslash and a double quote
             if token.name == "fraction" and key == "denominator":
                 out.append("分之")
-    return "".join(out)
-
-
-def _unescape(value: str) -> str:
-    """Undo the tagger's escapes: a backslash before a backslash or a double quote stands for that character."""
-    if "\\" not in value:
-        return value
-    out, i = [], 0
-    while i < len(value):
-        if value[i] == "\\" and value[i + 1:i + 2] in ("\\", '"'):
-            i += 1
-        out.append(value[i])
-        i += 1
     return "".join(out)

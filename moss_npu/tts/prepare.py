@@ -22,7 +22,7 @@ from moss_npu.audio import AudioSource, audio_source_key, load_reference_audio
 from moss_npu.codec.model import NanoCodec
 from moss_npu.errors import ConfigError, InputError
 from moss_npu.nano.config import NanoConfig
-from moss_npu.nano.prompt import build_prompt_rows, mask_unused_channels, resolve_mode
+from moss_npu.nano.prompt import build_prompt_rows, check_codes, mask_unused_channels, resolve_mode
 from moss_npu.nano.text import CLOSING, SENTENCE_END, split_text, voice_clone_chunks
 from moss_npu.nano.tokenizer import TextTokenizer
 from moss_npu.text import TextNormalizer
@@ -69,11 +69,8 @@ class PreparedRequest:
 
 
 class Preparer:
-    """Turns requests into ``PreparedRequest``s; owns the text normalizer and the reference-code cache.
-
-    Safe to call from several threads: the normalizer (whose search keeps working memory between texts) runs
-    under a lock, and so does the cache bookkeeping.
-    """
+    """Turns requests into ``PreparedRequest``s; owns the text normalizer and the reference-code cache. Safe to
+    call from several threads: the normalizer and the cache bookkeeping run under locks."""
 
     def __init__(self, tokenizer: TextTokenizer, config: NanoConfig, codec: NanoCodec) -> None:
         self.tokenizer, self.config, self.codec = tokenizer, config, codec
@@ -83,11 +80,8 @@ class Preparer:
         self._cache_lock = threading.Lock()
 
     def reference_codes(self, source: PromptAudio) -> torch.Tensor:
-        """Encode a reference recording into codes (F, Q) on the CPU; cached by content (least recently used).
-
-        ``source`` is a file path, the bytes of a wav/flac/mp3 file, or a (waveform (C, S) or (S,), sample_rate)
-        pair; a file and its bytes share one cache entry.
-        """
+        """Encode a reference recording (a ``PromptAudio``) into codes (F, Q) on the CPU, cached by content (least
+        recently used): a file and its bytes share one entry."""
         if isinstance(source, (str, Path)) and not Path(source).is_file():
             raise InputError(f"--prompt-audio-path {source}: file not found; pass a wav/flac/mp3 recording")
         key = audio_source_key(source)
@@ -207,14 +201,3 @@ def split_sentences(buffer: str, final: bool = False) -> tuple[list[str], str]:
         rest = ""
     return [s for s in sentences if s], rest
 
-
-def check_codes(codes: torch.Tensor, config: NanoConfig) -> torch.Tensor:
-    """Return stored voice codes (F, Q) as int64 on the CPU, or raise InputError naming what is wrong."""
-    codes = torch.as_tensor(codes)
-    sizes = config.audio_codebook_sizes
-    if codes.dim() != 2 or codes.shape[1] != config.n_vq or codes.shape[0] == 0:
-        raise InputError(f"prompt codes have shape {tuple(codes.shape)}; expected (frames >= 1, {config.n_vq})")
-    valid = (codes >= 0) & (codes < torch.tensor(sizes)) | (codes == config.audio_pad_token_id)
-    if not bool(valid.all()):
-        raise InputError("prompt codes lie outside the codebooks; encode the voice with the matching codec")
-    return codes.long().cpu()

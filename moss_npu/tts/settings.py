@@ -1,13 +1,8 @@
 """Settings of the TTS pipeline: load-time and per-call frozen dataclasses, YAML presets, and their merge with flags.
 
-``LoadConfig`` (device, dtype, attention, threads, quantization, and how the decoder computes: decoder, graph,
-compile) is fixed when a pipeline loads (``MossTTSNano.from_pretrained``);
-``RunConfig`` is what each call may change. A load-time name given to ``RunConfig`` is refused, so a per-call
-setting can never claim a device or dtype the loaded pipeline does not run on.
-
-Precedence: dataclass default < preset (``configs/*.yaml``, both kinds of values) < explicit CLI flag. Run
-defaults are the official runtime's (infer.py: sampled, 375 frames, 75-token voice-clone chunks;
-docs/architecture.md#defaults).
+``LoadConfig`` is fixed when a pipeline loads (``MossTTSNano.from_pretrained``), ``RunConfig`` is what each call
+may change; a load-time name given to ``RunConfig`` is refused. Precedence: dataclass default < preset
+(``configs/*.yaml``) < explicit flag. Run defaults are the official runtime's (docs/architecture.md#defaults).
 """
 
 from __future__ import annotations

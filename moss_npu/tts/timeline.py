@@ -1,10 +1,8 @@
 """When each text chunk is spoken: timestamps, the pause after a chunk, and the speaking rate applied to a
 stream of chunks (the one place a request's speed and pauses are applied).
 
-A chunk's span runs from the end of the chunk before it to the end of its own audio plus the pause after it
-(the pause is the chunk's: its length follows the chunk's words), so the spans of an utterance tile its
-audio from 0 to the end with no gap or overlap. With a speed other than 1.0 the times are those of the
-stretched audio: sample counts before stretching divided by the speed, the last end the stretched length.
+A chunk's span ends after its pause, so the spans tile the audio with no gap or overlap
+(docs/serving-features.md#timestamps); at a speed other than 1.0 the times are the stretched audio's.
 """
 
 from __future__ import annotations
@@ -19,11 +17,8 @@ from moss_npu.tempo import Stretcher
 
 @dataclass(frozen=True)
 class AudioChunk:
-    """One piece of a stream: ``waveform`` (C, n) float32 on the CPU; pauses between text chunks are zeros.
-
-    ``text`` is the text chunk it speaks; ``source_samples`` the samples it stands for before a speed other than
-    1.0 stretched it (None: its own length).
-    """
+    """One piece of a stream: ``waveform`` (C, n) float32 on the CPU (pauses are zeros) speaking ``text``;
+    ``source_samples``: the samples it stands for before a speed other than 1.0 stretched it (None: its own)."""
 
     waveform: torch.Tensor
     sample_rate: int
@@ -90,11 +85,8 @@ class Timeline:
 
 def at_speed(chunks: Iterable["AudioChunk"], speed: float, sample_rate: int,
              channels: int) -> Iterator["AudioChunk"]:
-    """The chunks of one stream spoken at ``speed`` through one stretcher (the chunks themselves at 1.0).
-
-    Each output chunk keeps its input's index, text and source length (the stretcher's delay moves audio a
-    little later; the stream's total is exact). A last chunk holds the stretcher's tail.
-    """
+    """The chunks of one stream spoken at ``speed`` through one stretcher, each keeping its index, text and source
+    length, then a last chunk with the stretcher's tail (the chunks themselves at 1.0)."""
     if speed == 1.0:
         yield from chunks
         return

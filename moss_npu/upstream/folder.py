@@ -1,9 +1,7 @@
 """Patched copies of official model folders, for loading the official remote code (docs/upstream.md#the-patch-set).
 
-The user's folder is never edited: ``mirror_folder`` builds a folder in a work directory that links
-every file of the original (weights, tokenizer) and holds a rewritten ``config.json`` whose attention
-settings come from the device layer. The official ``*.py`` files come from the model folder
-itself (a hub download carries them) or from a separate code folder.
+The user's folder is never edited: ``mirror_folder`` links its files (and the official ``*.py`` code, from it or
+from a code folder) into a work folder beside a rewritten ``config.json`` whose attention comes from the device layer.
 """
 
 from __future__ import annotations
@@ -52,10 +50,8 @@ def find_code_folder(component: str, model_dir: Path, modules: list[str], code_d
         CheckpointError: no candidate folder holds all the files, with the command that fetches them.
     """
     if not modules:
-        raise CheckpointError(
-            f"{model_dir / 'config.json'} has no auto_map and the patch set supplies none; "
-            f"download the official folder with `{_DOWNLOAD_HINT[component]}`"
-        )
+        raise CheckpointError(f"{model_dir / 'config.json'} has no auto_map and the patch set supplies none; "
+                              f"download the official folder with `{_DOWNLOAD_HINT[component]}`")
     candidates: list[Path] = []
     if code_dir is not None:
         code_dir = Path(code_dir).expanduser()
@@ -69,10 +65,9 @@ def find_code_folder(component: str, model_dir: Path, modules: list[str], code_d
         if all((folder / f"{m}.py").is_file() for m in modules):
             return folder
     where = f"{code_dir} or {model_dir}" if code_dir is not None else str(model_dir)
-    raise CheckpointError(
-        f"official code {', '.join(m + '.py' for m in modules)} not found in {where}; download the official folder "
-        f"with `{_DOWNLOAD_HINT[component]}`, or point code_dir at a folder holding the official code"
-    )
+    raise CheckpointError(f"official code {', '.join(m + '.py' for m in modules)} not found in {where}; download the "
+                          f"official folder with `{_DOWNLOAD_HINT[component]}`, or point code_dir at a folder holding "
+                          "the official code")
 
 
 def code_digest(code_folder: Path) -> str:
@@ -84,21 +79,16 @@ def code_digest(code_folder: Path) -> str:
 
 
 def patch_config(config: dict, entries: tuple[PatchEntry, ...], patches: PatchSet, value: str) -> dict:
-    """Return a copy of ``config`` with each entry's ``set`` keys set to ``value``, ``drop`` keys removed and
-    its ``auto_map`` filled in when the config has none.
-
-    Raises:
-        CheckpointError: a key listed in an entry's ``expects`` has another value (not the folder the patch
-            set was written for).
-    """
+    """Return a copy of ``config`` with each entry's ``set`` keys set to ``value``, ``drop`` keys removed and its
+    ``auto_map`` filled in where the config has none; CheckpointError where a key has another value than the
+    entry ``expects`` (not the folder the patch set was written for)."""
     patched = dict(config)
     for entry in entries:
         for key, expected in entry.expects:
             if str(config.get(key)) != expected:
-                raise CheckpointError(
-                    f"config.json has {key}={config.get(key)!r}, patch {entry.id} expects {expected!r} "
-                    f"({entry.where(patches.repo_of(entry))}); pass the matching official folder"
-                )
+                raise CheckpointError(f"config.json has {key}={config.get(key)!r}, patch {entry.id} expects "
+                                      f"{expected!r} ({entry.where(patches.repo_of(entry))}); pass the matching "
+                                      "official folder")
         for key in entry.set:
             patched[key] = value
         for key in entry.drop:
@@ -108,22 +98,12 @@ def patch_config(config: dict, entries: tuple[PatchEntry, ...], patches: PatchSe
     return patched
 
 
-def mirror_folder(
-    component: str,
-    model_dir: Path,
-    workdir: Path,
-    patches: PatchSet,
-    *,
-    attn_implementation: str,
-    code_dir: Optional[Path] = None,
-) -> Path:
-    """Build ``workdir/<name>_<code hash>``: links to the folder's files, the official code, a patched config.
+def mirror_folder(component: str, model_dir: Path, workdir: Path, patches: PatchSet, *, attn_implementation: str,
+                  code_dir: Optional[Path] = None) -> Path:
+    """Build and return ``workdir/<name>_<code hash>``, ready for ``from_pretrained(..., trust_remote_code=True)``:
+    links to the folder's files, the official code, and a config whose attention settings are
+    ``attn_implementation`` (the device layer's ``attention_impl``).
 
-    ``attn_implementation`` is what the config's attention settings become (the device layer's
-    ``attention_impl``: sdpa, or eager when asked for).
-
-    Returns:
-        The mirror folder, ready for ``from_pretrained(..., trust_remote_code=True)``.
     Raises:
         CheckpointError: the folder lacks config.json or the official code cannot be found.
     """

@@ -83,10 +83,8 @@ def load_manifest(path: Optional[Path] = None) -> PatchSet:
     """
     path = MANIFEST_PATH if path is None else Path(path)
     if not path.is_file():
-        raise ConfigError(
-            f"patch manifest {path} is missing; --impl upstream needs a source checkout installed with "
-            f'pip install -e ".[upstream]"'
-        )
+        raise ConfigError(f"patch manifest {path} is missing; --impl upstream needs a source checkout installed "
+                          'with pip install -e ".[upstream]"')
     data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     head = data.get("upstream") or {}
     for key in ("code", "revision", "runtime", "runtime_revision"):
@@ -117,21 +115,12 @@ def _entry(raw: object, path: Path) -> PatchEntry:
     if missing:
         raise ConfigError(f"{path}: patch {name} ({kind}) lacks {', '.join(missing)}")
     return PatchEntry(
-        id=str(raw["id"]),
-        kind=kind,
-        component=str(raw["component"]),
-        target=str(raw["target"]),
-        file=str(raw["file"]),
-        revision=str(raw["revision"]),
-        replacement=str(raw["replacement"]),
-        why=" ".join(str(raw["why"]).split()),
+        **{key: str(raw[key]) for key in ("id", "component", "target", "file", "revision", "replacement")},
+        kind=kind, why=" ".join(str(raw["why"]).split()),
         module=None if raw.get("module") is None else str(raw["module"]),
         params=None if raw.get("params") is None else _names(raw["params"], name, "params", path),
-        expects=tuple((str(k), str(v)) for k, v in (raw.get("expects") or {}).items()),
-        set=_names(raw.get("set") or [], name, "set", path),
-        drop=_names(raw.get("drop") or [], name, "drop", path),
-        used_by=_names(raw.get("used_by") or [], name, "used_by", path),
-        auto_map=tuple((str(k), str(v)) for k, v in (raw.get("auto_map") or {}).items()),
+        **{key: _names(raw.get(key) or [], name, key, path) for key in ("set", "drop", "used_by")},
+        **{key: tuple((str(k), str(v)) for k, v in (raw.get(key) or {}).items()) for key in ("expects", "auto_map")},
     )
 
 

@@ -1,10 +1,8 @@
 """Device-neutral replacements for the CUDA-only spots of the official remote code, and their installer.
 
-docs/upstream.md#cuda-only-spots lists the spots; ``patches/manifest.yaml`` names each target and the parameters it must
-have. ``apply_patches`` checks every target with ``inspect.signature`` before replacing anything and
-raises, naming the upstream revision, when one is missing or differs: a patch is never skipped.
-Methods are replaced on the loaded instances (the class stays untouched); module-level names are
-replaced in the loaded module, once.
+docs/upstream.md#cuda-only-spots lists the spots; ``patches/manifest.yaml`` names each target and its parameters.
+``apply_patches`` checks every target's signature before replacing anything, and a mismatch raises naming the
+upstream revision: a patch is never skipped. Methods are replaced on the loaded instances, never on the class.
 """
 
 from __future__ import annotations
@@ -43,15 +41,14 @@ def load_reference(reference_audio_path: Any, target_sample_rate: int, target_ch
     from moss_npu.audio import load_reference_audio
 
     wave = load_reference_audio(str(reference_audio_path), sample_rate=int(target_sample_rate), channels=int(target_channels))
-    return torch.as_tensor(wave, dtype=torch.float32), int(target_sample_rate)
+    return wave, int(target_sample_rate)
 
 
 def _audio_load(path: Any, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, int]:
     """``torchaudio.load`` stand-in: (C, S) float32 tensor and the file's sample rate."""
     from moss_npu.audio import read_audio
 
-    wave, sample_rate = read_audio(str(path))
-    return wave.to(torch.float32), int(sample_rate)
+    return read_audio(str(path))
 
 
 def _audio_save(path: Any, src: torch.Tensor, sample_rate: int, *args: Any, **kwargs: Any) -> None:
@@ -122,20 +119,15 @@ def check_replacements(patches: PatchSet) -> None:
     unknown = sorted(named - REPLACEMENTS)
     unused = sorted(REPLACEMENTS - named)
     if unknown or unused:
-        raise CheckpointError(
-            f"{patches.path}: replacements without code: {unknown or 'none'}; code without manifest entry: "
-            f"{unused or 'none'}; update moss_npu/upstream/patches.py together with the manifest"
-        )
+        raise CheckpointError(f"{patches.path}: replacements without code: {unknown or 'none'}; code without "
+                              f"manifest entry: {unused or 'none'}; update moss_npu/upstream/patches.py together with "
+                              "the manifest")
 
 
 def apply_patches(objects: dict[str, Any], patches: PatchSet, *, device: torch.device) -> list[str]:
-    """Install every method/function/module patch of the manifest on the loaded official objects.
+    """Install every method/function/module patch of the manifest on the loaded official ``objects`` (component
+    name -> instance) running on ``device``; return the ids installed, in manifest order.
 
-    Args:
-        objects: component name (``tts``, ``codec``) -> loaded instance of the official class.
-        device: the device the objects run on (its kind joins the autocast guard).
-    Returns:
-        The ids of the entries installed, in manifest order.
     Raises:
         CheckpointError: a component is missing, or a target is absent or has other parameters than the
             manifest records (the official code is not the revision the patch set was written for).
@@ -167,10 +159,8 @@ def _check(entry: PatchEntry, objects: dict[str, Any], patches: PatchSet) -> tup
     module = sys.modules.get(type(obj).__module__)
     module_name = getattr(module, "__name__", type(obj).__module__)
     if module is None or module_name.rsplit(".", 1)[-1] != entry.module:
-        raise CheckpointError(
-            f"patch {entry.id}: the loaded {entry.component} class comes from module {module_name}, not {entry.module} "
-            f"({where}); load the official code of that revision"
-        )
+        raise CheckpointError(f"patch {entry.id}: the loaded {entry.component} class comes from module {module_name}, "
+                              f"not {entry.module} ({where}); load the official code of that revision")
     if entry.kind == "module_attr":
         if not hasattr(module, entry.target):
             raise _mismatch(entry, where, f"module {entry.module} has no name {entry.target}")
@@ -210,7 +200,6 @@ def _params(target: Any) -> Optional[tuple[str, ...]]:
 
 
 def _mismatch(entry: PatchEntry, where: str, what: str) -> CheckpointError:
-    return CheckpointError(
-        f"official code does not match patch {entry.id}: {entry.target}: {what}; the patch set was written "
-        f"against {where} — use the official code of that revision or update patches/manifest.yaml"
-    )
+    return CheckpointError(f"official code does not match patch {entry.id}: {entry.target}: {what}; the patch set was "
+                           f"written against {where} — use the official code of that revision or update "
+                           "patches/manifest.yaml")

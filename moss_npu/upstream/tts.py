@@ -1,11 +1,9 @@
 """The official MOSS-TTS-Nano remote code, loaded with the patch set, behind one small class (``--impl upstream``).
 
-``load_upstream`` mirrors the official TTS and codec folders with patched configs (folder.py), loads them
-with ``trust_remote_code=True`` (transformers imported only here), installs the device-neutral patches
-(patches.py) and returns an ``UpstreamTTS``: ``synthesize`` wraps the official ``inference``
-(docs/architecture.md#synthesis), ``stream`` wraps ``inference_stream`` (docs/architecture.md#streaming), and
-the lower-level methods give eval_accuracy.py the
-official hidden states, logits and codes. Shapes: L prompt rows, F frames, Q = 16 codebooks, S samples.
+``load_upstream`` mirrors the official folders with patched configs (folder.py), loads them with
+``trust_remote_code=True`` (transformers imported only here) and installs the patches (patches.py). ``infer`` and
+``stream`` wrap the official ``inference`` and ``inference_stream``; the lower-level methods give eval_accuracy.py
+the official hidden states, logits and codes. Shapes: L prompt rows, F frames, Q = 16 codebooks, S samples.
 """
 
 from __future__ import annotations
@@ -48,7 +46,6 @@ class UpstreamResult:
     codes: torch.Tensor
     text_chunks: tuple[str, ...]
     chunk_batch_size: int
-    codec_batch_size: int
 
 
 @dataclass(frozen=True)
@@ -73,9 +70,8 @@ class UpstreamTTS:
         self.patches = load_manifest() if patches is None else patches
         compute_dtype = getattr(codec, "compute_dtype", None)
         if compute_dtype is not None and not backend(device).supports_dtype(compute_dtype):
-            raise DeviceError(
-                f"codec compute_dtype {compute_dtype} is not supported on {device}; set compute_dtype to fp32 in the codec config.json"
-            )
+            raise DeviceError(f"codec compute_dtype {compute_dtype} is not supported on {device}; set compute_dtype to "
+                              "fp32 in the codec config.json")
         self.applied = tuple(apply_patches({"tts": model, "codec": codec}, self.patches, device=device))
 
     @property
@@ -95,30 +91,25 @@ class UpstreamTTS:
         gc.collect()
         backend(self.device).empty_cache()
 
-    def _inference_kwargs(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    def _inference_kwargs(self, method: str, params: dict[str, Any], seed: Optional[int]) -> dict[str, Any]:
+        """Check ``params`` against the official ``method``'s arguments, seed like the official runtime, and return
+        the arguments of the call."""
         allowed = [p for p in inspect.signature(getattr(self.model, method)).parameters if p not in _OWNED_ARGS]
         unknown = sorted(set(params) - set(allowed))
         if unknown:
             raise InputError(f"unknown generation parameters {', '.join(unknown)}; the official {method} takes {', '.join(allowed)}")
+        if seed is not None:
+            seed_everything(int(seed), self.device)
         return dict(params, text_tokenizer=self.tokenizer, audio_tokenizer=self.codec, device=self.device)
 
     def infer(self, text: str, *, mode: str = "continuation", prompt_audio_path: Optional[str] = None,
               prompt_text: Optional[str] = None, output_path: Optional[str] = None, seed: Optional[int] = None,
               **params: Any) -> UpstreamResult:
-        """Run the official ``inference`` and return everything it reports.
-
-        Args:
-            params: the official generation arguments by their official names (``max_new_frames``,
-                ``do_sample``, ``text_temperature``, ``audio_top_k``, ``nq``, ``voice_clone_max_text_tokens``,
-                ``tts_max_batch_size``, ...); omitted ones keep the official defaults.
-            output_path: where the official code writes its WAV (float32, atomic); None: a discarded temp file.
-            seed: seeds the host and the device first, as the official runtime does.
-        Raises:
-            InputError: an unknown parameter name.
-        """
-        kwargs = self._inference_kwargs("inference", params)
-        if seed is not None:
-            seed_everything(int(seed), self.device)
+        """Run the official ``inference`` and return what it reports. ``params`` are its generation arguments by
+        their official names (``max_new_frames``, ``audio_top_k``, ...; InputError for an unknown one), omitted
+        ones keep its defaults; ``output_path`` gets its WAV (None: a discarded temp file); ``seed`` seeds the host
+        and the device first, as the official runtime does."""
+        kwargs = self._inference_kwargs("inference", params, seed)
         with _output_path(output_path) as path, torch.no_grad():
             out = self.model.inference(text=text, output_audio_path=path, mode=mode, prompt_text=prompt_text,
                                        prompt_audio_path=prompt_audio_path, **kwargs)
@@ -128,22 +119,13 @@ class UpstreamTTS:
             codes=out["audio_token_ids"].detach().cpu(),
             text_chunks=tuple(out.get("voice_clone_text_chunks") or ()),
             chunk_batch_size=int(out.get("voice_clone_chunk_batch_size", 1)),
-            codec_batch_size=int(out.get("voice_clone_codec_batch_size", 1)),
         )
-
-    def synthesize(self, text: str, mode: str = "continuation", prompt_audio_path: Optional[str] = None,
-                   prompt_text: Optional[str] = None, **params: Any) -> tuple[torch.Tensor, int]:
-        """Text to (waveform (2, S) float32 on the host, sample rate) with the official code; see ``infer``."""
-        result = self.infer(text, mode=mode, prompt_audio_path=prompt_audio_path, prompt_text=prompt_text, **params)
-        return result.waveform, result.sample_rate
 
     def stream(self, text: str, mode: str = "continuation", prompt_audio_path: Optional[str] = None,
                prompt_text: Optional[str] = None, *, output_path: Optional[str] = None, seed: Optional[int] = None,
                **params: Any) -> Iterator[torch.Tensor]:
         """Yield the official ``inference_stream`` audio chunks, each (2, n) float32 on the host, pauses included."""
-        kwargs = self._inference_kwargs("inference_stream", params)
-        if seed is not None:
-            seed_everything(int(seed), self.device)
+        kwargs = self._inference_kwargs("inference_stream", params, seed)
         with _output_path(output_path) as path, torch.no_grad():
             for event in self.model.inference_stream(text=text, output_audio_path=path, mode=mode,
                                                      prompt_text=prompt_text, prompt_audio_path=prompt_audio_path,
@@ -157,10 +139,6 @@ class UpstreamTTS:
         """Reference audio as the official code prepares it: (C, S) float32 at the codec rate and channels."""
         wave, _ = self.model._load_reference_audio(path, self.sample_rate, int(self.codec.number_channels))
         return wave
-
-    def split_text(self, text: str, max_tokens: int) -> list[str]:
-        """The official voice-clone long-text splitter (docs/architecture.md#long-text)."""
-        return list(self.model._split_text_into_best_sentences(self.tokenizer, text, int(max_tokens)))
 
     def prompt_rows(self, text: str, mode: str = "continuation", prompt_text: Optional[str] = None,
                     prompt_audio_codes: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -266,12 +244,9 @@ def load_upstream(model_dir_or_id: str, codec_dir_or_id: Optional[str] = None, *
                   attn_implementation: Optional[str] = None, patches: Optional[PatchSet] = None) -> UpstreamTTS:
     """Load the official TTS and codec remote code with the patch set, on ``device`` in ``dtype``.
 
-    Folders (or hub ids, fetched with huggingface_hub) are never modified: patched copies of their
-    configs are built in a temporary folder that is removed once the objects are loaded. The official
-    code comes from ``code_dir`` when given (a folder holding ``modeling_moss_tts_nano.py`` etc., possibly
-    in subfolders) and otherwise from the model folders themselves (hub downloads carry it).
-    ``attn_implementation`` goes through ``moss_npu.device.attention_impl`` (None: sdpa; "eager" on request,
-    for the TTS transformers only: the official codec has no eager attention).
+    The folders (or hub ids) are never modified: patched copies of their configs live in a temporary folder
+    while the objects load. The official code comes from ``code_dir`` (searched below it) or the model folders.
+    ``attn_implementation`` goes through ``moss_npu.device.attention_impl`` (the official codec is always sdpa).
 
     Raises:
         ConfigError: transformers is not installed, or the patch manifest is missing.
@@ -339,11 +314,9 @@ def _check_attention(model: Any, impl: str, patches: PatchSet) -> None:
     found = {name: module.attn_implementation for name, module in model.named_modules() if hasattr(module, "attn_implementation")}
     wrong = {name or "model": value for name, value in found.items() if value != impl}
     if not found or wrong:
-        raise CheckpointError(
-            f"the official model does not run the patched attention ({wrong or 'no attention modules'}, wanted {impl}); "
-            f"the patch set was written against {patches.code_repo}@{patches.revision}: use that code or update "
-            f"patches/manifest.yaml"
-        )
+        raise CheckpointError(f"the official model does not run the patched attention "
+                              f"({wrong or 'no attention modules'}, wanted {impl}); the patch set was written against "
+                              f"{patches.code_repo}@{patches.revision}: use that code or update patches/manifest.yaml")
 
 
 def _host(x: torch.Tensor) -> torch.Tensor:

@@ -2,8 +2,8 @@
 
 import pytest
 
-from moss_npu.codec import load_codec, write_random_codec
-from moss_npu.codec.checkpoint import small_codec_overrides
+from moss_npu.codec import load_codec
+from moss_npu_verify.random_checkpoints import small_codec_overrides, write_random_codec
 
 # Windows of 10/16/24/32 decoder steps (4 frames at 50 Hz down to 1 frame at 400 Hz): a 12-frame stream
 # already slides past every window, so streaming tests exercise eviction without long inputs.

@@ -7,8 +7,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from moss_npu.codec import load_codec, nano_codec_config, write_random_codec
-from moss_npu.codec.checkpoint import fold_weight_norm, rename_keys, small_codec_overrides
+from moss_npu.codec import load_codec
+from moss_npu.codec.checkpoint import fold_weight_norm, rename_keys
+from moss_npu_verify.random_checkpoints import nano_codec_config, small_codec_overrides, write_random_codec
 from moss_npu.codec.config import codec_config_from_dict
 from moss_npu.codec.model import NanoCodec
 from moss_npu.errors import CheckpointError

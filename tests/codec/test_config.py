@@ -2,7 +2,7 @@
 
 import pytest
 
-from moss_npu.codec import nano_codec_config
+from moss_npu_verify.random_checkpoints import nano_codec_config
 from moss_npu.codec.config import codec_config_from_dict
 from moss_npu.errors import ConfigError
 

@@ -18,7 +18,7 @@ def codec_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def codec(codec_dir):
-    return OnnxCodec.from_dir(codec_dir, "cpu")
+    return OnnxCodec(codec_dir, "cpu")
 
 
 def test_graphs_have_the_official_io(codec):
@@ -98,19 +98,19 @@ def test_a_provider_that_fails_to_start_is_not_a_quiet_cpu_run(codec_dir, monkey
                         lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
     monkeypatch.setattr(onnxruntime, "InferenceSession", session)
     with pytest.raises(DeviceError, match="failed to initialise"):
-        OnnxCodec.from_dir(codec_dir, "cuda")
+        OnnxCodec(codec_dir, "cuda")
 
 
 def test_missing_graph(tmp_path):
     with pytest.raises(CheckpointError, match="does not exist"):
-        OnnxCodec.from_dir(tmp_path, "cpu")
+        OnnxCodec(tmp_path, "cpu")
 
 
 def test_a_graph_that_is_not_onnx(tmp_path, codec_dir):
     (tmp_path / "encoder.onnx").write_bytes(b"not onnx")
     (tmp_path / "decoder.onnx").write_bytes((codec_dir / "decoder.onnx").read_bytes())
     with pytest.raises(CheckpointError, match="cannot load"):
-        OnnxCodec.from_dir(tmp_path, "cpu")
+        OnnxCodec(tmp_path, "cpu")
 
 
 def test_missing_onnxruntime_names_the_install(monkeypatch):

@@ -74,7 +74,7 @@ def test_model_config_falls_back_to_extraction_meta(tiny_weights):
     config = json.loads((tiny_weights / "config.json").read_text())
     (tiny_weights / "config.json").unlink()
     (tiny_weights / "extraction_meta.json").write_text(json.dumps({"moss_config": config}))
-    assert DelayModelConfig.from_weights_dir(tiny_weights).special_ids["im_end_token_id"] == config["im_end_token_id"]
+    assert DelayModelConfig.from_weights_dir(tiny_weights).im_end_token_id == config["im_end_token_id"]
 
 
 def test_missing_model_config_names_the_fix(tmp_path):

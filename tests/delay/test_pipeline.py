@@ -27,7 +27,7 @@ def pipeline(delay_fixture, llama_cpp, tmp_path_factory):
     from moss_npu.delay.pipeline import DelayPipeline
     from moss_npu.delay.weights import DelayWeights
 
-    codec = OnnxCodec.from_dir(write_test_codec(tmp_path_factory.mktemp("codec"))[0].parent, "cpu")
+    codec = OnnxCodec(write_test_codec(tmp_path_factory.mktemp("codec"))[0].parent, "cpu")
     with DelayPipeline(DelayWeights.open(delay_fixture / "weights"), DelayRunConfig(**EXACT), codec) as pipe:
         yield pipe
 
@@ -89,7 +89,7 @@ def test_a_model_that_ends_before_any_frame_is_a_runtime_failure(pipeline, monke
 def test_synthesis_without_a_codec(delay_fixture, llama_cpp):
     from moss_npu.delay.pipeline import DelayPipeline
 
-    with DelayPipeline.from_config(None, delay_fixture / "weights", None, EXACT) as pipe:
+    with DelayPipeline.open(DelayRunConfig(**EXACT), delay_fixture / "weights") as pipe:
         with pytest.raises(ConfigError, match="--codec-onnx-dir"):
             pipe.synthesize("Hello")
 
@@ -98,7 +98,7 @@ def test_a_gguf_that_is_not_a_model(tiny_weights, llama_cpp):
     from moss_npu.delay.pipeline import DelayPipeline
 
     with pytest.raises(CheckpointError, match="could not load"):
-        DelayPipeline.from_config(None, tiny_weights, None, EXACT)
+        DelayPipeline.open(DelayRunConfig(**EXACT), tiny_weights)
 
 
 def test_synthesize_from_a_reference_file(pipeline, tmp_path):

@@ -15,7 +15,7 @@ def tok(tiny_weights):
 
 
 def test_user_block_has_18_lines_and_none_for_absent_fields():
-    lines = user_block("hi", "None", None, 7, None, None, None, "en").split("\n")
+    lines = user_block("hi", "None", tokens=7, language="en").split("\n")
     assert len(lines) == 18
     assert lines[6] == "7" and lines[4] == "None" and lines[-2] == "hi"
 

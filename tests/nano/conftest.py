@@ -11,7 +11,7 @@ import pytest
 import sentencepiece as spm
 
 from moss_npu_verify import goldens
-from moss_npu.nano.checkpoint import write_random_checkpoint
+from moss_npu_verify.random_checkpoints import write_random_checkpoint
 from tests.optional import missing
 
 SYMBOLS = ["<|im_start|>", "<|im_end|>", "<|audio_start|>", "<|audio_end|>", "<|vision_pad|>", "<|video_pad|>",

@@ -2,8 +2,9 @@ import pytest
 import torch
 
 from moss_npu.errors import CheckpointError
-from moss_npu.nano.checkpoint import load_model, random_state_dict, read_state_dict, write_random_checkpoint
-from moss_npu.nano.config import NanoConfig, load_config, official_config_dict
+from moss_npu.nano.checkpoint import load_model, read_state_dict
+from moss_npu.nano.config import NanoConfig, load_config
+from moss_npu_verify.random_checkpoints import official_config_dict, random_state_dict, write_random_checkpoint
 from moss_npu.nano.model import NanoTTSModel
 
 from .conftest import TINY

@@ -1,9 +1,8 @@
-import json
-
 import pytest
 
 from moss_npu.errors import ConfigError
-from moss_npu.nano.config import NanoConfig, load_config, official_config_dict
+from moss_npu.nano.config import NanoConfig, load_config
+from moss_npu_verify.random_checkpoints import official_config_dict
 
 
 def test_official_config_reads_with_official_names():
@@ -16,13 +15,11 @@ def test_official_config_reads_with_official_names():
     assert cfg.attn_implementation == "flash_attention_2"
 
 
-def test_unknown_keys_kept_and_round_trip():
+def test_unknown_keys_kept():
     data = official_config_dict()
     data["some_future_key"] = {"a": 1}
     cfg = NanoConfig.from_dict(data)
     assert cfg.extra["some_future_key"] == {"a": 1}
-    again = NanoConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))
-    assert again == cfg
 
 
 @pytest.mark.parametrize("change,needle", [

@@ -6,7 +6,7 @@ import torch
 
 from moss_npu.errors import InputError, NumericalError
 from moss_npu.nano import decoder as dec_mod
-from moss_npu.nano.checkpoint import load_model, read_state_dict, write_random_checkpoint
+from moss_npu.nano.checkpoint import load_model, read_state_dict
 from moss_npu.nano.decoder import FrameDecoder, RequestParams
 from moss_npu.tts.loop import generate
 from moss_npu.nano.frames import PhaseTimer, left_pad, trim_codes
@@ -15,6 +15,7 @@ from moss_npu.nano.reference import reference_generate
 from moss_npu.nano.reuse import MIN_SHARED_ROWS, PrefixCache
 from moss_npu.nano.tokenizer import TextTokenizer
 from moss_npu.sampling import SamplingParams
+from moss_npu_verify.random_checkpoints import write_random_checkpoint
 
 from .conftest import TINY
 
@@ -312,7 +313,8 @@ def test_seeded_sampling_reproducible(model, prompts):
 
 
 def test_trim_codes():
-    from moss_npu.nano.config import NanoConfig, official_config_dict
+    from moss_npu.nano.config import NanoConfig
+    from moss_npu_verify.random_checkpoints import official_config_dict
 
     cfg = NanoConfig.from_dict(official_config_dict())
     frames = torch.full((4, 16), 1024)

@@ -50,7 +50,7 @@ def test_sdpa_equals_eager(models):
                          ids=["unscaled", "inverse-layer-idx"])
 def test_sdpa_honours_the_configs_attention_scaling(tmp_path, tiny_tokenizer, flags):
     """sdpa uses the scale the config asks for, exactly as eager does (not sdpa's default 1/sqrt(D))."""
-    from moss_npu.nano.checkpoint import write_random_checkpoint
+    from moss_npu_verify.random_checkpoints import write_random_checkpoint
 
     from .conftest import TINY
 

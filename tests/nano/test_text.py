@@ -1,7 +1,7 @@
 import pytest
 
 from moss_npu.errors import InputError
-from moss_npu.nano.text import (pause_samples, pause_seconds, prepare_text, split_by_punctuation, split_text,
+from moss_npu.nano.text import (pause_samples, prepare_text, split_by_punctuation, split_text,
                                 voice_clone_chunks)
 from moss_npu.nano.tokenizer import TextTokenizer
 
@@ -38,7 +38,7 @@ def test_voice_clone_uses_original_text_for_one_chunk(tiny_tokenizer):
 
 
 def test_pause_rule():
-    assert pause_seconds("one two three four") == 0.40
-    assert pause_seconds("one two three four five") == 0.24
-    assert pause_seconds("床前明月光，疑是地上霜。") == 0.40  # no spaces: one "word"
+    assert pause_samples("one two three four", 1000) == 400
+    assert pause_samples("one two three four five", 1000) == 240
+    assert pause_samples("床前明月光，疑是地上霜。", 1000) == 400  # no spaces: one "word"
     assert pause_samples("a b c d e", 48000) == 11520

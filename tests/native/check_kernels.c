@@ -48,7 +48,8 @@ int moss_row_block(void *pool, const Block *b, float *x, const float *rotation, 
 int moss_block_rows(void *pool, const Block *b, long n, float *x, const float *rotation, float *keys, float *values,
                     long cache_stride, long rows, long position, long attended, const float *qkv, float *scratch);
 long moss_local_decide(const float *logits, long v, const uint8_t *seen, int do_sample, float temperature,
-                       int64_t top_k, float top_p, float penalty, float uniform, float *scratch);
+                       int64_t top_k, float top_p, float penalty, float uniform, const float *exponential,
+                       float *scratch);
 
 static uint32_t state = 12345u;
 static float uniform(void) { /* in [-1, 1) */
@@ -392,7 +393,8 @@ static int check_decide(void) {
             const float *set = settings[c], u = (float)step / 400.0f;
             long want = chain64(logits, seen, 12, set[0], (long)set[1], set[2], set[3], u);
             long off = chain64(logits, seen, 12, set[0], (long)set[1], set[2], set[3], u + 1e-4);
-            long got = moss_local_decide(logits, 12, seen, 1, set[0], (int64_t)set[1], set[2], set[3], u, scratch);
+            long got = moss_local_decide(logits, 12, seen, 1, set[0], (int64_t)set[1], set[2], set[3], u, NULL,
+                                         scratch);
             if (want == off && got != want) { /* u not within rounding of a boundary */
                 printf("  decision %zu at u=%.4f: %ld, expected %ld\n", c, u, got, want);
                 return 1;
@@ -401,8 +403,8 @@ static int check_decide(void) {
     const float tied[5] = {1.0f, 3.0f, -2.0f, 3.0f, 2.9f};
     const uint8_t once[5] = {0, 1, 0, 0, 0};
     float more[4 * 5];
-    if (moss_local_decide(tied, 5, once, 0, 1.0f, 0, 1.0f, 1.2f, 0.5f, more) != 3 ||
-        moss_local_decide(tied, 5, once, 0, 1.0f, 0, 1.0f, 1.0f, 0.5f, more) != 1) {
+    if (moss_local_decide(tied, 5, once, 0, 1.0f, 0, 1.0f, 1.2f, 0.5f, NULL, more) != 3 ||
+        moss_local_decide(tied, 5, once, 0, 1.0f, 0, 1.0f, 1.0f, 0.5f, NULL, more) != 1) {
         printf("  greedy decision after the penalty is wrong\n");
         return 1;
     }

@@ -44,3 +44,29 @@ def test_settled_waits_for_what_is_in_flight():
         return order
 
     assert asyncio.run(scenario()) == ["request done", "settled"]
+
+
+def test_a_sentence_still_speaking_when_the_grace_ends_is_told_shutting_down_not_timed_out():
+    from types import SimpleNamespace
+
+    from moss_npu.serve.errors import ApiError
+    from moss_npu.serve.live import Session
+    from moss_npu.serve.schema import speech_body
+
+    class SilentTicket:  # a worker that never answers
+        async def next(self, timeout):
+            await asyncio.sleep(timeout)
+            raise asyncio.TimeoutError
+
+    drain = Drain(grace_s=0)
+    drain.start()
+    pool = SimpleNamespace(audio_format=lambda: (48000, 2))
+    session = Session(SimpleNamespace(send_json=lambda m: asyncio.sleep(0)), pool, make_job=None,
+                      config=SimpleNamespace(request_timeout_s=2.0), drain=drain)
+    body = speech_body({"model": "moss-tts-nano", "input": "Still speaking.", "response_format": "pcm"})
+    try:
+        asyncio.run(session._sentence(0, "Still speaking.", SilentTicket(), body, None))
+    except ApiError as exc:
+        assert exc.status == 503 and exc.code == "shutting_down"
+    else:
+        raise AssertionError("the sentence outlived the drain")

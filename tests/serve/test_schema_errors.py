@@ -26,3 +26,22 @@ def test_a_run_setting_the_settings_refuse_is_named_by_its_field():
     with pytest.raises(ApiError) as refused:
         run_config(body, mode="continuation", max_new_frames=100)
     assert (refused.value.param, refused.value.message) == ("seed", f"seed {2**63}: use 0 .. 2**63-1")
+
+
+@pytest.mark.parametrize("fields, param", [
+    ({"response_format": "flac"}, "response_format"),  # a whole-file format, streamed
+    ({"response_format": "wav", "sample_format": "s24"}, "sample_format"),  # streams are s16
+])
+def test_a_session_that_streams_what_cannot_stream_is_refused_before_any_text(fields, param):
+    """A WebSocket session's config is checked as a streamed request: the same fields are refused, by name."""
+    from types import SimpleNamespace
+
+    from moss_npu.serve.live import Session
+
+    pool = SimpleNamespace(audio_format=lambda: (48000, 2))
+    config = SimpleNamespace(model_names=("moss-tts-nano",), max_input_chars=100)
+    session = Session(None, pool, make_job=None, config=config, drain=None)
+    with pytest.raises(ApiError) as refused:
+        session._configure({"type": "session.config", "model": "moss-tts-nano", **fields})
+    assert (refused.value.status, refused.value.param, refused.value.code) == (400, param, "invalid_value")
+    session._configure({"type": "session.config", "model": "moss-tts-nano", **fields, "stream_audio": False})

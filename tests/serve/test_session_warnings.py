@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from moss_npu.serve.drain import Drain
 from moss_npu.serve.live import Session
 from moss_npu.serve.schema import speech_body
 
@@ -37,7 +38,7 @@ class Socket:
 def _speak(summary):
     ws = Socket()
     pool = SimpleNamespace(audio_format=lambda: (48000, 2))
-    session = Session(ws, pool, make_job=None, config=SimpleNamespace(request_timeout_s=5.0), drain=None)
+    session = Session(ws, pool, make_job=None, config=SimpleNamespace(request_timeout_s=5.0), drain=Drain())
     ticket = ScriptedTicket([("chunk", np.zeros((2, 480), np.float32)), ("done", summary)])
     body = speech_body({"model": "moss-tts-nano", "input": "Loud. Quiet.", "response_format": "pcm"})
     asyncio.run(session._sentence(0, "Loud. Quiet.", ticket, body, None))

@@ -49,3 +49,21 @@ def test_grammars_read_numbers_out(needs_wetext):
     assert Grammar.load("zh", grammars).normalize("打8折") == "打八折"
     assert Grammar.load("en", grammars).normalize("I have 2 apples.") == "I have two apples."
     assert Grammar.load("en", grammars).normalize("") == ""
+
+
+def test_missing_kaldifst_with_an_empty_cache_is_unavailable_not_a_crash(monkeypatch, needs_wetext):
+    """kaldifst prepares a grammar the cache does not hold yet; without it the grammar is unavailable (the
+    normalizer then warns once and cleans up only), not an ImportError out of ``prepare``."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_kaldifst(name, *args, **kwargs):
+        if name == "kaldifst":
+            raise ImportError("No module named 'kaldifst'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_kaldifst)
+    path = Grammars.locate().root / "tn" / "zh_tn_tagger.fst"
+    with pytest.raises(WeTextUnavailable, match="kaldifst is not installed"):
+        wetext.optimized(path)

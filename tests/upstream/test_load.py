@@ -87,3 +87,21 @@ def test_too_old_transformers_is_refused(monkeypatch, tmp_path):
     monkeypatch.setattr(sys.modules["transformers"], "__version__", "4.46.3")
     with pytest.raises(ConfigError, match=r"transformers >= 4.57, found 4.46.3: pip install"):
         load_upstream("OpenMOSS-Team/MOSS-TTS-Nano", device=CPU)
+
+
+def test_inference_cli_writes_the_official_waveform(monkeypatch, tmp_path):
+    """``inference.py --impl upstream`` runs the official ``inference`` and writes the waveform it returns."""
+    import soundfile as sf
+
+    import inference
+
+    tts_dir, codec_dir, code = official_folders(tmp_path / "user")
+    fake_transformers(monkeypatch)
+    out = tmp_path / "u.wav"
+    assert inference.main(["--impl", "upstream", "--model", str(tts_dir), "--codec", str(codec_dir), "--upstream-code",
+                           str(code), "--device", "cpu", "--text", "hello", "--max-new-frames", "5", "--quiet",
+                           "--output", str(out)]) == 0
+    wave, rate = sf.read(out, dtype="float32", always_2d=True)
+    official = torch.full((2, 4 * 5), 0.25)  # the stand-in's waveform for 5 frames, its first sample loud
+    official[0, 0] = load_standin("modeling_moss_tts_nano.py").LOUD_SAMPLE
+    assert rate == 48000 and torch.equal(torch.from_numpy(wave.T.copy()), official)

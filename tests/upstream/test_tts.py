@@ -24,9 +24,10 @@ def standin_tts(device=CPU):
                        device=device, dtype=torch.float32)
 
 
-def test_synthesize_returns_host_stereo_float32_and_the_rate():
+def test_infer_returns_host_stereo_float32_and_the_rate():
     tts = standin_tts()
-    wave, rate = tts.synthesize("hello", max_new_frames=5)
+    result = tts.infer("hello", max_new_frames=5)
+    wave, rate = result.waveform, result.sample_rate
     assert rate == 48000 and wave.dtype == torch.float32 and wave.shape == (2, 20) and wave.device == CPU
 
 
@@ -70,12 +71,12 @@ def test_stream_yields_the_official_audio_events():
     tts = standin_tts()
     chunks = list(tts.stream("hello", max_new_frames=4))
     assert [c.shape for c in chunks] == [(2, 8), (2, 8)]
-    torch.testing.assert_close(torch.cat(chunks, -1), tts.synthesize("hello", max_new_frames=4)[0])
+    torch.testing.assert_close(torch.cat(chunks, -1), tts.infer("hello", max_new_frames=4).waveform)
 
 
 def test_unknown_generation_parameter_is_refused_with_the_official_names():
     with pytest.raises(InputError, match="unknown generation parameters max_frames; .*max_new_frames"):
-        standin_tts().synthesize("hello", max_frames=3)
+        standin_tts().infer("hello", max_frames=3)
 
 
 def test_generate_codes_records_every_logits_row_then_stops_observing():
