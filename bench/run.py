@@ -6,12 +6,18 @@
     python -m bench.run --batch 1,4,8,16 --cases short-en         # batched decoding (see bench/batch.py)
     python -m bench.run --device cuda --batch 1,8,32 --graph on,off
     python -m bench.run --compare reference@1,optimized@1 --quantize int8  # int8 weight-only CPU step
+    python -m bench.run --cases stream-en                         # what `inference.py --stream` runs
 
-Every run is greedy with a fixed frame count per text chunk (``--frames``), so runs compare like with like.
+Every run of a ``short``/``long`` case is greedy with a fixed frame count per text chunk (``--frames``, default
+24), so runs compare like with like. A ``stream`` case is what ``inference.py --stream`` runs with its defaults:
+the long text, sampled, text normalization on, up to 375 frames (``--frames`` if given), streamed through
+``synthesize_stream``; its RTF is the CLI's, the model loaded.
 A configuration is ``DECODER[@THREADS]`` (``moss_npu.tts.settings.DECODERS``); with ``--compare`` the
 configurations run alternately in one process, and the last stdout line is ``speedup B/A: X.XX``: the median
 over cases of (median per-frame time of A) / (median per-frame time of B), so > 1 means B is faster.
 Per-frame time = the frame phase (local decisions, sampling, global step; prefill and codec excluded).
+Every case (not ``--batch``) reports the frame split: global, local, codec and host (the wall time per frame
+left over: Python and bookkeeping) and each part's floor (``bench/floor.py``: bytes read per frame over a bandwidth probe of that part's size, on the same threads).
 With ``--batch B1,B2,...`` each case runs as batches of those sizes instead (``bench/batch.py``), per
 ``--graph`` mode; the last stdout line is then ``batch speedup B/1: X.XX`` (aggregate frames/s of the largest
 batch over batch 1, median over cases, first graph mode).
@@ -55,7 +61,11 @@ LONG = {
            "从窗户里飘出来，一天的忙碌渐渐归于平静。夜深了，星星挂满天空，小镇进入了甜美的梦乡。"),
 }
 REFERENCES = {"en": "en_3.wav", "zh": "zh_1.wav"}
-CASES = [f"{length}-{lang}{ref}" for ref in ("", "+ref") for length in ("short", "long") for lang in ("en", "zh")]
+GREEDY_CASES = [f"{length}-{lang}{ref}" for ref in ("", "+ref") for length in ("short", "long")
+                for lang in ("en", "zh")]
+STREAM_CASES = ["stream-en", "stream-zh"]  # the CLI's defaults, streamed
+CASES = GREEDY_CASES + STREAM_CASES
+DEFAULT_FRAMES = 24
 PHASES = ("prefill", "frame", "codec")
 
 
@@ -102,65 +112,98 @@ class RunRecord:
     compile_s: float = 0.0  # time the CPU step spent compiling graphs so far (first compile; 0 when eager)
     local_ms: Optional[float] = None  # per frame: the 17 local steps with their decisions
     global_ms: Optional[float] = None  # per frame: the global step
+    host_ms: Optional[float] = None  # per frame: wall time outside global, local, codec and prefill
+    prompt_rows: int = 0  # the longest chunk's prompt rows (for the global floor's keys and values)
+    codec_calls: int = 0
     phases_s: dict = field(default_factory=dict)
 
 
 def case_request(case: str) -> tuple[str, Optional[Path]]:
     """Return the text and the reference recording (or None) of a case name like ``long-zh+ref``."""
     name, ref = case.removesuffix("+ref"), case.endswith("+ref")
-    length, lang = name.split("-")
+    length, lang = name.split("-")  # a stream case speaks the long text
     text = (SHORT if length == "short" else LONG)[lang]
     audio = goldens.fixtures_root() / "audio" / REFERENCES[lang] if ref else None
     return text, audio
 
 
-def run_once(tts: MossTTSNano, case: str, config: BenchConfig, frames: int, stream: bool, serial: int) -> RunRecord:
-    """Synthesize ``case`` once under ``config``; optionally time a streamed start too.
+def run_once(tts: MossTTSNano, case: str, config: BenchConfig, frames: Optional[int], stream: bool,
+             serial: int) -> RunRecord:
+    """Synthesize ``case`` once under ``config``; optionally time a streamed start too (a stream case is timed
+    streamed, as the CLI runs it).
 
     The text gets the number ``serial`` (and ``serial + 1`` for the stream) in front, so no run meets a prompt
     it has seen: the prompt cache of the optimized path reuses only what a new request shares (the template).
     """
-    import torch
-
     from moss_npu import device as devices
     from moss_npu.nano.frames import PhaseTimer
-    from moss_npu.cpu.quantize import dtype_name
     from moss_npu.cpu.threads import set_threads
     from moss_npu.tts.settings import RunConfig
 
     if config.threads:
         set_threads(config.threads)
     text, audio = case_request(case)
-    settings = RunConfig(do_sample=False, max_new_frames=frames, text_normalization=False, wetext=False)  # the model's speed; bench.text_norm times that
+    if case in STREAM_CASES:  # the CLI's defaults
+        settings = RunConfig() if frames is None else RunConfig(max_new_frames=frames)
+    else:  # the model's speed; bench.text_norm times the text normalization
+        settings = RunConfig(do_sample=False, max_new_frames=frames or DEFAULT_FRAMES, text_normalization=False,
+                             wetext=False)
     back = devices.backend(tts.device)
     back.reset_peak_memory_stats()
     timer = PhaseTimer(sync=back.synchronize)
     load = os.getloadavg()[0]
-    start = time.perf_counter()
-    result = tts.synthesize(f"{serial}. {text}", prompt_audio=audio, settings=settings, timer=timer)
-    wall = time.perf_counter() - start
-    ttfa = None
-    if stream:
-        start = time.perf_counter()
-        chunks = tts.synthesize_stream(f"{serial + 1}. {text}", prompt_audio=audio, settings=settings)
-        next(chunks)
-        ttfa = (time.perf_counter() - start) * 1e3
-        chunks.close()
-    n_frames = int(result.codes.shape[0])
-    n_chunks = len(result.text_chunks)
+    request = dict(prompt_audio=audio, settings=settings)
+    prompt_rows = max(int(r.shape[0]) for r in tts._prepare(f"{serial}. {text}", settings, audio, None).rows)
+    start, ttfa = time.perf_counter(), None
+    if case in STREAM_CASES:
+        samples, chunks, voiced = 0, set(), 0
+        for chunk in tts.synthesize_stream(f"{serial}. {text}", timer=timer, **request):
+            if ttfa is None and not chunk.is_pause:
+                ttfa = (time.perf_counter() - start) * 1e3
+            samples += chunk.waveform.shape[-1]
+            voiced += 0 if chunk.is_pause else chunk.waveform.shape[-1]
+            chunks.add(chunk.chunk_index)
+        wall = time.perf_counter() - start
+        n_frames, n_chunks, audio_s = voiced // tts.codec.frame_size, len(chunks), samples / tts.sample_rate
+    else:
+        result = tts.synthesize(f"{serial}. {text}", timer=timer, **request)
+        wall = time.perf_counter() - start
+        if stream:
+            start = time.perf_counter()
+            chunks = tts.synthesize_stream(f"{serial + 1}. {text}", **request)
+            next(chunks)
+            ttfa = (time.perf_counter() - start) * 1e3
+            chunks.close()
+        n_frames, n_chunks = int(result.codes.shape[0]), len(result.text_chunks)
+        audio_s = n_frames / tts.codec.frame_rate_hz  # the frames' audio, pauses not counted
+    return record(tts, case, config, timer, wall, n_frames, n_chunks, audio_s, ttfa, load,
+                  prompt_rows=prompt_rows)
+
+
+def record(tts: MossTTSNano, case: str, config: BenchConfig, timer, wall: float, n_frames: int, n_chunks: int,
+           audio_s: float, ttfa: Optional[float], load: float, prompt_rows: int) -> RunRecord:
+    """One run's record: per-frame times of the parts and what is left of the wall time (the host)."""
+    import torch
+
+    from moss_npu import device as devices
+    from moss_npu.cpu.quantize import dtype_name
+
     sec = dict(timer.seconds)
-    per_frame = {k: sec.get(k, 0.0) * 1e3 / max(n_frames, 1) for k in ("frame", "codec", "local", "global")}
+    per_frame = {k: sec.get(k, 0.0) * 1e3 / max(n_frames, 1) for k in ("frame", "codec", "local", "global", "prefill")}
     frame_step = tts._decoder.frame_step if tts.algorithm != "reference" else None
     step = "reference" if frame_step is None else frame_step.dispatch()
     return RunRecord(
         case=case, config=config.label, threads=torch.get_num_threads(), chunks=n_chunks, frames=n_frames,
-        wall_s=wall, rtf=wall / max(n_frames / tts.codec.frame_rate_hz, 1e-9), ttfa_ms=ttfa,
+        wall_s=wall, rtf=wall / max(audio_s, 1e-9), ttfa_ms=ttfa,
         frame_ms=per_frame["frame"], codec_ms=per_frame["codec"],
         prefill_ms=sec.get("prefill", 0.0) * 1e3 / max(timer.calls.get("prefill", 0), 1),
-        peak_memory_bytes=back.max_memory_allocated(), load_avg=load, dtype=dtype_name(tts.model),
-        step=step, compile_s=frame_step.compile_seconds if frame_step is not None else 0.0,
+        peak_memory_bytes=devices.backend(tts.device).max_memory_allocated(), load_avg=load,
+        dtype=dtype_name(tts.model), step=step,
+        compile_s=frame_step.compile_seconds if frame_step is not None else 0.0,
         local_ms=per_frame["local"] if "local" in sec else None,
-        global_ms=per_frame["global"] if "global" in sec else None, phases_s=sec)
+        global_ms=per_frame["global"] if "global" in sec else None,
+        host_ms=wall * 1e3 / max(n_frames, 1) - sum(per_frame[k] for k in ("local", "global", "prefill", "codec")),
+        prompt_rows=prompt_rows, codec_calls=timer.calls.get("codec", 0), phases_s=sec)
 
 
 def setup_line(setup: Optional[dict]) -> str:
@@ -181,14 +224,26 @@ def summarize(records: list[RunRecord]) -> list[dict]:
     for (case, config), runs in groups.items():
         row = {"case": case, "config": config, "runs": len(runs), "threads": runs[0].threads,
                "chunks": runs[0].chunks, "frames": runs[0].frames, "dtype": runs[0].dtype, "step": runs[-1].step,
-               "compile_s": max(r.compile_s for r in runs)}
-        for key in ("rtf", "ttfa_ms", "frame_ms", "local_ms", "global_ms", "codec_ms", "prefill_ms", "wall_s"):
+               "compile_s": max(r.compile_s for r in runs),
+               "prompt_rows": runs[0].prompt_rows}
+        for key in ("rtf", "ttfa_ms", "frame_ms", "local_ms", "global_ms", "codec_ms", "host_ms", "prefill_ms",
+                    "wall_s", "codec_calls"):
             values = [getattr(r, key) for r in runs if getattr(r, key) is not None]
             row[key] = statistics.median(values) if values else None
         row["peak_memory_mib"] = max((r.peak_memory_bytes or 0) for r in runs) / 2**20 or None
         row["load_avg"] = max(r.load_avg for r in runs)
         rows.append(row)
     return rows
+
+
+def add_floors(rows: list[dict], tts: MossTTSNano) -> None:
+    """Add each row's parts' floors (``bench.floor``), probing the bandwidth on the row's threads."""
+    from bench.floor import Probe, floors, part_bytes
+
+    probe = Probe()
+    for row in rows:
+        parts = part_bytes(tts, row["prompt_rows"], row["frames"], round(row["codec_calls"] or 0))
+        row["floor"] = floors(parts, row["threads"], probe)
 
 
 def speedups(rows: list[dict], base: str, other: str) -> dict[str, float]:
@@ -203,14 +258,19 @@ def markdown(rows: list[dict], ratios: dict[str, float], base: Optional[str], ot
     def num(value, digits=1):
         return "–" if value is None else f"{value:.{digits}f}"
 
+    def floor(r, part):
+        return num((r.get("floor") or {}).get(part, {}).get("floor_ms"))
+
     lines = ["| case | config | threads | dtype | step | compile s | chunks | frames | RTF | TTFA ms | frame ms "
-             "| local ms | global ms | codec ms/frame | prefill ms | peak RSS MiB | load |",
-             "|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| global ms (floor) | local ms (floor) | codec ms/frame (floor) | host ms | prefill ms | peak RSS MiB "
+             "| load |",
+             "|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['case']} | {r['config']} | {r['threads']} | {r['dtype']} | {r['step']} | "
                      f"{num(r['compile_s'])} | {r['chunks']} | {r['frames']} | "
-                     f"{num(r['rtf'], 2)} | {num(r['ttfa_ms'], 0)} | {num(r['frame_ms'])} | {num(r['local_ms'])} | "
-                     f"{num(r['global_ms'])} | {num(r['codec_ms'])} | "
+                     f"{num(r['rtf'], 2)} | {num(r['ttfa_ms'], 0)} | {num(r['frame_ms'])} | "
+                     f"{num(r['global_ms'])} ({floor(r, 'global')}) | {num(r['local_ms'])} ({floor(r, 'local')}) | "
+                     f"{num(r['codec_ms'])} ({floor(r, 'codec')}) | {num(r['host_ms'])} | "
                      f"{num(r['prefill_ms'], 0)} | {num(r['peak_memory_mib'], 0)} | {num(r['load_avg'], 2)} |")
     if ratios:
         lines += ["", f"| case | speedup {other}/{base} |", "|---|---:|"]
@@ -240,14 +300,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", type=Path, help="where generated checkpoints are kept (default: system temp)")
     p.add_argument("--force-frames", action="store_true",
                    help="bias a --model checkpoint in memory so greedy never stops early (bench only; noise audio)")
-    p.add_argument("--frames", type=int, default=24, help="frames generated per text chunk (12.5 per second)")
+    p.add_argument("--frames", type=int, help=f"frames generated per text chunk (12.5 per second; default "
+                   f"{DEFAULT_FRAMES}, a stream case the CLI's 375)")
     p.add_argument("--runs", type=int, default=3, help="measured runs per case and configuration (median)")
     p.add_argument("--warmup", type=int, default=1, help="unmeasured rounds first")
-    p.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, from {','.join(CASES)}")
+    p.add_argument("--cases", help=f"comma-separated, from {','.join(CASES)} (default all; with --batch the "
+                   "greedy ones)")
     p.add_argument("--decoder", default="optimized", help="single configuration DECODER[@THREADS]")
     p.add_argument("--compare", help="two configurations A,B run alternately; prints 'speedup B/A: X.XX'")
     p.add_argument("--threads", type=int, default=0, help="default intra-op threads for configs without @N")
-    p.add_argument("--no-stream", action="store_true", help="skip the streamed start (time to first audio)")
+    p.add_argument("--no-stream", action="store_true",
+                   help="skip the greedy cases' streamed start (time to first audio)")
     p.add_argument("--batch", help="batch sizes B1,B2,... decoded together (prints 'batch speedup B/1: X.XX')")
     p.add_argument("--graph", default="off", help="with --batch: graph modes to run, e.g. on,off (default off)")
     p.add_argument("--quantize", default="none", choices=("none", "int8"),
@@ -300,7 +363,8 @@ def measure(tts: MossTTSNano, args, cases: list[str], configs: list[BenchConfig]
                     for graph in graphs:
                         serial += size
                         ways[graph] = ways.get(graph) or tts.computing(graph=graph)
-                        record = run_batch(ways[graph], case, size, args.frames, serial, case_request(case))
+                        record = run_batch(ways[graph], case, size, args.frames or DEFAULT_FRAMES, serial,
+                                           case_request(case))
                         log(f"bench: {'run' if measured else 'warm-up'} {case} batch {size} graph {graph}: "
                             f"{record.slot_ms_per_frame:.1f} ms/frame, {record.aggregate_fps:.1f} frames/s")
                         if measured:
@@ -338,12 +402,15 @@ def run(argv: Optional[list[str]] = None) -> int:
         raise InputError(str(exc)) from None
     configs = [c if c.threads or not args.threads else BenchConfig(c.decoder, args.threads) for c in configs]
     graphs = [g.strip() for g in args.graph.split(",") if g.strip()]
-    cases = [c.strip() for c in args.cases.split(",") if c.strip()]
-    unknown = [c for c in cases if c not in CASES]
-    if (unknown or (args.compare and len(configs) != 2) or args.frames < 1 or args.runs < 1 or args.warmup < 0
-            or any(g not in ("auto", "on", "off") for g in graphs) or (sizes and args.compare)):
-        raise InputError(f"check --cases (unknown: {unknown}), --compare (two configurations, not with --batch), "
-                         "--graph (auto/on/off), --frames/--runs >= 1")
+    cases = [c.strip() for c in args.cases.split(",") if c.strip()] if args.cases else (
+        GREEDY_CASES if sizes else CASES)
+    unknown = [c for c in cases if c not in (GREEDY_CASES if sizes else CASES)]
+    if (unknown or (args.compare and len(configs) != 2) or (args.frames or 1) < 1 or args.runs < 1
+            or args.warmup < 0 or any(g not in ("auto", "on", "off") for g in graphs) or (sizes and args.compare)):
+        raise InputError(f"check --cases (unknown{' with --batch' if sizes else ''}: {unknown}), --compare (two "
+                         "configurations, not with --batch), --graph (auto/on/off), --frames/--runs >= 1")
+    if args.no_stream and set(cases) <= set(STREAM_CASES):
+        raise InputError("--no-stream: the stream cases are always streamed; drop it or add a greedy case")
     if any(c.endswith("+ref") for c in cases) and not (goldens.fixtures_root() / "audio").is_dir():
         print(f"bench: no reference audio under {goldens.fixtures_root()}; skipping the +ref cases", file=sys.stderr)
         cases = [c for c in cases if not c.endswith("+ref")]
@@ -362,7 +429,8 @@ def run(argv: Optional[list[str]] = None) -> int:
     log(f"bench: {setup_line(setup)}")
     records = measure(tts, args, cases, configs, sizes, graphs, log)
     info = devices.describe(tts.device)
-    report = {"device": info, "frames_per_chunk": args.frames, "runs": args.runs, "warmup": args.warmup,
+    report = {"device": info, "frames_per_chunk": args.frames or DEFAULT_FRAMES, "runs": args.runs,
+              "warmup": args.warmup,
               "threads": torch.get_num_threads(), "model": model_dir, "codec": codec_dir, "setup": setup,
               "records": [asdict(r) for r in records]}
     if sizes:
@@ -373,6 +441,8 @@ def run(argv: Optional[list[str]] = None) -> int:
         last = None if speedup is None else f"batch speedup {speedup[0]}/1: {speedup[1]:.2f}"
     else:
         rows = summarize(records)
+        if tts.device.type == "cpu":
+            add_floors(rows, tts)
         base, other = (configs[0].label, configs[1].label) if args.compare else (None, None)
         ratios = speedups(rows, base, other) if args.compare else {}
         table = markdown(rows, ratios, base, other)

@@ -74,7 +74,11 @@ class KVCache:
         return self.keys[:rows, :, :n], self.values[:rows, :, :n], self.positions[:rows, :n]
 
     def reset_row(self, row: int) -> None:
-        """Forget row ``row`` only (a new stream starts there; the other rows go on)."""
+        """Forget row ``row`` only (a new stream starts there; the other rows go on). A row never written is zero
+        already and left untouched, so its pages are first touched as its stream writes them, not all at once
+        before its first audio (docs/performance.md#serving-under-load)."""
+        if not self.written[row]:
+            return
         self.keys[row].zero_()
         self.values[row].zero_()
         self.positions[row].fill_(-1)

@@ -8,7 +8,6 @@ streaming path generates one chunk at a time so the first audio comes as early a
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import functools
@@ -30,7 +29,7 @@ from moss_npu.hub import DEFAULT_CODEC, DEFAULT_MODEL, resolve_model_dir
 from moss_npu.nano.checkpoint import load_model
 from moss_npu.origin import weights_state
 from moss_npu.nano.decoder import FrameDecoder
-from moss_npu.nano.frames import PhaseTimer, left_pad, trim_codes
+from moss_npu.nano.frames import PhaseTimer, left_pad, phase, trim_codes
 from moss_npu.nano.model import NanoTTSModel
 from moss_npu.nano.prepared import DecoderWeights
 from moss_npu.cpu.quantize import check_int8, dtype_name, quantize_int8, store_bf16
@@ -259,7 +258,7 @@ class MossTTSNano:
         """Decode codes (F, Q) in one call; return (C, S) on the CPU without the first ``skip_frames`` frames."""
         if codes.shape[0] == 0:
             return torch.zeros(self.codec.channels, 0)
-        with _phase(timer, "codec"):
+        with phase(timer, "codec"):
             audio, lengths = self.codec.decode(codes[:, :nq].T[:, None, :])
             return audio[0, :, skip_frames * self.codec.frame_size: int(lengths[0])].cpu()
 
@@ -373,7 +372,3 @@ def _warn(job: Job) -> None:
     if any(job.frames.values()):
         for _, message in job.warnings:
             log.warning(message)
-
-
-def _phase(timer: Optional[PhaseTimer], name: str):
-    return timer.phase(name) if timer is not None else contextlib.nullcontext()

@@ -21,6 +21,11 @@ class AudioStreamer:
     text chunks are zeros. Alone (``push`` / ``end_chunk``) it decodes in its row of ``rows``; the engine instead
     collects ``due`` frames of many streamers, decodes them in one ``CodecRows`` call and hands each its audio
     through ``emit``.
+
+    Alone, once audio is out, a decode takes every frame waiting (cheaper in one call than one by one), and behind
+    playback (lead < 0) it waits for the largest budget instead of decoding each frame on its own, which never
+    catches up (docs/performance.md#the-streamed-cli). The engine, whose calls pad every row to the longest,
+    keeps the official counts.
     """
 
     def __init__(self, plan: Plan, settings: RunConfig, rows: CodecRows,
@@ -44,11 +49,11 @@ class AudioStreamer:
     def push(self, codes: torch.Tensor) -> Iterator[AudioChunk]:
         """Add one frame's codes (Q,); yield the audio the schedule says to decode now."""
         self.add(codes)
-        return self._decode_due(final=False)
+        return self.decode_due()
 
     def end_chunk(self, chunk: str) -> Iterator[AudioChunk]:
         """Decode what is left of the chunk, then its pause when more chunks follow."""
-        yield from self._decode_due(final=True)
+        yield from self.decode_due(final=True)
         pause = self.pause(chunk)
         if pause is not None:
             yield pause
@@ -57,13 +62,16 @@ class AudioStreamer:
         """Add one frame's codes (Q,) without decoding."""
         self.pending.append(codes)
 
-    def due(self, final: bool = False) -> Optional[torch.Tensor]:
-        """Take the frames (n, nq) the schedule says to decode now (all at the end of a chunk), or None."""
+    def due(self, final: bool = False, alone: bool = False) -> Optional[torch.Tensor]:
+        """Take the frames (n, nq) the schedule says to decode now (all at the end of a chunk), or None; ``alone``:
+        for a stream decoded on its own (see the class docstring)."""
         since = None if self.first_emit is None else self.clock() - self.first_emit
-        count = self.schedule.frames_to_decode(emitted_s=self.emitted_s,
-                                               lead_s=self.schedule.lead_s(self.emitted_s, since),
-                                               head_pending=len(self.pending), max_pending=len(self.pending),
-                                               final=final)
+        lead, waiting = self.schedule.lead_s(self.emitted_s, since), len(self.pending)
+        count = self.schedule.frames_to_decode(emitted_s=self.emitted_s, lead_s=lead, head_pending=waiting,
+                                               max_pending=waiting, final=final)
+        if alone and since is not None and not final:
+            largest = self.schedule.budgets[-1]
+            count = (waiting if waiting >= largest else 0) if lead < 0 else (waiting if count else 0)
         if not count or not self.pending:
             return None
         take, self.pending = self.pending[:count], self.pending[count:]
@@ -83,7 +91,8 @@ class AudioStreamer:
         self.emitted_s += silence.shape[-1] / self.sample_rate
         return AudioChunk(silence, self.sample_rate, self.index, True, self.plan.chunks[self.index])
 
-    def _decode_due(self, final: bool) -> Iterator[AudioChunk]:
-        codes = self.due(final)
+    def decode_due(self, final: bool = False) -> Iterator[AudioChunk]:
+        """Decode, in this streamer's row, what the schedule says to decode now (everything at a chunk's end)."""
+        codes = self.due(final, alone=True)
         if codes is not None:
             yield self.emit(self.rows.decode({self.row: codes})[self.row])

@@ -79,3 +79,34 @@ def test_the_bench_imports_no_torch_before_it_runs():
     policy, so importing it loads no torch."""
     code = "import sys, bench.run; sys.exit(any(m.split('.')[0] == 'torch' for m in sys.modules))"
     assert subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2]).returncode == 0
+
+
+def test_every_case_reports_its_frame_split_and_floors(tmp_path, capsys):
+    """The stream case (what the CLI runs: sampled, normalized, streamed) and a greedy case both
+    report global, local, codec and host per frame, and each part's floor from a bandwidth probe of its size."""
+    stem = tmp_path / "split"
+    code = run.main(["--size", "tiny", "--cache-dir", str(tmp_path / "cache"), "--cases", "stream-en,short-en",
+                     "--frames", "3", "--runs", "1", "--warmup", "0", "--out", str(stem), "--quiet"])
+    assert code == 0
+    report = json.loads(stem.with_suffix(".json").read_text(encoding="utf-8"))
+    rows = {r["case"]: r for r in report["summary"]}
+    for row in rows.values():
+        assert row["frames"] == 3 and row["ttfa_ms"] > 0 and row["codec_calls"] >= 1
+        assert all(row[key] > 0 for key in ("global_ms", "local_ms", "codec_ms")) and row["host_ms"] is not None
+        assert set(row["floor"]) == {"global", "local", "codec"}
+        for part in row["floor"].values():
+            assert part["mb_per_frame"] > 0 and part["probe_mib"] >= 1
+            assert part["gb_s"] is None or part["floor_ms"] == pytest.approx(part["mb_per_frame"] / part["gb_s"])
+    # the global stack reads more keys and values per frame for the longer prompt of the stream case
+    assert rows["stream-en"]["floor"]["global"]["mb_per_frame"] > rows["short-en"]["floor"]["global"]["mb_per_frame"]
+    table = stem.with_suffix(".md").read_text(encoding="utf-8")
+    assert "| stream-en | optimized |" in table and "host ms" in table
+
+
+def test_a_stream_case_refuses_what_it_would_ignore(tmp_path, capsys):
+    """--batch decodes greedy cases only, and a stream case is always streamed: both refused, not ignored."""
+    common = ["--size", "tiny", "--cache-dir", str(tmp_path / "cache"), "--out", str(tmp_path / "x"), "--quiet"]
+    assert run.main([*common, "--batch", "1", "--cases", "stream-en"]) == 2
+    assert "with --batch" in capsys.readouterr().err
+    assert run.main([*common, "--no-stream", "--cases", "stream-en,stream-zh"]) == 2
+    assert "always streamed" in capsys.readouterr().err

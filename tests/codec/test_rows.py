@@ -73,3 +73,24 @@ def test_a_fresh_row_padded_in_a_call_stays_clean(small_codec_dir):
     rest = rows.decode({0: a[1:]})
     _close(torch.cat([first[0], rest[0]], dim=1), _alone(codec, a))
     _close(first[1], _alone(codec, narrow)[:, 3 * codec.frame_size:])
+
+
+@pytest.mark.skipif(not hasattr(__import__("resource"), "getrusage"), reason="needs getrusage (POSIX)")
+def test_a_row_never_written_starts_without_touching_its_pages():
+    """A server's codec state holds every slot's ring (28 MB a row for the real codec) in pages first touched on
+    use. Starting a stream in a row that never held one writes none of them (they are zero already), so a burst of
+    new requests does not page in every row before its first audio; a row that held a stream is zeroed again."""
+    import resource
+
+    from moss_npu.codec.streaming import KVCache
+
+    cache = KVCache.empty(2, 8, 64, context=16000, chunk_capacity=384, device=torch.device("cpu"),
+                          dtype=torch.float32)  # 67 MB a row: ~16,000 pages
+    faults = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_minflt  # noqa: E731
+    before = faults()
+    cache.reset_row(1)
+    assert faults() - before < 1000
+    cache.written[0] = 5
+    cache.keys[0, :, :5] = 1.0
+    cache.reset_row(0)
+    assert not cache.keys[0].any() and cache.written[0] == 0

@@ -385,18 +385,20 @@ def test_a_second_call_while_a_stream_is_open_is_one_clear_error(tts):
 
 @needs_fixtures
 def test_streams_reuse_the_codec_state_only_once_it_is_free(tts, monkeypatch):
-    """A stream reuses the last finished stream's codec state (reset: the same audio as a fresh one); a stream
-    started while another is open gets a state of its own, so the refused one cannot disturb the open one."""
+    """A stream reuses the last finished stream's codec state (reset: the same audio as a fresh one, up to the
+    float rounding of how the codec calls sliced the frames, which depends on timing); a stream started while
+    another is open gets a state of its own, so the refused one cannot disturb the open one."""
     settings = RunConfig(**GREEDY, max_new_frames=6)
     audio = lambda stream: torch.cat([chunk.waveform for chunk in stream], dim=-1)  # noqa: E731
+    same = lambda a, b: a.shape == b.shape and torch.allclose(a, b, atol=1e-5)  # noqa: E731
     first = audio(tts.synthesize_stream("The same words.", settings=settings))
     made = count_calls(monkeypatch, tts.codec, "init_decode_state")
     again = audio(tts.synthesize_stream("The same words.", settings=settings))
-    assert not made and torch.equal(again, first)
+    assert not made and same(again, first)
     open_stream = tts.synthesize_stream("The same words.", settings=settings)
     head = next(open_stream).waveform
     with pytest.raises(InputError, match="already generating"):
         next(tts.synthesize_stream("Another stream.", settings=settings))
     assert len(made) == 1
     rest = audio(open_stream)
-    assert torch.equal(torch.cat([head, rest], dim=-1), first)
+    assert same(torch.cat([head, rest], dim=-1), first)
