@@ -36,8 +36,8 @@ class TokenParams:
         if self.top_p is None:
             object.__setattr__(self, "top_p", 1.0)
         if self.do_sample and not 0 < self.temperature <= MAX_TEMPERATURE:
-            raise SettingError("temperature", self.temperature, f"outside (0, {MAX_TEMPERATURE:g}] with sampling on; "
-                               "use e.g. 1.0 (or turn sampling off for greedy decoding)")
+            raise SettingError("temperature", self.temperature, f"outside (0, {MAX_TEMPERATURE:g}]; use e.g. 1.0 "
+                               "(for greedy decoding ask for greedy, not a temperature of 0)")
         if not math.isfinite(self.temperature):
             raise SettingError("temperature", self.temperature, "not a finite number; use e.g. 1.0")
         if not 0.0 < self.top_p <= 1.0:
