@@ -236,7 +236,7 @@ def test_from_pretrained_applies_its_thread_count():
 def test_bad_settings():
     with pytest.raises(InputError, match="--mode"):
         RunConfig(mode="sing")
-    with pytest.raises(InputError, match="top_p"):
+    with pytest.raises(InputError, match="--audio-top-p 0.0"):
         RunConfig(audio_top_p=0.0)
     with pytest.raises(ConfigError, match="budgets"):
         RunConfig(stream_budgets=(1, 2))
