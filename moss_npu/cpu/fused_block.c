@@ -46,7 +46,7 @@ static void rotate(float *v, const float *rotation, long heads, long dim) {
         }
 }
 
-static float dot(const float *a, const float *b, long n) {
+static inline __attribute__((always_inline)) float dot(const float *a, const float *b, long n) {
     float lanes[8] = {0};
     long i = 0;
     for (; i + 8 <= n; i += 8)
@@ -59,31 +59,41 @@ static float dot(const float *a, const float *b, long n) {
 
 typedef struct {
     const float *queries, *keys, *values;  /* row r's (H, D) rotated at r · query_stride; its cache's (H, M, D) */
-    float *scores, *out;                  /* (n, H, attended) scratch; (n, H, D) */
-    long rows, attended, dim, heads, query_stride, cache_stride;
+    float *scores, *out;                  /* (n, H, width) scratch; (n, H, D) */
+    const Places *at;
+    long rows, width, dim, heads, query_stride, cache_stride;
     float scale;
 } Attention;
 
-/* Unit u = r · H + h: head h of row r, its softmax attention over the first `attended` rows of its cache. */
-static void attend(const void *task, long unit) {
+/* The attention's loops in the widest vectors the CPU has (a clone per instruction set, picked when the library
+ * loads), without fusing a multiply into an add: every clone does the same float operations in the same order,
+ * so a row gets the same bits on every CPU. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define WIDEST __attribute__((target_clones("avx512f", "avx2", "default"), optimize("fp-contract=off")))
+#else
+#define WIDEST
+#endif
+
+/* Unit u = r · H + h: head h of row r, its softmax attention over the first rows of its cache it attends. */
+WIDEST static void attend(const void *task, long unit) {
     const Attention *a = task;
-    const long r = unit / a->heads, h = unit % a->heads;
+    const long r = unit / a->heads, h = unit % a->heads, attended = a->at->attended[r * a->at->stride];
     const float *q = a->queries + r * a->query_stride + h * a->dim;
     const float *keys = a->keys + r * a->cache_stride + h * a->rows * a->dim;
     const float *values = a->values + r * a->cache_stride + h * a->rows * a->dim;
-    float *scores = a->scores + unit * a->attended, *out = a->out + unit * a->dim;
+    float *scores = a->scores + unit * a->width, *out = a->out + unit * a->dim;
     float top = -INFINITY;
-    for (long t = 0; t < a->attended; t++) {
+    for (long t = 0; t < attended; t++) {
         scores[t] = dot(q, keys + t * a->dim, a->dim) * a->scale;
         if (scores[t] > top) top = scores[t];
     }
     double total = 0.0;
-    for (long t = 0; t < a->attended; t++) {
+    for (long t = 0; t < attended; t++) {
         scores[t] = expf(scores[t] - top);
         total += scores[t];
     }
     memset(out, 0, sizeof(float) * (size_t)a->dim);
-    for (long t = 0; t < a->attended; t++) {
+    for (long t = 0; t < attended; t++) {
         const float p = scores[t] / (float)total, *row = values + t * a->dim;
         for (long d = 0; d < a->dim; d++) out[d] += p * row[d];
     }
@@ -105,21 +115,26 @@ static int fits(const Block *b) {
            b->fc_in.in == e && b->fc_in.columns == padded(f) && b->fc_out.in == f && b->fc_out.columns == padded(e);
 }
 
-/* Rows (n, E) of x become the block's outputs for n new rows at `position` of their own caches: row r's keys and
- * values (H, M, D) at `keys`/`values` + r · cache_stride floats, attending to their first `attended` rows; `rotation`
- * (D / 2 pairs cos, sin) is RoPE at that position; `qkv` (n, 3E) ready-made c_attn(ln_1(x)) rows or NULL;
- * `scratch` n · moss_row_block_scratch floats. Each row's products are the tiles' (moss_product over n rows), so
- * row r gets the bits it gets alone. Returns 0, or BAD_CALL for shapes that do not fit or a target or format the
- * products refuse (x is then unchanged). */
-int moss_block_rows(void *pool, const Block *b, long n, float *x, const float *rotation, float *keys, float *values,
-                    long cache_stride, long rows, long position, long attended, const float *qkv, float *scratch) {
+/* Rows (n, E) of x become the block's outputs for n new rows at their places `at` of their own caches: row r's keys
+ * and values (H, M, D) at `keys`/`values` + r · cache_stride floats; `qkv` (n, 3E) ready-made c_attn(ln_1(x)) rows
+ * or NULL; `scratch` n · moss_row_block_scratch floats for the most rows a row attends. Each row's products are
+ * the tiles' (moss_product over n rows), so row r gets the bits it gets alone. Returns 0, or BAD_CALL for shapes
+ * that do not fit or a target or format the products refuse (x is then unchanged). */
+int moss_block_rows(void *pool, const Block *b, long n, float *x, const Places *at, float *keys, float *values,
+                    long cache_stride, long rows, const float *qkv, float *scratch) {
     if (!fits(b) || (b->final_w == NULL) != (b->final_b == NULL) || n < 1) return BAD_CALL;
-    if (position < 0 || position >= rows || attended <= position || attended > rows) return BAD_CALL;
+    if (at->stride < 0 || at->stride > 1) return BAD_CALL;
+    long width = 0;
+    for (long r = 0; r < n; r++) {
+        const long position = at->positions[r * at->stride], attended = at->attended[r * at->stride];
+        if (position < 0 || position >= rows || attended <= position || attended > rows) return BAD_CALL;
+        width = attended > width ? attended : width;
+    }
     const long e = b->embed, heads = b->heads, dim = e / heads, pe = padded(e), p3e = padded(3 * e);
     const long pf = padded(b->inner), f_in = b->inner;
     if (n > 1 && cache_stride < heads * rows * dim) return BAD_CALL;
     /* per row: h, h2, out (padded E: the products' rows), attended_rows and normed (E: the products' inputs), q
-     * (padded 3E), f (padded F, packed to F before fc_out reads it), scores (H · attended) */
+     * (padded 3E), f (padded F, packed to F before fc_out reads it), scores (H · width) */
     float *h = scratch, *h2 = h + n * pe, *out = h2 + n * pe, *attended_rows = out + n * pe;
     float *normed = attended_rows + n * pe, *q = normed + n * e, *f = q + n * p3e, *scores = f + n * pf;
     memset(h, 0, sizeof(float) * (size_t)(n * pe));  /* the padding is a residual's: zero */
@@ -132,14 +147,15 @@ int moss_block_rows(void *pool, const Block *b, long n, float *x, const float *r
     }
     for (long r = 0; r < n; r++) {
         float *row_q = q + r * p3e, *row_keys = keys + r * cache_stride, *row_values = values + r * cache_stride;
-        rotate(row_q, rotation, 2 * heads, dim);
+        const long position = at->positions[r * at->stride];
+        rotate(row_q, at->rotation + r * at->stride * dim, 2 * heads, dim);
         for (long head = 0; head < heads; head++) {
             memcpy(row_keys + (head * rows + position) * dim, row_q + e + head * dim, sizeof(float) * (size_t)dim);
             memcpy(row_values + (head * rows + position) * dim, row_q + 2 * e + head * dim,
                    sizeof(float) * (size_t)dim);
         }
     }
-    const Attention attention = {q, keys, values, scores, attended_rows, rows, attended, dim, heads, p3e,
+    const Attention attention = {q, keys, values, scores, attended_rows, at, rows, width, dim, heads, p3e,
                                  cache_stride, b->scale};
     moss_share(pool, attend, &attention, n * heads);  /* attended_rows: (n, H, D) = (n, E) */
     if (product(pool, b, &b->proj, attended_rows, h, h2, n, 0)) return BAD_CALL;
@@ -159,5 +175,6 @@ int moss_block_rows(void *pool, const Block *b, long n, float *x, const float *r
 /* moss_block_rows for one row: x (E) at `position` of the cache `keys`/`values` (H, M, D). */
 int moss_row_block(void *pool, const Block *b, float *x, const float *rotation, float *keys, float *values,
                    long rows, long position, long attended, const float *qkv, float *scratch) {
-    return moss_block_rows(pool, b, 1, x, rotation, keys, values, 0, rows, position, attended, qkv, scratch);
+    const Places at = {&position, &attended, rotation, 0};
+    return moss_block_rows(pool, b, 1, x, &at, keys, values, 0, rows, qkv, scratch);
 }

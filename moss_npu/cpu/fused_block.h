@@ -23,7 +23,16 @@ typedef struct {
 /* Floats of scratch one row attending `attended` rows needs (n rows: n times as many). */
 long moss_row_block_scratch(const Block *b, long attended);
 
-int moss_block_rows(void *pool, const Block *b, long n, float *x, const float *rotation, float *keys, float *values,
-                    long cache_stride, long rows, long position, long attended, const float *qkv, float *scratch);
+/* Where n new rows go: row r's key and value at positions[r · stride] of its cache, attending its first
+ * attended[r · stride] rows, rotated by rotation + r · stride · D (D / 2 pairs cos, sin); stride 0: every row
+ * alike (a frame's local rows), 1: a row each (slots at their own lengths). */
+typedef struct {
+    const long *positions, *attended;
+    const float *rotation;
+    long stride;
+} Places;
+
+int moss_block_rows(void *pool, const Block *b, long n, float *x, const Places *at, float *keys, float *values,
+                    long cache_stride, long rows, const float *qkv, float *scratch);
 
 #endif

@@ -36,6 +36,12 @@ class _Block(ctypes.Structure):
                 ("fc_out", _Product), ("final_w", _POINTER), ("final_b", _POINTER)]
 
 
+class _Places(ctypes.Structure):
+    """fused_block.h's Places: each new row's position, attended rows and rotation (stride 1: a row each)."""
+
+    _fields_ = [("positions", _POINTER), ("attended", _POINTER), ("rotation", _POINTER), ("stride", _LONG)]
+
+
 class FusedRowBlock:
     """``blocks.row_block`` for one block whose four products are ``matvec`` tiles of one format, in one C call.
 
@@ -66,8 +72,8 @@ class FusedRowBlock:
                             *(a.ctypes.data for a in norms[:4]), *(_Product(*p.fields()) for p in products),
                             *((a.ctypes.data for a in final) if final else (None, None)))
         self._library = kernels.library  # MatVecKernels typed its other fused-block entries
-        self._library.moss_block_rows.argtypes = ([_POINTER, _POINTER, _LONG] + [_POINTER] * 4 + [_LONG] * 4
-                                                  + [_POINTER] * 2)
+        self._library.moss_block_rows.argtypes = [_POINTER, _POINTER, _LONG] + [_POINTER] * 4 + [_LONG] * 2 + [
+            _POINTER] * 2
         self._library.moss_block_rows.restype = _INT
 
     def __call__(self, x: np.ndarray, rotation: np.ndarray, keys: np.ndarray, values: np.ndarray, position: int,
@@ -91,26 +97,33 @@ class FusedRowBlock:
             raise ValueError(f"the fused block refused a row of {e} at {position} attending {attended}")
         return out
 
-    def rows(self, x: np.ndarray, rotation: np.ndarray, keys: np.ndarray, values: np.ndarray, position: int,
-             attended: int, qkv: Optional[np.ndarray] = None) -> np.ndarray:
-        """``__call__`` for n rows ``x`` (n, E) at one ``position``, row r in slot r of ``keys``/``values``
-        (S >= n, H, M, D), ``qkv`` (n, 3E) or None; each tile is read once for all rows, and each row gets the bits
-        it gets alone."""
+    def rows(self, x: np.ndarray, rotation: np.ndarray, keys: np.ndarray, values: np.ndarray,
+             positions: np.ndarray, attended: np.ndarray, qkv: Optional[np.ndarray] = None) -> np.ndarray:
+        """``__call__`` for n rows ``x`` (n, E), row r in slot r of ``keys``/``values`` (S >= n, H, M, D) at its
+        own ``positions[r]`` attending its first ``attended[r]`` rows (both (n,) int64), rotated by ``rotation``
+        (n, D/2) complex64; ``qkv`` (n, 3E) or None. Each tile is read once for all rows, and each row gets the
+        bits it gets alone."""
         e, heads, dim = self.embed, self.heads, self.dim
         n = x.shape[0] if getattr(x, "ndim", 0) == 2 else -1
         require(x, np.float32, (n, e), "x")
         if not isinstance(keys, np.ndarray) or keys.ndim != 4 or keys.shape[0] < n:
             raise ValueError(f"keys: an (S >= {n}, H, M, D) cache expected, got {getattr(keys, 'shape', type(keys))}")
-        rows = self._check(rotation, keys, values, qkv, (n, 3 * e), position, attended)
+        require(positions, np.int64, (n,), "positions")
+        require(attended, np.int64, (n,), "attended")
+        require(rotation, np.complex64, (n, dim // 2), "rotation")
+        rows = self._check(rotation[0], keys, values, qkv, (n, 3 * e), int(positions.min()), int(attended.max()))
+        if not (positions < attended).all() or positions.min() < 0:
+            raise ValueError(f"rows at {positions.tolist()} attending {attended.tolist()}: each must attend itself")
+        places = _Places(positions.ctypes.data, attended.ctypes.data, rotation.ctypes.data, 1)
         spec = ctypes.byref(self._spec)
-        scratch = np.empty(n * self._library.moss_row_block_scratch(spec, attended), np.float32)
+        scratch = np.empty(n * self._library.moss_row_block_scratch(spec, int(attended.max())), np.float32)
         out = x.copy()
         status = self._library.moss_block_rows(self._kernels.threads.handle, spec, n, out.ctypes.data,
-                                               rotation.ctypes.data, keys.ctypes.data, values.ctypes.data,
-                                               heads * rows * dim, rows, position, attended,
-                                               None if qkv is None else qkv.ctypes.data, scratch.ctypes.data)
+                                               ctypes.byref(places), keys.ctypes.data, values.ctypes.data,
+                                               heads * rows * dim, rows, None if qkv is None else qkv.ctypes.data,
+                                               scratch.ctypes.data)
         if status != 0:
-            raise ValueError(f"the fused block refused {n} rows of {e} at {position} attending {attended}")
+            raise ValueError(f"the fused block refused {n} rows of {e} at {positions.tolist()}")
         return out
 
     def _check(self, rotation: np.ndarray, keys: np.ndarray, values: np.ndarray, qkv: Optional[np.ndarray],

@@ -236,11 +236,12 @@ int moss_local_audio(void *pool, const LocalLoop *loop, long n, long start, long
     memcpy(qkv, first_qkv, sizeof(float) * (size_t)(3 * n * e));
     for (long r = 0; r < n; r++) finite[r] = 1;
     for (long c = 0; c < channels; c++) {
-        const long position = start + c, v = loop->vocab[c], columns = padded(v);
+        const long position = start + c, attended = position + 1, v = loop->vocab[c], columns = padded(v);
+        const Places at = {&position, &attended, rotation + position * dim, 0};
         for (long i = 0; i < loop->layers; i++) {
             float *keys = cache + i * layer_stride, *values = keys + slots * slot_stride;
-            if (moss_block_rows(pool, &loop->blocks[i], n, x, rotation + position * dim, keys, values, slot_stride,
-                                rows, position, position + 1, i == 0 ? qkv : NULL, block_scratch))
+            if (moss_block_rows(pool, &loop->blocks[i], n, x, &at, keys, values, slot_stride, rows,
+                                i == 0 ? qkv : NULL, block_scratch))
                 return BAD_CALL;
         }
         const Product *head = &loop->heads[c];

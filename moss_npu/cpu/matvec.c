@@ -24,12 +24,12 @@
 #include "matvec.h"
 
 #define DECLARE(target)                                                                                         \
-    void moss_tile_f32_##target(const float *, const void *, float *, const float *, const float *,          \
-                                const float *, long);                                                               \
-    void moss_tile_bf16_##target(const float *, const void *, float *, const float *, const float *,         \
-                                 const float *, long);                                                              \
-    void moss_tile_int8_##target(const float *, const void *, float *, const float *, const float *,         \
-                                 const float *, long);
+    void moss_tile_f32_##target(const float *, long, long, const void *, float *, long, const float *,         \
+                                const float *, const float *, long);                                          \
+    void moss_tile_bf16_##target(const float *, long, long, const void *, float *, long, const float *,        \
+                                 const float *, const float *, long);                                         \
+    void moss_tile_int8_##target(const float *, long, long, const void *, float *, long, const float *,        \
+                                 const float *, const float *, long);
 #define ROW(target) {moss_tile_f32_##target, moss_tile_bf16_##target, moss_tile_int8_##target}
 
 DECLARE(portable)
@@ -94,12 +94,9 @@ static void run_tile(const void *task, long j) {
     const long first = j * TILE;
     const void *tile = job->w + j * job->tile_bytes;
     const float *scale = job->scale ? job->scale + first : NULL, *bias = job->bias ? job->bias + first : NULL;
-    for (long r = 0; r < job->rows; r++) {
-        float *y = job->y + r * job->out + first;
-        job->tile(job->x + r * job->in, tile, y, scale, bias,
-                  job->residual ? job->residual + r * job->out + first : NULL, job->in);
-        if (job->gelu) gelu_tanh(y, TILE);
-    }
+    job->tile(job->x, job->in, job->rows, tile, job->y + first, job->out, scale, bias,
+              job->residual ? job->residual + first : NULL, job->in);
+    for (long r = 0; r < job->rows && job->gelu; r++) gelu_tanh(job->y + r * job->out + first, TILE);
 }
 
 /* The ticket says which product is on (its number, 24 bits, counted modulo 2^24), how many tiles it has and how

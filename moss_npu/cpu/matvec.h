@@ -11,10 +11,10 @@ enum { PORTABLE, AVX2, AVX512, NEON, TARGETS };
 enum { F32, BF16, INT8, FORMATS };
 enum { BAD_CALL = -1 };
 
-/* One tile of a product: y[0..TILE) = x · tile, then finished with the tile's columns of scale (int8 only),
- * bias and residual (either may be NULL). */
-typedef void (*TileFunction)(const float *x, const void *tile, float *y, const float *scale, const float *bias,
-                             const float *residual, long in);
+/* One tile of a product for `rows` rows: y[r · y_stride + 0..TILE) = x[r · x_stride ..] · tile, then finished with
+ * the tile's columns of scale (int8 only), bias and residual (either may be NULL; residual rows y_stride apart). */
+typedef void (*TileFunction)(const float *x, long x_stride, long rows, const void *tile, float *y, long y_stride,
+                             const float *scale, const float *bias, const float *residual, long in);
 
 /* Bit t set: target t is in this library and this CPU runs it. */
 int moss_targets(void);

@@ -5,6 +5,11 @@
  * column in the same order (row 0 to in - 1, one fused multiply-add per row where the target has FMA), so the
  * SIMD targets give the same bits; the portable C on a CPU without FMA rounds each product first.
  *
+ * Several rows (a batch's) go through a tile together where the target has the registers: a chunk of the tile's
+ * columns for a group of rows, each weight read and widened once for the whole group, so that rows cost FMAs, not
+ * reads (one row alone is read-bound on every target). Each column of each row is summed in the same order as one
+ * row alone, so a row gets the same bits in a group.
+ *
  * The tile layouts (matvec.py): float32 and int8 tiles are `in` rows of TILE values; a bf16 tile row is TILE / 2
  * 32-bit words in groups of 16, word t of a group holding columns t (low half) and 16 + t (high half) of that
  * group's 32 columns on a little-endian CPU.
@@ -79,6 +84,43 @@ static void int8_sums(const float *x, const int8_t *tile, float *sums, long in) 
 }
 
 
+
+/* Row groups: up to 8 rows over a chunk of 32 columns, 16 sums in registers. */
+#define GROUP 8
+#define CHUNK 32
+typedef __m512 Vector;
+static inline Vector zero(void) { return _mm512_setzero_ps(); }
+static inline Vector broadcast(float v) { return _mm512_set1_ps(v); }
+static inline Vector multiply_add(Vector a, Vector b, Vector acc) { return _mm512_fmadd_ps(a, b, acc); }
+static inline void store(float *y, Vector v) { _mm512_storeu_ps(y, v); }
+static inline Vector load(const float *y) { return _mm512_loadu_ps(y); }
+
+/* Where chunk k of tile row i starts: CHUNK values of the row. */
+static inline const char *chunk_at(int format, const void *tile, long i, long k) {
+    const long bytes = format == F32 ? 4 : format == BF16 ? 2 : 1;
+    return (const char *)tile + (i * TILE + CHUNK * k) * bytes;
+}
+
+/* A chunk as two vectors of float32: columns CHUNK·k + 16v, v = 0, 1. */
+static inline void widen(int format, const char *chunk, Vector w[2]) {
+    if (format == F32) {
+        w[0] = _mm512_loadu_ps((const float *)chunk), w[1] = _mm512_loadu_ps((const float *)chunk + 16);
+    } else if (format == BF16) {
+        const __m512i v = _mm512_loadu_si512((const void *)chunk);
+        w[0] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+        w[1] = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32((int)0xffff0000u)));
+    } else {
+        w[0] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)chunk)));
+        w[1] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(chunk + 16))));
+    }
+}
+
+static inline long column(int format, long k, int v) {
+    (void)format;
+    return CHUNK * k + 16 * v;
+}
+
+
 #elif defined(MOSS_AVX2)
 /* 8 registers of 8 sums: a whole tile. */
 static void f32_sums(const float *x, const float *tile, float *sums, long in) {
@@ -124,6 +166,43 @@ static void int8_sums(const float *x, const int8_t *tile, float *sums, long in) 
     }
     for (int a = 0; a < TILE / 8; a++) _mm256_storeu_ps(sums + 8 * a, acc[a]);
 }
+
+
+/* Row groups: up to 6 rows over a chunk of 16 columns, 12 sums in registers (of 16). */
+#define GROUP 6
+#define CHUNK 16
+typedef __m256 Vector;
+static inline Vector zero(void) { return _mm256_setzero_ps(); }
+static inline Vector broadcast(float v) { return _mm256_set1_ps(v); }
+static inline Vector multiply_add(Vector a, Vector b, Vector acc) { return _mm256_fmadd_ps(a, b, acc); }
+static inline void store(float *y, Vector v) { _mm256_storeu_ps(y, v); }
+static inline Vector load(const float *y) { return _mm256_loadu_ps(y); }
+
+/* Where chunk k of tile row i starts: CHUNK values of the row; for bf16 8 words of a group, whose low halves are one
+ * vector of columns and the high halves another (column()). */
+static inline const char *chunk_at(int format, const void *tile, long i, long k) {
+    if (format == BF16) return (const char *)((const uint32_t *)tile + i * (TILE / 2) + 16 * (k / 2) + 8 * (k % 2));
+    return (const char *)tile + (i * TILE + CHUNK * k) * (format == F32 ? 4 : 1);
+}
+
+/* A chunk as two vectors of float32, starting at column(format, k, v). */
+static inline void widen(int format, const char *chunk, Vector w[2]) {
+    if (format == F32) {
+        w[0] = _mm256_loadu_ps((const float *)chunk), w[1] = _mm256_loadu_ps((const float *)chunk + 8);
+    } else if (format == BF16) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)chunk);
+        w[0] = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+        w[1] = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xffff0000u)));
+    } else {
+        w[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)chunk)));
+        w[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(chunk + 8))));
+    }
+}
+
+static inline long column(int format, long k, int v) {
+    return format == BF16 ? 32 * (k / 2) + 8 * (k % 2) + 16 * v : CHUNK * k + 8 * v;
+}
+
 
 #elif defined(MOSS_NEON)
 /* 16 of the 32 registers of 4 sums: a whole tile. */
@@ -215,22 +294,102 @@ static void int8_sums(const float *x, const int8_t *tile, float *sums, long in) 
 }
 #endif
 
-void NAME(moss_tile_f32)(const float *x, const void *tile, float *y, const float *scale, const float *bias,
-                         const float *residual, long in) {
-    (void)scale;
-    f32_sums(x, (const float *)tile, y, in);
-    add_finish(y, bias, residual);
+/* One row through the tile: its sums (TILE,). */
+static void row_sums(int format, const float *x, const void *tile, float *sums, long in) {
+    if (format == F32)
+        f32_sums(x, (const float *)tile, sums, in);
+    else if (format == BF16)
+        bf16_sums(x, (const uint32_t *)tile, sums, in);
+    else
+        int8_sums(x, (const int8_t *)tile, sums, in);
 }
 
-void NAME(moss_tile_bf16)(const float *x, const void *tile, float *y, const float *scale, const float *bias,
-                          const float *residual, long in) {
-    (void)scale;
-    bf16_sums(x, (const uint32_t *)tile, y, in);
-    add_finish(y, bias, residual);
+#if defined(GROUP)
+/* Tile rows a group takes chunk by chunk before the next ones: few enough to stay in L1 for all chunks, so the
+ * tile is read front to back once (chunk by chunk over the whole tile, each pass strided, read far slower). */
+#define BLOCK 64
+
+/* `rows` (2 .. GROUP, a constant where inlined) rows through tile rows [start, end), chunk by chunk: every weight
+ * is read and widened once for the group. Each column's sum is the one-row order (row 0 to in - 1, one FMA each),
+ * held in y between blocks (a float32 stored and loaded is the same float32). */
+static inline __attribute__((always_inline)) void group_sums(int format, int rows, const float *x, long x_stride,
+                                                             const void *tile, float *y, long y_stride, long start,
+                                                             long end, long in) {
+    for (long k = 0; k < TILE / CHUNK; k++) {
+        Vector acc[GROUP][2];
+        for (int r = 0; r < rows; r++)
+            for (int v = 0; v < 2; v++) acc[r][v] = start == 0 ? zero() : load(y + r * y_stride + column(format, k, v));
+        for (long i = start; i < end; i++) {
+            Vector w[2];
+            widen(format, chunk_at(format, tile, i, k), w);
+            /* this chunk of the next block's row: strided reads defeat the hardware's prefetch */
+            if (i + BLOCK < in) {
+                const char *ahead = chunk_at(format, tile, i + BLOCK, k);
+                __builtin_prefetch(ahead);
+                if (format == F32 && CHUNK * 4 > 64) __builtin_prefetch(ahead + 64);
+            }
+            for (int r = 0; r < rows; r++) {
+                const Vector xi = broadcast(x[r * x_stride + i]);
+                acc[r][0] = multiply_add(xi, w[0], acc[r][0]);
+                acc[r][1] = multiply_add(xi, w[1], acc[r][1]);
+            }
+        }
+        for (int r = 0; r < rows; r++)
+            for (int v = 0; v < 2; v++) store(y + r * y_stride + column(format, k, v), acc[r][v]);
+    }
 }
 
-void NAME(moss_tile_int8)(const float *x, const void *tile, float *y, const float *scale, const float *bias,
-                          const float *residual, long in) {
-    int8_sums(x, (const int8_t *)tile, y, in);
-    int8_finish(y, scale, bias, residual);
+#define GROUP_OF(n) \
+    case n:         \
+        group_sums(format, n, x, x_stride, tile, y, y_stride, start, end, in); \
+        return;
+
+static void grouped(int format, long rows, const float *x, long x_stride, const void *tile, float *y,
+                    long y_stride, long start, long end, long in) {
+    switch (rows) {
+        GROUP_OF(2) GROUP_OF(3) GROUP_OF(4) GROUP_OF(5) GROUP_OF(6)
+#if GROUP == 8
+        GROUP_OF(7) GROUP_OF(8)
+#endif
+    }
+}
+#endif
+
+/* `rows` rows of x (x_stride apart) through the tile into y (y_stride apart): where the target has groups, block
+ * by block, each block in L1 for every group of about equal size; one by one elsewhere. */
+static void rows_sums(int format, const float *x, long x_stride, long rows, const void *tile, float *y,
+                      long y_stride, long in) {
+#if defined(GROUP)
+    for (long start = 0; start < in && rows > 1; start += BLOCK) {
+        const long end = start + BLOCK < in ? start + BLOCK : in;
+        for (long r = 0, n = 0; r < rows; r += n) {
+            const long left = rows - r, groups = (left + GROUP - 1) / GROUP;
+            n = (left + groups - 1) / groups;
+            grouped(format, n, x + r * x_stride, x_stride, tile, y + r * y_stride, y_stride, start, end, in);
+        }
+    }
+    if (rows > 1) return;
+#endif
+    for (long r = 0; r < rows; r++) row_sums(format, x + r * x_stride, tile, y + r * y_stride, in);
+}
+
+void NAME(moss_tile_f32)(const float *x, long x_stride, long rows, const void *tile, float *y, long y_stride,
+                         const float *scale, const float *bias, const float *residual, long in) {
+    (void)scale;
+    rows_sums(F32, x, x_stride, rows, tile, y, y_stride, in);
+    for (long r = 0; r < rows; r++) add_finish(y + r * y_stride, bias, residual ? residual + r * y_stride : NULL);
+}
+
+void NAME(moss_tile_bf16)(const float *x, long x_stride, long rows, const void *tile, float *y, long y_stride,
+                          const float *scale, const float *bias, const float *residual, long in) {
+    (void)scale;
+    rows_sums(BF16, x, x_stride, rows, tile, y, y_stride, in);
+    for (long r = 0; r < rows; r++) add_finish(y + r * y_stride, bias, residual ? residual + r * y_stride : NULL);
+}
+
+void NAME(moss_tile_int8)(const float *x, long x_stride, long rows, const void *tile, float *y, long y_stride,
+                          const float *scale, const float *bias, const float *residual, long in) {
+    rows_sums(INT8, x, x_stride, rows, tile, y, y_stride, in);
+    for (long r = 0; r < rows; r++)
+        int8_finish(y + r * y_stride, scale, bias, residual ? residual + r * y_stride : NULL);
 }

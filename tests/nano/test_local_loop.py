@@ -253,16 +253,19 @@ def test_draws_follow_the_official_distribution(kernels, top_p, possible_ids, pi
 
 @pytest.mark.parametrize("format", ["float32", "bfloat16", "int8"])
 def test_the_block_over_rows_gives_each_row_its_bits(kernels, format):
-    """``moss_block_rows`` on 3 rows, each in its own slot's cache: each row's output and cache rows are what the
-    one-row call gives it alone, bit for bit (so a slot decodes the same alone or in a batch)."""
+    """``moss_block_rows`` on 3 rows, each in its own slot's cache at its own position with its own rotation: each
+    row's output and cache rows are what the one-row call gives it alone, bit for bit (so a slot decodes the same
+    alone or in a batch)."""
     block, final = _block(kernels, format, 24, 40, seed=2)
     fused = FusedRowBlock(kernels, block, heads=3, eps=1e-5, scale=8 ** -0.5, final=final)
     rows = [_inputs(24, 3, 6, seed=s) for s in range(3)]
-    x = np.stack([r[0] for r in rows])
+    positions, attended = np.array([3, 1, 4]), np.array([4, 2, 6])
+    x, rotation = np.stack([r[0] for r in rows]), np.stack([r[1] for r in rows])
     keys, values = np.stack([r[2] for r in rows]), np.stack([r[3] for r in rows])
     alone_keys, alone_values = keys.copy(), values.copy()
-    alone = [fused(r[0], rows[0][1], k, v, 3, 4) for r, k, v in zip(rows, alone_keys, alone_values)]
-    together = fused.rows(x, rows[0][1], keys, values, 3, 4)
+    alone = [fused(r[0], r[1], k, v, int(p), int(a))
+             for r, k, v, p, a in zip(rows, alone_keys, alone_values, positions, attended)]
+    together = fused.rows(x, rotation, keys, values, positions, attended)
     assert np.array_equal(together, np.stack(alone))
     assert np.array_equal(keys, alone_keys) and np.array_equal(values, alone_values)
 

@@ -147,8 +147,8 @@ BIG_ENDIAN_CHECK = r"""
 #include <string.h>
 #include <stdint.h>
 #define TILE 64
-void moss_tile_bf16_portable(const float *x, const void *tile, float *y, const float *scale, const float *bias,
-                             const float *residual, long in, int part);
+void moss_tile_bf16_portable(const float *x, long x_stride, long rows, const void *tile, float *y, long y_stride,
+                             const float *scale, const float *bias, const float *residual, long in);
 enum { IN = 3 };
 static float value(int c, int i) { return (float)((c * 7 + i * 3) % 11) - 5.0f; }
 int main(void) {
@@ -160,7 +160,7 @@ int main(void) {
             int r = c % 32, g = c / 32;
             w[i * TILE + 32 * g + (r < 16 ? 2 * r : 2 * (r - 16) + 1)] = (uint16_t)(bits >> 16);
         }
-    moss_tile_bf16_portable(x, w, y, NULL, NULL, NULL, IN, -1);
+    moss_tile_bf16_portable(x, IN, 1, w, y, TILE, NULL, NULL, NULL, IN);
     int bad = 0;
     for (int c = 0; c < TILE; c++) {
         float e = 0; for (int i = 0; i < IN; i++) e += x[i] * value(c, i);

@@ -45,8 +45,13 @@ typedef struct {
 long moss_row_block_scratch(const Block *b, long attended);
 int moss_row_block(void *pool, const Block *b, float *x, const float *rotation, float *keys, float *values,
                    long rows, long position, long attended, const float *qkv, float *scratch);
-int moss_block_rows(void *pool, const Block *b, long n, float *x, const float *rotation, float *keys, float *values,
-                    long cache_stride, long rows, long position, long attended, const float *qkv, float *scratch);
+typedef struct {
+    const long *positions, *attended;
+    const float *rotation;
+    long stride;
+} Places;
+int moss_block_rows(void *pool, const Block *b, long n, float *x, const Places *at, float *keys, float *values,
+                    long cache_stride, long rows, const float *qkv, float *scratch);
 long moss_local_decide(const float *logits, long v, const uint8_t *seen, int do_sample, float temperature,
                        int64_t top_k, float top_p, float penalty, float uniform, const float *exponential,
                        float *scratch);
@@ -122,6 +127,16 @@ static int check(int target, int format, long rows, long in, long out, int with_
         printf("  %s %ldx%ld->%ld: refused (%d, %d)\n", FORMAT_NAMES[format], rows, in, out, status, shared);
         bad = 1;
     }
+    for (long r = 0; r < rows && !bad && rows > 1; r++) {  /* a row in a group gets the bits it gets alone */
+        moss_matvec(pool, target, format, x + r * in, table, scale, b, res ? res + r * columns : NULL, y2, 1, in,
+                    columns);
+        if (memcmp(y2, y + r * columns, sizeof(float) * (size_t)columns) != 0) {
+            printf("  %s %ldx%ld->%ld: row %ld differs from the row alone\n", FORMAT_NAMES[format], rows, in, out, r);
+            bad = 1;
+        }
+    }
+    if (rows > 1 && !bad)
+        moss_matvec(pool, target, format, x, table, scale, b, res, y2, rows, in, columns);
     for (long r = 0; r < rows && !bad; r++)
         for (long c = 0; c < out; c++) {
             double sum = 0, size = 0;
@@ -278,7 +293,7 @@ static int check_fused(int target, void *pool) {
         printf("  fused block: two threads differ from one\n");
         bad = 1;
     }
-    /* two rows, the second its own x and cache: each the bits of its one-row call */
+    /* two rows, the second its own x, cache, position and rotation: each the bits of its one-row call */
     float pair[2][E], pair_keys[2][H * M * D], pair_values[2][H * M * D], alone[E], alone_keys[H * M * D];
     float alone_values[H * M * D], *pair_scratch = malloc(sizeof(float) * (size_t)(2 * moss_row_block_scratch(&block, AT + 1)));
     for (int i = 0; i < E; i++) pair[0][i] = x[i], pair[1][i] = uniform(), alone[i] = pair[1][i];
@@ -286,10 +301,15 @@ static int check_fused(int target, void *pool) {
         pair_keys[0][k] = keys[k], pair_values[0][k] = values[k];
         pair_keys[1][k] = alone_keys[k] = uniform(), pair_values[1][k] = alone_values[k] = uniform();
     }
+    float rotations[2][D];
+    for (int i = 0; i < D; i++) rotations[0][i] = rotation[i], rotations[1][i] = uniform();
+    const long positions[2] = {AT, AT - 2}, attended[2] = {AT + 1, AT - 1};
+    const Places places = {positions, attended, rotations[0], 1};
     moss_pool_use(pool, 1);
-    if (moss_block_rows(pool, &block, 2, pair[0], rotation, pair_keys[0], pair_values[0], H * M * D, M, AT, AT + 1,
-                        NULL, pair_scratch) != 0 ||
-        moss_row_block(pool, &block, alone, rotation, alone_keys, alone_values, M, AT, AT + 1, NULL, scratch) != 0 ||
+    if (moss_block_rows(pool, &block, 2, pair[0], &places, pair_keys[0], pair_values[0], H * M * D, M, NULL,
+                        pair_scratch) != 0 ||
+        moss_row_block(pool, &block, alone, rotations[1], alone_keys, alone_values, M, AT - 2, AT - 1, NULL,
+                       scratch) != 0 ||
         memcmp(pair[0], got[0], sizeof got[0]) || memcmp(pair[1], alone, sizeof alone) ||
         memcmp(pair_keys[1], alone_keys, sizeof alone_keys) || memcmp(pair_values[0], cache_values[0], sizeof values)) {
         printf("  fused block: two rows in one call differ from each row alone\n");
@@ -412,7 +432,8 @@ static int check_decide(void) {
 }
 
 int main(void) {
-    static const long SHAPES[][3] = {{1, 16, 64}, {1, 24, 40}, {1, 33, 17}, {1, 200, 300}, {3, 7, 513}, {2, 768, 1024}};
+    static const long SHAPES[][3] = {{1, 16, 64}, {1, 24, 40}, {1, 33, 17}, {1, 200, 300}, {3, 7, 513}, {2, 768, 1024},
+                                      {5, 40, 130}, {8, 33, 64}, {13, 96, 200}, {17, 768, 256}};
     void *pool = moss_pool_new(2);
     int mask = moss_targets(), failed = 0;
     if (pool == NULL) {
