@@ -1,10 +1,11 @@
 """The frame decoder's transformer blocks on the CPU: one-row products in tiles, optionally compiled.
 
-One slot's row runs each block in one call of the C library (``cpu.fused_block``), its products through
-``cpu.matvec``'s tiles (an arena in reading order, mapped from ``cpu.prepared``'s cache); without the C library
-(``moss_npu.native``) through numpy's GEMV on a transposed float32 copy (``WeightArena``). Several rows (slots, or
-a prefill: ``block_rows``) multiply through oneDNN-packed weights (``cpu.packed``); an int8 model's batches through
-its int8 tiles, its prefill through torch's int8 weight-only kernel (``int8_matmul``). The torch block math is
+Each slot's new row runs each block in one call of the C library (``cpu.fused_block``; several slots' rows in
+the same call, each tile read once for all of them), its products through ``cpu.matvec``'s tiles (an arena in
+reading order, mapped from ``cpu.prepared``'s cache); without the C library (``moss_npu.native``) one row goes
+through numpy's GEMV on a transposed float32 copy (``WeightArena``) and several through oneDNN-packed weights
+(``cpu.packed``). A prompt's prefill (``block_rows``) multiplies through the packed weights, an int8 model's
+through torch's int8 weight-only kernel (``int8_matmul``). The torch block math is
 written once (``cpu.blocks.block_step``), so ``--compile on`` (torch >= 2.4, float32) can fuse its small ops;
 ``auto`` runs eagerly. Why each choice: docs/performance.md#cpu-speed and
 #measurements-behind-the-cpu-steps-choices. Results agree with the torch path to float rounding, not bit for bit.
@@ -253,12 +254,12 @@ class CpuStep:
 
     def pack(self, batched: bool) -> None:
         """Pack now what several rows will multiply by (``_packed_weight``), so that no request waits for it: a
-        prompt's prefill reads the global blocks, and ``batched`` (a decoder of several slots) adds the local
-        blocks and the heads: several slots' local steps multiply through them (the library's loop runs one slot's,
-        ``local_loop``). Nothing where products are not packed (no packing here, int8, compiled)."""
+        prompt's prefill reads the global blocks, and ``batched`` (a decoder of several slots) without the fused
+        blocks adds the local blocks and the heads (with them, several slots' rows go through their tiles).
+        Nothing where products are not packed (no packing here, int8, compiled)."""
         if not self.packing or self.int8 or self.compiled:
             return
-        local = batched
+        local = batched and self._fused is None
         blocks = self.global_blocks + (self.local_blocks if local else [])
         weights = [w for block in blocks for w in (block[2], block[4], block[8], block[10])]
         for weight_t in weights + ([w for w, _ in self.heads] if local else []):
@@ -317,6 +318,8 @@ class CpuStep:
         """
         if x.shape[0] == 1 and mask is None and self._row_blocks is not None and not self.compiled:
             return self._run_row(local, x, rotation, kv, int(index[0]), keys, qkv)
+        if self._fused is not None and not self.compiled:
+            return self._run_rows(local, x, rotation, kv, index, keys, mask, qkv)
         blocks, (norm_w, norm_b) = ((self.local_blocks, self.local_final) if local
                                     else (self.global_blocks, self.global_final))
         scales = self.scales[0 if not local else 1]
@@ -345,6 +348,21 @@ class CpuStep:
             row = row_norm(row, norm_w, norm_b, self.eps)
         return torch.from_numpy(row)[None]
 
+    def _run_rows(self, local: bool, x: torch.Tensor, rotation: torch.Tensor, kv: torch.Tensor, index: torch.Tensor,
+                  keys: int, mask: Optional[torch.Tensor], qkv: Optional[torch.Tensor]) -> torch.Tensor:
+        """``run`` for slots [0, n) through the fused blocks' rows (``FusedRowBlock.rows``): every tile read once
+        for all rows, each row the bits it gets alone. Row r is written at its slot's position (its ``index``
+        entry within the slot's cache rows) and attends up to it where ``mask`` says so (the decoder's masks
+        are the causal ones), else the first ``keys``."""
+        n, rows = x.shape[0], kv.shape[4]
+        positions = (index.view(n, -1)[:, 0] % rows).numpy()
+        attended = positions + 1 if mask is not None else np.full(n, keys, dtype=np.int64)
+        turns, cache = np.ascontiguousarray(rotation.numpy()), kv.numpy()
+        out, ready = np.ascontiguousarray(x.numpy()), None if qkv is None else qkv.numpy()
+        for i, block in enumerate(self._fused[local]):
+            out = block.rows(out, turns, cache[i, 0], cache[i, 1], positions, attended, ready if i == 0 else None)
+        return torch.from_numpy(out)
+
     def prefill(self, x: torch.Tensor, rotation: torch.Tensor, kv: torch.Tensor,
                 segments: list[Segment]) -> torch.Tensor:
         """Run the new embedded rows of one or more prompts (ΣL, E), one after another, through the global
@@ -364,12 +382,14 @@ class CpuStep:
         return F.layer_norm(x, (x.shape[-1],), norm_w, norm_b, self.eps)
 
     def threads(self, slots: int) -> contextlib.AbstractContextManager:
-        """Return the thread setting a frame of ``slots`` slots runs under (``moss_npu.cpu.threads``): for one slot,
-        torch on one thread in this thread and the kernels' products shared over the process setting; for more,
-        the process setting in torch and the kernels on one thread (their pools would fight)."""
+        """Return the thread setting a frame of ``slots`` slots runs under (``moss_npu.cpu.threads``): where the
+        kernels run its rows (one slot's, or several through the fused blocks), torch on one thread in this thread
+        and the kernels' products shared over the process setting; else (several slots through torch) the
+        process setting in torch and the kernels on one thread (their pools would fight)."""
+        kernels_run = slots == 1 or (self._fused is not None and not self.compiled)
         if self._kernels_used is not None:
-            self._kernels_used.threads.use(torch.get_num_threads() if slots == 1 else 1)
-        return this_thread_limited(1) if slots == 1 else contextlib.nullcontext()
+            self._kernels_used.threads.use(torch.get_num_threads() if kernels_run else 1)
+        return this_thread_limited(1) if kernels_run else contextlib.nullcontext()
 
     def kernel_target(self) -> str:
         """Return the instruction set of the one-row kernels (``targets.choose_target``), or ``none`` without them."""

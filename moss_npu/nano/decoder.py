@@ -392,24 +392,34 @@ class FrameDecoder:
 
     def _native_audio(self, local: KVCache, pick: torch.Tensor, n: int, channels: int) -> Optional[tuple]:
         """``_audio``'s result from the CPU step's one library call per frame (``CpuStep.local_audio``), or None
-        where it does not apply: several slots, a step without the library's loop (``TorchStep``, or no kernels),
-        or a logits hook (it sees each channel's logits). The official sampler's draws are ``torch.multinomial``'s
-        for one sample: the first largest p / q, q Exp(1) variates of the row's shape drawn from the generator;
-        they are drawn here, channel after channel as ``_sample`` would, and the library picks with them."""
+        where it does not apply: a step without the library's loop (``TorchStep``, or no kernels), or a logits hook
+        (it sees each channel's logits)."""
         step = self.frame_step
-        # Several slots' local steps read each packed weight once for all rows (oneDNN); the library's loop reads
-        # its tiles once per row, which measured slower from two slots up (docs/performance.md).
-        if n > 1 or step.local_loop is None or self.logits_hook is not None:
+        if step.local_loop is None or self.logits_hook is not None:
             return None
-        exponential, vocab = None, step.local_loop.vocab
-        if self.sampler == "official" and self._params[0] is not None and self._params[0][1].do_sample:
-            exponential = torch.ones(1, len(vocab), max(vocab))
-            for c in range(channels):
-                exponential[0, c, :vocab[c]] = torch.empty(1, vocab[c]).exponential_(generator=self.generator)
+        exponential = self._official_draws(n, channels, step.local_loop.vocab) if self.sampler == "official" else None
         start, t = local.length, self.tables
         local.advance(channels)
         return step.local_audio(t.text_embed.index_select(0, pick), t.text_qkv.index_select(0, pick), t.audio_qkv,
                                 self._rotations[1], self.state, n, start, channels, self.pad, exponential)
+
+    def _official_draws(self, n: int, channels: int, vocab: list[int]) -> Optional[torch.Tensor]:
+        """The Exp(1) variates (n, Q, max V) that ``_sample`` would draw for slots [0, n) of a frame's channels, drawn
+        here in its order, or None where no slot samples. ``torch.multinomial`` draws one sample as the first
+        largest p / q, q Exp(1) variates of the probabilities' shape: one (n, V) draw per channel where every slot
+        has the same parameters, else (1, V) per sampling slot, channel by channel, slot by slot."""
+        tokens, _ = self._rows(1, n, 0, None)
+        if not any(p.do_sample for p in tokens):
+            return None
+        exponential = torch.ones(n, len(vocab), max(vocab))
+        alike = all(p == tokens[0] for p in tokens)
+        for c in range(channels):
+            if alike:
+                exponential[:, c, :vocab[c]] = torch.empty(n, vocab[c]).exponential_(generator=self.generator)
+                continue
+            for s in (s for s in range(n) if tokens[s].do_sample):
+                exponential[s, c, :vocab[c]] = torch.empty(1, vocab[c]).exponential_(generator=self.generator)
+        return exponential
 
     def _commit(self, n: int, pick: torch.Tensor, frame: torch.Tensor, finite: torch.Tensor) -> None:
         """Record the frame's outcome per slot (``pick``: the text decision, 0 = continue): codes, presence mask,

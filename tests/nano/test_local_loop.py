@@ -38,7 +38,8 @@ OFFICIAL_IDS = ["defaults", "top-p-penalty", "top-k-1", "temperature-only", "col
 
 def decode(model, prompts, sampling, native, frames=12, nq=None, sampler="noise", seed=None):
     """Codes (frames, slots, Q) of ``prompts`` decoded together, the channels natively or in Python, and how many
-    frames called the library's loop. ``seed``: the official sampler's generator (None: torch's default one)."""
+    frames called the library's loop. ``sampling``: every slot's, or a list of one per slot; ``seed``: the official
+    sampler's generator (None: torch's default one)."""
     generator = None if seed is None else torch.Generator().manual_seed(seed)
     decoder = FrameDecoder(model, slots=len(prompts), max_len=max(p.shape[0] for p in prompts) + frames + 1,
                            sampler=sampler, generator=generator)
@@ -51,7 +52,8 @@ def decode(model, prompts, sampling, native, frames=12, nq=None, sampler="noise"
     else:
         decoder.frame_step.local_loop = None
     for i, rows in enumerate(prompts):
-        decoder.admit(rows, RequestParams(sampling, nq if i == 1 else None, frames,
+        params = sampling[i] if isinstance(sampling, list) else sampling
+        decoder.admit(rows, RequestParams(params, nq if i == 1 else None, frames,
                                           torch.Generator().manual_seed(11 + i)))
     codes = []
     while decoder.active_slots:
@@ -71,10 +73,10 @@ def _models(model):
 @pytest.mark.parametrize("count", [1, 3], ids=["one-slot", "three-slots-masked"])
 def test_native_channels_decode_the_python_channels_codes(model, prompts, format, sampling, count):
     """The same codes, greedy and sampled (the same seeded uniforms), as the channels run in Python; the library's
-    loop runs one slot's frames (several slots multiply through packed weights: ``FrameDecoder._native_audio``)."""
+    loop runs every frame, one slot's or several slots' (their rows through each tile together)."""
     chosen = _models(model)[format]
     native, calls = decode(chosen, prompts[:count], sampling, native=True, nq=2)
-    assert calls == (native.shape[0] if count == 1 else 0)
+    assert calls == native.shape[0]
     assert torch.equal(native, decode(chosen, prompts[:count], sampling, native=False, nq=2)[0])
     assert bool((native[:, :, :2] < 64).all())
 
@@ -84,7 +86,8 @@ def test_native_channels_decode_the_python_channels_codes(model, prompts, format
 def test_official_sampler_draws_natively_its_seeded_codes(model, prompts, format, sampling):
     """The official sampler (``torch.multinomial``, the default) draws in the library's loop, one call a frame: for
     8 seeds of the decoder's generator the codes the Python channels draw, and torch's default generator too; its
-    greedy decisions as well. Several slots keep the Python channels (``FrameDecoder._native_audio``)."""
+    greedy decisions as well; several slots alike (one draw of every slot's variates per channel) and mixed (a
+    draw per sampling slot, greedy slots drawing nothing)."""
     chosen = _models(model)[format]
     for seed in range(8):
         native, calls = decode(chosen, prompts[:1], sampling, native=True, sampler="official", seed=seed)
@@ -97,9 +100,11 @@ def test_official_sampler_draws_natively_its_seeded_codes(model, prompts, format
     assert runs[0][1] > 0 and torch.equal(runs[0][0], runs[1][0])
     other = decode(chosen, prompts[:1], sampling, native=True, sampler="official", seed=1)[0]
     assert torch.equal(runs[0][0], other) == (sampling.audio_top_k == 1)  # top-k 1 alone draws nothing
-    greedy, calls = decode(chosen, prompts[:2], SamplingParams(), native=True, sampler="official", nq=2)
-    assert calls == 0 and torch.equal(greedy, decode(chosen, prompts[:2], SamplingParams(), native=False,
-                                                     sampler="official", nq=2)[0])
+    for several in (SamplingParams(), sampling, [sampling, SamplingParams(), SHARP]):
+        count = 3 if isinstance(several, list) else 2
+        codes, calls = decode(chosen, prompts[:count], several, native=True, sampler="official", nq=2, seed=4)
+        assert calls == codes.shape[0] and torch.equal(codes, decode(chosen, prompts[:count], several, native=False,
+                                                                     sampler="official", nq=2, seed=4)[0])
 
 
 def _text_prompts(model, lengths, seed):
@@ -119,14 +124,14 @@ def golden_model(nano_fixture):
 @pytest.mark.parametrize("sampler", ["noise", "official"])
 @pytest.mark.parametrize("sampling", [SamplingParams(), SAMPLED, SHARP], ids=["greedy", "sampled", "top-p-penalty"])
 def test_seeded_codes_are_kept_on_the_fixture_checkpoint(golden_model, sampling, sampler):
-    """On 16 channels of 1024 codes, 30 frames, one slot (the library's loop) and three (packed products): today's
-    codes, greedy and seeded (the official sampler: 3 seeds of one slot)."""
+    """On 16 channels of 1024 codes, 30 frames, one slot and three (rows grouped through the tiles), every frame in
+    the library's loop: the Python channels' codes, greedy and seeded (the official sampler: 3 seeds of one slot)."""
     rows = _text_prompts(golden_model, (12, 19, 7), seed=3)
     for count, seed in ((1, 0), (3, 0), (1, 1), (1, 2))[:4 if sampler == "official" else 2]:
         native, calls = decode(golden_model, rows[:count], sampling, native=True, frames=30, sampler=sampler,
                                seed=seed)
         python = decode(golden_model, rows[:count], sampling, native=False, frames=30, sampler=sampler, seed=seed)[0]
-        assert calls == (30 if count == 1 else 0) and torch.equal(native, python)
+        assert calls == 30 and torch.equal(native, python)
 
 
 def test_official_sampled_goldens_decode_natively(nano_fixture, monkeypatch):
