@@ -14,7 +14,7 @@ from tests.optional import allowed_skip, needs
 CODE = os.environ.get("MOSS_NPU_UPSTREAM_CODE")
 
 
-# 16 frames: a graph that is wrong only in the rotary angles of later positions still agrees for the first ten.
+# 16 frames: a graph whose rotary angles were wrong (docs/performance.md#against-the-official-onnx-runtime) agreed for ten.
 @allowed_skip(not CODE, "MOSS_NPU_UPSTREAM_CODE is not set: no official remote code to export")
 @needs(importlib.util.find_spec("transformers") is not None, 'transformers is not installed: pip install -e ".[upstream]"')
 @needs(importlib.util.find_spec("onnxruntime") is not None, 'onnxruntime is not installed: pip install -e ".[onnx]"')
