@@ -33,6 +33,7 @@ import statistics
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -47,8 +48,9 @@ LOCAL_MODES = ("cached", "recompute")
 OPSET = 17
 # What the official loader (AutoTokenizer with remote code) needs to find the tokenizer class; official folders have
 # this file, the bench's random checkpoints carry tokenizer.model only.
-TOKENIZER_CONFIG = {"auto_map": {"AutoTokenizer": ["tokenization_moss_tts_nano.MossTTSNanoSentencePieceTokenizer", None]},
-                    "tokenizer_class": "MossTTSNanoSentencePieceTokenizer"}
+TOKENIZER_CLASS = "MossTTSNanoSentencePieceTokenizer"
+TOKENIZER_CONFIG = {"auto_map": {"AutoTokenizer": [f"tokenization_moss_tts_nano.{TOKENIZER_CLASS}", None]},
+                    "tokenizer_class": TOKENIZER_CLASS}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -115,9 +117,13 @@ def export_graphs(model, rows, folder: Path, local: str) -> dict[str, Path]:
         paths = {name: folder / f"{name}.onnx" for name in graphs}
         torch.onnx.register_custom_op_symbolic("aten::repeat_interleave", repeat_last_symbolic(), OPSET)
         try:
-            for name, (step, args, inputs, outputs, axes) in graphs.items():
-                torch.onnx.export(Graph(step), args, str(paths[name]), input_names=inputs, output_names=outputs,
-                                  dynamic_axes=axes, opset_version=OPSET, **legacy_exporter(torch))
+            # Quiet: the exporter's deprecation notice, and the tracer's notes that the official code's checks of
+            # its inputs (codes in range, no padded row) keep their traced outcome, which holds for all fed here.
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                for name, (step, args, inputs, outputs, axes) in graphs.items():
+                    torch.onnx.export(Graph(step), args, str(paths[name]), input_names=inputs, output_names=outputs,
+                                      dynamic_axes=axes, opset_version=OPSET, **legacy_exporter(torch))
         finally:
             torch.onnx.unregister_custom_op_symbolic("aten::repeat_interleave", OPSET)
     return paths

@@ -12,12 +12,13 @@ from bench import onnx_frame
 from tests.optional import allowed_skip, needs
 
 CODE = os.environ.get("MOSS_NPU_UPSTREAM_CODE")
+HAS = {name: importlib.util.find_spec(name) is not None for name in ("transformers", "onnxruntime")}
 
 
-# 16 frames: a graph whose rotary angles were wrong (docs/performance.md#against-the-official-onnx-runtime) agreed for ten.
+# 16 frames: a graph with wrong rotary angles (docs/performance.md#against-the-official-onnx-runtime) agreed for ten.
 @allowed_skip(not CODE, "MOSS_NPU_UPSTREAM_CODE is not set: no official remote code to export")
-@needs(importlib.util.find_spec("transformers") is not None, 'transformers is not installed: pip install -e ".[upstream]"')
-@needs(importlib.util.find_spec("onnxruntime") is not None, 'onnxruntime is not installed: pip install -e ".[onnx]"')
+@needs(HAS["transformers"], 'transformers is not installed: pip install -e ".[upstream]"')
+@needs(HAS["onnxruntime"], 'onnxruntime is not installed: pip install -e ".[onnx]"')
 @pytest.mark.parametrize("local", onnx_frame.LOCAL_MODES)
 def test_the_exported_official_graphs_give_our_codes(tmp_path, capsys, local):
     code = onnx_frame.main(["--upstream-code", CODE, "--size", "tiny", "--cache-dir", str(tmp_path), "--frames", "16",
