@@ -65,15 +65,7 @@ typedef struct {
     float scale;
 } Attention;
 
-/* The attention's loops in the widest vectors the CPU has (a clone per instruction set, picked when the library
- * loads), without fusing a multiply into an add: every clone does the same float operations in the same order,
- * so a row gets the same bits on every CPU. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define WIDEST __attribute__((target_clones("avx512f", "avx2", "default"), optimize("fp-contract=off")))
-#else
-#define WIDEST
-#endif
-
+/* The attention's loops in the widest vectors the CPU has (WIDEST, matvec.h). */
 /* Unit u = r · H + h: head h of row r, its softmax attention over the first rows of its cache it attends. */
 WIDEST static void attend(const void *task, long unit) {
     const Attention *a = task;

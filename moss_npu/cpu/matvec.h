@@ -16,6 +16,16 @@ enum { BAD_CALL = -1 };
 typedef void (*TileFunction)(const float *x, long x_stride, long rows, const void *tile, float *y, long y_stride,
                              const float *scale, const float *bias, const float *residual, long in);
 
+/* A function's loops in the widest vectors the CPU has (a clone per instruction set, picked when the library
+ * loads). The files outside the tiles are compiled with -ffp-contract=off (native/build.py): no clone fuses a
+ * multiply into an add, so every clone does the same float operations in the same order and a row gets the
+ * same bits on every CPU. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define WIDEST __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define WIDEST
+#endif
+
 /* Bit t set: target t is in this library and this CPU runs it. */
 int moss_targets(void);
 
