@@ -744,8 +744,9 @@ def warn_if_bf16_is_emulated(device: torch.device, dtype: torch.dtype, who: str)
                     "slower than float32; use --dtype float32", who, backend(device).name())
 
 
-def attention_impl(device: torch.device, dtype: torch.dtype, requested: Optional[str] = None) -> str:
-    """Return the attention implementation name: ``sdpa`` everywhere; ``eager`` only when asked for.
+def attention_impl(requested: Optional[str] = None) -> str:
+    """Return the attention implementation name, the same on every device and dtype: ``sdpa``; ``eager`` only when
+    asked for.
 
     ``flash_attention_2`` (what the official config.json asks for) is never used: it needs CUDA and the
     flash-attn package, and sdpa computes the same function.

@@ -154,12 +154,11 @@ def test_dtype_policy(npu):
 
 
 def test_attention_impl():
-    cpu = torch.device("cpu")
-    assert device.attention_impl(cpu, torch.float32) == "sdpa"
-    assert device.attention_impl(cpu, torch.float32, "flash_attention_2") == "sdpa"
-    assert device.attention_impl(cpu, torch.float32, "eager") == "eager"
+    assert device.attention_impl() == "sdpa"
+    assert device.attention_impl("flash_attention_2") == "sdpa"
+    assert device.attention_impl("eager") == "eager"
     with pytest.raises(DeviceError, match="unknown"):
-        device.attention_impl(cpu, torch.float32, "xformers")
+        device.attention_impl("xformers")
 
 
 def test_chunk_batch_size_from_memory(npu):

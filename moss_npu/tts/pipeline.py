@@ -116,7 +116,7 @@ class MossTTSNano:
                           quantize=quantize or "none", decoder=decoder, graph=graph, compile=compile)
         dev = devices.resolve_device(load.device)
         dt = devices.resolve_dtype(dev, load.dtype)
-        attn = devices.attention_impl(dev, dt, load.attn_implementation)
+        attn = devices.attention_impl(load.attn_implementation)
         if num_threads is not None:
             set_threads(load.num_threads)
         if load.quantize == "int8":

@@ -25,8 +25,9 @@ _AUTOCAST_KINDS: set[str] = {kind for kind, kind_backend in Backend.builtin.item
 
 
 def fallback_attention(device: torch.device) -> str:
-    """Attention after the fp32 stability fallback: the device layer's choice for fp32 (sdpa)."""
-    return attention_impl(device, torch.float32)
+    """Attention after the fp32 stability fallback, on any ``device`` (the official method's argument): the device
+    layer's choice (sdpa)."""
+    return attention_impl()
 
 
 def voice_clone_chunk_batch_size(*, resolved_device: torch.device, chunk_count: int, max_memory_per_sample_gb: float) -> int:

@@ -250,13 +250,13 @@ def load_upstream(model_dir_or_id: str, codec_dir_or_id: Optional[str] = None, *
     model_dir = resolve_model_dir(model_dir_or_id, role="TTS model")
     codec_dir = resolve_model_dir(codec_dir_or_id or DEFAULT_CODEC, role="codec", example=DEFAULT_CODEC)
     code = None if code_dir is None else Path(code_dir)
-    impl = attention_impl(device, dtype, attn_implementation)
+    impl = attention_impl(attn_implementation)
     warn_if_bf16_is_emulated(device, dtype, "the official code in bfloat16")
     with tempfile.TemporaryDirectory(prefix="moss_npu_upstream_") as work, _torchaudio_stand_in():
         tts_mirror = mirror_folder("tts", model_dir, Path(work), patches, attn_implementation=impl, code_dir=code)
         # The official codec knows only sdpa and flash_attention_2 (it raises on eager), and runs in fp32.
         codec_mirror = mirror_folder("codec", codec_dir, Path(work), patches,
-                                     attn_implementation=attention_impl(device, torch.float32), code_dir=code)
+                                     attn_implementation=attention_impl(), code_dir=code)
         common = {"trust_remote_code": True, "local_files_only": True}
         # transformers 4.57 replaces config.json's attn_implementation by this argument (None when absent).
         model = transformers.AutoModelForCausalLM.from_pretrained(str(tts_mirror), dtype=dtype, attn_implementation=impl, **common)

@@ -4,7 +4,6 @@ folder untouched, the official code found in the folder or a separate code folde
 import json
 
 import pytest
-import torch
 
 from moss_npu.device import attention_impl
 from moss_npu.errors import CheckpointError
@@ -13,11 +12,9 @@ from moss_npu.upstream.folder import code_digest, mirror_folder
 
 from .conftest import official_folders, tree_digest
 
-CPU = torch.device("cpu")
-
 
 def mirror(component, folder, work, code_dir=None):
-    return mirror_folder(component, folder, work, load_manifest(), attn_implementation=attention_impl(CPU, torch.float32),
+    return mirror_folder(component, folder, work, load_manifest(), attn_implementation=attention_impl(),
                          code_dir=code_dir)
 
 
@@ -47,7 +44,7 @@ def test_codec_copy_drops_the_alias_and_fills_a_missing_auto_map(tmp_path):
 
 def test_eager_on_request(tmp_path):
     tts, _, _ = official_folders(tmp_path / "user")
-    copy = mirror_folder("tts", tts, tmp_path / "work", load_manifest(), attn_implementation=attention_impl(CPU, torch.float32, "eager"))
+    copy = mirror_folder("tts", tts, tmp_path / "work", load_manifest(), attn_implementation=attention_impl("eager"))
     config = json.loads((copy / "config.json").read_text())
     assert config["attn_implementation"] == config["local_transformer_attn_implementation"] == "eager"
 
