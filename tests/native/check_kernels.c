@@ -3,7 +3,7 @@
  * without bias and residual, on one thread and shared over a pool of two; each column against a float64 sum of
  * the same stored values, and the pool's result bit for bit the one thread's; then the fused block (check_fused)
  * against the same block in float64; then the pool's product number across its 2^24 wrap (check_ticket_wrap).
- * Built with the library's objects (moss_npu/cpu/native_build.py); prints one line per target and exits 1 on any
+ * Built with the library's objects (moss_npu/native/build.py); prints one line per target and exits 1 on any
  * failure. */
 #include <math.h>
 #include <pthread.h>
@@ -13,45 +13,20 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define TILE 64
-enum { FORMATS = 3, TARGETS = 4 };
+#include "../../moss_npu/cpu/fused_block.h"  /* TILE, the targets and formats, Product, Block, Places, the pool */
+
 static const char *TARGET_NAMES[TARGETS] = {"portable", "avx2", "avx512", "neon"};
 static const char *FORMAT_NAMES[FORMATS] = {"float32", "bfloat16", "int8"};
 
-int moss_targets(void);
+/* The entries no header declares: the callers are Python's (moss_npu/cpu/matvec.py, fused_block.py). */
 void *moss_pool_new(int threads);
 void moss_pool_free(void *pool);
 void moss_pool_use(void *pool, int threads);
 void moss_pool_set_product(void *pool, unsigned long long number);
-typedef void (*UnitFunction)(const void *task, long unit);
-void moss_share(void *pool, UnitFunction unit, const void *task, long units);
 int moss_matvec(void *pool, int target, int format, const float *x, const void *w, const float *scale,
                 const float *bias, const float *residual, float *y, long rows, long in, long out);
-
-/* fused_block.c's structures (moss_npu/cpu/fused_block.py mirrors them too). */
-typedef struct {
-    const void *w;
-    const float *scale, *bias;
-    long in, columns;
-} Product;
-typedef struct {
-    int target, format;
-    long embed, heads, inner;
-    float eps, scale;
-    const float *ln1_w, *ln1_b, *ln2_w, *ln2_b;
-    Product attn, proj, fc_in, fc_out;
-    const float *final_w, *final_b;
-} Block;
-long moss_row_block_scratch(const Block *b, long attended);
 int moss_row_block(void *pool, const Block *b, float *x, const float *rotation, float *keys, float *values,
                    long rows, long position, long attended, const float *qkv, float *scratch);
-typedef struct {
-    const long *positions, *attended;
-    const float *rotation;
-    long stride;
-} Places;
-int moss_block_rows(void *pool, const Block *b, long n, float *x, const Places *at, float *keys, float *values,
-                    long cache_stride, long rows, const float *qkv, float *scratch);
 long moss_local_decide(const float *logits, long v, const uint8_t *seen, int do_sample, float temperature,
                        int64_t top_k, float top_p, float penalty, float uniform, const float *exponential,
                        float *scratch);
@@ -127,16 +102,6 @@ static int check(int target, int format, long rows, long in, long out, int with_
         printf("  %s %ldx%ld->%ld: refused (%d, %d)\n", FORMAT_NAMES[format], rows, in, out, status, shared);
         bad = 1;
     }
-    for (long r = 0; r < rows && !bad && rows > 1; r++) {  /* a row in a group gets the bits it gets alone */
-        moss_matvec(pool, target, format, x + r * in, table, scale, b, res ? res + r * columns : NULL, y2, 1, in,
-                    columns);
-        if (memcmp(y2, y + r * columns, sizeof(float) * (size_t)columns) != 0) {
-            printf("  %s %ldx%ld->%ld: row %ld differs from the row alone\n", FORMAT_NAMES[format], rows, in, out, r);
-            bad = 1;
-        }
-    }
-    if (rows > 1 && !bad)
-        moss_matvec(pool, target, format, x, table, scale, b, res, y2, rows, in, columns);
     for (long r = 0; r < rows && !bad; r++)
         for (long c = 0; c < out; c++) {
             double sum = 0, size = 0;
@@ -160,6 +125,14 @@ static int check(int target, int format, long rows, long in, long out, int with_
                 break;
             }
         }
+    for (long r = 0; r < rows && !bad && rows > 1; r++) {  /* a row in a group gets the bits it gets alone */
+        moss_matvec(pool, target, format, x + r * in, table, scale, b, res ? res + r * columns : NULL, y2, 1, in,
+                    columns);
+        if (memcmp(y2, y + r * columns, sizeof(float) * (size_t)columns) != 0) {
+            printf("  %s %ldx%ld->%ld: row %ld differs from the row alone\n", FORMAT_NAMES[format], rows, in, out, r);
+            bad = 1;
+        }
+    }
     free(w), free(w16), free(w8), free(x), free(scale), free(bias), free(residual), free(y), free(y2), free(value);
     return bad;
 }
