@@ -112,7 +112,7 @@ class FusedRowBlock:
         require(attended, np.int64, (n,), "attended")
         require(rotation, np.complex64, (n, dim // 2), "rotation")
         rows = self._check(rotation[0], keys, values, qkv, (n, 3 * e), int(positions.min()), int(attended.max()))
-        if not (positions < attended).all() or positions.min() < 0:
+        if not (positions < attended).all():
             raise ValueError(f"rows at {positions.tolist()} attending {attended.tolist()}: each must attend itself")
         places = _Places(positions.ctypes.data, attended.ctypes.data, rotation.ctypes.data, 1)
         spec = ctypes.byref(self._spec)
