@@ -97,7 +97,7 @@ setup(
     packages=find_packages(include=["moss_npu", "moss_npu.*", "moss_npu_verify", "moss_npu_verify.*"]),
     # The C sources travel too: the opt-in build for this very CPU ($MOSS_NPU_NATIVE_BUILD) compiles them again;
     # static/: the server's page at /; ray.yaml: the Ray Serve config file (moss_npu.serve.ray).
-    package_data={"moss_npu.cpu": ["matvec.c", "matvec.h", "matvec_tiles.c", "fused_block.c",
+    package_data={"moss_npu.cpu": ["matvec.c", "matvec.h", "matvec_tiles.c", "window_attention.c", "fused_block.c",
                                   "fused_block.h", "local_loop.c"], "moss_npu.text": ["lattice.c"],
                   "moss_npu.serve": ["static/*.html", "static/*.js", "static/*.css", "ray.yaml"]},
     distclass=BinaryDistribution,

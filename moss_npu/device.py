@@ -224,6 +224,10 @@ class Backend:
         """Whether the codec's linear layers in ``dtype`` run faster from packed copies here (``cpu.packed``)."""
         return False
 
+    def window_attention(self, dtype):
+        """The codec's streamed attention as one kernel call here (``cpu.window_attention``), or None: torch's."""
+        return None
+
     def rounds_weights_only(self, dtype) -> bool:
         """Whether ``dtype`` here means float32 arithmetic on weights rounded to ``dtype`` (the CPU's bf16:
         ``cpu.quantize.store_bf16``) rather than arithmetic in ``dtype``."""
@@ -296,6 +300,11 @@ class CpuBackend(Backend):
         from moss_npu.cpu.packed import packing_available
 
         return dtype == torch.float32 and packing_available()
+
+    def window_attention(self, dtype):
+        from moss_npu.cpu.window_attention import WindowAttention
+
+        return WindowAttention.load() if dtype == torch.float32 else None
 
     def rounds_weights_only(self, dtype) -> bool:
         return dtype == torch.bfloat16

@@ -13,6 +13,7 @@ import torch
 
 from moss_npu.codec.config import load_codec_config
 from moss_npu.codec.model import NanoCodec
+from moss_npu.codec.modules import MultiheadAttention
 from moss_npu.errors import CheckpointError
 from moss_npu.cpu.packed import PackedLinear, pack_linears
 from moss_npu.device import backend
@@ -103,7 +104,12 @@ def load_codec(codec_dir: Union[str, Path], *, device: Union[str, torch.device] 
     model.eval().to(device=torch.device(device))
     model.encoder.to(dtype=dtype)
     model.decoder.to(dtype=dtype)
-    if backend(torch.device(device)).packs_linears(dtype):
+    place = backend(torch.device(device))
+    window = place.window_attention(dtype)
+    for layer in model.decoder.modules():  # the streamed decode's attention (the encoder runs offline)
+        if isinstance(layer, MultiheadAttention):
+            layer.window = window
+    if place.packs_linears(dtype):
         pack_linears(model)  # oneDNN-packed products: faster streamed and batched decodes (docs/performance.md)
         for layer in model.decoder.modules():  # packed now: every synthesis decodes (encoding: voice clones only)
             if isinstance(layer, PackedLinear):

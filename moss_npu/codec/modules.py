@@ -128,6 +128,7 @@ class MultiheadAttention(nn.Module):
         self.attend = ATTENTION_FUNCTIONS[attention]
         self.in_proj = CheckpointLinear(embed_dim, 3 * embed_dim, bias=False)
         self.out_proj = CheckpointLinear(embed_dim, embed_dim, bias=False)
+        self.window = None  # a streamed chunk's attention in one kernel call (``cpu.window_attention``), if set
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor, cache: Optional[KVCache] = None,
                 chunk: Optional[StreamChunk] = None) -> torch.Tensor:
@@ -155,10 +156,16 @@ class MultiheadAttention(nn.Module):
             cache.write(rotate_pairs(k, chunk.rope), v, valid, chunk.positions)
             # Until the ring wraps, only its leading slots hold keys: attending to the rest would add exact zeros.
             keys, values, positions = cache.filled(b)
+            q = rotate_pairs(q, chunk.rope)
+            if self.window is not None:
+                out = self.window(q, cache.keys, cache.values, cache.positions, keys.shape[2], chunk.positions,
+                                  lengths, self.context)
+                if out is not None:  # padded steps are zero already
+                    return self.out_proj(out)
             if chunk.allowed is None:
                 delta = chunk.positions.view(b, t, 1) - positions.view(b, 1, -1)
                 chunk.allowed = ((positions.view(b, 1, -1) >= 0) & (delta >= 0) & (delta < self.context))[:, None]
-            out = self.attend(rotate_pairs(q, chunk.rope), keys, values, chunk.allowed)
+            out = self.attend(q, keys, values, chunk.allowed)
         # Padded query rows may be fully masked (NaN in some kernels): zero them with where, not a multiply. In a
         # stream their keys/values stay in the ring under position -1, where a NaN would poison later steps.
         out = torch.where(valid.view(b, 1, t, 1), out, torch.zeros((), device=out.device, dtype=out.dtype))

@@ -39,6 +39,10 @@ class KernelThreads:
 
     def __init__(self, library: ctypes.CDLL, size: int) -> None:
         self._library = library
+        library.moss_pool_new.argtypes, library.moss_pool_new.restype = [_INT], _POINTER
+        library.moss_pool_free.argtypes, library.moss_pool_free.restype = [_POINTER], None
+        library.moss_pool_threads.argtypes, library.moss_pool_threads.restype = [_POINTER], _INT
+        library.moss_pool_use.argtypes, library.moss_pool_use.restype = [_POINTER, _INT], None
         self.handle, self.size, self.used = None, 0, 1
         self._start(max(1, size))
         self.use(1)
@@ -80,10 +84,6 @@ class MatVecKernels:
         self._call = library.moss_matvec
         self._call.argtypes = [_POINTER, _INT, _INT] + [_POINTER] * 6 + [_LONG] * 3
         self._call.restype = _INT
-        library.moss_pool_new.argtypes, library.moss_pool_new.restype = [_INT], _POINTER
-        library.moss_pool_free.argtypes, library.moss_pool_free.restype = [_POINTER], None
-        library.moss_pool_threads.argtypes, library.moss_pool_threads.restype = [_POINTER], _INT
-        library.moss_pool_use.argtypes, library.moss_pool_use.restype = [_POINTER, _INT], None
         # fused_block.c's (``cpu.fused_block``): pool, block, x, rotation, keys, values, rows, position,
         # attended, qkv, scratch
         library.moss_row_block.argtypes = [_POINTER, _POINTER] + [_POINTER] * 4 + [_LONG] * 3 + [_POINTER] * 2

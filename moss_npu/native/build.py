@@ -1,6 +1,7 @@
 """How the package's C library (``LIBRARY``: the one-row products and the text search) is compiled: one recipe
 for ``setup.py``, the opt-in build for this very CPU (``native.library``) and the tests' aarch64 cross build.
-The tile kernels are compiled once per instruction set of the architecture (``matvec.c`` picks one at run time).
+The tile kernels and the codec's window attention are compiled once per instruction set of the architecture
+(``matvec.c`` and ``cpu.window_attention`` pick one at run time).
 Standard library only: ``setup.py`` runs it before anything is installed.
 """
 
@@ -22,9 +23,10 @@ MATVEC = CPU / "matvec.c"
 TILES = CPU / "matvec_tiles.c"
 FUSED_BLOCK = CPU / "fused_block.c"
 LOCAL_LOOP = CPU / "local_loop.c"
+WINDOW_ATTENTION = CPU / "window_attention.c"
 LATTICE = PACKAGE.parent / "text" / "lattice.c"
 # what the library is made of
-SOURCES = (MATVEC, CPU / "matvec.h", TILES, FUSED_BLOCK, CPU / "fused_block.h", LOCAL_LOOP, LATTICE)
+SOURCES = (MATVEC, CPU / "matvec.h", TILES, WINDOW_ATTENTION, FUSED_BLOCK, CPU / "fused_block.h", LOCAL_LOOP, LATTICE)
 BASE_FLAGS = ("-O3", "-fPIC", "-std=gnu11")
 # The tile kernels' instruction sets by architecture: (name, flags). The names are matvec.c's targets.
 TARGETS = {
@@ -79,10 +81,11 @@ def compile_objects(folder: Path, compiler: Sequence[str], machine: str, extra: 
     targets = TARGETS.get(architecture(machine), (("portable", ()),))
     objects = []
     for name, flags in targets:
-        obj = Path(folder) / f"tiles_{name}.o"
-        _run([*compiler, *BASE_FLAGS, *extra, *flags, f"-DMOSS_TARGET={name}", f"-DMOSS_{name.upper()}",
-              "-c", str(TILES), "-o", str(obj)], f"{TILES.name} for {name}")
-        objects.append(obj)
+        for source in (TILES, WINDOW_ATTENTION):
+            obj = Path(folder) / f"{source.stem}_{name}.o"
+            _run([*compiler, *BASE_FLAGS, *extra, *flags, f"-DMOSS_TARGET={name}", f"-DMOSS_{name.upper()}",
+                  "-c", str(source), "-o", str(obj)], f"{source.name} for {name}")
+            objects.append(obj)
     for source in (MATVEC, FUSED_BLOCK, LOCAL_LOOP, LATTICE):
         obj = Path(folder) / f"{source.stem}.o"
         # No multiply fused into an add: WIDEST's clones (matvec.h) and every CPU then give the same bits.
