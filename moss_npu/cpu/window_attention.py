@@ -12,6 +12,7 @@ Shapes: B rows, H heads, T steps, N ring slots, D head size.
 from __future__ import annotations
 
 import ctypes
+import threading
 from typing import Optional
 
 import torch
@@ -26,14 +27,16 @@ FASTER_ON = ("avx512", "avx2")  # the targets where the kernel beats torch's (th
 
 class WindowAttention:
     """The library's streamed window attention for one instruction set; ``load`` returns None where there is none
-    or it would be slower than torch's. Its threads follow torch's intra-op setting of the calling thread."""
+    or it would be slower than torch's. Each calling thread shares the heads over a pool of its own, of as many
+    threads as torch's intra-op setting in that thread."""
 
     def __init__(self, library: ctypes.CDLL, target: str) -> None:
         self.target = target
         self._call = getattr(library, f"moss_window_attention_{target}")
         self._call.argtypes = [_POINTER] * 8 + [_LONG] * 7 + [ctypes.c_float]
         self._call.restype = ctypes.c_int
-        self._threads = KernelThreads(library, 1)
+        self._library = library
+        self._local = threading.local()  # a pool per calling thread: a pool has one caller (KernelThreads)
 
     @classmethod
     def load(cls) -> Optional["WindowAttention"]:
@@ -66,8 +69,11 @@ class WindowAttention:
         query_positions = query_positions.to(torch.int64).contiguous()
         lengths = lengths.to(torch.int64).contiguous()
         out = torch.empty(b, t, h * d, dtype=torch.float32)
-        self._threads.use(torch.get_num_threads())
-        status = self._call(self._threads.handle, queries.data_ptr(), keys.data_ptr(), values.data_ptr(),
+        threads = getattr(self._local, "threads", None)
+        if threads is None:
+            threads = self._local.threads = KernelThreads(self._library, 1)
+        threads.use(torch.get_num_threads())
+        status = self._call(threads.handle, queries.data_ptr(), keys.data_ptr(), values.data_ptr(),
                             key_positions.data_ptr(), query_positions.data_ptr(), lengths.data_ptr(), out.data_ptr(),
                             b, h, t, slots, filled, d, context, d ** -0.5)
         return out if status == 0 else None

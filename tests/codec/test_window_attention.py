@@ -2,12 +2,15 @@
 same masked softmax (query t of row b sees ring slot j when 0 <= qpos - kpos < context and the slot holds a key),
 padded steps zero, on every instruction set this CPU runs where the kernel is used."""
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from moss_npu.codec.modules import MultiheadAttention
 from moss_npu.cpu import targets
+from moss_npu.cpu.threads import use_threads
 from moss_npu.cpu.window_attention import FASTER_ON, WindowAttention
 from moss_npu.native import library as native
 
@@ -130,3 +133,22 @@ def test_the_streamed_codec_decodes_the_same_with_and_without_it(small_codec):
             if isinstance(m, MultiheadAttention):
                 m.window = kernel
     assert (with_kernel - with_torch).abs().max() <= 1e-5 * with_torch.abs().max()
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_threads_calling_at_once_each_get_their_answer(target):
+    """Each calling thread has a pool of its own (a pool serves one caller), at its own torch thread count."""
+    kernel = _kernel(target)
+    cases = [_ring(4, 4, 424, 32, 250, [300 + 7 * i, 10, 0, 999], 8, seed=i) for i in range(4)]
+    lengths = torch.tensor([8, 5, 8, 1])
+    expected = [_torch(q, k, v, kp, qp, lengths, 250) for q, k, v, kp, qp in cases]
+
+    def attend(i: int) -> torch.Tensor:
+        q, k, v, kp, qp = cases[i]
+        use_threads(1 + i % 2)  # this pool thread's torch count (the executor's threads end with the test)
+        return [kernel(q, k, v, kp, 424, qp, lengths, 250) for _ in range(20)][-1]
+
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(attend, range(4)))
+    for g, e in zip(got, expected):
+        assert (g - e).abs().max() <= 1e-5 * e.abs().max()
