@@ -238,13 +238,14 @@ static void attend_head(const void *task, long unit) {
     }
 }
 
-/* out (B, T, H, D) = the chunk's attention; BAD_CALL for sizes this target's kernel cannot take. */
+/* out (B, T, H, D) = the chunk's attention; BAD_CALL for sizes this target's kernel cannot take: a head size of
+ * no whole vectors or over 128, or over 16,384 filled slots (a head's panel and key list live on the stack). */
 int NAME(moss_window_attention)(void *pool, const float *queries, const float *keys, const float *values,
                                  const int64_t *key_positions, const int64_t *query_positions, const int64_t *lengths,
                                  float *out, long batch, long heads, long steps, long slots, long filled, long dim,
                                  long context, float scale) {
-    if (batch <= 0 || heads <= 0 || steps <= 0 || dim <= 0 || dim % VW != 0 || dim > 256 || filled < 0 ||
-        filled > slots || filled > 65536 || context <= 0)
+    if (batch <= 0 || heads <= 0 || steps <= 0 || dim <= 0 || dim % VW != 0 || dim > 128 || filled < 0 ||
+        filled > slots || filled > 16384 || context <= 0)
         return BAD_CALL;
     const Window w = {queries, keys, values, key_positions, query_positions, lengths, out, heads, steps, slots,
                       filled, dim, context, scale};

@@ -84,12 +84,17 @@ def _title(p) -> str:
 def busy_replica(proc: ServerProcess, deadline_s: float = 30.0, besides: frozenset = frozenset()):
     """The replica process handling a request now (Ray titles it after the request's method while it runs),
     other than the processes ``besides``."""
+    # A request of the tiny model runs ~0.4 s, and walking the process tree takes longer than that under load:
+    # the tree is walked twice a second, the replicas' titles polled in between.
     end = time.monotonic() + deadline_s
+    listed, replicas = 0.0, []
     while time.monotonic() < end:
-        busy = [p for p in replica_processes(proc) if ".handle_request" in _title(p) and p.pid not in besides]
+        if time.monotonic() - listed > 0.5:
+            listed, replicas = time.monotonic(), replica_processes(proc)
+        busy = [p for p in replicas if ".handle_request" in _title(p) and p.pid not in besides]
         if busy:
             return busy[0]
-        time.sleep(0.05)
+        time.sleep(0.01)
     raise AssertionError("no replica took the request")
 
 
