@@ -20,26 +20,27 @@
 #define NAMED(a, b) JOIN(a, b)
 #define NAME(base) NAMED(base, MOSS_TARGET)
 
-/* VW floats per vector (a head's size must be a multiple); JR keys per score step (JR · panel vectors sums in
- * registers); TR queries · DH vectors of a value row per output step. */
+/* VW floats per vector (a head's size must be a multiple); SUMS vectors of scores in registers per score step (keys
+ * × the panel's vectors); TR queries · DH vectors of a value row per output step. */
 #if defined(MOSS_AVX512)
 #define VW 16
-#define JR 8
+#define SUMS 16
 #define TR 4
 #define DH 4
 #elif defined(MOSS_AVX2)
 #define VW 8
-#define JR 2
+#define SUMS 8
 #define TR 2
 #define DH 4
 #else
 #define VW 4
-#define JR 4
+#define SUMS 16
 #define TR 4
 #define DH 4
 #endif
 
 #define PANEL 32 /* queries attended together: PANEL / VW vectors of scores per key */
+#define STEP_KEYS(vectors) (SUMS / (vectors) < 16 ? SUMS / (vectors) : 16) /* keys per score step */
 #define KEYS 64  /* keys per block of the online softmax */
 #define LOW -1.0e30f /* below every score: the running maximum before any key */
 
@@ -88,14 +89,14 @@ typedef struct {
     float scale;
 } Window;
 
-/* Scores of keys keys[list[0 .. JR·n)] for the panel's queries (PANEL / VW vectors of qt per value index) into
- * s[j · PANEL ..]: `vectors` of the panel's vectors, a constant where inlined. */
+/* Scores of keys keys[list[0 .. n)] (n a multiple of keys_per_step) for the panel's queries (PANEL / VW vectors of
+ * qt per value index) into s[j · PANEL ..]: `vectors` of the panel's vectors; both constants where inlined. */
 static inline __attribute__((always_inline)) void scores(int vectors, int keys_per_step, const float *qt,
                                                          const float *keys, const int *list, long n, long dim,
                                                          float *s) {
     for (long j = 0; j < n; j += keys_per_step) {
-        Vector acc[JR][PANEL / VW];
-        const float *row[JR];
+        Vector acc[16][PANEL / VW];
+        const float *row[16];
         for (int k = 0; k < keys_per_step; k++) {
             row[k] = keys + (long)list[j + k] * dim;
             for (int v = 0; v < vectors; v++) acc[k][v] = splat(0.0f);
@@ -167,17 +168,34 @@ static void attend_panel(const Window *w, long b, long h, long first, long count
         top[t] = LOW, total[t] = 0.0f;
     }
     for (long start = 0; start < live; start += KEYS) {
-        const long n = live - start < KEYS ? live - start : KEYS, whole = n / JR * JR;
+        const long n = live - start < KEYS ? live - start : KEYS;
         const int *block = list + start;
+        /* keys and values a block ahead (the first two at once), on their way from memory while this block is
+         * computed (the rings of a stage's layers are read once per call each: they come from memory) */
+        for (long j = start ? start + KEYS : 0; j < start + 2 * KEYS && j < live; j++)
+            for (long c = 0; c < dim; c += 16) { /* a 64-byte line */
+                __builtin_prefetch(keys + (long)list[j] * dim + c);
+                __builtin_prefetch(values + (long)list[j] * dim + c);
+            }
         switch (vectors) {
-            case 1: scores(1, JR, qt, keys, block, whole, dim, s); scores(1, 1, qt, keys, block + whole, n - whole, dim, s + whole * PANEL); break;
-            case 2: scores(2, JR, qt, keys, block, whole, dim, s); scores(2, 1, qt, keys, block + whole, n - whole, dim, s + whole * PANEL); break;
+#define SCORES(v)                                                                                  \
+    case v: {                                                                                      \
+        const long whole = n / STEP_KEYS(v) * STEP_KEYS(v);                                        \
+        scores(v, STEP_KEYS(v), qt, keys, block, whole, dim, s);                                   \
+        scores(v, 1, qt, keys, block + whole, n - whole, dim, s + whole * PANEL);                  \
+        break;                                                                                     \
+    }
+            SCORES(1)
+            SCORES(2)
 #if PANEL / VW > 2
-            case 3: scores(3, JR, qt, keys, block, whole, dim, s); scores(3, 1, qt, keys, block + whole, n - whole, dim, s + whole * PANEL); break;
-            case 4: scores(4, JR, qt, keys, block, whole, dim, s); scores(4, 1, qt, keys, block + whole, n - whole, dim, s + whole * PANEL); break;
+            SCORES(3)
+            SCORES(4)
 #endif
 #if PANEL / VW > 4
-            default: scores(PANEL / VW, JR, qt, keys, block, whole, dim, s); scores(PANEL / VW, 1, qt, keys, block + whole, n - whole, dim, s + whole * PANEL); break;
+            SCORES(5)
+            SCORES(6)
+            SCORES(7)
+            SCORES(8)
 #endif
         }
         for (int v = 0; v < vectors; v++) {
