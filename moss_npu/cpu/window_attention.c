@@ -55,7 +55,7 @@ static inline Vector load(const float *p) {
 
 static inline void store(float *p, Vector v) { memcpy(p, &v, sizeof v); }
 
-static inline Vector splat(float x) { return (Vector){0} + x; }
+static inline Vector splat(float x) { return x - (Vector){0}; } /* a broadcast: x - 0 is x, also for x = -0 */
 
 static inline Vector select(Mask m, Vector yes, Vector no) { return (Vector)((m & (Mask)yes) | (~m & (Mask)no)); }
 
@@ -198,22 +198,32 @@ static void attend_panel(const Window *w, long b, long h, long first, long count
             SCORES(8)
 #endif
         }
+        /* Most blocks lie inside every query's window: no mask (a padding lane's scores are then those of a
+         * zero query, harmless: its row is never written). */
+        int inside = 1;
+        for (long j = 0; j < n && inside; j++)
+            inside = kpos[block[j]] <= qpos[0] && kpos[block[j]] > qpos[count - 1] - w->context;
         for (int v = 0; v < vectors; v++) {
             const Vector at = load(place + v * VW), old = load(top + v * VW);
             Vector best = old;
-            for (long j = 0; j < n; j++) {
-                const float key = (float)(kpos[block[j]] - qpos[0]);
-                const Vector delta = at - key;
-                const Mask seen = (delta >= 0.0f) & (delta < (float)w->context);
-                const Vector score = select(seen, load(s + j * PANEL + v * VW), splat(LOW));
-                store(s + j * PANEL + v * VW, score);
-                best = maximum(best, score);
+            if (inside) {
+                for (long j = 0; j < n; j++) best = maximum(best, load(s + j * PANEL + v * VW));
+            } else {
+                for (long j = 0; j < n; j++) {
+                    const float key = (float)(kpos[block[j]] - qpos[0]);
+                    const Vector delta = at - key;
+                    const Mask seen = (delta >= 0.0f) & (delta < (float)w->context);
+                    const Vector score = select(seen, load(s + j * PANEL + v * VW), splat(LOW));
+                    store(s + j * PANEL + v * VW, score);
+                    best = maximum(best, score);
+                }
             }
             Vector sum = load(total + v * VW) * exp_vector(old - best);
             store(scale_rows + v * VW, exp_vector(old - best));
             for (long j = 0; j < n; j++) {
                 const Vector score = load(s + j * PANEL + v * VW);
-                const Vector p = select(score > splat(LOW), exp_vector(score - best), splat(0.0f));
+                const Vector p = inside ? exp_vector(score - best)
+                                        : select(score > splat(LOW), exp_vector(score - best), splat(0.0f));
                 store(s + j * PANEL + v * VW, p);
                 sum += p;
             }
