@@ -57,6 +57,19 @@ static inline __attribute__((always_inline)) float dot(const float *a, const flo
     return sum;
 }
 
+/* out[0 .. dim) = Σ_t (scores[t] / total) · values[t], t in order. With `dim` a constant (64, the model's head
+ * size) the sums stay in registers across t; summed in memory, each step waited for the last one's store. */
+static inline __attribute__((always_inline)) void weighted_sum(long dim, const float *scores, float total,
+                                                               const float *values, long attended, float *out) {
+    float sums[dim];
+    for (long d = 0; d < dim; d++) sums[d] = 0.0f;
+    for (long t = 0; t < attended; t++) {
+        const float p = scores[t] / total, *row = values + t * dim;
+        for (long d = 0; d < dim; d++) sums[d] += p * row[d];
+    }
+    memcpy(out, sums, sizeof(float) * (size_t)dim);
+}
+
 typedef struct {
     const float *queries, *keys, *values;  /* row r's (H, D) rotated at r · query_stride; its cache's (H, M, D) */
     float *scores, *out;                  /* (n, H, width) scratch; (n, H, D) */
@@ -84,11 +97,10 @@ WIDEST static void attend(const void *task, long unit) {
         scores[t] = expf(scores[t] - top);
         total += scores[t];
     }
-    memset(out, 0, sizeof(float) * (size_t)a->dim);
-    for (long t = 0; t < attended; t++) {
-        const float p = scores[t] / (float)total, *row = values + t * a->dim;
-        for (long d = 0; d < a->dim; d++) out[d] += p * row[d];
-    }
+    if (a->dim == 64)
+        weighted_sum(64, scores, (float)total, values, attended, out);
+    else
+        weighted_sum(a->dim, scores, (float)total, values, attended, out);
 }
 
 static int product(void *pool, const Block *b, const Product *p, const float *x, const float *residual, float *y,
