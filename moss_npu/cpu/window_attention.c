@@ -10,7 +10,6 @@
  * kpos[b, j] >= 0 (an empty slot is -1), as in modules.MultiheadAttention. The sums run in another order than
  * torch's, so the result agrees with it to float rounding, not bit for bit.
  */
-#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -145,8 +144,10 @@ static void weighted_values(const float *p, const float *values, const int *list
     for (; c < dim; c += VW) weighted_columns(1, p, values, list, n, dim, rows, c, o);
 }
 
-/* Panel [first, first + count) of head h of row b: its output rows, softmax over its live keys. */
-static void attend_panel(const Window *w, long b, long h, long first, long count, const int *list, long live) {
+/* Panel [first, first + count) of head h of row b, its queries at positions low .. high: its output rows, softmax
+ * over its live keys. */
+static void attend_panel(const Window *w, long b, long h, long first, long count, int64_t low, int64_t high,
+                         const int *list, long live) {
     const long dim = w->dim;
     const int vectors = (int)((count + VW - 1) / VW);
     const long rows = (count + TR - 1) / TR * TR;
@@ -202,7 +203,7 @@ static void attend_panel(const Window *w, long b, long h, long first, long count
          * zero query, harmless: its row is never written). */
         int inside = 1;
         for (long j = 0; j < n && inside; j++)
-            inside = kpos[block[j]] <= qpos[0] && kpos[block[j]] > qpos[count - 1] - w->context;
+            inside = kpos[block[j]] <= low && kpos[block[j]] > high - w->context;
         for (int v = 0; v < vectors; v++) {
             const Vector at = load(place + v * VW), old = load(top + v * VW);
             Vector best = old;
@@ -262,7 +263,7 @@ static void attend_head(const void *task, long unit) {
         long live = 0;
         for (long j = 0; j < w->filled; j++)
             if (kpos[j] >= 0 && kpos[j] <= high && kpos[j] > low - w->context) list[live++] = (int)j;
-        attend_panel(w, b, h, first, count, list, live);
+        attend_panel(w, b, h, first, count, low, high, list, live);
     }
 }
 
