@@ -81,20 +81,14 @@ typedef struct {
     int gelu;  /* the tanh GELU on each finished column (moss_product) */
 } Job;
 
-/* e^x to about an ulp without a call or a branch, so that a row of them vectorizes: x = n ln 2 + r (ln 2 in two
- * parts), e^r by Cephes' expf polynomial, 2^n into the exponent bits (x clamped to where e^x is a normal float or
- * just overflows to infinity). */
+EXP_PARTS(exp_parts, float)
+
+/* e^x without a call or a branch, so that a row of them vectorizes (x clamped to where e^x is a normal float or just
+ * overflows to infinity; EXP_PARTS, matvec.h). */
 static inline float exp_float(float x) {
     x = x < -87.3f ? -87.3f : x > 88.7f ? 88.7f : x;
-    const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  /* round to nearest */
-    const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
+    float n;
+    const float p = exp_parts(x, &n);
     const uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;
     float scale;
     memcpy(&scale, &bits, sizeof scale);

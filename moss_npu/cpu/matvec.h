@@ -26,6 +26,22 @@ typedef void (*TileFunction)(const float *x, long x_stride, long rows, const voi
 #define WIDEST
 #endif
 
+/* e^x = 2^n · e^r for x already clamped to where e^x is a normal float (or just overflows): x = n ln 2 + r (ln 2 in
+ * two parts, n rounded to nearest), e^r by Cephes' expf polynomial, to about an ulp and without a branch. Defines
+ * `static inline T name(T x, T *n)` returning e^r, for T a float or a GCC vector of floats (the caller puts 2^n
+ * into the exponent bits): matvec.c's GELU and window_attention.c's softmax share one polynomial. */
+#define EXP_PARTS(name, T)                                                       \
+    static inline T name(T x, T *n) {                                            \
+        *n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;             \
+        const T r = (x - *n * 0.693359375f) - *n * -2.12194440e-4f;              \
+        T p = r * 1.9875691500e-4f + 1.3981999507e-3f;                           \
+        p = p * r + 8.3334519073e-3f;                                            \
+        p = p * r + 4.1665795894e-2f;                                            \
+        p = p * r + 1.6666665459e-1f;                                            \
+        p = p * r + 5.0000001201e-1f;                                            \
+        return p * r * r + r + 1.0f;                                             \
+    }
+
 /* Bit t set: target t is in this library and this CPU runs it. */
 int moss_targets(void);
 

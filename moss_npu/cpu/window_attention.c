@@ -60,19 +60,14 @@ static inline Vector select(Mask m, Vector yes, Vector no) { return (Vector)((m 
 
 static inline Vector maximum(Vector a, Vector b) { return select(a > b, a, b); }
 
-/* e^x to about an ulp, lane by lane (matvec.c's exp_float in vectors). */
+EXP_PARTS(exp_parts, Vector)
+
+/* e^x lane by lane (matvec.c's exp_float in vectors: the same clamp and EXP_PARTS). */
 static inline Vector exp_vector(Vector x) {
     x = maximum(x, splat(-87.3f));
     x = select(x > splat(88.7f), splat(88.7f), x);
-    const Vector n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-    const Vector r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
-    Vector p = splat(1.9875691500e-4f);
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
+    Vector n;
+    const Vector p = exp_parts(x, &n);
     const Mask bits = (__builtin_convertvector(n, Mask) + 127) << 23;
     return p * (Vector)bits;
 }
@@ -219,8 +214,9 @@ static void attend_panel(const Window *w, long b, long h, long first, long count
                     best = maximum(best, score);
                 }
             }
-            Vector sum = load(total + v * VW) * exp_vector(old - best);
-            store(scale_rows + v * VW, exp_vector(old - best));
+            const Vector rescale = exp_vector(old - best);
+            Vector sum = load(total + v * VW) * rescale;
+            store(scale_rows + v * VW, rescale);
             for (long j = 0; j < n; j++) {
                 const Vector score = load(s + j * PANEL + v * VW);
                 const Vector p = inside ? exp_vector(score - best)
