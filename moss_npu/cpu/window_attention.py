@@ -53,11 +53,10 @@ class WindowAttention:
                  filled: int, query_positions: torch.Tensor, lengths: torch.Tensor,
                  context: int) -> Optional[torch.Tensor]:
         """Return the chunk's attention ``(B, T, H·D)`` over windows of ``context`` steps, zero for padded steps
-        (t >= lengths[b]): ``queries``
-        ``(B, H, T, D)`` rotated, ring ``keys``/``values`` ``(B', H, N, D)`` and ``key_positions`` ``(B', N)`` of
-        which rows [0, B) and slots [0, filled) are read, the steps' ``query_positions`` ``(B, T)``. None where the
-        kernel does not take these tensors (another dtype or layout, a head size it has no step for): the caller
-        then attends with torch."""
+        (t >= lengths[b]): ``queries`` ``(B, H, T, D)`` rotated, ring ``keys``/``values`` ``(B', H, N, D)`` and
+        ``key_positions`` ``(B', N)`` of which rows [0, B) and slots [0, filled) are read, the steps'
+        ``query_positions`` ``(B, T)``. None where the kernel does not take these tensors (another dtype or layout,
+        a head size it has no step for): the caller then attends with torch."""
         b, h, t, d = queries.shape
         slots = keys.shape[2]
         tensors = (queries, keys, values)
