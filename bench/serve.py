@@ -10,7 +10,8 @@ seconds / wall second. With ``--rounds N`` the levels run N times in turn (1, 8,
 audio seconds / s is the median of its rounds, so a burst of other work on a shared machine skews one round,
 not the result. Results go to ``bench/results/`` as JSON + Markdown; with two or more levels the last stdout
 line is ``concurrency speedup C/1: X.XX`` (aggregate audio-seconds/s of the highest level over the lowest,
-which should be 1). Exit codes: 0 done; 1 runtime failure (server did not start); 2 bad usage.
+which should be 1). Exit codes: 0 done; 1 runtime failure (server did not start); 2 bad usage; 130
+interrupted (the started server is stopped).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from typing import Optional
 
 from bench.checkpoints import SIZES, ensure_checkpoints
 from bench.run import RESULTS_DIR, SHORT, setup_line, write_atomic
+from moss_npu.cli import run_cli
 
 STARTUP_S = 600.0
 
@@ -159,14 +161,15 @@ def run_level(target: Target, concurrency: int, requests: int, frames: int, seri
         return [speak(clients[index], target, texts[index * requests + k], frames, concurrency)
                 for k in range(requests)]
 
+    pool = ThreadPoolExecutor(max_workers=concurrency)
     try:
         start = time.perf_counter()
-        with ThreadPoolExecutor(max_workers=concurrency) as pool:
-            samples = [s for batch in pool.map(client, range(concurrency)) for s in batch]
+        samples = [s for batch in pool.map(client, range(concurrency)) for s in batch]
         return samples, time.perf_counter() - start
     finally:
-        for http in clients:
+        for http in clients:  # an interrupted level's requests end here, rather than run to their end
             http.close()
+        pool.shutdown(wait=True)
 
 
 def summarize(samples: list[Sample], walls: dict[int, list[float]]) -> list[dict]:
@@ -228,7 +231,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
+    return run_cli(lambda: bench(build_parser().parse_args(argv)))
+
+
+def bench(args: argparse.Namespace) -> int:
+    """Run the levels against the server ``args`` names or starts; write and print the results."""
     try:
         levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
     except ValueError:
