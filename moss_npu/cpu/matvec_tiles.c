@@ -363,18 +363,36 @@ static void grouped(int format, long rows, const float *x, long x_stride, const 
 }
 #endif
 
+#if defined(GROUP)
+/* Rows whose sums a call keeps on its own stack while the blocks go by, then copies to y once: y's rows need not be
+ * 64-byte aligned, so the edges of neighbouring tiles, filled by other threads, share cache lines, and a group's
+ * sums stored and loaded there between blocks bounced those lines between cores (four local products for 8 rows
+ * took longer on 2 threads than on 1). */
+#define SUMS_ROWS 32
+#endif
+
 /* `rows` rows of x (x_stride apart) through the tile into y (y_stride apart): where the target has groups, block
  * by block, each block in L1 for every group of about equal size; one by one elsewhere. */
 static void rows_sums(int format, const float *x, long x_stride, long rows, const void *tile, float *y,
                       long y_stride, long in) {
 #if defined(GROUP)
-    for (long start = 0; start < in && rows > 1; start += BLOCK) {
-        const long end = start + BLOCK < in ? start + BLOCK : in;
-        for (long r = 0, n = 0; r < rows; r += n) {
-            const long left = rows - r, groups = (left + GROUP - 1) / GROUP;
-            n = (left + groups - 1) / groups;
-            grouped(format, n, x + r * x_stride, x_stride, tile, y + r * y_stride, y_stride, start, end, in);
+    float sums[SUMS_ROWS * TILE];
+    for (long first = 0; first < rows && rows > 1; first += SUMS_ROWS) {
+        const long count = rows - first < SUMS_ROWS ? rows - first : SUMS_ROWS;
+        const float *part = x + first * x_stride;
+        if (count == 1) {
+            row_sums(format, part, tile, sums, in);
+        } else {
+            for (long start = 0; start < in; start += BLOCK) {
+                const long end = start + BLOCK < in ? start + BLOCK : in;
+                for (long r = 0, n = 0; r < count; r += n) {
+                    const long left = count - r, groups = (left + GROUP - 1) / GROUP;
+                    n = (left + groups - 1) / groups;
+                    grouped(format, n, part + r * x_stride, x_stride, tile, sums + r * TILE, TILE, start, end, in);
+                }
+            }
         }
+        for (long r = 0; r < count; r++) memcpy(y + (first + r) * y_stride, sums + r * TILE, sizeof(float) * TILE);
     }
     if (rows > 1) return;
 #endif

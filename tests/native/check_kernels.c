@@ -406,7 +406,9 @@ static int check_decide(void) {
 
 int main(void) {
     static const long SHAPES[][3] = {{1, 16, 64}, {1, 24, 40}, {1, 33, 17}, {1, 200, 300}, {3, 7, 513}, {2, 768, 1024},
-                                      {5, 40, 130}, {8, 33, 64}, {13, 96, 200}, {17, 768, 256}};
+                                      {5, 40, 130}, {8, 33, 64}, {13, 96, 200}, {17, 768, 256},
+                                      /* past SUMS_ROWS (32): a chunk of one row, and chunks of 32 and 2 */
+                                      {33, 70, 130}, {66, 40, 64}};
     void *pool = moss_pool_new(2);
     int mask = moss_targets(), failed = 0;
     if (pool == NULL) {
