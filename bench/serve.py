@@ -146,7 +146,7 @@ def speak(client, target: Target, text: str, frames: int, concurrency: int) -> S
 
 def run_level(target: Target, concurrency: int, requests: int, frames: int, serial: list[int]) -> tuple[list, float]:
     """C clients × ``requests`` sequential requests each; return the samples and the level's wall time. The clients
-    are made before the clock starts: making one costs ~18 ms of CPU here (its TLS context), which at eight clients
+    are made before the clock starts: making one costs ~15 ms of CPU here (its TLS context), which at eight clients
     a round took from the server it measures."""
     import httpx
 

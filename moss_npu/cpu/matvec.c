@@ -45,8 +45,6 @@ static const TileFunction TABLE[TARGETS][FORMATS] = {ROW(portable), {0, 0, 0}, {
 static const TileFunction TABLE[TARGETS][FORMATS] = {ROW(portable), {0, 0, 0}, {0, 0, 0}, {0, 0, 0}};
 #endif
 
-static const long VALUE_BYTES[FORMATS] = {4, 2, 1};
-
 #ifndef MOSS_SOURCES
 #define MOSS_SOURCES "unknown"
 #endif
@@ -344,7 +342,7 @@ int moss_product(void *pool, int target, int format, const float *x, const void 
     if (rows < 1 || in < 1 || out < TILE || out % TILE != 0 || out / TILE > MAX_TILES) return BAD_CALL;
     if (format == INT8 && scale == NULL) return BAD_CALL;
     const Job job = {TABLE[target][format], x, scale, bias, residual, (const char *)w, y, rows, in, out,
-                     in * TILE * VALUE_BYTES[format], gelu};
+                     in * TILE * value_bytes(format), gelu};
     moss_share(pool, run_tile, &job, out / TILE);
     return 0;
 }

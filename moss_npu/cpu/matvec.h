@@ -9,6 +9,9 @@
 
 enum { PORTABLE, AVX2, AVX512, NEON, TARGETS };
 enum { F32, BF16, INT8, FORMATS };
+
+/* Bytes a stored weight value takes in `format`'s tiles. */
+static inline long value_bytes(int format) { return format == F32 ? 4 : format == BF16 ? 2 : 1; }
 enum { BAD_CALL = -1 };
 
 /* One tile of a product for `rows` rows: y[r · y_stride + 0..TILE) = x[r · x_stride ..] · tile, then finished with

@@ -100,8 +100,7 @@ static inline Vector load(const float *y) { return _mm512_loadu_ps(y); }
 
 /* Where chunk k of tile row i starts: CHUNK values of the row. */
 static inline const char *chunk_at(int format, const void *tile, long i, long k) {
-    const long bytes = format == F32 ? 4 : format == BF16 ? 2 : 1;
-    return (const char *)tile + (i * TILE + CHUNK * k) * bytes;
+    return (const char *)tile + (i * TILE + CHUNK * k) * value_bytes(format);
 }
 
 /* A chunk as VECTORS vectors of float32: columns CHUNK·k + 16v. */
@@ -190,7 +189,7 @@ static inline Vector load(const float *y) { return _mm256_loadu_ps(y); }
  * vector of columns and the high halves another (column()). */
 static inline const char *chunk_at(int format, const void *tile, long i, long k) {
     if (format == BF16) return (const char *)((const uint32_t *)tile + i * (TILE / 2) + 16 * (k / 2) + 8 * (k % 2));
-    return (const char *)tile + (i * TILE + CHUNK * k) * (format == F32 ? 4 : 1);
+    return (const char *)tile + (i * TILE + CHUNK * k) * value_bytes(format);
 }
 
 /* A chunk as two vectors of float32, starting at column(format, k, v). */
@@ -334,8 +333,7 @@ static inline __attribute__((always_inline)) void group_sums(int format, int row
             /* this chunk of the next block's row: strided reads defeat the hardware's prefetch */
             if (i + BLOCK < in) {
                 const char *ahead = chunk_at(format, tile, i + BLOCK, k);
-                const long bytes = CHUNK * (format == F32 ? 4 : format == BF16 ? 2 : 1);
-                for (long b = 0; b < bytes; b += 64) __builtin_prefetch(ahead + b);
+                for (long b = 0; b < CHUNK * value_bytes(format); b += 64) __builtin_prefetch(ahead + b);
             }
             for (int r = 0; r < rows; r++) {
                 const Vector xi = broadcast(x[r * x_stride + i]);
