@@ -1,5 +1,5 @@
-"""The CPU thread policy (moss_npu.cpu.threads): the default count, both pools set together, and a frame's
-temporary limit of its own thread that gives the setting back."""
+"""The CPU thread policy (moss_npu.cpu.threads): the default count, torch's pool set (numpy's BLAS is the CPU
+step's), and a frame's temporary limit of its own thread that gives the setting back."""
 
 import torch
 from threadpoolctl import threadpool_info
@@ -17,11 +17,12 @@ def test_default_is_one_thread_on_two_cores_else_one_per_core(monkeypatch):
         assert threads.default_threads() == expected
 
 
-def test_set_threads_sets_torch_and_blas():
+def test_set_threads_sets_torch_and_leaves_blas_to_the_step():
     before = torch.get_num_threads()
     try:
-        assert threads.set_threads(1) == 1
-        assert torch.get_num_threads() == 1 and set(blas_threads()) == {1}
+        threads.limit_blas(1)
+        assert threads.set_threads(2) == 2
+        assert torch.get_num_threads() == 2 and set(blas_threads()) == {1}
         assert threads.set_threads(0) == threads.default_threads()
     finally:
         threads.set_threads(before)
@@ -33,8 +34,10 @@ def test_a_limit_is_this_threads_and_given_back():
     before = torch.get_num_threads()
     try:
         threads.set_threads(2)
+        threads.limit_blas(2)
         with threads.this_thread_limited(1):
             assert torch.get_num_threads() == 1 and set(blas_threads()) == {2}
         assert torch.get_num_threads() == 2 and set(blas_threads()) == {2}
     finally:
         threads.set_threads(before)
+        threads.limit_blas(1)

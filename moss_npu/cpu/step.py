@@ -125,9 +125,10 @@ class CpuStep:
         self.heads = [self.arena.linear(h) for h in model.heads]
         self.eps, self.n_head = model.eps, model.n_head
         self.scales = ([b.scale for b in model.global_blocks], [b.scale for b in model.local_blocks])
-        # numpy's BLAS count is the process's, so it is set here once: one thread where one-slot frames multiply
-        # through it (numpy's GEMV, the compiled blocks), else torch's count.
-        limit_blas(1 if kernels is None or compile_mode == "on" else torch.get_num_threads())
+        # numpy's BLAS count is the process's, so it is set here once, to one thread: it multiplies single rows
+        # (numpy's GEMV without the kernels or compiled, a prompt's last row), and its workers, spinning between
+        # calls, took the cores from torch's OpenMP workers (a prefill 7x slower on 2 threads).
+        limit_blas(1)
         self.compile_seconds = 0.0  # time spent compiling graphs so far
         self._block = self._eager_block
         self.packing = packing_available()

@@ -2,8 +2,9 @@
 use. One process-wide setting, made by the command lines (``--num-threads``; 0: ``default_threads``).
 
 A one-slot frame runs torch on one thread in its own thread (``this_thread_limited``) while the kernels' pool
-shares the products over the setting's threads; prefill and the codec keep the setting; numpy's BLAS count is
-set once, when the CPU step is built. Why: docs/performance.md#threads.
+shares the products over the setting's threads; prefill and the codec keep the setting. numpy's BLAS runs on one
+thread, set when the CPU step is built: it multiplies only single rows there, and with more its spinning workers
+fought torch's OpenMP workers for the cores. Why: docs/performance.md#threads.
 """
 
 from __future__ import annotations
@@ -35,10 +36,10 @@ def default_threads() -> int:
 
 
 def set_threads(count: int = 0) -> int:
-    """Use ``count`` threads (0: ``default_threads()``) in torch and in numpy's BLAS; return the count used."""
+    """Use ``count`` threads (0: ``default_threads()``) in torch's intra-op pool; return the count used. numpy's
+    BLAS is left to the CPU step (the module docstring)."""
     count = count or default_threads()
     torch.set_num_threads(count)
-    limit_blas(count)
     return count
 
 

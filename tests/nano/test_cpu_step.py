@@ -149,14 +149,20 @@ def _blas_threads() -> set:
     return {pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"}
 
 
-def test_blas_threads_follow_torch(model):
+def test_the_step_runs_numpy_blas_on_one_thread(model):
+    """numpy's BLAS multiplies only single rows here; with torch's count its spinning workers fought torch's OpenMP
+    workers for the cores (a prefill's last row took a prompt from 15 to 105 ms on 2 threads)."""
+    from moss_npu.cpu.threads import limit_blas
+
     previous = torch.get_num_threads()
     try:
-        torch.set_num_threads(1)
+        torch.set_num_threads(2)
+        limit_blas(2)
         CpuStep.build(model.parts(), "off")
         assert _blas_threads() == {1}
     finally:
         torch.set_num_threads(previous)
+        limit_blas(1)
 
 
 def test_a_one_slot_frame_leaves_the_process_blas_count_alone(model):
@@ -167,17 +173,17 @@ def test_a_one_slot_frame_leaves_the_process_blas_count_alone(model):
     previous = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        limit_blas(2)
         step = CpuStep.build(model.parts(), "off")
         if step.kernel_target() == "none":
             missing("the C library is not built: one-slot frames multiply through numpy's BLAS on one thread")
+        limit_blas(2)  # whatever the process set after the build
         assert _blas_threads() == {2}
         with step.threads(1):
             assert _blas_threads() == {2} and torch.get_num_threads() == 1
         assert _blas_threads() == {2} and torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(previous)
-        limit_blas(previous)
+        limit_blas(1)
 
 
 @pytest.mark.slow
