@@ -17,6 +17,7 @@ from typing import Optional
 
 import torch
 
+from bench.run import numbered
 from moss_npu import device as devices
 from moss_npu.nano.decoder import RequestParams
 from moss_npu.tts.pipeline import MossTTSNano
@@ -49,7 +50,7 @@ def run_batch(tts: MossTTSNano, case: str, batch: int, frames: int, serial: int,
     settings, graph = RunConfig(do_sample=False, max_new_frames=frames, host_rng=True), tts.graph
     prompts, plans = [], []
     for i in range(batch):
-        plan = tts.preparer.plan(f"{serial + i}. {text}", settings, audio)
+        plan = tts.preparer.plan(numbered(serial + i, text), settings, audio)
         plans.append(plan)
         prompts.append(tts.preparer.prompt_rows(plan, plan.chunks[0]))
     sync = devices.backend(tts.device).synchronize

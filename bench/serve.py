@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Optional
 
 from bench.checkpoints import SIZES, ensure_checkpoints
-from bench.run import RESULTS_DIR, SHORT, setup_line, write_atomic
+from bench.run import RESULTS_DIR, SHORT, numbered, setup_line, write_atomic
 from moss_npu.cli import run_cli
 
 STARTUP_S = 600.0
@@ -153,7 +153,7 @@ def run_level(target: Target, concurrency: int, requests: int, frames: int, seri
     texts = []
     for _ in range(concurrency * requests):
         serial[0] += 1
-        texts.append(f"{serial[0]}. {SHORT['en']}")
+        texts.append(numbered(serial[0], SHORT['en']))
     # one per client, as an application holds one
     clients = [httpx.Client(timeout=httpx.Timeout(600.0)) for _ in range(concurrency)]
 

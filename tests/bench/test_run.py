@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from bench import run
 from bench.checkpoints import ensure_checkpoints
@@ -110,3 +111,30 @@ def test_a_stream_case_refuses_what_it_would_ignore(tmp_path, capsys):
     assert "with --batch" in capsys.readouterr().err
     assert run.main([*common, "--no-stream", "--cases", "stream-en,stream-zh"]) == 2
     assert "always streamed" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+@pytest.mark.parametrize("normalize", [False, True])
+def test_numbered_runs_share_only_the_template(tmp_path, lang, normalize):
+    """Each run's text is new from its first row on, so the prefix cache leaves the whole text to prefill: with the
+    numbered-list form (``11. text``) the preparation dropped the number and every prompt was the same."""
+    from moss_npu.tts.pipeline import MossTTSNano
+    from moss_npu.tts.settings import RunConfig
+
+    model, codec = ensure_checkpoints("tiny", tmp_path)
+    tts = MossTTSNano.from_pretrained(str(model), str(codec), device="cpu")
+    settings = RunConfig(text_normalization=normalize, wetext=False)
+
+    def rows(text: str) -> torch.Tensor:
+        plan = tts.preparer.plan(text, settings, None)
+        return tts.preparer.prompt_rows(plan, plan.chunks[0])
+
+    def shared(a: torch.Tensor, b: torch.Tensor) -> int:
+        n = min(len(a), len(b))
+        return int((a[:n] == b[:n]).all(dim=-1).long().cumprod(dim=0).sum())
+
+    bare, other = rows(run.SHORT[lang]), rows(run.LONG["zh" if lang == "en" else "en"])
+    template = shared(bare, other)  # two unrelated texts share the template alone
+    first, second = rows(run.numbered(11, run.SHORT[lang])), rows(run.numbered(12, run.SHORT[lang]))
+    assert shared(first, bare) == template and shared(second, bare) == template
+    assert len(first) > template + 2 and shared(first, second) < len(first)
