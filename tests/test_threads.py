@@ -41,3 +41,16 @@ def test_a_limit_is_this_threads_and_given_back():
     finally:
         threads.set_threads(before)
         threads.limit_blas(1)
+
+
+def test_a_count_for_a_block_may_raise_this_threads_and_is_given_back():
+    before = torch.get_num_threads()
+    try:
+        threads.set_threads(1)
+        with threads.this_thread_using(2):
+            assert torch.get_num_threads() == 2
+        assert torch.get_num_threads() == 1
+        with threads.this_thread_limited(4):  # a limit never raises
+            assert torch.get_num_threads() == 1
+    finally:
+        threads.set_threads(before)

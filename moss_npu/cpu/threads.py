@@ -2,7 +2,8 @@
 use. One process-wide setting, made by the command lines (``--num-threads``; 0: ``default_threads``).
 
 A one-slot frame runs torch on one thread in its own thread (``this_thread_limited``) while the kernels' pool
-shares the products over the setting's threads; prefill and the codec keep the setting. numpy's BLAS runs on one
+shares the products over the setting's threads; prefill and the codec keep the setting (the engine's prefill
+takes its audio thread's count too while that thread is idle). numpy's BLAS runs on one
 thread, set when the CPU step is built: it multiplies only single rows there, and with more its spinning workers
 fought torch's OpenMP workers for the cores. Why: docs/performance.md#threads.
 """
@@ -55,11 +56,10 @@ def limit_blas(count: int) -> None:
 
 
 @contextlib.contextmanager
-def this_thread_limited(count: int) -> Iterator[None]:
-    """Run the block with at most ``count`` torch intra-op threads in the calling thread only (``use_threads``);
-    numpy's BLAS count is process-wide, so it is set when the decoder is built, never around a frame."""
+def this_thread_using(count: int) -> Iterator[None]:
+    """Run the block with ``count`` torch intra-op threads in the calling thread only, then give its count back."""
     before = torch.get_num_threads()
-    if before <= count:
+    if before == count:
         yield
         return
     torch.set_num_threads(count)
@@ -67,3 +67,9 @@ def this_thread_limited(count: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def this_thread_limited(count: int) -> contextlib.AbstractContextManager:
+    """Run the block with at most ``count`` torch intra-op threads in the calling thread only (``use_threads``);
+    numpy's BLAS count is process-wide, so it is set when the decoder is built, never around a frame."""
+    return this_thread_using(min(count, torch.get_num_threads()))

@@ -135,7 +135,7 @@ class Engine:
         self._cond = threading.Condition()
         self.decoder = FrameDecoder(tts.model, slots=max_batch, max_len=max_len, sampler="noise", graph=tts.graph,
                                     prefix_cache=PrefixCache(), weights=tts.weights, compile=tts.compile)
-        self.loop = FrameLoop(self.decoder, self._cond)
+        self.loop = FrameLoop(self.decoder, self._cond, prefill_threads=self._prefill_threads)
         self.audio = CodecRows(tts.codec, max_batch, max(RunConfig().schedule().budgets))
         self._closed = False
         self._events: "queue.Queue[tuple]" = queue.Queue()  # frame thread -> audio thread, in order
@@ -271,20 +271,31 @@ class Engine:
         use_threads(self._threads)
         while True:
             event = self._events.get()
-            kind = event[0]
-            if kind == "stop":
+            if event[0] == "stop":
                 return
-            if kind == "start":
-                self._audio_start(*event[1:])
-            elif kind == "warning":
-                event[1].stream.warnings.append(event[3])
-            elif kind == "frame":
-                self._audio_frame(event[1])
-            else:
-                _, job, error, codes = event
-                if not job.failed:
-                    job.stream.codes = codes
-                    job.stream._end(error)
+            try:
+                self._audio_event(event)
+            finally:
+                self._events.task_done()  # unfinished_tasks: 0 when this thread has nothing to do
+
+    def _audio_event(self, event: tuple) -> None:
+        kind = event[0]
+        if kind == "start":
+            self._audio_start(*event[1:])
+        elif kind == "warning":
+            event[1].stream.warnings.append(event[3])
+        elif kind == "frame":
+            self._audio_frame(event[1])
+        else:
+            _, job, error, codes = event
+            if not job.failed:
+                job.stream.codes = codes
+                job.stream._end(error)
+
+    def _prefill_threads(self) -> int:
+        """Torch threads for a prefill on the frame thread: the audio thread's too while it has no event to run,
+        which stays so until the prefill ends (only the frame thread sends it work); else the thread's own."""
+        return self._threads * 2 if self._events.unfinished_tasks == 0 else self._threads
 
     def _audio_frame(self, frame: list) -> None:
         """Add one frame's codes to each request's audio, decode what is due in one codec call, hand each its

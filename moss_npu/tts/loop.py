@@ -22,16 +22,18 @@ greedy one would stop again); if it still gives nothing, a warning names it, so 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import logging
 import threading
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import torch
 
+from moss_npu.cpu.threads import this_thread_using
 from moss_npu.errors import MossNpuError
 from moss_npu.limits import MAX_SEED
 from moss_npu.nano.decoder import FrameDecoder, RequestParams
@@ -89,8 +91,12 @@ class FrameLoop:
     ``lock`` guards the waiting jobs, which other threads add to (``add``); ``frame`` runs on one thread.
     """
 
-    def __init__(self, decoder: FrameDecoder, lock: Optional[threading.Condition] = None) -> None:
+    def __init__(self, decoder: FrameDecoder, lock: Optional[threading.Condition] = None,
+                 prefill_threads: Optional[Callable[[], int]] = None) -> None:
+        """``prefill_threads()``, asked before each prefill, says how many torch threads it runs on in this thread
+        (None: the thread's own count)."""
         self.decoder = decoder
+        self.prefill_threads = prefill_threads
         self.fallback: Optional[FrameDecoder] = None
         self.lock = lock if lock is not None else threading.RLock()
         self.waiting: deque[Job] = deque()
@@ -189,7 +195,9 @@ class FrameLoop:
             return
         decoder.generator = self._official_generator(decoder, checked[0][0], checked[0][1])
         try:
-            decoder.admit_many([request for *_, request in checked], into=[slot for _, _, slot, _ in checked])
+            threads = this_thread_using(self.prefill_threads()) if self.prefill_threads else contextlib.nullcontext()
+            with threads:
+                decoder.admit_many([request for *_, request in checked], into=[slot for _, _, slot, _ in checked])
         except Exception as exc:  # checked above, so a device failure or a bug: these jobs fail alone
             for job in dict.fromkeys(job for job, *_ in checked):
                 self._fail(job, exc, events)

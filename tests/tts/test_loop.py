@@ -2,6 +2,7 @@
 named; a text too long for one prompt is spoken in pieces; the engine refuses what it would not act on."""
 
 import logging
+import threading
 
 import pytest
 import torch
@@ -126,3 +127,40 @@ def test_the_server_worker_hands_on_the_warning(tts, monkeypatch):
                                                                               settings=settings)))
     done = [message for message in channel if message[0] == "done"]
     assert len(done) == 1 and len(done[0][2]["warnings"]) == 1 and "text chunk 1" in done[0][2]["warnings"][0]
+
+
+@needs_fixtures
+def test_the_engine_prefills_on_the_audio_threads_too_while_they_are_idle(tts, monkeypatch):
+    """A prefill on the frame thread runs on the engine's threads doubled while the audio thread has no event to
+    run (it gets none until the prefill ends), on its own count while it has; the frame thread's count comes back."""
+    from moss_npu.nano.decoder import FrameDecoder
+
+    seen, admit, decode = [], FrameDecoder.admit_many, Engine._audio_frame
+    gate, busy = threading.Event(), threading.Event()
+
+    def admit_many(self, *args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return admit(self, *args, **kwargs)
+
+    def audio_frame(self, frame):
+        busy.set()
+        gate.wait(timeout=30)
+        return decode(self, frame)
+
+    monkeypatch.setattr(FrameDecoder, "admit_many", admit_many)
+    monkeypatch.setattr(Engine, "_audio_frame", audio_frame)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with Engine(tts, max_batch=2) as engine:
+            assert engine._prefill_threads() == 2
+            stream = engine.submit(SpeechRequest("Hello there.", settings=RunConfig(do_sample=False, max_new_frames=3)))
+            assert busy.wait(timeout=30)
+            assert engine._prefill_threads() == 1  # the audio thread is decoding
+            gate.set()
+            list(stream)
+            assert seen == [2] and engine._prefill_threads() == 2
+        assert torch.get_num_threads() == 1
+    finally:
+        gate.set()
+        torch.set_num_threads(before)
