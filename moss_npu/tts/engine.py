@@ -29,7 +29,7 @@ from moss_npu.codec.rows import CodecRows
 from moss_npu.errors import InputError, MossNpuError
 from moss_npu.nano.decoder import FrameDecoder
 from moss_npu.nano.reuse import PrefixCache
-from moss_npu.cpu.threads import use_threads
+from moss_npu.cpu.threads import usable_physical_cores, use_threads
 from moss_npu.tts.loop import Cancelled, FrameLoop, Job
 from moss_npu.tts.pipeline import MossTTSNano
 from moss_npu.tts.prepare import PreparedRequest, PromptAudio, SpeechRequest
@@ -293,9 +293,12 @@ class Engine:
                 job.stream._end(error)
 
     def _prefill_threads(self) -> int:
-        """Torch threads for a prefill on the frame thread: the audio thread's too while it has no event to run,
-        which stays so until the prefill ends (only the frame thread sends it work); else the thread's own."""
-        return self._threads * 2 if self._events.unfinished_tasks == 0 else self._threads
+        """Torch threads for a prefill on the frame thread: the audio thread's too (up to the physical cores)
+        while it has no event to run, which stays so until the prefill ends (only the frame thread sends it work);
+        else the thread's own."""
+        if self._events.unfinished_tasks:
+            return self._threads
+        return max(self._threads, min(2 * self._threads, usable_physical_cores()))
 
     def _audio_frame(self, frame: list) -> None:
         """Add one frame's codes to each request's audio, decode what is due in one codec call, hand each its

@@ -131,9 +131,11 @@ def test_the_server_worker_hands_on_the_warning(tts, monkeypatch):
 
 @needs_fixtures
 def test_the_engine_prefills_on_the_audio_threads_too_while_they_are_idle(tts, monkeypatch):
-    """A prefill on the frame thread runs on the engine's threads doubled while the audio thread has no event to
-    run (it gets none until the prefill ends), on its own count while it has; the frame thread's count comes back."""
+    """A prefill on the frame thread runs on the engine's threads doubled (up to the physical cores) while the audio
+    thread has no event to run (it gets none until the prefill ends), on its own count while it has; the frame
+    thread's count comes back."""
     from moss_npu.nano.decoder import FrameDecoder
+    from moss_npu.tts import engine as engine_module
 
     seen, admit, decode = [], FrameDecoder.admit_many, Engine._audio_frame
     gate, busy = threading.Event(), threading.Event()
@@ -149,6 +151,7 @@ def test_the_engine_prefills_on_the_audio_threads_too_while_they_are_idle(tts, m
 
     monkeypatch.setattr(FrameDecoder, "admit_many", admit_many)
     monkeypatch.setattr(Engine, "_audio_frame", audio_frame)
+    monkeypatch.setattr(engine_module, "usable_physical_cores", lambda: 4)
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -160,6 +163,8 @@ def test_the_engine_prefills_on_the_audio_threads_too_while_they_are_idle(tts, m
             gate.set()
             list(stream)
             assert seen == [2] and engine._prefill_threads() == 2
+            engine._threads = 3
+            assert engine._prefill_threads() == 4  # never more threads than physical cores
         assert torch.get_num_threads() == 1
     finally:
         gate.set()
