@@ -95,10 +95,10 @@ WIDEST static void attend(const void *task, long unit) {
         /* Each unit's keys and values are short streams (one head's cached rows) that the hardware prefetcher
          * meets cold: ask for the keys KEYS_AHEAD rows on, and for this row's values, which the weighted sum
          * reads once the scores are done (docs/performance.md). */
-        const char *ahead = (const char *)(keys + (t + KEYS_AHEAD) * a->dim);
+        const char *ahead = t + KEYS_AHEAD < attended ? (const char *)(keys + (t + KEYS_AHEAD) * a->dim) : NULL;
         const char *value = (const char *)(values + t * a->dim);
         for (long line = 0; line < row_bytes; line += 64) {
-            if (t + KEYS_AHEAD < attended) __builtin_prefetch(ahead + line, 0, 3);
+            if (ahead) __builtin_prefetch(ahead + line, 0, 3);
             __builtin_prefetch(value + line, 0, 3);
         }
         scores[t] = dot(q, keys + t * a->dim, a->dim) * a->scale;

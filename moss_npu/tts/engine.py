@@ -279,6 +279,7 @@ class Engine:
                 self._events.task_done()  # unfinished_tasks: 0 when this thread has nothing to do
 
     def _audio_event(self, event: tuple) -> None:
+        """Run one of the frame thread's events (``FrameLoop``'s, a frame's with its codes)."""
         kind = event[0]
         if kind == "start":
             self._audio_start(*event[1:])
