@@ -162,6 +162,7 @@ def test_the_engine_prefills_on_the_audio_threads_too_while_they_are_idle(tts, m
             assert engine._prefill_threads() == 1  # the audio thread is decoding
             gate.set()
             list(stream)
+            engine._events.join()  # the stream ends inside the audio thread's last event, just before it is done
             assert seen == [2] and engine._prefill_threads() == 2
             engine._threads = 3
             assert engine._prefill_threads() == 4  # never more threads than physical cores
