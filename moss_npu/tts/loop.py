@@ -22,7 +22,6 @@ greedy one would stop again); if it still gives nothing, a warning names it, so 
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import logging
@@ -96,7 +95,7 @@ class FrameLoop:
         """``prefill_threads()``, asked before each prefill, says how many torch threads it runs on in this thread
         (None: the thread's own count)."""
         self.decoder = decoder
-        self.prefill_threads = prefill_threads
+        self.prefill_threads = prefill_threads or torch.get_num_threads
         self.fallback: Optional[FrameDecoder] = None
         self.lock = lock if lock is not None else threading.RLock()
         self.waiting: deque[Job] = deque()
@@ -195,8 +194,7 @@ class FrameLoop:
             return
         decoder.generator = self._official_generator(decoder, checked[0][0], checked[0][1])
         try:
-            threads = this_thread_using(self.prefill_threads()) if self.prefill_threads else contextlib.nullcontext()
-            with threads:
+            with this_thread_using(self.prefill_threads()):
                 decoder.admit_many([request for *_, request in checked], into=[slot for _, _, slot, _ in checked])
         except Exception as exc:  # checked above, so a device failure or a bug: these jobs fail alone
             for job in dict.fromkeys(job for job, *_ in checked):
