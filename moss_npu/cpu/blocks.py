@@ -95,6 +95,39 @@ class Segment:
     rows: int
 
 
+PROMPT_CHUNK = 64  # prompt rows attend chunk by chunk, over the keys up to their chunk's end (prompt_attention)
+QUERY_BLOCK = 4  # torch's attention runs a block of 1-3 query rows through another product kernel than larger ones
+
+
+def prompt_attention(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int,
+                     scale: float) -> torch.Tensor:
+    """Causal attention of L prompt rows at positions ``start``.. (queries (L, H, D)) over their slot's keys and
+    values (H, >= start + L, D); return (L, H, D).
+
+    A row gets the same bits whatever else its prefill holds (a prompt whose prefix came from the prefix cache,
+    prompts admitted together, the thread count), since every call torch makes is alike for it. Its sums over
+    the keys change with their count, so the rows attend chunk by chunk (``PROMPT_CHUNK`` positions), each over
+    the keys up to its chunk's end (zeros past the prompt, all masked); and a last block of 1-3 query rows goes
+    through another product than larger ones (a single row's keys are split between threads, too), so each
+    call's rows are padded to a multiple of ``QUERY_BLOCK``.
+    """
+    rows, heads, dim = queries.shape
+    end, out, first = start + rows, [], start
+    while first < end:
+        stop = (first // PROMPT_CHUNK + 1) * PROMPT_CHUNK  # the chunk's end: its rows' key count
+        last = min(stop, end)
+        spare = -(last - first) % QUERY_BLOCK
+        q = F.pad(queries[first - start:last - start], (0, 0, 0, 0, 0, spare))
+        k = F.pad(keys[:, :last], (0, 0, 0, stop - last))
+        v = F.pad(values[:, :last], (0, 0, 0, stop - last))
+        causal = torch.arange(stop)[None, :] <= torch.arange(first, last + spare)[:, None]  # padding rows: all keys
+        attended = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k[None], v[None], attn_mask=causal,
+                                                  scale=scale)
+        out.append(attended[0, :, :last - first].transpose(0, 1))
+        first = last
+    return out[0] if len(out) == 1 else torch.cat(out)
+
+
 def block_rows(x: torch.Tensor, rotation: torch.Tensor, kv: torch.Tensor, segments: list[Segment],
                *weights: torch.Tensor, heads: int, eps: float, scale: float, matmul: Matmul,
                last_only: bool = False) -> torch.Tensor:
@@ -116,14 +149,10 @@ def block_rows(x: torch.Tensor, rotation: torch.Tensor, kv: torch.Tensor, segmen
         part, end = slice(offset, offset + seg.rows), seg.start + seg.rows
         kv[0, seg.slot, :, seg.start:end] = qk[part, 1].transpose(0, 1)
         kv[1, seg.slot, :, seg.start:end] = qkv[part, 2].transpose(0, 1)
-        if last_only:  # the last row attends to every key: no mask
-            queries, causal = qk[offset + seg.rows - 1:offset + seg.rows, 0], None
-        else:
-            queries = qk[part, 0]
-            causal = torch.arange(end)[None, :] <= torch.arange(seg.start, end)[:, None]  # (L, T)
-        out = F.scaled_dot_product_attention(queries.transpose(0, 1)[None], kv[0, seg.slot, None, :, :end],
-                                             kv[1, seg.slot, None, :, :end], attn_mask=causal, scale=scale)
-        attended.append(out[0].transpose(0, 1).reshape(-1, e))
+        first = end - 1 if last_only else seg.start  # the last row alone attends to every key
+        queries = qk[offset + first - seg.start:offset + seg.rows, 0]
+        out = prompt_attention(queries, kv[0, seg.slot, :, :end], kv[1, seg.slot, :, :end], first, scale)
+        attended.append(out.reshape(-1, e))
         lasts.append(offset + seg.rows - 1)
         offset += seg.rows
     if last_only:

@@ -2,8 +2,9 @@
 
 The packed copy (one more copy of the weight, so callers pack only what they multiply that way) goes through the
 operators inductor's weight freezing emits (``torch.ops.mkldnn``); a torch without them has ``packing_available()
-== False`` and callers keep their plain product. One row is not packed: the one-row kernels stream plain weights
-faster (docs/performance.md#cpu-speed).
+== False`` and callers keep their plain product. A frame's one row is not packed: the one-row kernels stream plain
+weights faster (docs/performance.md#cpu-speed). A prompt's rows are, however few: a row's sums here do not depend on
+how many rows share the product.
 """
 
 from __future__ import annotations

@@ -248,6 +248,13 @@ class CpuStep:
         generic path on AMD; docs/performance.md)."""
         if x.shape[0] == 1:
             return gemv(x, *self._arrays[weight_t.data_ptr()], residual)
+        return self._prompt_matmul(x, weight_t, bias, residual)
+
+    def _prompt_matmul(self, x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor,
+                       residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``_matmul`` for a prompt's rows: through the packed weight however few they are, so that a row gets
+        the same bits whatever rows share its prefill (a prompt whose prefix was cached and only its last row is
+        new, prompts admitted together); oneDNN's packed product gives a row the same sums at any row count."""
         if not self.packing:
             return blas_matmul(x, weight_t, bias, residual)
         out = packed_matmul(x, self._packed_weight(weight_t), bias)
@@ -374,7 +381,7 @@ class CpuStep:
         (an int8 model's through torch's int8 kernel); prompts prefilled together share each pass over the
         weights, which a prompt's few new rows (the template comes from the prefix cache) leave memory-bound.
         """
-        matmul = int8_matmul if self.int8 else self._matmul
+        matmul = int8_matmul if self.int8 else self._prompt_matmul
         final = len(self._prefill_blocks) - 1
         for i, weights in enumerate(self._prefill_blocks):
             x = block_rows(x, rotation, kv[i], segments, *weights, heads=self.n_head, eps=self.eps,

@@ -144,9 +144,10 @@ class FrameDecoder:
     def admit_many(self, requests: list[tuple[torch.Tensor, RequestParams]],
                    into: Optional[list[int]] = None) -> list[int]:
         """Prefill several requests' prompt rows (L, Q + 1) together into the lowest free slots (or the free
-        slots ``into``, one per request); return their slots, in order. On the CPU their prompts share each pass over the weights (``cpu.step``), so requests
-        arriving together reach their first frame about as soon as one alone; each request's state is what
-        ``admit`` alone gives it, to float rounding.
+        slots ``into``, one per request); return their slots, in order. On the CPU their prompts share each pass
+        over the weights (``cpu.step``), so requests arriving together reach their first frame about as soon as one
+        alone; each request's state is what ``admit`` alone gives it, on the CPU bit for bit (also after a cached
+        prefix, ``cpu.blocks.prompt_attention``), elsewhere to float rounding.
 
         Raises InputError, admitting none, when a request is bad (``admit``) or fewer slots are free than asked.
         """

@@ -14,6 +14,7 @@ from moss_npu.cpu import step as cpu_step
 from moss_npu.nano.checkpoint import load_model
 from moss_npu.cpu.blocks import blas_matmul
 from moss_npu.cpu.step import CpuStep
+from moss_npu.cpu.threads import this_thread_using
 from moss_npu.cpu.weights import WeightArena
 from moss_npu.nano.decoder import FrameDecoder, RequestParams
 from moss_npu.nano.step import TorchStep
@@ -229,10 +230,26 @@ def test_prefill_fills_the_cache_like_the_model_forward(model, prompts, split):
     assert torch.equal(kv[:, :, 0], torch.zeros_like(kv[:, :, 0]))  # the other slot is untouched
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_prompt_row_attends_alike_in_any_call(threads):
+    """A prompt row's attention has the same bits whichever rows share its call (how long the prompt is, how
+    many rows before it came from the prefix cache) and on any thread count. Torch's attention alone does not: a
+    last block of 1-3 query rows, or another count of keys, changes a row's sums (real-size heads)."""
+    g = torch.Generator().manual_seed(0)
+    heads, dim, length = 12, 64, 150
+    queries, keys, values = (torch.randn(length, heads, dim, generator=g) for _ in range(3))
+    keys, values = keys.transpose(0, 1), values.transpose(0, 1)  # (H, T, D), as in a slot's cache
+    whole = blocks.prompt_attention(queries, keys, values, 0, 0.125)
+    with this_thread_using(threads):
+        for start, end in [(0, 35), (33, 36), (0, 30), (100, 101), (64, 130), (149, 150), (5, 97)]:
+            part = blocks.prompt_attention(queries[start:end], keys[:, :end], values[:, :end], start, 0.125)
+            assert torch.equal(part, whole[start:end]), (start, end)
+
+
 def test_prompts_prefilled_together_fill_each_slot_as_alone(model, prompts):
     """Three prompts of different lengths prefilled in one call (one pass of products over all their rows, one
-    after a cached prefix) leave each slot's keys/values and last hidden state as each prompt alone does, and
-    the slot between them untouched."""
+    after a cached prefix) leave each slot's keys/values and last hidden state bit for bit as each prompt alone
+    does, and the slot between them untouched."""
     g = model.config.gpt2_config
     longest = max(p.shape[0] for p in prompts[:3])
     step = CpuStep.build(model.parts())
@@ -256,7 +273,7 @@ def test_prompts_prefilled_together_fill_each_slot_as_alone(model, prompts):
     assert hidden.shape == (3, g.n_embd)
     for i in range(3):
         alone = prefix.clone() if i == 1 else fresh()
-        torch.testing.assert_close(hidden[i], prefill(alone, [i])[0], rtol=1e-5, atol=1e-6)
+        assert torch.equal(hidden[i], prefill(alone, [i])[0])
         s = slots[i]
-        torch.testing.assert_close(together[:, :, s], alone[:, :, s], rtol=1e-5, atol=1e-6)
+        assert torch.equal(together[:, :, s], alone[:, :, s])
     assert torch.equal(together[:, :, 1], torch.zeros_like(together[:, :, 1]))
