@@ -29,7 +29,7 @@ from moss_npu.codec.rows import CodecRows
 from moss_npu.errors import InputError, MossNpuError
 from moss_npu.nano.decoder import FrameDecoder
 from moss_npu.nano.reuse import PrefixCache
-from moss_npu.cpu.threads import usable_physical_cores, use_threads
+from moss_npu.cpu.threads import this_thread_using, usable_physical_cores, use_threads
 from moss_npu.tts.loop import Cancelled, FrameLoop, Job
 from moss_npu.tts.pipeline import MossTTSNano
 from moss_npu.tts.prepare import PreparedRequest, PromptAudio, SpeechRequest
@@ -296,9 +296,17 @@ class Engine:
     def _prefill_threads(self) -> int:
         """Torch threads for a prefill on the frame thread: the audio thread's too (up to the physical cores)
         while it has no event to run, which stays so until the prefill ends (only the frame thread sends it work);
-        else the thread's own."""
-        if self._events.unfinished_tasks:
-            return self._threads
+        else the thread's own. A prompt's bits do not depend on the count (``cpu.blocks.prompt_attention``)."""
+        return self._threads if self._events.unfinished_tasks else self._both_threads()
+
+    def _codec_threads(self) -> int:
+        """Torch threads for a codec call on the audio thread: the frame thread's too (up to the physical cores)
+        while it has no request to decode, else the thread's own. A request arriving meanwhile prefills on its own
+        count (the audio thread is busy) while the call ends."""
+        return self._both_threads() if self.loop.idle else self._threads
+
+    def _both_threads(self) -> int:
+        """The engine's threads for both its threads' work: twice a thread's own, up to the physical cores."""
         return max(self._threads, min(2 * self._threads, usable_physical_cores()))
 
     def _audio_frame(self, frame: list) -> None:
@@ -317,7 +325,8 @@ class Engine:
                 ended.append(job)
         if due:
             try:
-                waves = self.audio.decode({row: codes for row, (_, codes) in due.items()})
+                with this_thread_using(self._codec_threads()):
+                    waves = self.audio.decode({row: codes for row, (_, codes) in due.items()})
             except Exception as exc:  # e.g. the codec failed: the requests in this call fail, the others go on
                 log.exception("decoding audio failed")
                 for job, _ in due.values():

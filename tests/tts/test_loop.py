@@ -170,3 +170,45 @@ def test_the_engine_prefills_on_the_audio_threads_too_while_they_are_idle(tts, m
     finally:
         gate.set()
         torch.set_num_threads(before)
+
+
+def test_the_engine_decodes_audio_on_the_frame_threads_too_while_they_are_idle(tts, monkeypatch):
+    """A codec call on the audio thread runs on the engine's threads doubled (up to the physical cores) while the
+    frame loop has no request, on its own count while it has one."""
+    from moss_npu.codec.rows import CodecRows
+    from moss_npu.nano.decoder import FrameDecoder
+    from moss_npu.tts import engine as engine_module
+
+    seen, decode, step, codec_threads = [], CodecRows.decode, FrameDecoder.step, Engine._codec_threads
+    gate, stepping = threading.Event(), threading.Event()
+
+    def counted_decode(self, due):
+        seen.append(torch.get_num_threads())
+        return decode(self, due)
+
+    def held_step(self):
+        stepping.set()
+        gate.wait(timeout=30)
+        return step(self)
+
+    monkeypatch.setattr(CodecRows, "decode", counted_decode)
+    monkeypatch.setattr(FrameDecoder, "step", held_step)
+    monkeypatch.setattr(engine_module, "usable_physical_cores", lambda: 4)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with Engine(tts, max_batch=2) as engine:
+            assert engine._codec_threads() == 2  # no request
+            stream = engine.submit(SpeechRequest("Hello there.", settings=RunConfig(do_sample=False, max_new_frames=3)))
+            assert stepping.wait(timeout=30)
+            assert engine._codec_threads() == 1  # a request is decoding
+            monkeypatch.setattr(Engine, "_codec_threads", lambda self: 3)
+            gate.set()
+            list(stream)
+            engine._events.join()
+            assert seen and set(seen) == {3}  # every codec call ran on the count asked for
+            engine._threads = 3
+            assert codec_threads(engine) == 4  # idle again; never more threads than physical cores
+    finally:
+        gate.set()
+        torch.set_num_threads(before)
