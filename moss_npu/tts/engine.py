@@ -299,11 +299,13 @@ class Engine:
         else the thread's own. A prompt's bits do not depend on the count (``cpu.blocks.prompt_attention``)."""
         return self._threads if self._events.unfinished_tasks else self._both_threads()
 
-    def _codec_threads(self) -> int:
-        """Torch threads for a codec call on the audio thread: the frame thread's too (up to the physical cores)
-        while it has no request to decode, else the thread's own. A request arriving meanwhile prefills on its own
-        count (the audio thread is busy) while the call ends."""
-        return self._both_threads() if self.loop.idle else self._threads
+    def _codec_threads(self, streams: int) -> int:
+        """Torch threads for a codec call of ``streams`` streams on the audio thread: the frame thread's too (up to
+        the physical cores) while the frame loop has no request and the call has several streams, else the
+        thread's own. A request arriving meanwhile prefills on its own count while the call ends. A one-stream
+        call (~9 ms) stays on one thread: a lone request's first audio measured no better with it (4-10 ms later,
+        within the noise of a shared VM)."""
+        return self._both_threads() if streams > 1 and self.loop.idle else self._threads
 
     def _both_threads(self) -> int:
         """The engine's threads for both its threads' work: twice a thread's own, up to the physical cores."""
@@ -325,7 +327,7 @@ class Engine:
                 ended.append(job)
         if due:
             try:
-                with this_thread_using(self._codec_threads()):
+                with this_thread_using(self._codec_threads(len(due))):
                     waves = self.audio.decode({row: codes for row, (_, codes) in due.items()})
             except Exception as exc:  # e.g. the codec failed: the requests in this call fail, the others go on
                 log.exception("decoding audio failed")

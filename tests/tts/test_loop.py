@@ -173,8 +173,8 @@ def test_the_engine_prefills_on_the_audio_threads_too_while_they_are_idle(tts, m
 
 
 def test_the_engine_decodes_audio_on_the_frame_threads_too_while_they_are_idle(tts, monkeypatch):
-    """A codec call on the audio thread runs on the engine's threads doubled (up to the physical cores) while the
-    frame loop has no request, on its own count while it has one."""
+    """A codec call of several streams on the audio thread runs on the engine's threads doubled (up to the physical
+    cores) while the frame loop has no request, on its own count while it has one; a one-stream call on its own."""
     from moss_npu.codec.rows import CodecRows
     from moss_npu.nano.decoder import FrameDecoder
     from moss_npu.tts import engine as engine_module
@@ -198,17 +198,17 @@ def test_the_engine_decodes_audio_on_the_frame_threads_too_while_they_are_idle(t
     torch.set_num_threads(1)
     try:
         with Engine(tts, max_batch=2) as engine:
-            assert engine._codec_threads() == 2  # no request
+            assert engine._codec_threads(2) == 2 and engine._codec_threads(1) == 1  # no request
             stream = engine.submit(SpeechRequest("Hello there.", settings=RunConfig(do_sample=False, max_new_frames=3)))
             assert stepping.wait(timeout=30)
-            assert engine._codec_threads() == 1  # a request is decoding
-            monkeypatch.setattr(Engine, "_codec_threads", lambda self: 3)
+            assert engine._codec_threads(2) == 1  # a request is decoding
+            monkeypatch.setattr(Engine, "_codec_threads", lambda self, streams: 3)
             gate.set()
             list(stream)
             engine._events.join()
             assert seen and set(seen) == {3}  # every codec call ran on the count asked for
             engine._threads = 3
-            assert codec_threads(engine) == 4  # idle again; never more threads than physical cores
+            assert codec_threads(engine, 8) == 4  # idle again; never more threads than physical cores
     finally:
         gate.set()
         torch.set_num_threads(before)
