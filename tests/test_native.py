@@ -285,3 +285,18 @@ def test_a_library_older_than_its_sources_says_so(installed, monkeypatch, caplog
     with caplog.at_level(logging.WARNING, logger="moss_npu.native.library"):
         native.load_library()
     assert not caplog.records  # the library as built by this checkout's sources
+
+
+def test_kernel_scratch_starts_on_a_cache_line():
+    """``line_aligned`` gives ``count`` writable float32 values starting on a 64-byte line, wherever numpy's
+    allocator starts its block (a smaller array first shifts where the next one lands)."""
+    starts = set()
+    for count in (1, 7, 16, 1000, 12345):
+        for shift in range(4):
+            filler = np.empty(shift * 3 + 1, np.float32)  # noqa: F841 - moves the allocator's next block
+            scratch = native.line_aligned(count)
+            assert scratch.dtype == np.float32 and scratch.shape == (count,) and scratch.flags.c_contiguous
+            assert scratch.ctypes.data % 64 == 0
+            scratch[:] = 1.0
+            starts.add(scratch.base.ctypes.data % 64)
+    assert starts != {0}  # numpy's own blocks did not all start on a line: the test exercised the shift

@@ -15,7 +15,7 @@ import numpy as np
 
 from moss_npu.cpu.blocks import RowBlock
 from moss_npu.cpu.matvec import FORMATS, MatVecKernels, Tiles
-from moss_npu.native.library import require
+from moss_npu.native.library import line_aligned, require
 
 _POINTER, _LONG, _INT, _FLOAT = ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_float
 
@@ -87,7 +87,7 @@ class FusedRowBlock:
             raise ValueError(f"keys: an (H, M, D) cache expected, got {getattr(keys, 'shape', type(keys))}")
         rows = self._check(rotation, keys, values, qkv, (3 * e,), position, attended)
         spec = ctypes.byref(self._spec)
-        scratch = np.empty(self._library.moss_row_block_scratch(spec, attended), np.float32)
+        scratch = line_aligned(self._library.moss_row_block_scratch(spec, attended))
         out = x.copy()
         status = self._library.moss_row_block(self._kernels.threads.handle, spec, out.ctypes.data,
                                               rotation.ctypes.data, keys.ctypes.data, values.ctypes.data, rows,
@@ -116,7 +116,7 @@ class FusedRowBlock:
             raise ValueError(f"rows at {positions.tolist()} attending {attended.tolist()}: each must attend itself")
         places = _Places(positions.ctypes.data, attended.ctypes.data, rotation.ctypes.data, 1)
         spec = ctypes.byref(self._spec)
-        scratch = np.empty(n * self._library.moss_row_block_scratch(spec, int(attended.max())), np.float32)
+        scratch = line_aligned(n * self._library.moss_row_block_scratch(spec, int(attended.max())))
         out = x.copy()
         status = self._library.moss_block_rows(self._kernels.threads.handle, spec, n, out.ctypes.data,
                                                ctypes.byref(places), keys.ctypes.data, values.ctypes.data,

@@ -19,7 +19,7 @@ import numpy as np
 
 from moss_npu.cpu.fused_block import FusedRowBlock, _Block, _Product
 from moss_npu.cpu.matvec import FORMATS, MatVecKernels, Tiles
-from moss_npu.native.library import require
+from moss_npu.native.library import line_aligned, require
 from moss_npu.sampling import TokenParams
 
 _POINTER, _LONG, _INT = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
@@ -156,7 +156,7 @@ class LocalLoop:
                                                                      "top_k")), noise.ctypes.data, noise.shape[1],
                           *drawn)
         spec = ctypes.byref(self._spec)
-        scratch = np.empty(self._library.moss_local_audio_scratch(spec, n, start + channels), np.float32)
+        scratch = line_aligned(self._library.moss_local_audio_scratch(spec, n, start + channels))
         codes, finite = np.empty((n, channels), np.int64), np.empty(n, np.bool_)
         status = self._library.moss_local_audio(
             self._kernels.threads.handle, spec, n, start, channels, cache.ctypes.data, slots, rows,
