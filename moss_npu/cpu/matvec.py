@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from moss_npu.cpu.targets import TARGETS, choose_target
-from moss_npu.native.library import load_library, require
+from moss_npu.native.library import line_aligned, load_library, require
 from moss_npu.cpu.prepared import PageArena
 from moss_npu.cpu.quantize import int8_rows
 
@@ -190,7 +190,7 @@ class Tiles:
         if residual is not None:
             require(residual, np.float32, (*rows, self.out_features), "residual")
             residual = _fitted(residual, self._columns)
-        y = np.empty((*rows, self._columns), np.float32)
+        y = line_aligned(math.prod(rows) * self._columns).reshape(*rows, self._columns)  # the threads' tiles
         self._kernels.multiply(self.format, x, self.values, self._vectors, residual, y, math.prod(rows),
                                self.in_features, self._columns)
         return y if self._columns == self.out_features else np.ascontiguousarray(y[..., :self.out_features])
