@@ -194,9 +194,9 @@ def _installed(path: str) -> ctypes.CDLL:
 
 def line_aligned(count: int) -> np.ndarray:
     """An uninitialized float32 array of ``count`` values starting on a 64-byte cache line: a kernel's scratch,
-    whose buffers the pool's threads fill tile by tile. From wherever numpy's allocator happened to start one, the
-    edges of two threads' tiles shared cache lines, and a one-slot frame ran 5-8 % slower in some processes than
-    in others (docs/performance.md)."""
+    whose buffers the pool's threads fill tile by tile. From wherever numpy's allocator happened to start one, a
+    one-slot frame ran 5-8 % slower in some processes than in others, on one kernel thread and on two
+    (docs/performance.md)."""
     room = np.empty(count + 16, np.float32)
     skip = (-room.ctypes.data % 64) // 4
     return room[skip:skip + count]
