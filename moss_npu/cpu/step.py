@@ -254,7 +254,8 @@ class CpuStep:
                        residual: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``_matmul`` for a prompt's rows: through the packed weight however few they are, so that a row gets
         the same bits whatever rows share its prefill (a prompt whose prefix was cached and only its last row is
-        new, prompts admitted together); oneDNN's packed product gives a row the same sums at any row count."""
+        new, prompts admitted together); oneDNN's packed product gives a row the same sums at any row count. A
+        torch that cannot pack (``packing_available``) keeps ``blas_matmul``, whose one row takes numpy's GEMV."""
         if not self.packing:
             return blas_matmul(x, weight_t, bias, residual)
         out = packed_matmul(x, self._packed_weight(weight_t), bias)
