@@ -190,9 +190,10 @@ class Tiles:
         if residual is not None:
             require(residual, np.float32, (*rows, self.out_features), "residual")
             residual = _fitted(residual, self._columns)
-        y = line_aligned(math.prod(rows) * self._columns).reshape(*rows, self._columns)  # the threads' tiles
-        self._kernels.multiply(self.format, x, self.values, self._vectors, residual, y, math.prod(rows),
-                               self.in_features, self._columns)
+        count = math.prod(rows)
+        y = line_aligned(count * self._columns).reshape(*rows, self._columns)  # the threads' tiles
+        self._kernels.multiply(self.format, x, self.values, self._vectors, residual, y, count, self.in_features,
+                               self._columns)
         return y if self._columns == self.out_features else np.ascontiguousarray(y[..., :self.out_features])
 
 

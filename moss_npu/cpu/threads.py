@@ -3,9 +3,10 @@ use. One process-wide setting, made by the command lines (``--num-threads``; 0: 
 
 A one-slot frame runs torch on one thread in its own thread (``this_thread_limited``) while the kernels' pool
 shares the products over the setting's threads; prefill and the codec keep the setting (the engine's prefill
-takes its audio thread's count too while that thread is idle). numpy's BLAS runs on one thread, set when the CPU
-step is built: it multiplies only single rows there, and with more its spinning workers fought torch's OpenMP
-workers for the cores. Why: docs/performance.md#threads.
+takes its audio thread's count too while that thread is idle, and a codec call of several streams the frame
+thread's while no request is decoding). numpy's BLAS runs on one thread, set when the CPU step is built: it
+multiplies only single rows there, and with more its spinning workers fought torch's OpenMP workers for the
+cores. Why: docs/performance.md#threads.
 """
 
 from __future__ import annotations

@@ -38,6 +38,22 @@ def silence_first_chunk(monkeypatch, tries: int):
     return runs
 
 
+def counting_threads(original, seen: list):
+    """``original`` wrapped to note the torch thread count of its calling thread first."""
+    def counted(self, *args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return original(self, *args, **kwargs)
+    return counted
+
+
+def held(original, reached: threading.Event, gate: threading.Event):
+    """``original`` wrapped to say it was reached, then wait for ``gate`` before it runs."""
+    def waiting(self, *args, **kwargs):
+        reached.set()
+        gate.wait(timeout=30)
+        return original(self, *args, **kwargs)
+    return waiting
+
 @needs_fixtures
 def test_a_silent_chunk_is_generated_again_with_the_next_seed(tts, monkeypatch):
     runs = silence_first_chunk(monkeypatch, tries=1)
@@ -137,20 +153,9 @@ def test_the_engine_prefills_on_the_audio_threads_too_while_they_are_idle(tts, m
     from moss_npu.nano.decoder import FrameDecoder
     from moss_npu.tts import engine as engine_module
 
-    seen, admit, decode = [], FrameDecoder.admit_many, Engine._audio_frame
-    gate, busy = threading.Event(), threading.Event()
-
-    def admit_many(self, *args, **kwargs):
-        seen.append(torch.get_num_threads())
-        return admit(self, *args, **kwargs)
-
-    def audio_frame(self, frame):
-        busy.set()
-        gate.wait(timeout=30)
-        return decode(self, frame)
-
-    monkeypatch.setattr(FrameDecoder, "admit_many", admit_many)
-    monkeypatch.setattr(Engine, "_audio_frame", audio_frame)
+    seen, gate, busy = [], threading.Event(), threading.Event()
+    monkeypatch.setattr(FrameDecoder, "admit_many", counting_threads(FrameDecoder.admit_many, seen))
+    monkeypatch.setattr(Engine, "_audio_frame", held(Engine._audio_frame, busy, gate))
     monkeypatch.setattr(engine_module, "usable_physical_cores", lambda: 4)
     before = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -172,6 +177,7 @@ def test_the_engine_prefills_on_the_audio_threads_too_while_they_are_idle(tts, m
         torch.set_num_threads(before)
 
 
+@needs_fixtures
 def test_the_engine_decodes_audio_on_the_frame_threads_too_while_they_are_idle(tts, monkeypatch):
     """A codec call of several streams on the audio thread runs on the engine's threads doubled (up to the physical
     cores) while the frame loop has no request, on its own count while it has one; a one-stream call on its own."""
@@ -179,20 +185,9 @@ def test_the_engine_decodes_audio_on_the_frame_threads_too_while_they_are_idle(t
     from moss_npu.nano.decoder import FrameDecoder
     from moss_npu.tts import engine as engine_module
 
-    seen, decode, step, codec_threads = [], CodecRows.decode, FrameDecoder.step, Engine._codec_threads
-    gate, stepping = threading.Event(), threading.Event()
-
-    def counted_decode(self, due):
-        seen.append(torch.get_num_threads())
-        return decode(self, due)
-
-    def held_step(self):
-        stepping.set()
-        gate.wait(timeout=30)
-        return step(self)
-
-    monkeypatch.setattr(CodecRows, "decode", counted_decode)
-    monkeypatch.setattr(FrameDecoder, "step", held_step)
+    seen, gate, stepping, codec_threads = [], threading.Event(), threading.Event(), Engine._codec_threads
+    monkeypatch.setattr(CodecRows, "decode", counting_threads(CodecRows.decode, seen))
+    monkeypatch.setattr(FrameDecoder, "step", held(FrameDecoder.step, stepping, gate))
     monkeypatch.setattr(engine_module, "usable_physical_cores", lambda: 4)
     before = torch.get_num_threads()
     torch.set_num_threads(1)
