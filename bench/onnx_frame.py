@@ -20,6 +20,9 @@ official session options) at 1 and 2 intra-op threads: the same prompt rows, ``-
 cache growing as the official runtime drives it; ms/frame is the frame loop's (prefill and codec excluded),
 median over the rounds. Every run's codes must equal ours, else the times compare different work: exit 1.
 The last two lines are the ratios docs/performance.md targets: ``fp32@1 / onnx@1`` and ``fp32@2 / onnx best``.
+Before the table, ``bench.bandwidth``'s probe over a buffer of the global stack's size, taken before and after the
+rounds: a batch-1 frame is bound by these reads, and on a VM the rate two threads get can change between runs
+(docs/performance.md#against-the-official-onnx-runtime), so the ratios are read beside it.
 
 Exit codes: 0 done; 1 the codes differ, or a runtime failure; 2 bad usage, or onnxruntime / transformers missing.
 """
@@ -40,6 +43,8 @@ from typing import Optional
 from moss_npu.cli import ArgumentParser, run_cli
 from moss_npu.errors import InputError
 
+from bench.bandwidth import bandwidth_line, read_bandwidth
+from bench.floor import part_bytes
 from bench.run import SHORT, SIZES
 
 THREADS = (1, 2)
@@ -262,10 +267,15 @@ def bench(args: argparse.Namespace) -> int:
     import onnxruntime  # a missing one fails here, before minutes of loading (run_cli names the extra)
 
     tts, rows, sessions, model_dir = load(args)
+    mib = stack_mib(tts)
+    before = read_bandwidth(THREADS, mib)
     ms, codes, runs = measure(tts, rows, sessions, args)
+    after = read_bandwidth(THREADS, mib)
     print(f"{model_dir}: {rows.shape[0]} prompt rows, {args.frames} greedy frames, {args.rounds} rounds after "
           f"{args.warmup} warm-up; onnxruntime {onnxruntime.__version__} on the official modules exported "
           f"(--local {args.local}), a stand-in for the published graphs")
+    print(f"before the rounds, {bandwidth_line(before, mib)}")
+    print(f"after the rounds, {bandwidth_line(after, mib)}")
     print("| runtime | " + " | ".join(f"{n} thread{'s' * (n > 1)}" for n in THREADS) + " |")
     print("|---|" + "---:|" * len(THREADS))
     for runtime, label in (("onnx", "onnxruntime, greedy frame graph"), ("fp32", "moss-npu fp32")):
@@ -278,6 +288,11 @@ def bench(args: argparse.Namespace) -> int:
     print(f"fp32@1 / onnx@1: {ms['fp32@1'] / ms['onnx@1']:.2f}")
     print(f"fp32@2 / onnx best (@{best}): {ms['fp32@2'] / ms[f'onnx@{best}']:.2f}")
     return 0
+
+
+def stack_mib(tts) -> int:
+    """Return the MiB of the global stack's weights as the kernels read them: the probe's buffer size."""
+    return max(1, round(part_bytes(tts, 0, 1, 0)["global"][1] / 2**20))
 
 
 def load(args: argparse.Namespace):

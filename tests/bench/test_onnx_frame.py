@@ -26,6 +26,8 @@ def test_the_exported_official_graphs_give_our_codes(tmp_path, capsys, local):
     out, err = capsys.readouterr()
     assert code == 0, err
     assert "codes agree: 256/256 in each of 4 runs" in out
+    for when in ("before", "after"):  # the probe the ratios are read beside, both thread counts
+        assert re.search(rf"^{when} the rounds, read bandwidth .*: 1 thread [\d.]+ GB/s, 2 threads [\d.]+ GB/s", out, re.M)
     assert re.search(r"^fp32@1 / onnx@1: \d+\.\d\d$", out, re.M)
     assert re.search(r"^fp32@2 / onnx best \(@[12]\): \d+\.\d\d$", out, re.M)
 
