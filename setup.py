@@ -98,7 +98,7 @@ setup(
     # The C sources travel too: the opt-in build for this very CPU ($MOSS_NPU_NATIVE_BUILD) compiles them again;
     # static/: the server's page at /; ray.yaml: the Ray Serve config file (moss_npu.serve.ray).
     package_data={"moss_npu.cpu": ["matvec.c", "matvec.h", "matvec_tiles.c", "window_attention.c", "fused_block.c",
-                                  "fused_block.h", "local_loop.c"], "moss_npu.text": ["lattice.c"],
+                                  "fused_block.h", "local_loop.c", "codec_ring.c"], "moss_npu.text": ["lattice.c"],
                   "moss_npu.serve": ["static/*.html", "static/*.js", "static/*.css", "ray.yaml"]},
     distclass=BinaryDistribution,
     cmdclass=COMMANDS,

@@ -135,41 +135,64 @@ class MultiheadAttention(nn.Module):
         """Attend ``x (B, T, D)``; offline when ``cache`` is None, else as the next chunk of a stream (``chunk``:
         what the stage's layers share for it, ``StreamChunk.start``; given with every ``cache``)."""
         b, t, d = x.shape
-        q, k, v = self.in_proj(x).reshape(b, t, 3, self.num_heads, d // self.num_heads).permute(2, 0, 3, 1, 4)
-        if cache is None:
-            valid = valid_mask(lengths, t)
-            pos = torch.arange(t, device=x.device)
-            rope = rope_angles(pos.view(1, t), d // self.num_heads, self.max_period)
-            q, k = rotate_pairs(q, rope), rotate_pairs(k, rope)
-            # Short sequences take the official single masked call; long ones go in query blocks that
-            # see only their window, so memory and work grow with T * context instead of T * T.
-            block = t if t <= FULL_ATTENTION_MAX_STEPS else ATTENTION_BLOCK_STEPS
-            outs = []
-            for start in range(0, t, block):
-                end, first = min(t, start + block), max(0, start - self.context + 1) if block < t else 0
-                delta = pos[start:end].view(-1, 1) - pos[first:end].view(1, -1)
-                allowed = (delta >= 0) & (delta < self.context) & valid[:, None, first:end]
-                outs.append(self.attend(q[:, :, start:end], k[:, :, first:end], v[:, :, first:end], allowed[:, None]))
-            out = torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
-        else:
-            valid = chunk.valid
-            cache.write(rotate_pairs(k, chunk.rope), v, valid, chunk.positions)
-            # Until the ring wraps, only its leading slots hold keys: attending to the rest would add exact zeros.
-            keys, values, positions = cache.filled(b)
-            q = rotate_pairs(q, chunk.rope)
-            if self.window is not None:
-                out = self.window(q, cache.keys, cache.values, cache.positions, keys.shape[2], chunk.positions,
-                                  lengths, self.context)
-                if out is not None:  # padded steps are zero already
-                    return self.out_proj(out)
-            if chunk.allowed is None:
-                delta = chunk.positions.view(b, t, 1) - positions.view(b, 1, -1)
-                chunk.allowed = ((positions.view(b, 1, -1) >= 0) & (delta >= 0) & (delta < self.context))[:, None]
-            out = self.attend(q, keys, values, chunk.allowed)
+        qkv = self.in_proj(x)
+        if cache is not None:
+            return self._stream(qkv, lengths, cache, chunk)
+        q, k, v = qkv.reshape(b, t, 3, self.num_heads, d // self.num_heads).permute(2, 0, 3, 1, 4)
+        valid = valid_mask(lengths, t)
+        pos = torch.arange(t, device=x.device)
+        rope = rope_angles(pos.view(1, t), d // self.num_heads, self.max_period)
+        q, k = rotate_pairs(q, rope), rotate_pairs(k, rope)
+        # Short sequences take the official single masked call; long ones go in query blocks that
+        # see only their window, so memory and work grow with T * context instead of T * T.
+        block = t if t <= FULL_ATTENTION_MAX_STEPS else ATTENTION_BLOCK_STEPS
+        outs = []
+        for start in range(0, t, block):
+            end, first = min(t, start + block), max(0, start - self.context + 1) if block < t else 0
+            delta = pos[start:end].view(-1, 1) - pos[first:end].view(1, -1)
+            allowed = (delta >= 0) & (delta < self.context) & valid[:, None, first:end]
+            outs.append(self.attend(q[:, :, start:end], k[:, :, first:end], v[:, :, first:end], allowed[:, None]))
+        out = torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
+        return self._finish(out, valid)
+
+    def _stream(self, qkv: torch.Tensor, lengths: torch.Tensor, cache: KVCache, chunk: StreamChunk) -> torch.Tensor:
+        """``forward`` for the next chunk of a stream, from its in_proj rows ``qkv`` ``(B, T, 3D)``."""
+        b, t, _ = qkv.shape
+        q = self._write(qkv, cache, chunk, lengths)
+        # Until the ring wraps, only its leading slots hold keys: attending to the rest would add exact zeros.
+        keys, values, positions = cache.filled(b)
+        if self.window is not None:
+            out = self.window(q, cache.keys, cache.values, cache.positions, keys.shape[2], chunk.positions,
+                              lengths, self.context)
+            if out is not None:  # padded steps are zero already
+                return self.out_proj(out)
+        if chunk.allowed is None:
+            delta = chunk.positions.view(b, t, 1) - positions.view(b, 1, -1)
+            chunk.allowed = ((positions.view(b, 1, -1) >= 0) & (delta >= 0) & (delta < self.context))[:, None]
+        return self._finish(self.attend(q, keys, values, chunk.allowed), chunk.valid)
+
+    def _write(self, qkv: torch.Tensor, cache: KVCache, chunk: StreamChunk, lengths: torch.Tensor) -> torch.Tensor:
+        """Write the chunk's rotated keys and its values into the ring; return its rotated queries ``(B, H, T, Dh)``.
+        With the CPU library (``window``) in one call, else with torch."""
+        b, t, three_d = qkv.shape
+        if self.window is not None:
+            cache.check_chunk(t)
+            q = self.window.write_chunk(qkv, chunk.rope, chunk.positions, lengths, cache.keys, cache.values,
+                                        cache.positions)
+            if q is not None:
+                cache.advance(chunk.valid)
+                return q
+        q, k, v = qkv.reshape(b, t, 3, self.num_heads, three_d // (3 * self.num_heads)).permute(2, 0, 3, 1, 4)
+        cache.write(rotate_pairs(k, chunk.rope), v, chunk.valid, chunk.positions)
+        return rotate_pairs(q, chunk.rope)
+
+    def _finish(self, out: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """The output projection of the attention ``out`` ``(B, H, T, Dh)``, padded steps (not ``valid``) zero."""
+        b, h, t, dh = out.shape
         # Padded query rows may be fully masked (NaN in some kernels): zero them with where, not a multiply. In a
         # stream their keys/values stay in the ring under position -1, where a NaN would poison later steps.
         out = torch.where(valid.view(b, 1, t, 1), out, torch.zeros((), device=out.device, dtype=out.dtype))
-        return self.out_proj(out.transpose(1, 2).reshape(b, t, d))
+        return self.out_proj(out.transpose(1, 2).reshape(b, t, h * dh))
 
 
 class TransformerLayer(nn.Module):

@@ -55,15 +55,26 @@ class KVCache:
         position -1 so no query ever sees them, and they only overwrite slots already out of every
         future window. Rows past B are untouched (a call may carry only the leading rows).
         """
-        batch, steps = keys.shape[0], keys.shape[2]
-        if steps > self.chunk_capacity:
-            raise ValueError(f"chunk of {steps} steps exceeds the cache chunk capacity {self.chunk_capacity}")
+        batch = keys.shape[0]
+        self.check_chunk(keys.shape[2])
         slots = positions % self.keys.shape[2]
         # Indexed assignment, not scatter_: the same copies, a third of the time for a stage's 32 steps a frame.
         rows = torch.arange(batch, device=slots.device).view(batch, 1)
         self.keys[rows, :, slots] = keys.transpose(1, 2).to(self.keys.dtype)
         self.values[rows, :, slots] = values.transpose(1, 2).to(self.values.dtype)
         self.positions[rows, slots] = torch.where(valid, positions, torch.full_like(positions, -1))
+        self.advance(valid)
+
+    def check_chunk(self, steps: int) -> None:
+        """Refuse a chunk of more steps than the ring takes before attending (ValueError): its writes would evict
+        keys its own queries still see."""
+        if steps > self.chunk_capacity:
+            raise ValueError(f"chunk of {steps} steps exceeds the cache chunk capacity {self.chunk_capacity}")
+
+    def advance(self, valid: torch.Tensor) -> None:
+        """Count a chunk written at ``next_positions`` into rows [0, B) (by ``write``, or by the CPU library's
+        ``WindowAttention.write_chunk``): ``valid`` ``(B, T)`` marks its real steps."""
+        batch, steps = valid.shape
         self.offsets[:batch] += valid.sum(dim=1)
         for row in range(batch):  # a row's offset grows by at most `steps`, so this bounds its used slots
             self.written[row] += steps

@@ -37,6 +37,9 @@ class WindowAttention:
         self._call.restype = ctypes.c_int
         self._library = library
         self._local = threading.local()  # a pool per calling thread: a pool has one caller (KernelThreads)
+        self._chunk = library.moss_codec_chunk
+        self._chunk.argtypes = [_POINTER] * 9 + [_LONG] * 6
+        self._chunk.restype = ctypes.c_int
 
     @classmethod
     def load(cls) -> Optional["WindowAttention"]:
@@ -48,6 +51,32 @@ class WindowAttention:
             return None
         target = choose_target(library)
         return cls(library, target) if target in FASTER_ON else None
+
+    def write_chunk(self, qkv: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], positions: torch.Tensor,
+                    lengths: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                    key_positions: torch.Tensor) -> Optional[torch.Tensor]:
+        """Write a streamed chunk into its layer's ring and return its rotated queries ``(B, H, T, D)`` (the library's
+        ``codec_ring.c``: the same bits as ``modules.rotate_pairs`` and ``streaming.KVCache.write``, in one pass).
+        ``qkv`` ``(B, T, 3·H·D)`` are the in_proj rows, ``rope`` the steps' (cos, sin) ``(B, 1, T, D/2)``,
+        ``positions`` ``(B, T)`` and ``lengths`` ``(B,)`` as in ``__call__``; the ring ``keys``/``values``
+        ``(B', H, N, D)`` and ``key_positions`` ``(B', N)``, rows [0, B) written. None, with nothing written, where
+        the tensors do not fit (another dtype or layout): the caller then writes with torch."""
+        b, t = qkv.shape[:2]
+        _, heads, slots, dim = keys.shape
+        cos, sin = rope
+        floats = (qkv, cos, sin, keys, values)
+        if (any(x.dtype != torch.float32 or x.device.type != "cpu" or not x.is_contiguous() for x in floats)
+                or qkv.shape != (b, t, 3 * heads * dim) or values.shape != keys.shape or keys.shape[0] < b
+                or cos.shape != (b, 1, t, dim // 2) or sin.shape != cos.shape or key_positions.dtype != torch.int64
+                or not key_positions.is_contiguous() or key_positions.shape != (keys.shape[0], slots)):
+            return None
+        positions = positions.to(torch.int64).contiguous()
+        lengths = lengths.to(torch.int64).contiguous()
+        queries = torch.empty(b, heads, t, dim, dtype=torch.float32)
+        status = self._chunk(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), positions.data_ptr(), lengths.data_ptr(),
+                             queries.data_ptr(), keys.data_ptr(), values.data_ptr(), key_positions.data_ptr(), b, t,
+                             heads, dim, keys.shape[0], slots)
+        return queries if status == 0 else None
 
     def __call__(self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, key_positions: torch.Tensor,
                  filled: int, query_positions: torch.Tensor, lengths: torch.Tensor,

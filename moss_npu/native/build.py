@@ -23,10 +23,12 @@ MATVEC = CPU / "matvec.c"
 TILES = CPU / "matvec_tiles.c"
 FUSED_BLOCK = CPU / "fused_block.c"
 LOCAL_LOOP = CPU / "local_loop.c"
+CODEC_RING = CPU / "codec_ring.c"
 WINDOW_ATTENTION = CPU / "window_attention.c"
 LATTICE = PACKAGE.parent / "text" / "lattice.c"
 # what the library is made of
-SOURCES = (MATVEC, CPU / "matvec.h", TILES, WINDOW_ATTENTION, FUSED_BLOCK, CPU / "fused_block.h", LOCAL_LOOP, LATTICE)
+SOURCES = (MATVEC, CPU / "matvec.h", TILES, WINDOW_ATTENTION, CODEC_RING, FUSED_BLOCK, CPU / "fused_block.h", LOCAL_LOOP,
+           LATTICE)
 BASE_FLAGS = ("-O3", "-fPIC", "-std=gnu11")
 # The tile kernels' instruction sets by architecture: (name, flags). The names are matvec.c's targets.
 TARGETS = {
@@ -86,7 +88,7 @@ def compile_objects(folder: Path, compiler: Sequence[str], machine: str, extra: 
             _run([*compiler, *BASE_FLAGS, *extra, *flags, f"-DMOSS_TARGET={name}", f"-DMOSS_{name.upper()}",
                   "-c", str(source), "-o", str(obj)], f"{source.name} for {name}")
             objects.append(obj)
-    for source in (MATVEC, FUSED_BLOCK, LOCAL_LOOP, LATTICE):
+    for source in (MATVEC, CODEC_RING, FUSED_BLOCK, LOCAL_LOOP, LATTICE):
         obj = Path(folder) / f"{source.stem}.o"
         # No multiply fused into an add: WIDEST's clones (matvec.h) and every CPU then give the same bits.
         _run([*compiler, *BASE_FLAGS, *extra, "-ffp-contract=off", f'-DMOSS_SOURCES="{sources_digest()}"', "-c",

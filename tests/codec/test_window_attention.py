@@ -8,7 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from moss_npu.codec.modules import MultiheadAttention
+from moss_npu.codec.modules import MultiheadAttention, rope_angles, rotate_pairs
+from moss_npu.codec.streaming import KVCache
 from moss_npu.cpu import targets
 from moss_npu.cpu.threads import use_threads
 from moss_npu.cpu.window_attention import FASTER_ON, WindowAttention
@@ -99,6 +100,68 @@ def test_what_the_kernel_cannot_take_is_left_to_torch(target):
     assert kernel(q.transpose(2, 3), k, v, kpos, 32, qpos, lengths, 24) is None  # not contiguous
     q, k, v, kpos, qpos = _ring(1, 2, 32, 12, 24, [0], 4, seed=0)
     assert kernel(q, k, v, kpos, 32, qpos, lengths, 24) is None  # a head size of no whole vectors
+
+
+def _chunk(batch, heads, dim, steps, offsets, seed):
+    """A chunk's in_proj rows (B, T, 3·H·D), its positions after `offsets` and their RoPE angles."""
+    g = torch.Generator().manual_seed(seed)
+    qkv = torch.randn(batch, steps, 3 * heads * dim, generator=g) * 3
+    positions = torch.tensor(offsets).view(-1, 1) + torch.arange(steps).view(1, -1)
+    return qkv, positions, rope_angles(positions, dim, 10000.0)
+
+
+def _rings(rows, heads, dim, context, capacity, offsets, seed):
+    """Two equal rings of `rows` rows whose leading rows have streamed `offsets` steps (random keys and values)."""
+    g = torch.Generator().manual_seed(seed)
+    rings = [KVCache.empty(rows, heads, dim, context, capacity, torch.device("cpu"), torch.float32) for _ in range(2)]
+    keys, values = torch.randn(rings[0].keys.shape, generator=g), torch.randn(rings[0].keys.shape, generator=g)
+    for ring in rings:
+        ring.keys.copy_(keys), ring.values.copy_(values)
+        for row, offset in enumerate(offsets):
+            ring.positions[row] = torch.where(torch.arange(ring.keys.shape[2]) < offset,
+                                              torch.arange(ring.keys.shape[2]), -1)
+            ring.offsets[row], ring.written[row] = offset, offset
+    return rings
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("offsets,steps,lengths", [
+    pytest.param([5000, 0, 1700], 32, [32, 32, 20], id="wrapped-and-padded"),
+    pytest.param([3, 41], 5, [0, 5], id="a-row-with-nothing-due"),
+])
+def test_the_library_writes_the_chunk_bit_for_bit_as_torch(target, offsets, steps, lengths):
+    """write_chunk (codec_ring.c) against rotate_pairs and KVCache.write: the same queries, ring and counts exactly,
+    the ring's rows past the chunk's untouched."""
+    heads, dim, context, capacity = 4, 64, 1600, 256
+    batch = len(offsets)
+    qkv, positions, rope = _chunk(batch, heads, dim, steps, offsets, seed=steps)
+    lengths = torch.tensor(lengths)
+    valid = torch.arange(steps).view(1, -1) < lengths.view(-1, 1)
+    by_torch, by_library = _rings(batch + 1, heads, dim, context, capacity, offsets + [9], seed=1)
+    q, k, v = qkv.reshape(batch, steps, 3, heads, dim).permute(2, 0, 3, 1, 4)
+    by_torch.write(rotate_pairs(k, rope), v, valid, positions)
+    expected = rotate_pairs(q, rope)
+    got = _kernel(target).write_chunk(qkv, rope, positions, lengths, by_library.keys, by_library.values,
+                                      by_library.positions)
+    by_library.advance(valid)
+    assert got is not None and torch.equal(got, expected)
+    for name in ("keys", "values", "positions", "offsets"):
+        assert torch.equal(getattr(by_library, name), getattr(by_torch, name)), name
+    assert by_library.written == by_torch.written
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_chunk_the_library_cannot_take_is_left_to_torch_unwritten(target):
+    kernel = _kernel(target)
+    qkv, positions, rope = _chunk(2, 2, 16, 4, [0, 7], seed=0)
+    lengths = torch.tensor([4, 4])
+    ring = _rings(2, 2, 16, 24, 8, [0, 7], seed=0)[0]
+    before = [t.clone() for t in (ring.keys, ring.values, ring.positions)]
+    assert kernel.write_chunk(qkv.double(), rope, positions, lengths, ring.keys, ring.values, ring.positions) is None
+    assert kernel.write_chunk(qkv.transpose(0, 1).contiguous().transpose(0, 1), rope, positions, lengths, ring.keys,
+                              ring.values, ring.positions) is None  # not contiguous
+    assert kernel.write_chunk(qkv, rope, positions - 10, lengths, ring.keys, ring.values, ring.positions) is None
+    assert all(torch.equal(a, b) for a, b in zip(before, (ring.keys, ring.values, ring.positions)))
 
 
 def test_the_streamed_codec_decodes_the_same_with_and_without_it(small_codec):
