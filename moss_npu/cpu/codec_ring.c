@@ -1,7 +1,7 @@
 /* A streamed codec chunk's new steps into what window_attention.c reads, in one pass over the layer's in_proj rows:
  * the queries rotated, the keys rotated and the values written into the layer's ring at each step's slot, and the
  * slot's position (-1 for a padded step). It is codec/modules.py's rotate_pairs and codec/streaming.py's
- * KVCache.write without their ~20 tensor operations per layer, which took a seventh of an 8-stream codec call.
+ * KVCache.write without their ~40 tensor operations per layer, which took a seventh of an 8-stream codec call.
  * The rotation does their float operations in their order (re·cos − im·sin, re·sin + im·cos, each product rounded:
  * this file is compiled with -ffp-contract=off), so queries, keys and values are bit for bit theirs.
  * Shapes: B rows, T steps, H heads, D head size, E = H·D, N ring slots (of R >= B rows).
