@@ -6,6 +6,8 @@ A streamed codec chunk attends T queries per row and head against the sliding-wi
 kernel lists a head's live keys and keeps scores and outputs in registers: about 2.5x faster with AVX-512 and
 1.3x with AVX2 on the codec's last stage (docs/performance.md). It is used where it is faster: float32 on the
 AVX-512 and AVX2 targets. The sums run in another order, so the audio agrees with torch's to float rounding.
+``write_chunk`` is the step before: the chunk's queries and keys rotated and its keys and values written into the
+ring (``codec_ring.c``), the same bits as torch's ops in one call.
 Shapes: B rows, H heads, T steps, N ring slots, D head size.
 """
 
@@ -68,7 +70,8 @@ class WindowAttention:
         if (any(x.dtype != torch.float32 or x.device.type != "cpu" or not x.is_contiguous() for x in floats)
                 or qkv.shape != (b, t, 3 * heads * dim) or values.shape != keys.shape or keys.shape[0] < b
                 or cos.shape != (b, 1, t, dim // 2) or sin.shape != cos.shape or key_positions.dtype != torch.int64
-                or not key_positions.is_contiguous() or key_positions.shape != (keys.shape[0], slots)):
+                or not key_positions.is_contiguous() or key_positions.shape != (keys.shape[0], slots)
+                or positions.shape != (b, t) or lengths.shape != (b,)):
             return None
         positions = positions.to(torch.int64).contiguous()
         lengths = lengths.to(torch.int64).contiguous()

@@ -161,6 +161,8 @@ def test_a_chunk_the_library_cannot_take_is_left_to_torch_unwritten(target):
     assert kernel.write_chunk(qkv.transpose(0, 1).contiguous().transpose(0, 1), rope, positions, lengths, ring.keys,
                               ring.values, ring.positions) is None  # not contiguous
     assert kernel.write_chunk(qkv, rope, positions - 10, lengths, ring.keys, ring.values, ring.positions) is None
+    assert kernel.write_chunk(qkv, rope, positions[:, :2], lengths, ring.keys, ring.values, ring.positions) is None
+    assert kernel.write_chunk(qkv, rope, positions, lengths[:1], ring.keys, ring.values, ring.positions) is None
     assert all(torch.equal(a, b) for a, b in zip(before, (ring.keys, ring.values, ring.positions)))
 
 
