@@ -46,6 +46,19 @@ def counting_threads(original, seen: list):
     return counted
 
 
+@pytest.fixture
+def one_thread_of_four_cores(monkeypatch):
+    """The test's thread on one torch thread, on a machine the engine is told has four physical cores; the test's
+    thread count comes back after."""
+    from moss_npu.tts import engine as engine_module
+
+    monkeypatch.setattr(engine_module, "usable_physical_cores", lambda: 4)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def held(original, reached: threading.Event, gate: threading.Event):
     """``original`` wrapped to say it was reached, then wait for ``gate`` before it runs."""
     def waiting(self, *args, **kwargs):
@@ -146,19 +159,15 @@ def test_the_server_worker_hands_on_the_warning(tts, monkeypatch):
 
 
 @needs_fixtures
-def test_the_engine_prefills_on_the_audio_threads_too_while_they_are_idle(tts, monkeypatch):
+def test_the_engine_prefills_on_the_audio_threads_too_while_they_are_idle(tts, monkeypatch, one_thread_of_four_cores):
     """A prefill on the frame thread runs on the engine's threads doubled (up to the physical cores) while the audio
     thread has no event to run (it gets none until the prefill ends), on its own count while it has; the frame
     thread's count comes back."""
     from moss_npu.nano.decoder import FrameDecoder
-    from moss_npu.tts import engine as engine_module
 
     seen, gate, busy = [], threading.Event(), threading.Event()
     monkeypatch.setattr(FrameDecoder, "admit_many", counting_threads(FrameDecoder.admit_many, seen))
     monkeypatch.setattr(Engine, "_audio_frame", held(Engine._audio_frame, busy, gate))
-    monkeypatch.setattr(engine_module, "usable_physical_cores", lambda: 4)
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
     try:
         with Engine(tts, max_batch=2) as engine:
             assert engine._prefill_threads() == 2
@@ -174,23 +183,19 @@ def test_the_engine_prefills_on_the_audio_threads_too_while_they_are_idle(tts, m
         assert torch.get_num_threads() == 1
     finally:
         gate.set()
-        torch.set_num_threads(before)
 
 
 @needs_fixtures
-def test_the_engine_decodes_audio_on_the_frame_threads_too_while_they_are_idle(tts, monkeypatch):
+def test_the_engine_decodes_audio_on_the_frame_threads_too_while_they_are_idle(tts, monkeypatch,
+                                                                              one_thread_of_four_cores):
     """A codec call of several streams on the audio thread runs on the engine's threads doubled (up to the physical
     cores) while the frame loop has no request, on its own count while it has one; a one-stream call on its own."""
     from moss_npu.codec.rows import CodecRows
     from moss_npu.nano.decoder import FrameDecoder
-    from moss_npu.tts import engine as engine_module
 
     seen, gate, stepping, codec_threads = [], threading.Event(), threading.Event(), Engine._codec_threads
     monkeypatch.setattr(CodecRows, "decode", counting_threads(CodecRows.decode, seen))
     monkeypatch.setattr(FrameDecoder, "step", held(FrameDecoder.step, stepping, gate))
-    monkeypatch.setattr(engine_module, "usable_physical_cores", lambda: 4)
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
     try:
         with Engine(tts, max_batch=2) as engine:
             assert engine._codec_threads(2) == 2 and engine._codec_threads(1) == 1  # no request
@@ -206,4 +211,3 @@ def test_the_engine_decodes_audio_on_the_frame_threads_too_while_they_are_idle(t
             assert codec_threads(engine, 8) == 4  # idle again; never more threads than physical cores
     finally:
         gate.set()
-        torch.set_num_threads(before)
