@@ -1,5 +1,5 @@
-"""The CPU thread policy (moss_npu.cpu.threads): the default count, torch's pool set (numpy's BLAS is the CPU
-step's), and a frame's temporary limit of its own thread that gives the setting back."""
+"""The CPU thread policy (moss_npu.cpu.threads): the default count, the cores a thread may borrow, torch's pool set
+(numpy's BLAS is the CPU step's), and a frame's temporary limit of its own thread that gives the setting back."""
 
 import torch
 from threadpoolctl import threadpool_info
@@ -15,6 +15,14 @@ def test_default_is_one_thread_on_two_cores_else_one_per_core(monkeypatch):
     for cores, expected in ((1, 1), (2, 1), (4, 4), (16, 16)):
         monkeypatch.setattr(threads, "usable_physical_cores", lambda cores=cores: cores)
         assert threads.default_threads() == expected
+
+
+def test_a_thread_may_borrow_as_many_cores_again_as_are_left(monkeypatch):
+    """The engine's two threads of ``count`` each, or a pipeline's one under the default: up to ``count`` more, never
+    beyond the physical cores, none when the count takes them all."""
+    for cores, count, expected in ((2, 1, 1), (1, 1, 0), (4, 1, 1), (4, 2, 2), (4, 3, 1), (16, 16, 0), (4, 6, 0)):
+        monkeypatch.setattr(threads, "usable_physical_cores", lambda cores=cores: cores)
+        assert threads.spare_cores(count) == expected
 
 
 def test_set_threads_sets_torch_and_leaves_blas_to_the_step():

@@ -11,7 +11,7 @@
  * workers each claim the next unclaimed tile until none is left, so a worker that the system has descheduled
  * delays a product by at most the one tile it claimed, and the caller takes the rest. The pool shares any task
  * of independent units the same way (`moss_share`: a fused block's attention heads, fused_block.c). Workers spin
- * between tasks for up to SPIN_SECONDS and then sleep.
+ * between tasks for up to SPIN_SECONDS and then sleep; one that `moss_pool_use` leaves out sleeps at once.
  */
 #include <math.h>
 #include <pthread.h>
@@ -178,7 +178,8 @@ static inline void relax(void) {
 
 /* A worker's wait for the next task before it sleeps: longer than the Python between two products of a frame,
  * so that a frame never waits for a worker to wake (a shorter wait left products on one thread:
- * docs/native.md#threads); yielding meanwhile. */
+ * docs/native.md#threads); yielding meanwhile. A worker the products no longer use (moss_pool_use) sleeps at
+ * once: the core it spun on was lent and is wanted back (tts/engine.py). */
 #define SPIN_SECONDS 2000e-6
 
 static void *worker(void *argument) {
@@ -192,7 +193,7 @@ static void *worker(void *argument) {
             if (atomic_load(&pool->stop)) return NULL;
             relax();
             if ((spins & 1023) == 1023) sched_yield();  /* another runnable thread here (the codec's) goes first */
-            if ((spins & 63) == 63 && seconds() > until) {
+            if ((spins & 63) == 63 && (index >= atomic_load(&pool->active) || seconds() > until)) {
                 pthread_mutex_lock(&pool->lock);
                 atomic_fetch_add(&pool->sleepers, 1);
                 while (product_of(atomic_load(&pool->ticket)) == seen && !atomic_load(&pool->stop))

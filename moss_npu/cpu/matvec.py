@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import math
+import threading
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -35,7 +36,8 @@ Prepare = Callable[[tuple, type, Callable[[np.ndarray], None]], np.ndarray]
 
 class KernelThreads:
     """The library's pool of threads that shares a product's tiles out (``matvec.c``): ``size`` threads, the caller
-    included, of which the products use ``use(n)``; grown on demand, freed with this object; one caller thread."""
+    included, of which the products use ``use(n)`` plus what ``lend`` adds; grown on demand, freed with this
+    object; one caller thread (``lend`` may come from any)."""
 
     def __init__(self, library: ctypes.CDLL, size: int) -> None:
         self._library = library
@@ -43,7 +45,8 @@ class KernelThreads:
         library.moss_pool_free.argtypes, library.moss_pool_free.restype = [_POINTER], None
         library.moss_pool_threads.argtypes, library.moss_pool_threads.restype = [_POINTER], _INT
         library.moss_pool_use.argtypes, library.moss_pool_use.restype = [_POINTER, _INT], None
-        self.handle, self.size, self.used = None, 0, 1
+        self._lock = threading.Lock()  # lend's thread against the caller's: the handle, the counts
+        self.handle, self.size, self.own, self.lent, self.lendable = None, 0, 1, 0, True
         self._start(max(1, size))
         self.use(1)
 
@@ -59,13 +62,28 @@ class KernelThreads:
         if handle:
             self._library.moss_pool_free(handle)
 
-    def use(self, count: int) -> None:
-        """Share the products that follow over ``count`` threads (at least 1; the pool grows to ``count``)."""
-        count = max(1, count)
-        if count > self.size:
-            self._start(count)
-        self.used = count
-        self._library.moss_pool_use(self.handle, count)
+    @property
+    def used(self) -> int:
+        """The threads the next product is shared over."""
+        return min(self.size, self.own + (self.lent if self.lendable else 0))
+
+    def use(self, count: int, lendable: bool = True) -> None:
+        """Share the products that follow over ``count`` threads (at least 1), plus those lent (``lend``) unless
+        not ``lendable``; the pool grows to that many (from the caller's thread only: a pool is restarted to grow)."""
+        with self._lock:
+            self.own, self.lendable = max(1, count), lendable
+            wanted = self.own + (self.lent if lendable else 0)
+            if wanted > self.size:
+                self._start(wanted)
+            self._library.moss_pool_use(self.handle, self.used)
+
+    def lend(self, count: int) -> None:
+        """Add ``count`` threads (0: none) to the products from the next one on, from any thread, up to the pool's
+        size (the caller's next ``use`` grows it): cores that another thread of the process leaves idle, taken
+        back with ``lend(0)`` before that thread needs them (a worker left out sleeps at once, ``matvec.c``)."""
+        with self._lock:
+            self.lent = max(0, count)
+            self._library.moss_pool_use(self.handle, self.used)
 
     def __del__(self) -> None:
         if getattr(self, "handle", None):

@@ -397,8 +397,15 @@ class CpuStep:
         process setting in torch and the kernels on one thread (their pools would fight)."""
         kernels_run = slots == 1 or (self._fused is not None and not self.compiled)
         if self._kernels_used is not None:
-            self._kernels_used.threads.use(torch.get_num_threads() if kernels_run else 1)
+            self._kernels_used.threads.use(torch.get_num_threads() if kernels_run else 1, lendable=kernels_run)
         return this_thread_limited(1) if kernels_run else contextlib.nullcontext()
+
+    def lend(self, threads: int) -> None:
+        """Let the frame's kernel products use ``threads`` more threads than the frame's own, from the next product
+        on (0 takes them back): the cores another thread of the process leaves idle meanwhile. Safe from any
+        thread; frames whose rows run through torch ignore it (its pool and the kernels' would fight)."""
+        if self._kernels_used is not None:
+            self._kernels_used.threads.lend(threads)
 
     def kernel_target(self) -> str:
         """Return the instruction set of the one-row kernels (``targets.choose_target``), or ``none`` without them."""

@@ -4,7 +4,9 @@ use. One process-wide setting, made by the command lines (``--num-threads``; 0: 
 A one-slot frame runs torch on one thread in its own thread (``this_thread_limited``) while the kernels' pool
 shares the products over the setting's threads; prefill and the codec keep the setting (the engine's prefill
 takes its audio thread's count too while that thread is idle, and a codec call of several streams the frame
-thread's while no request is decoding). numpy's BLAS runs on one thread, set when the CPU step is built: it
+thread's while no request is decoding). The frames' products borrow the idle cores (``spare_cores``) too: the
+engine's while its audio thread has nothing to decode, a pipeline's under the default setting while its frames
+run (the codec between them takes them back). numpy's BLAS runs on one thread, set when the CPU step is built: it
 multiplies only single rows there, and with more its spinning workers fought torch's OpenMP workers for the
 cores. Why: docs/performance.md#threads.
 """
@@ -35,6 +37,12 @@ def default_threads() -> int:
     """Return the thread count used when none is asked for (see the module docstring)."""
     cores = usable_physical_cores()
     return 1 if cores <= 2 else cores
+
+
+def spare_cores(count: int) -> int:
+    """Return the cores that a thread of ``count`` threads may borrow from a second one of the same count while
+    that one is idle: up to ``count`` more, within the usable physical cores."""
+    return max(0, min(count, usable_physical_cores() - count))
 
 
 def set_threads(count: int = 0) -> int:

@@ -40,6 +40,9 @@ class TorchStep:
     def threads(self, slots: int) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
 
+    def lend(self, threads: int) -> None:
+        """The CPU step's threads for idle cores: an accelerator's frame has no use for them."""
+
     def rotation_table(self, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """RoPE rows (P, 6D) as ``run`` takes them: the factors of q, k and v for cos, then for ``signed_sin``; q's
         carry the first layer's attention scale (both decoders share it), v's rotate by the identity."""

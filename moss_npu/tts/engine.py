@@ -29,7 +29,7 @@ from moss_npu.codec.rows import CodecRows
 from moss_npu.errors import InputError, MossNpuError
 from moss_npu.nano.decoder import FrameDecoder
 from moss_npu.nano.reuse import PrefixCache
-from moss_npu.cpu.threads import this_thread_using, usable_physical_cores, use_threads
+from moss_npu.cpu.threads import spare_cores, this_thread_using, use_threads
 from moss_npu.tts.loop import Cancelled, FrameLoop, Job
 from moss_npu.tts.pipeline import MossTTSNano
 from moss_npu.tts.prepare import PreparedRequest, PromptAudio, SpeechRequest
@@ -139,6 +139,9 @@ class Engine:
         self.audio = CodecRows(tts.codec, max_batch, max(RunConfig().schedule().budgets))
         self._closed = False
         self._events: "queue.Queue[tuple]" = queue.Queue()  # frame thread -> audio thread, in order
+        # The audio thread lends its cores to the frames' products while it has nothing to decode; the frame
+        # thread takes them back as it hands it work. The lock orders the two (no lend after work was handed).
+        self._lending = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name="moss-npu-engine", daemon=True)
         self._audio_thread = threading.Thread(target=self._audio_loop, name="moss-npu-audio", daemon=True)
         self._thread.start()
@@ -227,6 +230,7 @@ class Engine:
             self._send(event)
         self._events.put(("stop",))
         self._audio_thread.join()
+        self.decoder.frame_step.lend(0)  # the frame step outlives the engine (the pipeline's weights hold it)
         for stream in list(self._unprepared):
             stream._end(MossNpuError("the engine was closed before the request started"))
         self._unprepared.clear()
@@ -253,7 +257,8 @@ class Engine:
                 self._send(event)
 
     def _send(self, event: tuple) -> None:
-        """Hand a frame-loop event to the audio thread (a request's end with its codes)."""
+        """Hand a frame-loop event to the audio thread (a request's end with its codes), taking back the cores it
+        lent the frames."""
         if event[0] == "end":
             job, error = event[1], event[2]
             codes = None if error is not None else torch.cat(job.chunk_codes(self.tts.config.n_vq))
@@ -261,7 +266,9 @@ class Engine:
         elif event[0] == "frame":
             for job, _, codes, _ in event[1]:
                 job.stream.frames += codes is not None
-        self._events.put(event)
+        with self._lending:
+            self.decoder.frame_step.lend(0)
+            self._events.put(event)
 
     # ---- the audio thread -----------------------------------------------------------------------------------
 
@@ -277,6 +284,9 @@ class Engine:
                 self._audio_event(event)
             finally:
                 self._events.task_done()  # unfinished_tasks: 0 when this thread has nothing to do
+            with self._lending:
+                if not self._events.unfinished_tasks:
+                    self.decoder.frame_step.lend(spare_cores(self._threads))
 
     def _audio_event(self, event: tuple) -> None:
         """Run one of the frame thread's events (``FrameLoop``'s, a frame's with its codes)."""
@@ -309,7 +319,7 @@ class Engine:
 
     def _both_threads(self) -> int:
         """The engine's threads for both its threads' work: twice a thread's own, up to the physical cores."""
-        return max(self._threads, min(2 * self._threads, usable_physical_cores()))
+        return self._threads + spare_cores(self._threads)
 
     def _audio_frame(self, frame: list) -> None:
         """Add one frame's codes to each request's audio, decode what is due in one codec call, hand each its

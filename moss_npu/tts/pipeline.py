@@ -37,7 +37,7 @@ from moss_npu.nano.reference import reference_generate
 from moss_npu.nano.reuse import PrefixCache
 from moss_npu.nano.tokenizer import TextTokenizer
 from moss_npu.output import save_audio
-from moss_npu.cpu.threads import set_threads
+from moss_npu.cpu.threads import set_threads, spare_cores
 from moss_npu.tts.loop import FrameLoop, Job
 from moss_npu.tts.prepare import Plan, PreparedRequest, Preparer, PromptAudio, SpeechRequest
 from moss_npu.tts.settings import LoadConfig, RunConfig
@@ -96,6 +96,9 @@ class MossTTSNano:
                         else DecoderWeights.build(model, compile, cache=True, label=name))
         self._decoder: Optional[FrameDecoder] = None
         self._idle_stream_codec: Optional[CodecRows] = None  # the last stream's codec state, for the next one
+        # Cores the frames' products borrow while they run (cpu.threads.spare_cores): from_pretrained's default
+        # thread setting lends them, an explicit count does not.
+        self.spare_threads = 0
 
     @classmethod
     def from_pretrained(cls, model: str = DEFAULT_MODEL, codec: str = DEFAULT_CODEC, *, device: str = "auto",
@@ -136,8 +139,11 @@ class MossTTSNano:
                 quantize_int8(lm)
             weights = DecoderWeights.build(lm, compile, cache=True, label=str(model_dir))
             codec_model = codec_loader() if codec_future is None else codec_future.result()
-        return cls(lm, TextTokenizer.from_dir(model_dir), codec_model, name=str(model_dir), weights=weights,
-                   decoder=decoder, graph=graph, compile=compile)
+        tts = cls(lm, TextTokenizer.from_dir(model_dir), codec_model, name=str(model_dir), weights=weights,
+                  decoder=decoder, graph=graph, compile=compile)
+        if num_threads == 0:
+            tts.spare_threads = spare_cores(torch.get_num_threads())
+        return tts
 
     @property
     def device(self) -> torch.device:
@@ -228,9 +234,22 @@ class MossTTSNano:
         decoder = self.decoder(job.batch, length, "noise" if settings.host_rng else "official")
         decoder.timer = timer
         try:
-            yield from FrameLoop(decoder).run(job)
+            yield from self._lent_while_running(FrameLoop(decoder).run(job), decoder)
         finally:
             decoder.timer = None
+
+    def _lent_while_running(self, events: Iterator[tuple], decoder: FrameDecoder) -> Iterator[tuple]:
+        """Yield ``events``, lending the frames' products ``spare_threads`` more threads while the loop runs to the
+        next event and taking them back while the caller handles it (the codec, on this thread's own count)."""
+        while True:
+            decoder.frame_step.lend(self.spare_threads)
+            try:
+                event = next(events, None)
+            finally:
+                decoder.frame_step.lend(0)
+            if event is None:
+                return
+            yield event
 
     def _oracle(self, prepared: PreparedRequest, settings: RunConfig, generator: Optional[torch.Generator],
                 batch: int, timer: Optional[PhaseTimer]) -> Iterator[torch.Tensor]:

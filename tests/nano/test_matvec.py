@@ -8,6 +8,7 @@ import copy
 import logging
 import shutil
 import subprocess
+import threading
 
 import numpy as np
 import pytest
@@ -17,7 +18,7 @@ from moss_npu.errors import InputError
 from moss_npu.cpu.step import CpuStep
 from moss_npu.nano.decoder import FrameDecoder, RequestParams
 from moss_npu.nano.step import TorchStep
-from moss_npu.cpu.matvec import Bf16Tiles, Fp32Tiles, Int8Tiles, MatVecKernels
+from moss_npu.cpu.matvec import Bf16Tiles, Fp32Tiles, Int8Tiles, KernelThreads, MatVecKernels
 from moss_npu.native.build import TILES
 from moss_npu.cpu.targets import TARGET_ENV, runnable_targets
 from moss_npu.native.library import KernelUnavailable, load_library
@@ -115,6 +116,31 @@ def test_two_threads_give_the_bits_of_one(kernels):
         kernels.threads.use(2)
         assert np.array_equal(matrix(x, residual), alone)
     kernels.threads.use(1)
+
+
+def test_lent_threads_join_the_products_from_any_thread_up_to_the_pool(kernels):
+    """``lend`` adds threads from another thread without growing the pool (only its caller's ``use`` may restart
+    it), ``use(..., lendable=False)`` leaves them out, ``lend(0)`` takes them back; the bits stay one thread's."""
+    pool = KernelThreads(kernels.library, 1)
+    weight, bias, x, residual = _case(1100, 300, seed=12)
+    matrix = Fp32Tiles(kernels, weight, bias)
+    alone = matrix(x, residual)
+    lender = threading.Thread(target=pool.lend, args=(1,))
+    lender.start()
+    lender.join()
+    assert (pool.size, pool.lent, pool.used) == (1, 1, 1)  # lent, but the pool has no second thread yet
+    pool.use(1)
+    assert (pool.size, pool.used) == (2, 2)
+    kernels.threads, mine = pool, kernels.threads
+    try:
+        assert np.array_equal(matrix(x, residual), alone)
+    finally:
+        kernels.threads = mine
+    pool.use(1, lendable=False)
+    assert pool.used == 1 and pool.lent == 1
+    pool.use(1)
+    pool.lend(0)
+    assert (pool.used, pool.lent) == (1, 0)
 
 
 @pytest.mark.parametrize("bad, message", [

@@ -3,6 +3,7 @@ named; a text too long for one prompt is spoken in pieces; the engine refuses wh
 
 import logging
 import threading
+import time
 
 import pytest
 import torch
@@ -50,9 +51,9 @@ def counting_threads(original, seen: list):
 def one_thread_of_four_cores(monkeypatch):
     """The test's thread on one torch thread, on a machine the engine is told has four physical cores; the test's
     thread count comes back after."""
-    from moss_npu.tts import engine as engine_module
+    from moss_npu.cpu import threads as threads_module
 
-    monkeypatch.setattr(engine_module, "usable_physical_cores", lambda: 4)
+    monkeypatch.setattr(threads_module, "usable_physical_cores", lambda: 4)
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -211,3 +212,97 @@ def test_the_engine_decodes_audio_on_the_frame_threads_too_while_they_are_idle(t
             assert codec_threads(engine, 8) == 4  # idle again; never more threads than physical cores
     finally:
         gate.set()
+
+
+def recording_pool_threads(original, pool, seen: list):
+    """``original`` wrapped to note how many threads ``pool`` (``KernelThreads``) shares products over first."""
+    def recorded(self, *args, **kwargs):
+        seen.append(pool.used)
+        return original(self, *args, **kwargs)
+    return recorded
+
+
+def until(condition, timeout: float = 30.0) -> bool:
+    """Wait for ``condition()`` (another thread's next step), polling; return whether it came."""
+    end = time.monotonic() + timeout
+    while not condition() and time.monotonic() < end:
+        time.sleep(0.001)
+    return condition()
+
+
+@needs_fixtures
+def test_the_audio_thread_lends_its_cores_to_the_frames_only_while_it_is_idle(tts, monkeypatch,
+                                                                             one_thread_of_four_cores):
+    """The frames' kernel products borrow the audio thread's cores while it has nothing to decode, and the frame
+    thread takes them back as it hands it work: no frame shares a core with a codec call."""
+    from moss_npu.cpu.step import CpuStep
+
+    pool = tts.weights.frame_step._kernels_used.threads
+    calls, during, holding, gate, busy = [], [], threading.Event(), threading.Event(), threading.Event()
+    audio_frame = Engine._audio_frame
+
+    def held_when_asked(self, frame):
+        if holding.is_set():
+            busy.set()
+            gate.wait(timeout=30)
+        return audio_frame(self, frame)
+
+    def local_audio(self, *args, **kwargs):  # from the second frame held on: the first frame's audio is decoding
+        if holding.is_set() and not gate.is_set():
+            calls.append(pool.used)
+            if len(calls) > 1:
+                assert busy.wait(timeout=30)
+                during.append(pool.used)
+        return real_local_audio(self, *args, **kwargs)
+
+    real_local_audio = CpuStep.local_audio
+    monkeypatch.setattr(Engine, "_audio_frame", held_when_asked)
+    monkeypatch.setattr(CpuStep, "local_audio", local_audio)
+    request = SpeechRequest("Hello there.", settings=RunConfig(do_sample=False, max_new_frames=4))
+    try:
+        with Engine(tts, max_batch=2) as engine:
+            assert engine.decoder.frame_step is tts.weights.frame_step
+            list(engine.submit(request))
+            assert until(lambda: pool.lent == 1)  # idle: lent
+            with engine.decoder.frame_step.threads(1):
+                assert pool.used == 2  # the next frame's products run on both
+            holding.set()
+            stream = engine.submit(request)
+            assert until(lambda: len(during) >= 2)
+            assert pool.lent == 0 and set(during) == {1}  # the audio thread decodes: the frames keep to their own
+            gate.set()
+            list(stream)
+            assert until(lambda: pool.lent == 1)
+    finally:
+        gate.set()
+    assert pool.lent == 0  # the engine closed: the frame step, which the pipeline's weights hold, lends nothing
+
+
+@needs_fixtures
+def test_a_pipeline_lends_its_frames_the_spare_cores_and_takes_them_back_for_the_codec(tts, monkeypatch,
+                                                                                      one_thread_of_four_cores):
+    """Under the default thread setting (``spare_threads``, from_pretrained's ``num_threads=0``) a pipeline's frames
+    run their products on the spare cores too, and its caller's work between events (the codec) on its own."""
+    from moss_npu.cpu import threads as threads_module
+    from moss_npu.cpu.step import CpuStep
+
+    pool = tts.weights.frame_step._kernels_used.threads
+    during = []
+    monkeypatch.setattr(CpuStep, "local_audio", recording_pool_threads(CpuStep.local_audio, pool, during))
+    settings = RunConfig(do_sample=False, max_new_frames=4)
+    monkeypatch.setattr(tts, "spare_threads", 1)
+    between = [pool.used for _ in tts.synthesize_stream("Hello there.", settings=settings)]
+    assert set(during) == {2} and set(between) == {1} and pool.lent == 0
+    monkeypatch.setattr(tts, "spare_threads", 0)
+    during.clear()
+    tts.synthesize("Hello there.", settings=settings)
+    assert set(during) == {1}
+
+    monkeypatch.setattr(threads_module, "usable_physical_cores", lambda: 2)
+    before = torch.get_num_threads()
+    try:
+        chosen = MossTTSNano.from_pretrained(str(NANO / "tts"), str(NANO / "codec"), device="cpu", num_threads=0)
+        explicit = MossTTSNano.from_pretrained(str(NANO / "tts"), str(NANO / "codec"), device="cpu", num_threads=1)
+    finally:
+        torch.set_num_threads(before)
+    assert chosen.spare_threads == 1 and explicit.spare_threads == 0  # one core each: the policy's, the user's
