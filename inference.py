@@ -324,7 +324,8 @@ def synthesize_nano(args: argparse.Namespace, text: str, target: AudioTarget) ->
         return _synthesize_upstream(args, load, settings, dev, prepared.text, target, model, codec)
     tts = MossTTSNano.from_pretrained(model, codec, device=str(dev), dtype=load.dtype,
                                       attn_implementation=load.attn_implementation, quantize=load.quantize,
-                                      decoder=load.decoder, graph=load.graph, compile=load.compile)
+                                      decoder=load.decoder, graph=load.graph, compile=load.compile,
+                                      num_threads=load.num_threads)  # 0: its frames borrow the idle cores
     target.check_rate(tts.sample_rate)
     request = dict(prompt_audio=args.prompt_audio_path, prompt_text=args.prompt_text, settings=settings)
     if args.print_normalized:

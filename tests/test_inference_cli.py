@@ -86,6 +86,29 @@ def test_stream_writes_a_complete_file_equal_to_offline(tmp_path, capsys):
 
 
 @needs_fixtures
+@pytest.mark.parametrize("threads, spare", [(0, 1), (1, 0)], ids=["default", "explicit"])
+def test_the_default_threads_lend_the_frames_the_idle_core(tmp_path, capsys, monkeypatch, threads, spare):
+    """On two cores the default setting runs one thread and its frames borrow the other; ``--num-threads 1``
+    keeps the run on one core."""
+    import torch
+
+    from moss_npu.cpu import threads as threads_module
+    from moss_npu.tts import MossTTSNano
+
+    loaded, load = [], MossTTSNano.from_pretrained
+    monkeypatch.setattr(threads_module, "usable_physical_cores", lambda: 2)
+    monkeypatch.setattr(MossTTSNano, "from_pretrained", lambda *a, **k: loaded.append(load(*a, **k)) or loaded[-1])
+    before = torch.get_num_threads()
+    try:
+        args = model_args(tmp_path, "--text", "Hi.", "--greedy", "--max-new-frames", "2", "--stream",
+                          "--num-threads", threads, "--output", tmp_path / "out.wav")
+        assert run(args, capsys)[0] == 0
+        assert torch.get_num_threads() == 1 and loaded[0].spare_threads == spare
+    finally:
+        torch.set_num_threads(before)
+
+
+@needs_fixtures
 def test_config_preset_and_cli_precedence(tmp_path, capsys):
     preset = tmp_path / "p.yaml"
     preset.write_text("device: cpu\nmax_new_frames: 3\n")
