@@ -86,14 +86,15 @@ class KVCache:
         return self.keys[:rows, :, :n], self.values[:rows, :, :n], self.positions[:rows, :n]
 
     def reset_row(self, row: int) -> None:
-        """Forget row ``row`` only (a new stream starts there; the other rows go on). A row never written is zero
-        already and left untouched, so its pages are first touched as its stream writes them, not all at once
-        before its first audio (docs/performance.md#serving-under-load)."""
-        if not self.written[row]:
+        """Forget row ``row`` only (a new stream starts there; the other rows go on). Only the slots its last stream
+        may have written are cleared (those past ``written`` are zero already), so a row's pages are first touched
+        as a stream writes them, not all at once before its first audio (docs/performance.md#serving-under-load)."""
+        used = min(self.written[row], self.keys.shape[2])
+        if not used:
             return
-        self.keys[row].zero_()
-        self.values[row].zero_()
-        self.positions[row].fill_(-1)
+        self.keys[row, :, :used].zero_()
+        self.values[row, :, :used].zero_()
+        self.positions[row, :used].fill_(-1)
         self.offsets[row] = 0
         self.written[row] = 0
 

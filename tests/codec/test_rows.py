@@ -76,10 +76,11 @@ def test_a_fresh_row_padded_in_a_call_stays_clean(small_codec_dir):
 
 
 @pytest.mark.skipif(not hasattr(__import__("resource"), "getrusage"), reason="needs getrusage (POSIX)")
-def test_a_row_never_written_starts_without_touching_its_pages():
+def test_a_row_starts_without_touching_the_pages_its_streams_never_wrote():
     """A server's codec state holds every slot's ring (28 MB a row for the real codec) in pages first touched on
-    use. Starting a stream in a row that never held one writes none of them (they are zero already), so a burst of
-    new requests does not page in every row before its first audio; a row that held a stream is zeroed again."""
+    use. Starting a stream in a row writes none of the pages its earlier streams left unwritten (they are zero
+    already), so a burst of new requests does not page in every row before its first audio; the slots a stream
+    wrote are cleared, all of them once it wrapped around the ring."""
     import resource
 
     from moss_npu.codec.streaming import KVCache
@@ -90,7 +91,15 @@ def test_a_row_never_written_starts_without_touching_its_pages():
     before = faults()
     cache.reset_row(1)
     assert faults() - before < 1000
-    cache.written[0] = 5
-    cache.keys[0, :, :5] = 1.0
+    steps = torch.arange(5).view(1, 5)
+    cache.write(torch.ones(1, 8, 5, 64), torch.ones(1, 8, 5, 64), torch.ones(1, 5, dtype=torch.bool), steps)
+    before = faults()
     cache.reset_row(0)
-    assert not cache.keys[0].any() and cache.written[0] == 0
+    assert faults() - before < 1000  # the 5 slots written, not the row's ~16,000 pages
+    assert not cache.keys[0].any() and not cache.values[0].any() and (cache.positions[0] == -1).all()
+    assert cache.written[0] == 0 and cache.offsets[0] == 0
+    cache.keys[1] = 1.0  # a stream that went round the ring: every slot may hold a key
+    cache.positions[1] = 7
+    cache.written[1] = cache.keys.shape[2] + 3
+    cache.reset_row(1)
+    assert not cache.keys[1].any() and (cache.positions[1] == -1).all()
