@@ -109,7 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--speed", type=speaking_rate,
                      help=f"speaking rate, pitch kept ({MIN_SPEED} .. {MAX_SPEED}; default 1.0: as the model speaks)")
     gen.add_argument("--num-threads", type=int_in(0, 4096),
-                     help="intra-op CPU threads (on a busy 2-core machine, 1 is fastest)")
+                     help="intra-op CPU threads (default 0: one per core, one on 2 cores with the frames borrowing "
+                          "the other while they run; N keeps the run to N)")
     gen.add_argument("--graph", choices=("auto", "on", "off"),
                      help="device graphs of the frame step (auto: on for CUDA/NPU with --host-rng, off on CPU)")
     gen.add_argument("--compile", choices=("auto", "on", "off"),
