@@ -8,6 +8,7 @@ streaming path generates one chunk at a time so the first audio comes as early a
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import functools
@@ -240,16 +241,18 @@ class MossTTSNano:
 
     def _lent_while_running(self, events: Iterator[tuple], decoder: FrameDecoder) -> Iterator[tuple]:
         """Yield ``events``, lending the frames' products ``spare_threads`` more threads while the loop runs to the
-        next event and taking them back while the caller handles it (the codec, on this thread's own count)."""
-        while True:
-            decoder.frame_step.lend(self.spare_threads)
-            try:
-                event = next(events, None)
-            finally:
-                decoder.frame_step.lend(0)
-            if event is None:
-                return
-            yield event
+        next event and taking them back while the caller handles it (the codec, on this thread's own count).
+        Leaving early closes ``events`` at once, as ``yield from`` would (the loop frees its slots)."""
+        with contextlib.closing(events):
+            while True:
+                decoder.frame_step.lend(self.spare_threads)
+                try:
+                    event = next(events, None)
+                finally:
+                    decoder.frame_step.lend(0)
+                if event is None:
+                    return
+                yield event
 
     def _oracle(self, prepared: PreparedRequest, settings: RunConfig, generator: Optional[torch.Generator],
                 batch: int, timer: Optional[PhaseTimer]) -> Iterator[torch.Tensor]:
