@@ -142,6 +142,7 @@ class Engine:
         # The audio thread lends its cores to the frames' products while it has nothing to decode; the frame
         # thread takes them back as it hands it work. The lock orders the two (no lend after work was handed).
         self._lending = threading.Lock()
+        self._spare = spare_cores(self._threads)
         self._thread = threading.Thread(target=self._loop, name="moss-npu-engine", daemon=True)
         self._audio_thread = threading.Thread(target=self._audio_loop, name="moss-npu-audio", daemon=True)
         self._thread.start()
@@ -286,7 +287,7 @@ class Engine:
                 self._events.task_done()  # unfinished_tasks: 0 when this thread has nothing to do
             with self._lending:
                 if not self._events.unfinished_tasks:
-                    self.decoder.frame_step.lend(spare_cores(self._threads))
+                    self.decoder.frame_step.lend(self._spare)
 
     def _audio_event(self, event: tuple) -> None:
         """Run one of the frame thread's events (``FrameLoop``'s, a frame's with its codes)."""
