@@ -19,7 +19,7 @@ Per-frame time = the frame phase (local decisions, sampling, global step; prefil
 Every case (not ``--batch``) reports the frame split: global, local, codec and host (the wall time per frame
 left over: Python and bookkeeping) and each part's floor (``bench/floor.py``: bytes read per frame over a bandwidth probe of that part's size, on the same threads).
 A configuration without ``@THREADS`` runs the default thread setting as the CLI does: its frames' products borrow
-the idle cores (``moss_npu.cpu.threads.spare_cores``), which its ``threads`` column counts.
+the idle cores (``moss_npu.cpu.threads.borrowed_cores``), which its ``threads`` column counts.
 With ``--batch B1,B2,...`` each case runs as batches of those sizes instead (``bench/batch.py``), per
 ``--graph`` mode; the last stdout line is then ``batch speedup B/1: X.XX`` (aggregate frames/s of the largest
 batch over batch 1, median over cases, first graph mode).
@@ -145,15 +145,13 @@ def run_once(tts: MossTTSNano, case: str, config: BenchConfig, frames: Optional[
     The text gets the number ``serial`` (and ``serial + 1`` for the stream) in front, so no run meets a prompt
     it has seen: the prompt cache of the optimized path reuses only what a new request shares (the template).
     """
-    import torch
-
     from moss_npu import device as devices
     from moss_npu.nano.frames import PhaseTimer
-    from moss_npu.cpu.threads import set_threads, spare_cores
+    from moss_npu.cpu.threads import borrowed_cores, set_threads
     from moss_npu.tts.settings import RunConfig
 
     set_threads(config.threads)  # 0: the default policy, whose frames borrow the idle cores as the CLI's do
-    tts.spare_threads = 0 if config.threads else spare_cores(torch.get_num_threads())
+    tts.spare_threads = borrowed_cores(config.threads)
     text, audio = case_request(case)
     if case in STREAM_CASES:  # the CLI's defaults
         settings = RunConfig() if frames is None else RunConfig(max_new_frames=frames)

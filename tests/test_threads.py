@@ -25,6 +25,18 @@ def test_a_thread_may_borrow_as_many_cores_again_as_are_left(monkeypatch):
         assert threads.spare_cores(count) == expected
 
 
+def test_a_lone_thread_borrows_under_the_default_setting_only(monkeypatch):
+    monkeypatch.setattr(threads, "usable_physical_cores", lambda: 2)
+    before = torch.get_num_threads()
+    try:
+        threads.set_threads(0)
+        assert threads.borrowed_cores(0) == 1
+        threads.set_threads(1)
+        assert threads.borrowed_cores(1) == 0  # the user's one thread stays one
+    finally:
+        threads.set_threads(before)
+
+
 def test_set_threads_sets_torch_and_leaves_blas_to_the_step():
     before = torch.get_num_threads()
     try:

@@ -45,6 +45,13 @@ def spare_cores(count: int) -> int:
     return max(0, min(count, usable_physical_cores() - count))
 
 
+def borrowed_cores(setting: int) -> int:
+    """Return the cores a lone thread (a pipeline's frames) borrows under the thread ``setting`` in force
+    (``set_threads``'s argument): the spare ones under the default (0), none under an explicit count, which keeps
+    the run to it."""
+    return 0 if setting else spare_cores(torch.get_num_threads())
+
+
 def set_threads(count: int = 0) -> int:
     """Use ``count`` threads (0: ``default_threads()``) in torch's intra-op pool; return the count used. numpy's
     BLAS is left to the CPU step (the module docstring)."""

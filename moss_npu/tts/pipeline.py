@@ -38,7 +38,7 @@ from moss_npu.nano.reference import reference_generate
 from moss_npu.nano.reuse import PrefixCache
 from moss_npu.nano.tokenizer import TextTokenizer
 from moss_npu.output import save_audio
-from moss_npu.cpu.threads import set_threads, spare_cores
+from moss_npu.cpu.threads import borrowed_cores, set_threads
 from moss_npu.tts.loop import FrameLoop, Job
 from moss_npu.tts.prepare import Plan, PreparedRequest, Preparer, PromptAudio, SpeechRequest
 from moss_npu.tts.settings import LoadConfig, RunConfig
@@ -97,7 +97,7 @@ class MossTTSNano:
                         else DecoderWeights.build(model, compile, cache=True, label=name))
         self._decoder: Optional[FrameDecoder] = None
         self._idle_stream_codec: Optional[CodecRows] = None  # the last stream's codec state, for the next one
-        # Cores the frames' products borrow while they run (cpu.threads.spare_cores): from_pretrained's default
+        # Cores the frames' products borrow while they run (cpu.threads.borrowed_cores): from_pretrained's default
         # thread setting lends them, an explicit count does not.
         self.spare_threads = 0
 
@@ -142,8 +142,8 @@ class MossTTSNano:
             codec_model = codec_loader() if codec_future is None else codec_future.result()
         tts = cls(lm, TextTokenizer.from_dir(model_dir), codec_model, name=str(model_dir), weights=weights,
                   decoder=decoder, graph=graph, compile=compile)
-        if num_threads == 0:
-            tts.spare_threads = spare_cores(torch.get_num_threads())
+        if num_threads is not None:
+            tts.spare_threads = borrowed_cores(load.num_threads)
         return tts
 
     @property
