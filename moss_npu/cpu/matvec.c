@@ -11,7 +11,8 @@
  * workers each claim the next unclaimed tile until none is left, so a worker that the system has descheduled
  * delays a product by at most the one tile it claimed, and the caller takes the rest. The pool shares any task
  * of independent units the same way (`moss_share`: a fused block's attention heads, fused_block.c). Workers spin
- * between tasks for up to SPIN_SECONDS and then sleep; one that `moss_pool_use` leaves out sleeps at once.
+ * between tasks for up to SPIN_SECONDS and then sleep until the next task; one that `moss_pool_use` leaves out
+ * sleeps at once, until a `moss_pool_use` takes it in again (the tasks meanwhile do not wake it).
  */
 #include <math.h>
 #include <pthread.h>
@@ -193,7 +194,15 @@ static void *worker(void *argument) {
             if (atomic_load(&pool->stop)) return NULL;
             relax();
             if ((spins & 1023) == 1023) sched_yield();  /* another runnable thread here (the codec's) goes first */
-            if ((spins & 63) == 63 && (index >= atomic_load(&pool->active) || seconds() > until)) {
+            if ((spins & 63) == 63 && index >= atomic_load(&pool->active)) {
+                /* Left out: asleep until a moss_pool_use takes it in again; not a sleeper, so that the products
+                 * it no longer joins do not wake it. */
+                pthread_mutex_lock(&pool->lock);
+                while (index >= atomic_load(&pool->active) && !atomic_load(&pool->stop))
+                    pthread_cond_wait(&pool->wake, &pool->lock);
+                pthread_mutex_unlock(&pool->lock);
+                until = seconds() + SPIN_SECONDS;
+            } else if ((spins & 63) == 63 && seconds() > until) {
                 pthread_mutex_lock(&pool->lock);
                 atomic_fetch_add(&pool->sleepers, 1);
                 while (product_of(atomic_load(&pool->ticket)) == seen && !atomic_load(&pool->stop))
@@ -299,10 +308,16 @@ void moss_pool_set_product(void *handle, unsigned long long number) {
     atomic_store(&((Pool *)handle)->ticket, (number & NUMBER_MASK) << (2 * FIELD));
 }
 
-/* Use `threads` of the pool's threads (1 .. its size) for the products that follow. */
+/* Use `threads` of the pool's threads (1 .. its size) for the products that follow; the workers this takes in
+ * again wake now. */
 void moss_pool_use(void *handle, int threads) {
     Pool *pool = handle;
-    atomic_store(&pool->active, threads < 1 ? 1 : threads > pool->threads ? pool->threads : threads);
+    int wanted = threads < 1 ? 1 : threads > pool->threads ? pool->threads : threads;
+    if (atomic_exchange(&pool->active, wanted) < wanted) {
+        pthread_mutex_lock(&pool->lock);
+        pthread_cond_broadcast(&pool->wake);
+        pthread_mutex_unlock(&pool->lock);
+    }
 }
 
 static void share(Pool *pool, UnitFunction unit, const void *task, long units) {

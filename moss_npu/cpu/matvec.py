@@ -51,11 +51,12 @@ class KernelThreads:
         self.use(1)
 
     def _start(self, size: int) -> None:
-        self._stop()
-        self.handle = self._library.moss_pool_new(size)
-        if not self.handle:
+        """Replace the pool by one of ``size`` threads; where they cannot start, keep the old one and raise."""
+        handle = self._library.moss_pool_new(size)
+        if not handle:
             raise MemoryError(f"cannot start {size} kernel threads")
-        self.size = self._library.moss_pool_threads(self.handle)
+        self._stop()
+        self.handle, self.size = handle, self._library.moss_pool_threads(handle)
 
     def _stop(self) -> None:
         handle, self.handle = self.handle, None
@@ -80,7 +81,7 @@ class KernelThreads:
     def lend(self, count: int) -> None:
         """Add ``count`` threads (0: none) to the products from the next one on, from any thread, up to the pool's
         size (the caller's next ``use`` grows it): cores that another thread of the process leaves idle, taken
-        back with ``lend(0)`` before that thread needs them (a worker left out sleeps at once, ``matvec.c``)."""
+        back with ``lend(0)`` before that thread needs them (a worker left out sleeps until taken in, ``matvec.c``)."""
         with self._lock:
             self.lent = max(0, count)
             self._library.moss_pool_use(self.handle, self.used)

@@ -6,9 +6,11 @@ library: tests/test_native.py.)"""
 
 import copy
 import logging
+import os
 import shutil
 import subprocess
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -141,6 +143,72 @@ def test_lent_threads_join_the_products_from_any_thread_up_to_the_pool(kernels):
     pool.use(1)
     pool.lend(0)
     assert (pool.used, pool.lent) == (1, 0)
+
+
+def _voluntary_switches(threads: list[str]) -> int:
+    """How often these threads of this process went to sleep so far (Linux's per-thread count)."""
+    total = 0
+    for tid in threads:
+        with open(f"/proc/self/task/{tid}/status") as status:
+            total += sum(int(line.split(":")[1]) for line in status if line.startswith("voluntary_ctxt_switches"))
+    return total
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts a thread's sleeps in Linux's /proc")
+def test_a_worker_left_out_sleeps_through_the_products_until_taken_in_again(kernels):
+    """A worker that ``use`` leaves out is not woken by the products it no longer joins (its core was taken back
+    for another thread), and joins them again at once when taken in; the bits stay one thread's."""
+    before = set(os.listdir("/proc/self/task"))
+    pool = KernelThreads(kernels.library, 3)
+    workers = sorted(set(os.listdir("/proc/self/task")) - before)
+    assert len(workers) == 2
+    weight, bias, x, residual = _case(1100, 300, seed=13)
+    matrix = Fp32Tiles(kernels, weight, bias)
+    alone = matrix(x, residual)
+    kernels.threads, mine = pool, kernels.threads
+    try:
+        pool.use(2)
+        matrix(x, residual)
+        time.sleep(0.05)  # the left-out worker is asleep by now, the other one too after its 2 ms of spinning
+        slept = _voluntary_switches(workers)
+        products = 2000
+        for _ in range(products):
+            matrix(x, residual)
+        woken = _voluntary_switches(workers) - slept
+        assert woken < products // 10, f"the workers slept {woken} times in {products} products"
+        pool.use(3)
+        assert np.array_equal(matrix(x, residual), alone)
+    finally:
+        kernels.threads = mine
+
+
+def test_a_pool_that_cannot_grow_keeps_the_threads_it_has(kernels):
+    """Where the new pool's threads cannot start, ``use`` raises and the old pool goes on serving products and
+    lends (a lend used to reach a freed pool)."""
+    pool = KernelThreads(kernels.library, 1)
+
+    class Refusing:
+        def __getattr__(self, name):
+            return getattr(kernels.library, name)
+
+        @staticmethod
+        def moss_pool_new(threads):
+            return None
+
+    pool._library = Refusing()
+    handle = pool.handle
+    with pytest.raises(MemoryError, match="cannot start 2 kernel threads"):
+        pool.use(2)
+    assert pool.handle == handle and pool.size == 1 and pool.used == 1
+    pool._library = kernels.library
+    pool.lend(0)
+    weight, bias, x, residual = _case(300, 200, seed=14)
+    matrix = Fp32Tiles(kernels, weight, bias)
+    kernels.threads, mine = pool, kernels.threads
+    try:
+        assert np.array_equal(matrix(x, residual), Fp32Tiles(kernels, weight, bias)(x, residual))
+    finally:
+        kernels.threads = mine
 
 
 @pytest.mark.parametrize("bad, message", [
