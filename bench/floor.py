@@ -61,12 +61,13 @@ class Probe:
         return self.rates[(threads, mib)]
 
 
-def floors(parts: dict[str, tuple[float, int]], threads: int, probe: Probe) -> dict:
-    """Per part: bytes per frame, the probe's GB/s over a buffer of its size, and the floor in ms per frame (None
-    where the kernels that probe are not installed)."""
+def floors(parts: dict[str, tuple[float, int]], threads: dict[str, int], probe: Probe) -> dict:
+    """Per part: bytes per frame, the probe's GB/s over a buffer of its size on the part's ``threads``, and the
+    floor in ms per frame (None where the kernels that probe are not installed)."""
     out = {}
     for part, (per_frame, size) in parts.items():
-        rate = probe.gb_s(threads, size)
-        out[part] = {"mb_per_frame": per_frame / 1e6, "probe_mib": max(1, round(size / 2**20)), "gb_s": rate,
+        rate = probe.gb_s(threads[part], size)
+        out[part] = {"mb_per_frame": per_frame / 1e6, "probe_mib": max(1, round(size / 2**20)),
+                     "threads": threads[part], "gb_s": rate,
                      "floor_ms": None if rate is None else per_frame / rate / 1e6}
     return out

@@ -98,7 +98,7 @@ class RunRecord:
 
     case: str
     config: str
-    threads: int
+    threads: int  # the frames' threads: torch's in this thread plus those borrowed
     chunks: int
     frames: int
     wall_s: float
@@ -116,6 +116,7 @@ class RunRecord:
     global_ms: Optional[float] = None  # per frame: the global step
     host_ms: Optional[float] = None  # per frame: wall time outside global, local, codec and prefill
     prompt_rows: int = 0  # the longest chunk's prompt rows (for the global floor's keys and values)
+    borrowed: int = 0  # threads the frames borrowed (``MossTTSNano.spare_threads``); the codec runs without them
     codec_calls: int = 0
     phases_s: dict = field(default_factory=dict)
 
@@ -202,9 +203,10 @@ def record(tts: MossTTSNano, case: str, config: BenchConfig, timer, wall: float,
     per_frame = {k: sec.get(k, 0.0) * 1e3 / max(n_frames, 1) for k in ("frame", "codec", "local", "global", "prefill")}
     frame_step = tts._decoder.frame_step if tts.algorithm != "reference" else None
     step = "reference" if frame_step is None else frame_step.dispatch()
+    borrowed = tts.spare_threads if frame_step is not None and frame_step.borrows else 0
     return RunRecord(
-        case=case, config=config.label, threads=torch.get_num_threads() + tts.spare_threads, chunks=n_chunks,
-        frames=n_frames,
+        case=case, config=config.label, threads=torch.get_num_threads() + borrowed, borrowed=borrowed,
+        chunks=n_chunks, frames=n_frames,
         wall_s=wall, rtf=wall / max(audio_s, 1e-9), ttfa_ms=ttfa,
         frame_ms=per_frame["frame"], codec_ms=per_frame["codec"],
         prefill_ms=sec.get("prefill", 0.0) * 1e3 / max(timer.calls.get("prefill", 0), 1),
@@ -234,6 +236,7 @@ def summarize(records: list[RunRecord]) -> list[dict]:
     rows = []
     for (case, config), runs in groups.items():
         row = {"case": case, "config": config, "runs": len(runs), "threads": runs[0].threads,
+               "borrowed": runs[0].borrowed,
                "chunks": runs[0].chunks, "frames": runs[0].frames, "dtype": runs[0].dtype, "step": runs[-1].step,
                "compile_s": max(r.compile_s for r in runs),
                "prompt_rows": runs[0].prompt_rows}
@@ -248,13 +251,15 @@ def summarize(records: list[RunRecord]) -> list[dict]:
 
 
 def add_floors(rows: list[dict], tts: MossTTSNano) -> None:
-    """Add each row's parts' floors (``bench.floor``), probing the bandwidth on the row's threads."""
+    """Add each row's parts' floors (``bench.floor``), probing the bandwidth on the threads each part ran on: the
+    frames' (borrowed ones included) for global and local, the codec's own."""
     from bench.floor import Probe, floors, part_bytes
 
     probe = Probe()
     for row in rows:
         parts = part_bytes(tts, row["prompt_rows"], row["frames"], round(row["codec_calls"] or 0))
-        row["floor"] = floors(parts, row["threads"], probe)
+        frames, codec = row["threads"], row["threads"] - row["borrowed"]
+        row["floor"] = floors(parts, {"global": frames, "local": frames, "codec": codec}, probe)
 
 
 def speedups(rows: list[dict], base: str, other: str) -> dict[str, float]:

@@ -407,6 +407,11 @@ class CpuStep:
         if self._kernels_used is not None:
             self._kernels_used.threads.lend(threads)
 
+    @property
+    def borrows(self) -> bool:
+        """Whether ``lend`` adds threads to this step's frames (it has the kernels' pool)."""
+        return self._kernels_used is not None
+
     def kernel_target(self) -> str:
         """Return the instruction set of the one-row kernels (``targets.choose_target``), or ``none`` without them."""
         return "none" if self._kernels_used is None else self._kernels_used.target

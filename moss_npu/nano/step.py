@@ -24,6 +24,7 @@ class TorchStep:
 
     tile_arena = None
     local_loop = None  # the audio channels run channel by channel in the decoder (``cpu.step`` has a native loop)
+    borrows = False  # ``lend`` adds nothing to its frames
     compiled = False
     compile_seconds = 0.0
 

@@ -97,8 +97,8 @@ class MossTTSNano:
                         else DecoderWeights.build(model, compile, cache=True, label=name))
         self._decoder: Optional[FrameDecoder] = None
         self._idle_stream_codec: Optional[CodecRows] = None  # the last stream's codec state, for the next one
-        # Cores the frames' products borrow while they run (cpu.threads.borrowed_cores): from_pretrained's default
-        # thread setting lends them, an explicit count does not.
+        # Cores the frames' products borrow while they run (cpu.threads.borrowed_cores): from_pretrained with
+        # num_threads=0 (the default policy, as the CLI passes it) lends them; an explicit count or None does not.
         self.spare_threads = 0
 
     @classmethod

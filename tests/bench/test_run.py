@@ -104,6 +104,28 @@ def test_every_case_reports_its_frame_split_and_floors(tmp_path, capsys):
     assert "| stream-en | optimized |" in table and "host ms" in table
 
 
+def test_only_runs_that_borrow_count_borrowed_threads_and_the_codec_floor_has_its_own(tmp_path):
+    """The ``threads`` column counts borrowed cores only where the frames borrow them (the optimized CPU step under
+    the default setting, not the reference decoder), and the codec's floor is probed on the codec's own threads."""
+    import torch
+
+    from moss_npu.cpu.threads import borrowed_cores
+
+    stem = tmp_path / "threads"
+    code = run.main(["--size", "tiny", "--cache-dir", str(tmp_path / "cache"), "--cases", "short-en",
+                     "--compare", "reference,optimized", "--frames", "2", "--runs", "1", "--warmup", "0",
+                     "--out", str(stem), "--quiet"])
+    assert code == 0
+    rows = {r["config"]: r for r in json.loads(stem.with_suffix(".json").read_text(encoding="utf-8"))["summary"]}
+    own = torch.get_num_threads()  # the default setting's, which the last run left in place
+    assert rows["optimized"]["borrowed"] == borrowed_cores(0) and rows["reference"]["borrowed"] == 0
+    for row in rows.values():
+        assert row["threads"] == own + row["borrowed"]
+        floor = row["floor"]
+        assert floor["global"]["threads"] == floor["local"]["threads"] == row["threads"]
+        assert floor["codec"]["threads"] == own
+
+
 def test_a_stream_case_refuses_what_it_would_ignore(tmp_path, capsys):
     """--batch decodes greedy cases only, and a stream case is always streamed: both refused, not ignored."""
     common = ["--size", "tiny", "--cache-dir", str(tmp_path / "cache"), "--out", str(tmp_path / "x"), "--quiet"]
