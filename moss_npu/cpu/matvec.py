@@ -47,21 +47,25 @@ class KernelThreads:
         library.moss_pool_use.argtypes, library.moss_pool_use.restype = [_POINTER, _INT], None
         self._lock = threading.Lock()  # lend's thread against the caller's: the handle, the counts
         self.handle, self.size, self.own, self.lent, self.lendable = None, 0, 1, 0, True
+        self._retired: list[int] = []  # pools outgrown: freed with this object, as a product may still run on one
         self._start(max(1, size))
         self.use(1)
 
     def _start(self, size: int) -> None:
-        """Replace the pool by one of ``size`` threads; where they cannot start, keep the old one and raise."""
+        """Replace the pool by one of ``size`` threads; where they cannot start, keep the old one and raise. The old
+        one stays until this object goes (its workers asleep): another thread's product may be running on it."""
         handle = self._library.moss_pool_new(size)
         if not handle:
             raise MemoryError(f"cannot start {size} kernel threads")
-        self._stop()
+        if self.handle:
+            self._retired.append(self.handle)
         self.handle, self.size = handle, self._library.moss_pool_threads(handle)
 
     def _stop(self) -> None:
-        handle, self.handle = self.handle, None
-        if handle:
-            self._library.moss_pool_free(handle)
+        handles, self.handle, self._retired = [self.handle, *self._retired], None, []
+        for handle in handles:
+            if handle:
+                self._library.moss_pool_free(handle)
 
     @property
     def used(self) -> int:

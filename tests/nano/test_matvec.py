@@ -182,6 +182,27 @@ def test_a_worker_left_out_sleeps_through_the_products_until_taken_in_again(kern
         kernels.threads = mine
 
 
+def test_an_outgrown_pool_serves_a_product_still_running_on_it_until_its_owner_goes(kernels):
+    """Growing starts a new pool; the old one is not freed while a product of another thread (an engine's and a
+    pipeline's over one model) may still be running on it: it stays, asleep, until the ``KernelThreads`` goes."""
+    import types
+
+    pool = KernelThreads(kernels.library, 2)
+    old = pool.handle
+    pool.use(3)
+    assert pool.handle != old and pool._retired == [old]
+    weight, bias, x, residual = _case(1100, 300, seed=15)
+    matrix = Fp32Tiles(kernels, weight, bias)
+    alone = matrix(x, residual)
+    kernels.threads, mine = types.SimpleNamespace(handle=old), kernels.threads  # a product that loaded the old one
+    try:
+        assert np.array_equal(matrix(x, residual), alone)
+    finally:
+        kernels.threads = mine
+    pool._stop()
+    assert pool.handle is None and pool._retired == []
+
+
 def test_a_pool_that_cannot_grow_keeps_the_threads_it_has(kernels):
     """Where the new pool's threads cannot start, ``use`` raises and the old pool goes on serving products and
     lends (a lend used to reach a freed pool)."""
