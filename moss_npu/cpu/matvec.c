@@ -194,23 +194,23 @@ static void *worker(void *argument) {
             if (atomic_load(&pool->stop)) return NULL;
             relax();
             if ((spins & 1023) == 1023) sched_yield();  /* another runnable thread here (the codec's) goes first */
-            if ((spins & 63) == 63 && index >= atomic_load(&pool->active)) {
-                /* Left out: asleep until a moss_pool_use takes it in again; not a sleeper, so that the products
-                 * it no longer joins do not wake it. */
-                pthread_mutex_lock(&pool->lock);
+            if ((spins & 63) != 63) continue;
+            const int left_out = index >= atomic_load(&pool->active);
+            if (!left_out && seconds() <= until) continue;
+            pthread_mutex_lock(&pool->lock);
+            if (left_out) {
+                /* asleep until a moss_pool_use takes it in again; not a sleeper, so that the products it no
+                 * longer joins do not wake it */
                 while (index >= atomic_load(&pool->active) && !atomic_load(&pool->stop))
                     pthread_cond_wait(&pool->wake, &pool->lock);
-                pthread_mutex_unlock(&pool->lock);
-                until = seconds() + SPIN_SECONDS;
-            } else if ((spins & 63) == 63 && seconds() > until) {
-                pthread_mutex_lock(&pool->lock);
+            } else {
                 atomic_fetch_add(&pool->sleepers, 1);
                 while (product_of(atomic_load(&pool->ticket)) == seen && !atomic_load(&pool->stop))
                     pthread_cond_wait(&pool->wake, &pool->lock);
                 atomic_fetch_sub(&pool->sleepers, 1);
-                pthread_mutex_unlock(&pool->lock);
-                until = seconds() + SPIN_SECONDS;
             }
+            pthread_mutex_unlock(&pool->lock);
+            until = seconds() + SPIN_SECONDS;
         }
         seen = number;
         if (index < atomic_load(&pool->active)) work(pool, number);

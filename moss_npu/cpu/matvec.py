@@ -68,18 +68,22 @@ class KernelThreads:
                 self._library.moss_pool_free(handle)
 
     @property
+    def wanted(self) -> int:
+        """The threads the products ask for: their own, plus those lent where they take them."""
+        return self.own + (self.lent if self.lendable else 0)
+
+    @property
     def used(self) -> int:
-        """The threads the next product is shared over."""
-        return min(self.size, self.own + (self.lent if self.lendable else 0))
+        """The threads the next product is shared over: as many as wanted, within the pool."""
+        return min(self.size, self.wanted)
 
     def use(self, count: int, lendable: bool = True) -> None:
         """Share the products that follow over ``count`` threads (at least 1), plus those lent (``lend``) unless
         not ``lendable``; the pool grows to that many (from the caller's thread only: a pool is restarted to grow)."""
         with self._lock:
             self.own, self.lendable = max(1, count), lendable
-            wanted = self.own + (self.lent if lendable else 0)
-            if wanted > self.size:
-                self._start(wanted)
+            if self.wanted > self.size:
+                self._start(self.wanted)
             self._library.moss_pool_use(self.handle, self.used)
 
     def lend(self, count: int) -> None:

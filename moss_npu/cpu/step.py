@@ -404,7 +404,7 @@ class CpuStep:
         """Let the frame's kernel products use ``threads`` more threads than the frame's own, from the next product
         on (0 takes them back): the cores another thread of the process leaves idle meanwhile. Safe from any
         thread; frames whose rows run through torch ignore it (its pool and the kernels' would fight)."""
-        if self._kernels_used is not None:
+        if self.borrows:
             self._kernels_used.threads.lend(threads)
 
     @property
